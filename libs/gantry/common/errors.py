@@ -1,0 +1,111 @@
+"""Gantry's typed errors: a reason from CONTRACTS.md, a failure class and the gRPC code it maps to."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import grpc
+
+from gantry.v1 import common_pb2
+
+ERROR_DOMAIN = "gantry.dev"
+
+
+class FailureClass(enum.Enum):
+    INFRA = common_pb2.FAILURE_CLASS_INFRA
+    REQUEST = common_pb2.FAILURE_CLASS_REQUEST
+    CONFIG = common_pb2.FAILURE_CLASS_CONFIG
+
+
+@dataclass(frozen=True, slots=True)
+class ReasonSpec:
+    code: grpc.StatusCode
+    failure_class: FailureClass
+
+
+# One table: every reason, the status code clients see and how the failure counts.
+REASONS: Mapping[str, ReasonSpec] = {
+    "ARTIFACT_PATH_INVALID": ReasonSpec(grpc.StatusCode.INVALID_ARGUMENT, FailureClass.REQUEST),
+    "ARTIFACT_MISMATCH": ReasonSpec(grpc.StatusCode.FAILED_PRECONDITION, FailureClass.CONFIG),
+    "RUNTIME_INCOMPATIBLE": ReasonSpec(grpc.StatusCode.FAILED_PRECONDITION, FailureClass.CONFIG),
+    "RUNTIME_ENVIRONMENT_UNAVAILABLE": ReasonSpec(
+        grpc.StatusCode.FAILED_PRECONDITION, FailureClass.CONFIG
+    ),
+    "LOAD_FAILED": ReasonSpec(grpc.StatusCode.INTERNAL, FailureClass.INFRA),
+    "HEALTH_FAILED": ReasonSpec(grpc.StatusCode.INTERNAL, FailureClass.INFRA),
+    "INVOKE_FAILED": ReasonSpec(grpc.StatusCode.INTERNAL, FailureClass.INFRA),
+    "RECLAIM_UNVERIFIED": ReasonSpec(grpc.StatusCode.INTERNAL, FailureClass.INFRA),
+    "RUNTIME_CRASHED": ReasonSpec(grpc.StatusCode.UNAVAILABLE, FailureClass.INFRA),
+    "RUNTIME_CRASH_LOOP": ReasonSpec(grpc.StatusCode.UNAVAILABLE, FailureClass.INFRA),
+    "LEASE_EXPIRED": ReasonSpec(grpc.StatusCode.FAILED_PRECONDITION, FailureClass.INFRA),
+    "LEASE_TOKEN_INVALID": ReasonSpec(grpc.StatusCode.PERMISSION_DENIED, FailureClass.INFRA),
+    "STALE_GENERATION": ReasonSpec(grpc.StatusCode.FAILED_PRECONDITION, FailureClass.INFRA),
+    "NODE_DISABLED": ReasonSpec(grpc.StatusCode.FAILED_PRECONDITION, FailureClass.CONFIG),
+    "NOT_APPROVED": ReasonSpec(grpc.StatusCode.FAILED_PRECONDITION, FailureClass.CONFIG),
+    "DEPLOYMENT_NOT_READY": ReasonSpec(grpc.StatusCode.UNAVAILABLE, FailureClass.INFRA),
+    "NO_ELIGIBLE_NODE": ReasonSpec(grpc.StatusCode.FAILED_PRECONDITION, FailureClass.CONFIG),
+    "NO_CAPACITY": ReasonSpec(grpc.StatusCode.RESOURCE_EXHAUSTED, FailureClass.INFRA),
+    "QUEUE_FULL": ReasonSpec(grpc.StatusCode.RESOURCE_EXHAUSTED, FailureClass.INFRA),
+    "TENANT_QUOTA_EXCEEDED": ReasonSpec(grpc.StatusCode.RESOURCE_EXHAUSTED, FailureClass.REQUEST),
+    "BUDGET_EXCEEDED": ReasonSpec(grpc.StatusCode.FAILED_PRECONDITION, FailureClass.REQUEST),
+    "CIRCUIT_OPEN": ReasonSpec(grpc.StatusCode.UNAVAILABLE, FailureClass.INFRA),
+    "INVALID_PAYLOAD": ReasonSpec(grpc.StatusCode.INVALID_ARGUMENT, FailureClass.REQUEST),
+    "INVALID_STATE_TRANSITION": ReasonSpec(grpc.StatusCode.FAILED_PRECONDITION, FailureClass.REQUEST),
+    # Reasons for the generic cases every API has.
+    "INVALID_ARGUMENT": ReasonSpec(grpc.StatusCode.INVALID_ARGUMENT, FailureClass.REQUEST),
+    "NOT_FOUND": ReasonSpec(grpc.StatusCode.NOT_FOUND, FailureClass.REQUEST),
+    "ALREADY_EXISTS": ReasonSpec(grpc.StatusCode.ALREADY_EXISTS, FailureClass.REQUEST),
+    "UNAUTHENTICATED": ReasonSpec(grpc.StatusCode.UNAUTHENTICATED, FailureClass.REQUEST),
+    "PERMISSION_DENIED": ReasonSpec(grpc.StatusCode.PERMISSION_DENIED, FailureClass.REQUEST),
+    "SCHEDULER_UNAVAILABLE": ReasonSpec(grpc.StatusCode.UNAVAILABLE, FailureClass.INFRA),
+    "WORKER_UNAVAILABLE": ReasonSpec(grpc.StatusCode.UNAVAILABLE, FailureClass.INFRA),
+    "DEADLINE_EXCEEDED": ReasonSpec(grpc.StatusCode.DEADLINE_EXCEEDED, FailureClass.INFRA),
+    "RESULT_CONFLICT": ReasonSpec(grpc.StatusCode.ABORTED, FailureClass.INFRA),
+    "INTERNAL": ReasonSpec(grpc.StatusCode.INTERNAL, FailureClass.INFRA),
+}
+
+
+class GantryError(Exception):
+    """A failure with a reason. Raised by domain code; mapped to gRPC once, by the interceptor."""
+
+    def __init__(self, reason: str, message: str, **metadata: str) -> None:
+        if reason not in REASONS:
+            raise ValueError(f"unknown error reason {reason!r}")
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+        self.metadata: dict[str, str] = dict(metadata)
+
+    @property
+    def code(self) -> grpc.StatusCode:
+        return REASONS[self.reason].code
+
+    @property
+    def failure_class(self) -> FailureClass:
+        return REASONS[self.reason].failure_class
+
+    def to_failure(self) -> common_pb2.Failure:
+        return common_pb2.Failure(
+            reason=self.reason,
+            message=self.message,
+            failure_class=self.failure_class.value,
+            metadata=self.metadata,
+        )
+
+    @classmethod
+    def from_failure(cls, failure: common_pb2.Failure) -> GantryError:
+        reason = failure.reason if failure.reason in REASONS else "INTERNAL"
+        return cls(reason, failure.message or reason, **dict(failure.metadata))
+
+    def __repr__(self) -> str:
+        return f"GantryError({self.reason}: {self.message})"
+
+
+def invalid_argument(message: str, **metadata: str) -> GantryError:
+    return GantryError("INVALID_ARGUMENT", message, **metadata)
+
+
+def not_found(kind: str, ident: str) -> GantryError:
+    return GantryError("NOT_FOUND", f"{kind} {ident!r} not found", kind=kind, id=ident)
