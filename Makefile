@@ -1,0 +1,54 @@
+# The one entry point: `make run` starts Gantry, `make test` passes the tests, from a fresh clone.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+PROTO_FILES := $(wildcard proto/gantry/v1/*.proto)
+PROTO_STAMP := libs/gantry/v1/.generated
+
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export HF_HUB_DISABLE_PROGRESS_BARS := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: run test test-unit test-integration lint proto bench clean venv
+
+venv: $(STAMP)
+
+$(STAMP): requirements-dev.txt libs/pyproject.toml services/*/pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --disable-pip-version-check -r requirements-dev.txt \
+		-e libs -e services/controlplane -e services/scheduler -e 'services/worker[ml]' \
+		torch==2.13.0
+	touch $@
+
+proto: $(PROTO_STAMP)
+
+$(PROTO_STAMP): $(STAMP) $(PROTO_FILES)
+	$(BIN)/python -m grpc_tools.protoc -I proto \
+		--python_out=libs --pyi_out=libs --grpc_python_out=libs $(PROTO_FILES)
+	touch $@
+
+run: $(PROTO_STAMP)
+	$(BIN)/gantry up
+
+test: $(PROTO_STAMP)
+	$(BIN)/python -m pytest -q
+
+test-unit: $(PROTO_STAMP)
+	$(BIN)/python -m pytest -q tests/unit
+
+test-integration: $(PROTO_STAMP)
+	$(BIN)/python -m pytest -q tests/integration
+
+lint: $(PROTO_STAMP)
+	$(BIN)/ruff check libs services tests
+	$(BIN)/ruff format --check libs services tests
+	$(BIN)/mypy libs/gantry/common libs/gantry/cli services
+
+bench: $(PROTO_STAMP)
+	$(BIN)/python -m tests.bench.run
+
+clean:
+	rm -rf $(VENV) $(PROTO_STAMP) libs/gantry/v1/*_pb2*.py libs/gantry/v1/*_pb2.pyi
