@@ -1,0 +1,1 @@
+"""The `gantry` command: role processes, the local supervisor (`up`) and operator commands."""

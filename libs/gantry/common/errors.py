@@ -7,7 +7,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 import grpc
-
 from gantry.v1 import common_pb2
 
 ERROR_DOMAIN = "gantry.dev"
@@ -52,7 +51,9 @@ REASONS: Mapping[str, ReasonSpec] = {
     "BUDGET_EXCEEDED": ReasonSpec(grpc.StatusCode.FAILED_PRECONDITION, FailureClass.REQUEST),
     "CIRCUIT_OPEN": ReasonSpec(grpc.StatusCode.UNAVAILABLE, FailureClass.INFRA),
     "INVALID_PAYLOAD": ReasonSpec(grpc.StatusCode.INVALID_ARGUMENT, FailureClass.REQUEST),
-    "INVALID_STATE_TRANSITION": ReasonSpec(grpc.StatusCode.FAILED_PRECONDITION, FailureClass.REQUEST),
+    "INVALID_STATE_TRANSITION": ReasonSpec(
+        grpc.StatusCode.FAILED_PRECONDITION, FailureClass.REQUEST
+    ),
     # Reasons for the generic cases every API has.
     "INVALID_ARGUMENT": ReasonSpec(grpc.StatusCode.INVALID_ARGUMENT, FailureClass.REQUEST),
     "NOT_FOUND": ReasonSpec(grpc.StatusCode.NOT_FOUND, FailureClass.REQUEST),

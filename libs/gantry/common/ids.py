@@ -21,7 +21,7 @@ def parse_id(value: str, *, field: str) -> str:
         raise invalid_argument(f"{field} must be a UUID, got {value!r}", field=field) from None
 
 
-_RANDOM_BITS = 12
+_RANDOM_BITS = 8
 
 
 def new_generation(*, now_ns: int | None = None) -> int:
@@ -33,4 +33,5 @@ def new_generation(*, now_ns: int | None = None) -> int:
     """
     micros = (time.time_ns() if now_ns is None else now_ns) // 1000
     generation = (micros << _RANDOM_BITS) | secrets.randbits(_RANDOM_BITS)
-    return generation & 0xFFFF_FFFF_FFFF_FFFF
+    # 63 bits: the value fits a signed BIGINT column in every database we run on.
+    return generation & 0x7FFF_FFFF_FFFF_FFFF

@@ -127,7 +127,9 @@ def total_size(directory: Path) -> int:
     return sum(path.stat().st_size for _, path in _walk_files(directory))
 
 
-def build_manifest(directory: Path, progress: ProgressCallback | None = None) -> list[ManifestEntry]:
+def build_manifest(
+    directory: Path, progress: ProgressCallback | None = None
+) -> list[ManifestEntry]:
     """Hash every file of a local model directory (the CLI's side of registration)."""
     if not directory.is_dir():
         raise path_invalid(f"{directory} is not a directory", path=str(directory))

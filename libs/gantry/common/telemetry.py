@@ -38,8 +38,9 @@ class JsonLinesSpanExporter(SpanExporter):
         self._lock = threading.Lock()
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        lines = "".join(json.dumps(json.loads(span.to_json()), separators=(",", ":")) + "\n"
-                        for span in spans)
+        lines = "".join(
+            json.dumps(json.loads(span.to_json()), separators=(",", ":")) + "\n" for span in spans
+        )
         with self._lock, open(self._path, "a", encoding="utf-8") as handle:
             handle.write(lines)
             handle.flush()
@@ -64,8 +65,10 @@ def setup_tracing(service_name: str, *, synchronous: bool = False) -> TracerProv
         trace_file = os.environ.get(TRACE_FILE_ENV)
         if trace_file:
             exporter = JsonLinesSpanExporter(trace_file)
-            processor = SimpleSpanProcessor(exporter) if synchronous else BatchSpanProcessor(
-                exporter, schedule_delay_millis=500
+            processor = (
+                SimpleSpanProcessor(exporter)
+                if synchronous
+                else BatchSpanProcessor(exporter, schedule_delay_millis=500)
             )
             provider.add_span_processor(processor)
         trace.set_tracer_provider(provider)

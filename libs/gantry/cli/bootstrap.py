@@ -1,0 +1,161 @@
+"""What `gantry up` asks of a fresh control plane: a node, the model deployed, a client key."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from gantry.cli.artifacts import hash_directory, place_copy
+from gantry.cli.connection import Metadata, paged
+from gantry.cli.errors import CliError
+from gantry.cli.state import StatePaths, write_secret
+from gantry.cli.tables import enum_label
+from gantry.v1 import common_pb2, control_plane_pb2, control_plane_pb2_grpc
+
+MODEL_NAME = "all-minilm-l6-v2"
+CAPABILITY = "minilm"
+TIMEOUT_S = 30.0
+_GONE = (
+    control_plane_pb2.DEPLOYMENT_STATE_FAILED,
+    control_plane_pb2.DEPLOYMENT_STATE_UNLOADING,
+    control_plane_pb2.DEPLOYMENT_STATE_UNLOADED,
+)
+
+Say = Callable[[str], None]
+Stub = control_plane_pb2_grpc.ControlPlaneStub
+
+
+def deployment_state(deployment: control_plane_pb2.Deployment) -> str:
+    return enum_label(control_plane_pb2.DeploymentState.Name(deployment.state), "DEPLOYMENT_STATE_")
+
+
+def ensure_node_credential(stub: Stub, metadata: Metadata, paths: StatePaths, say: Say) -> None:
+    """Register this machine as a node once; the credential is shown once, so keep it (0600)."""
+    if paths.node_credential.exists():
+        return
+    name = f"{socket.gethostname()}-local"
+    response = stub.RegisterNode(
+        control_plane_pb2.RegisterNodeRequest(name=name), metadata=metadata, timeout=TIMEOUT_S
+    )
+    write_secret(paths.node_credential, response.credential)
+    say(f"registered node {name} ({response.node.node_id})")
+
+
+def find_live_deployment(
+    stub: Stub, metadata: Metadata, capability: str
+) -> control_plane_pb2.Deployment | None:
+    """A deployment of the capability that is not failed or on its way out."""
+    for deployment in paged(
+        stub.ListDeployments,
+        control_plane_pb2.ListDeploymentsRequest,
+        lambda response: response.deployments,
+        metadata=metadata,
+    ):
+        if deployment.capability == capability and deployment.state not in _GONE:
+            return deployment
+    return None
+
+
+def ensure_artifact_set(
+    stub: Stub, metadata: Metadata, paths: StatePaths, model_dir: Path, say: Say
+) -> str:
+    """The bundled model placed under the artifact root and registered; its artifact set id."""
+    destination = paths.artifacts / MODEL_NAME
+    if place_copy(model_dir, destination):
+        say(f"placed the bundled model at {destination}")
+    for artifact_set in paged(
+        stub.ListArtifactSets,
+        control_plane_pb2.ListArtifactSetsRequest,
+        lambda response: response.artifact_sets,
+        metadata=metadata,
+    ):
+        if artifact_set.name == MODEL_NAME and artifact_set.location == MODEL_NAME:
+            return str(artifact_set.artifact_set_id)
+    manifest = hash_directory(destination)
+    registered = stub.RegisterArtifactSet(
+        control_plane_pb2.RegisterArtifactSetRequest(
+            name=MODEL_NAME, location=MODEL_NAME, manifest=manifest
+        ),
+        metadata=metadata,
+        timeout=TIMEOUT_S,
+    )
+    say(
+        f"registered artifact set {registered.artifact_set_id}"
+        f" (digest {registered.manifest_digest[:16]}…, {len(manifest)} files)"
+    )
+    return str(registered.artifact_set_id)
+
+
+def ensure_deployment(
+    stub: Stub, metadata: Metadata, paths: StatePaths, model_dir: Path, say: Say
+) -> control_plane_pb2.Deployment:
+    existing = find_live_deployment(stub, metadata, CAPABILITY)
+    if existing is not None:
+        say(f"deployment {existing.deployment_id} ({CAPABILITY}) is {deployment_state(existing)}")
+        return existing
+    artifact_set_id = ensure_artifact_set(stub, metadata, paths, model_dir, say)
+    deployment = stub.CreateDeployment(
+        control_plane_pb2.CreateDeploymentRequest(
+            artifact_set_id=artifact_set_id,
+            capability=CAPABILITY,
+            adapter=common_pb2.AdapterSettings(adapter="sentence_transformers", device="cpu"),
+        ),
+        metadata=metadata,
+        timeout=TIMEOUT_S,
+    )
+    say(f"created deployment {deployment.deployment_id} ({CAPABILITY})")
+    return deployment
+
+
+def ensure_client_key(stub: Stub, metadata: Metadata, paths: StatePaths, say: Say) -> None:
+    if paths.client_key.exists():
+        return
+    response = stub.CreateApiKey(
+        control_plane_pb2.CreateApiKeyRequest(tenant_id="default", name="local"),
+        metadata=metadata,
+        timeout=TIMEOUT_S,
+    )
+    write_secret(paths.client_key, response.api_key)
+    say(f"created API key {response.api_key_id} for tenant {response.tenant_id}")
+
+
+def wait_until_ready(
+    stub: Stub,
+    metadata: Metadata,
+    deployment_id: str,
+    *,
+    timeout_s: float,
+    say: Say,
+    worker_log: Path,
+    interval_s: float = 1.0,
+    remind_every_s: float = 5.0,
+) -> control_plane_pb2.Deployment:
+    """Poll GetDeployment until READY, saying each state change and a reminder every few seconds."""
+    started = time.monotonic()
+    last_state: str | None = None
+    last_said = started
+    request = control_plane_pb2.GetDeploymentRequest(deployment_id=deployment_id)
+    while True:
+        deployment = stub.GetDeployment(request, metadata=metadata, timeout=TIMEOUT_S)
+        state = deployment_state(deployment)
+        now = time.monotonic()
+        if deployment.state == control_plane_pb2.DEPLOYMENT_STATE_READY:
+            say(f"deployment {deployment_id} is READY ({now - started:.1f}s)")
+            return deployment
+        if deployment.state in _GONE:
+            failure = deployment.last_failure
+            why = (
+                f"{failure.reason}: {failure.message}" if failure.reason else "no failure recorded"
+            )
+            raise CliError(f"deployment {deployment_id} is {state} ({why}); see {worker_log}")
+        if state != last_state or now - last_said >= remind_every_s:
+            say(f"waiting for deployment {deployment_id}: {state} ({now - started:.0f}s)")
+            last_state, last_said = state, now
+        if now - started >= timeout_s:
+            raise CliError(
+                f"deployment {deployment_id} is still {state} after {timeout_s:g}s;"
+                f" see {worker_log}"
+            )
+        time.sleep(interval_s)

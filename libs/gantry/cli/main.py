@@ -1,0 +1,166 @@
+"""The `gantry` entry point: global options, subcommands, and one-line error reporting."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import grpc
+from gantry.cli import embed, operator_commands
+from gantry.cli.connection import ADDRESS_ENV, DEFAULT_ADDRESS, CommandContext
+from gantry.cli.errors import CliError, format_gantry_error, format_rpc_error
+from gantry.cli.roles import ROLE_HELP, ROLES, run_role
+from gantry.cli.state import DEFAULT_STATE_DIR, STATE_DIR_ENV, StatePaths
+from gantry.common.errors import GantryError
+
+Handler = Callable[[CommandContext, argparse.Namespace], int]
+_GLOBAL_OPTIONS = ("--address", "--state-dir")
+
+
+def _up(context: CommandContext, args: argparse.Namespace) -> int:
+    from gantry.cli.up import UpSettings, run_up  # only `up` needs the supervisor machinery
+
+    return run_up(
+        UpSettings(
+            paths=context.paths,
+            address=context.address,
+            scheduler_address=args.scheduler_address,
+            startup_timeout_s=args.startup_timeout,
+            ready_timeout_s=args.ready_timeout,
+        )
+    )
+
+
+def _global_options() -> argparse.ArgumentParser:
+    # SUPPRESS defaults let the options appear before or after the subcommand without the
+    # subcommand's defaults overwriting a value given before it.
+    options = argparse.ArgumentParser(add_help=False)
+    options.add_argument(
+        "--address",
+        default=argparse.SUPPRESS,
+        help=f"control plane HOST:PORT (env {ADDRESS_ENV}, default {DEFAULT_ADDRESS})",
+    )
+    options.add_argument(
+        "--state-dir",
+        default=argparse.SUPPRESS,
+        help=f"local state directory (env {STATE_DIR_ENV}, default {DEFAULT_STATE_DIR})",
+    )
+    return options
+
+
+def build_parser() -> argparse.ArgumentParser:
+    options = _global_options()
+    parser = argparse.ArgumentParser(
+        prog="gantry", description="Gantry: a runtime plane for ML models.", parents=[options]
+    )
+    commands = parser.add_subparsers(title="commands", metavar="COMMAND")
+
+    def command(name: str, handler: Handler, help_text: str) -> argparse.ArgumentParser:
+        sub = commands.add_parser(name, parents=[options], help=help_text, description=help_text)
+        sub.set_defaults(handler=handler)
+        return sub
+
+    for role, help_text in ROLE_HELP.items():
+        # Dispatched before parsing (see _role_invocation); listed here for --help.
+        sub = commands.add_parser(role, help=help_text, add_help=False)
+        sub.add_argument("service_args", nargs=argparse.REMAINDER)
+
+    up = command("up", _up, "start scheduler, control plane, worker and the bundled model")
+    up.add_argument("--scheduler-address", default="127.0.0.1:50052", metavar="HOST:PORT")
+    up.add_argument("--startup-timeout", type=float, default=60.0, metavar="SECONDS")
+    up.add_argument("--ready-timeout", type=float, default=300.0, metavar="SECONDS")
+
+    command("nodes", operator_commands.nodes, "list worker nodes")
+
+    artifacts = commands.add_parser("artifacts", help="register and list artifact sets")
+    artifacts.set_defaults(help_parser=artifacts)
+    artifact_commands = artifacts.add_subparsers(title="commands", metavar="COMMAND")
+    register = artifact_commands.add_parser(
+        "register", parents=[options], help="hash a model directory and register it"
+    )
+    register.set_defaults(handler=operator_commands.artifacts_register)
+    register.add_argument("directory", metavar="DIR", help="a directory under the artifact root")
+    register.add_argument("--name", help="artifact set name (default: the directory name)")
+    register.add_argument(
+        "--artifact-root",
+        help="the servers' artifact root, when not <state-dir>/artifacts",
+    )
+    listing = artifact_commands.add_parser("list", parents=[options], help="list artifact sets")
+    listing.set_defaults(handler=operator_commands.artifacts_list)
+
+    command("deployments", operator_commands.deployments, "list deployments and residencies")
+
+    deploy = command("deploy", operator_commands.deploy, "deploy an artifact set")
+    deploy.add_argument("artifact_set_id", metavar="ARTIFACT_SET_ID")
+    deploy.add_argument("--capability", required=True, metavar="NAME")
+    deploy.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1 (default cpu)")
+    deploy.add_argument("--replicas", type=int, default=1)
+    deploy.add_argument("--normalize", action="store_true", help="L2-normalise embeddings")
+
+    unload = command("unload", operator_commands.unload, "unload a deployment")
+    unload.add_argument("deployment_id", metavar="DEPLOYMENT_ID")
+
+    embed_parser = command("embed", embed.embed, "embed texts with the local client key")
+    embed_parser.add_argument("texts", nargs="+", metavar="TEXT")
+    target = embed_parser.add_mutually_exclusive_group()
+    target.add_argument("--capability", default="minilm")
+    target.add_argument("--deployment-id")
+    embed_parser.add_argument("--json", action="store_true", help="print every value as JSON")
+    return parser
+
+
+def _role_invocation(arguments: Sequence[str]) -> tuple[str, list[str]] | None:
+    """`gantry [globals] <role> ARGS`: the role and its untouched arguments.
+
+    Roles bypass argparse so every argument (including --help) reaches the service's own parser.
+    """
+    index = 0
+    while index < len(arguments):
+        token = arguments[index]
+        if token in _GLOBAL_OPTIONS:
+            index += 2
+        elif token.startswith(tuple(f"{option}=" for option in _GLOBAL_OPTIONS)):
+            index += 1
+        else:
+            return (token, list(arguments[index + 1 :])) if token in ROLES else None
+    return None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    role = _role_invocation(arguments)
+    address = DEFAULT_ADDRESS
+    try:
+        if role is not None:
+            return run_role(*role)
+        parser = build_parser()
+        args = parser.parse_args(arguments)
+        address = getattr(args, "address", None) or os.environ.get(ADDRESS_ENV) or DEFAULT_ADDRESS
+        state_dir = (
+            getattr(args, "state_dir", None) or os.environ.get(STATE_DIR_ENV) or DEFAULT_STATE_DIR
+        )
+        handler: Handler | None = getattr(args, "handler", None)
+        if handler is None:
+            getattr(args, "help_parser", parser).print_help(sys.stderr)
+            return 2
+        return int(
+            handler(CommandContext(address=address, paths=StatePaths(Path(state_dir))), args)
+        )
+    except grpc.RpcError as exc:
+        print(format_rpc_error(exc, address=address), file=sys.stderr)
+    except GantryError as exc:
+        print(format_gantry_error(exc), file=sys.stderr)
+    except CliError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+    except OSError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+    except KeyboardInterrupt:
+        return 130
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,159 @@
+"""Operator commands: nodes, artifacts, deployments, deploy, unload (operator token)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from gantry.cli.artifacts import artifact_location, hash_directory
+from gantry.cli.connection import DEFAULT_TIMEOUT_S, CommandContext, open_channel, paged
+from gantry.cli.tables import enum_label, format_bytes, format_timestamp, render_table
+from gantry.v1 import common_pb2, control_plane_pb2, control_plane_pb2_grpc
+
+
+def _node_state(state: int) -> str:
+    return enum_label(common_pb2.NodeState.Name(state), "NODE_STATE_")
+
+
+def _deployment_state(state: int) -> str:
+    return enum_label(control_plane_pb2.DeploymentState.Name(state), "DEPLOYMENT_STATE_")
+
+
+def _residency_state(state: int) -> str:
+    return enum_label(common_pb2.ResidencyState.Name(state), "RESIDENCY_STATE_")
+
+
+def nodes(context: CommandContext, args: argparse.Namespace) -> int:
+    metadata = context.operator_metadata()
+    with open_channel(context.address) as channel:
+        stub = control_plane_pb2_grpc.ControlPlaneStub(channel)
+        found = list(
+            paged(
+                stub.ListNodes,
+                control_plane_pb2.ListNodesRequest,
+                lambda response: response.nodes,
+                metadata=metadata,
+            )
+        )
+    rows = [
+        [
+            node.node_id,
+            node.name,
+            _node_state(node.state),
+            str(node.generation),
+            format_timestamp(node.last_seen_at),
+        ]
+        for node in found
+    ]
+    print(render_table(["ID", "NAME", "STATE", "GENERATION", "LAST SEEN"], rows))
+    return 0
+
+
+def artifacts_register(context: CommandContext, args: argparse.Namespace) -> int:
+    directory = Path(args.directory)
+    root = Path(args.artifact_root) if args.artifact_root else context.paths.artifacts
+    location = artifact_location(directory, root)
+    name = args.name or directory.resolve().name
+    metadata = context.operator_metadata()  # before hashing: a missing token should fail fast
+    manifest = hash_directory(directory.resolve())
+    with open_channel(context.address) as channel:
+        registered = control_plane_pb2_grpc.ControlPlaneStub(channel).RegisterArtifactSet(
+            control_plane_pb2.RegisterArtifactSetRequest(
+                name=name, location=location, manifest=manifest
+            ),
+            metadata=metadata,
+            timeout=DEFAULT_TIMEOUT_S,
+        )
+    size = sum(entry.size_bytes for entry in manifest)
+    print(f"artifact_set_id  {registered.artifact_set_id}")
+    print(f"manifest_digest  {registered.manifest_digest}")
+    print(f"name             {registered.name or name}")
+    print(f"location         {registered.location or location}")
+    print(f"files            {len(manifest)} ({format_bytes(size)})")
+    return 0
+
+
+def artifacts_list(context: CommandContext, args: argparse.Namespace) -> int:
+    metadata = context.operator_metadata()
+    with open_channel(context.address) as channel:
+        stub = control_plane_pb2_grpc.ControlPlaneStub(channel)
+        found = list(
+            paged(
+                stub.ListArtifactSets,
+                control_plane_pb2.ListArtifactSetsRequest,
+                lambda response: response.artifact_sets,
+                metadata=metadata,
+            )
+        )
+    rows = [
+        [
+            artifact_set.artifact_set_id,
+            artifact_set.name,
+            artifact_set.location,
+            str(artifact_set.file_count),
+            format_bytes(artifact_set.total_size_bytes),
+            artifact_set.manifest_digest[:16],
+        ]
+        for artifact_set in found
+    ]
+    print(render_table(["ID", "NAME", "LOCATION", "FILES", "SIZE", "DIGEST"], rows))
+    return 0
+
+
+def deployments(context: CommandContext, args: argparse.Namespace) -> int:
+    metadata = context.operator_metadata()
+    with open_channel(context.address) as channel:
+        stub = control_plane_pb2_grpc.ControlPlaneStub(channel)
+        found = list(
+            paged(
+                stub.ListDeployments,
+                control_plane_pb2.ListDeploymentsRequest,
+                lambda response: response.deployments,
+                metadata=metadata,
+            )
+        )
+    rows = [
+        [
+            deployment.deployment_id,
+            deployment.capability,
+            _deployment_state(deployment.state),
+            ",".join(r.node_id for r in deployment.residencies) or "-",
+            ",".join(_residency_state(r.state) for r in deployment.residencies) or "-",
+        ]
+        for deployment in found
+    ]
+    print(render_table(["ID", "CAPABILITY", "STATE", "NODE", "RESIDENCY"], rows))
+    return 0
+
+
+def deploy(context: CommandContext, args: argparse.Namespace) -> int:
+    metadata = context.operator_metadata()
+    request = control_plane_pb2.CreateDeploymentRequest(
+        artifact_set_id=args.artifact_set_id,
+        capability=args.capability,
+        adapter=common_pb2.AdapterSettings(
+            adapter="sentence_transformers", device=args.device, normalize=args.normalize
+        ),
+        replicas=args.replicas,
+    )
+    with open_channel(context.address) as channel:
+        deployment = control_plane_pb2_grpc.ControlPlaneStub(channel).CreateDeployment(
+            request, metadata=metadata, timeout=DEFAULT_TIMEOUT_S
+        )
+    print(
+        f"deployment {deployment.deployment_id} ({deployment.capability}):"
+        f" {_deployment_state(deployment.state)}"
+    )
+    return 0
+
+
+def unload(context: CommandContext, args: argparse.Namespace) -> int:
+    metadata = context.operator_metadata()
+    with open_channel(context.address) as channel:
+        deployment = control_plane_pb2_grpc.ControlPlaneStub(channel).UnloadDeployment(
+            control_plane_pb2.UnloadDeploymentRequest(deployment_id=args.deployment_id),
+            metadata=metadata,
+            timeout=DEFAULT_TIMEOUT_S,
+        )
+    print(f"deployment {deployment.deployment_id}: {_deployment_state(deployment.state)}")
+    return 0

@@ -1,0 +1,101 @@
+"""The local state directory (`.gantry/`): where each file lives, and secrets written 0600."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from gantry.cli.errors import CliError
+
+DEFAULT_STATE_DIR = ".gantry"
+STATE_DIR_ENV = "GANTRY_STATE_DIR"
+
+
+@dataclass(frozen=True, slots=True)
+class StatePaths:
+    root: Path
+
+    @property
+    def database(self) -> Path:
+        return self.root / "gantry.db"
+
+    @property
+    def database_url(self) -> str:
+        return f"sqlite+aiosqlite:///{self.database.resolve()}"
+
+    @property
+    def operator_token(self) -> Path:
+        return self.root / "operator.token"
+
+    @property
+    def client_key(self) -> Path:
+        return self.root / "client.key"
+
+    @property
+    def node_credential(self) -> Path:
+        return self.root / "node.credential"
+
+    @property
+    def scheduler_token(self) -> Path:
+        return self.root / "scheduler.token"
+
+    @property
+    def artifacts(self) -> Path:
+        return self.root / "artifacts"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    @property
+    def lock(self) -> Path:
+        return self.root / "up.lock"
+
+    def log_file(self, role: str) -> Path:
+        return self.logs / f"{role}.log"
+
+    def create(self) -> None:
+        # The directory holds secrets: keep it private to the user who runs Gantry.
+        self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.artifacts.mkdir(exist_ok=True)
+        self.logs.mkdir(exist_ok=True)
+
+
+def write_secret(path: Path, value: str) -> None:
+    """Write atomically, mode 0600: a reader never sees a half-written or world-readable secret."""
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+            handle.write(value + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(temporary, 0o600)  # O_CREAT's mode is filtered by the umask
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+
+
+def read_secret(path: Path, *, what: str) -> str:
+    try:
+        value = path.read_text(encoding="utf-8").strip()
+    except FileNotFoundError:
+        raise CliError(
+            f"no {what} at {path}; start Gantry with `gantry up` (or pass --state-dir)"
+        ) from None
+    except OSError as exc:
+        raise CliError(f"cannot read the {what} at {path}: {exc.strerror}") from None
+    if not value:
+        raise CliError(f"the {what} file {path} is empty")
+    return value
+
+
+def ensure_secret(path: Path, mint: Callable[[], str]) -> bool:
+    """Mint and write a secret unless it exists; True when it was created now."""
+    if path.exists():
+        return False
+    write_secret(path, mint())
+    return True

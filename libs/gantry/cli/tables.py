@@ -1,0 +1,56 @@
+"""Plain-text tables and the value formats operator commands print."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Sequence
+
+from google.protobuf import timestamp_pb2
+
+
+def render_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """Left-aligned columns two spaces apart; a header row even when there are no rows."""
+    widths = [len(header) for header in headers]
+    for row in rows:
+        for index, cell in enumerate(row):
+            widths[index] = max(widths[index], len(cell))
+    lines = [
+        "  ".join(cell.ljust(widths[index]) for index, cell in enumerate(line)).rstrip()
+        for line in [list(headers), *rows]
+    ]
+    return "\n".join(lines)
+
+
+def enum_label(name: str, prefix: str) -> str:
+    """`DEPLOYMENT_STATE_READY` -> `READY`."""
+    return name.removeprefix(prefix) if name.startswith(prefix) else name
+
+
+def format_timestamp(value: timestamp_pb2.Timestamp, *, now: dt.datetime | None = None) -> str:
+    """UTC time and how long ago; `never` for an unset timestamp."""
+    if value.seconds == 0 and value.nanos == 0:
+        return "never"
+    moment = value.ToDatetime(tzinfo=dt.UTC)
+    age_s = int(((now or dt.datetime.now(dt.UTC)) - moment).total_seconds())
+    return f"{moment:%Y-%m-%d %H:%M:%S}Z ({_age(age_s)})"
+
+
+def _age(seconds: int) -> str:
+    if seconds < 0:
+        return "in the future"
+    if seconds < 120:
+        return f"{seconds}s ago"
+    if seconds < 7200:
+        return f"{seconds // 60}m ago"
+    if seconds < 172800:
+        return f"{seconds // 3600}h ago"
+    return f"{seconds // 86400}d ago"
+
+
+def format_bytes(size: int) -> str:
+    value = float(size)
+    for unit in ("B", "kB", "MB", "GB"):
+        if value < 1000:
+            return f"{size} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1000
+    return f"{value:.1f} TB"

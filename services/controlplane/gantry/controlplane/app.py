@@ -1,0 +1,113 @@
+"""Composes the control plane: database, scheduler link, worker hub, and its gRPC server."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from gantry.common import tokens
+from gantry.common.clock import Clock, SystemClock
+from gantry.common.grpc_server import RunningServer, ServiceBinding, create_server
+from gantry.controlplane.authn import ControlPlaneAuthenticator
+from gantry.controlplane.gateway import WorkerGatewayService
+from gantry.controlplane.inference_service import InferenceService
+from gantry.controlplane.lifecycle import DeploymentLifecycle
+from gantry.controlplane.operator_service import ControlPlaneService
+from gantry.controlplane.persistence import credentials
+from gantry.controlplane.persistence.database import Database
+from gantry.controlplane.scheduler_link import SchedulerLink
+from gantry.controlplane.worker_sessions import WorkerHub
+from gantry.v1 import control_plane_pb2_grpc, inference_pb2_grpc, worker_gateway_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ControlPlaneSettings:
+    listen: str
+    database_url: str
+    scheduler_address: str
+    scheduler_token: str
+    bootstrap_operator_token: str | None = None
+
+
+@dataclass(kw_only=True)
+class ControlPlane:
+    server: RunningServer
+    database: Database
+    scheduler: SchedulerLink
+    hub: WorkerHub
+    lifecycle: DeploymentLifecycle
+
+    @property
+    def port(self) -> int:
+        return self.server.port
+
+    async def stop(self) -> None:
+        await self.server.stop(grace=1.0)
+        await self.scheduler.stop()
+        await self.database.close()
+
+
+async def bootstrap_operator_token(database: Database, token: str, clock: Clock) -> None:
+    """Adopt the first operator token (minted by `gantry up`) when the database holds none."""
+    if tokens.parse_token(token, kind=tokens.OPERATOR_TOKEN) is None:
+        raise ValueError("the bootstrap operator token is malformed")
+    async with database.transaction() as session:
+        if await credentials.count_operator_tokens(session) == 0:
+            await credentials.store_operator_token(session, token, now=clock.now())
+            log.info("stored the bootstrap operator token (hashed)")
+
+
+async def start_control_plane(
+    settings: ControlPlaneSettings, *, clock: Clock | None = None
+) -> ControlPlane:
+    clock = clock or SystemClock()
+    database = Database.connect(settings.database_url)
+    await database.migrate()
+    if settings.bootstrap_operator_token:
+        await bootstrap_operator_token(database, settings.bootstrap_operator_token, clock)
+    hub = WorkerHub()
+    lifecycle_holder: list[DeploymentLifecycle] = []
+
+    async def cluster_state():  # type: ignore[no-untyped-def]
+        return await lifecycle_holder[0].cluster_state()
+
+    scheduler = SchedulerLink(
+        address=settings.scheduler_address,
+        service_token=settings.scheduler_token,
+        cluster_state=cluster_state,
+    )
+    lifecycle = DeploymentLifecycle(database=database, hub=hub, scheduler=scheduler, clock=clock)
+    lifecycle_holder.append(lifecycle)
+    server = await create_server(
+        listen=settings.listen,
+        services=[
+            ServiceBinding(
+                "gantry.v1.ControlPlane",
+                ControlPlaneService(database=database, lifecycle=lifecycle, clock=clock),
+                control_plane_pb2_grpc.add_ControlPlaneServicer_to_server,
+            ),
+            ServiceBinding(
+                "gantry.v1.Inference",
+                InferenceService(database=database, hub=hub, scheduler=scheduler, clock=clock),
+                inference_pb2_grpc.add_InferenceServicer_to_server,
+            ),
+            ServiceBinding(
+                "gantry.v1.WorkerGateway",
+                WorkerGatewayService(
+                    database=database,
+                    hub=hub,
+                    lifecycle=lifecycle,
+                    scheduler=scheduler,
+                    clock=clock,
+                ),
+                worker_gateway_pb2_grpc.add_WorkerGatewayServicer_to_server,
+            ),
+        ],
+        authenticator=ControlPlaneAuthenticator(database, clock),
+    )
+    scheduler.start()
+    return ControlPlane(
+        server=server, database=database, scheduler=scheduler, hub=hub, lifecycle=lifecycle
+    )

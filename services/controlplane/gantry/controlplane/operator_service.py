@@ -1,0 +1,219 @@
+"""The ControlPlane service: what operators do (register, deploy, unload, inspect)."""
+
+from __future__ import annotations
+
+import re
+
+import grpc
+from gantry.common.auth import current_principal
+from gantry.common.clock import Clock
+from gantry.common.errors import GantryError, invalid_argument
+from gantry.common.ids import parse_id
+from gantry.common.manifest import check_relative_path, validate_manifest
+from gantry.controlplane import convert
+from gantry.controlplane.domain.transitions import DeploymentState
+from gantry.controlplane.lifecycle import DeploymentLifecycle
+from gantry.controlplane.paging import page_of
+from gantry.controlplane.persistence import artifacts, audit, credentials, deployments, nodes
+from gantry.controlplane.persistence.database import Database
+from gantry.v1 import control_plane_pb2 as cp
+from gantry.v1 import control_plane_pb2_grpc
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+SUPPORTED_ADAPTERS = frozenset({"sentence_transformers"})
+
+
+def _check_name(value: str, *, field: str) -> str:
+    if not _NAME.match(value):
+        raise invalid_argument(
+            f"{field} must be 1-128 letters, digits, '.', '_' or '-', got {value!r}", field=field
+        )
+    return value
+
+
+class ControlPlaneService(control_plane_pb2_grpc.ControlPlaneServicer):
+    def __init__(self, *, database: Database, lifecycle: DeploymentLifecycle, clock: Clock) -> None:
+        self._database = database
+        self._lifecycle = lifecycle
+        self._clock = clock
+
+    async def RegisterNode(
+        self, request: cp.RegisterNodeRequest, context: grpc.aio.ServicerContext
+    ) -> cp.RegisterNodeResponse:
+        _check_name(request.name, field="name")
+        now = self._clock.now()
+        async with self._database.transaction() as session:
+            node, credential = await nodes.register_node(
+                session, name=request.name, labels=dict(request.labels), now=now
+            )
+            await audit.record_event(
+                session,
+                actor=current_principal().subject,
+                action="node.register",
+                subject_kind="node",
+                subject_id=node.node_id,
+                now=now,
+            )
+        return cp.RegisterNodeResponse(node=convert.node(node), credential=credential)
+
+    async def ListNodes(
+        self, request: cp.ListNodesRequest, context: grpc.aio.ServicerContext
+    ) -> cp.ListNodesResponse:
+        page = page_of(request.page_size, request.page_token)
+        async with self._database.transaction() as session:
+            rows = await nodes.list_nodes(session, after=page.after, limit=page.fetch)
+        items, next_token = page.split(rows, key=lambda row: row.node_id)
+        return cp.ListNodesResponse(
+            nodes=[convert.node(r) for r in items], next_page_token=next_token
+        )
+
+    async def RegisterArtifactSet(
+        self, request: cp.RegisterArtifactSetRequest, context: grpc.aio.ServicerContext
+    ) -> cp.ArtifactSet:
+        _check_name(request.name, field="name")
+        location = check_relative_path(request.location, what="location")
+        manifest = validate_manifest(convert.manifest_entries(request.manifest))
+        now = self._clock.now()
+        async with self._database.transaction() as session:
+            row = await artifacts.create_artifact_set(
+                session, name=request.name, location=location, manifest=manifest, now=now
+            )
+            await audit.record_event(
+                session,
+                actor=current_principal().subject,
+                action="artifact_set.register",
+                subject_kind="artifact_set",
+                subject_id=row.artifact_set_id,
+                now=now,
+                manifest_digest=row.manifest_digest,
+            )
+        return convert.artifact_set(row, manifest)
+
+    async def GetArtifactSet(
+        self, request: cp.GetArtifactSetRequest, context: grpc.aio.ServicerContext
+    ) -> cp.ArtifactSet:
+        artifact_set_id = parse_id(request.artifact_set_id, field="artifact_set_id")
+        async with self._database.transaction() as session:
+            row = await artifacts.get_artifact_set(session, artifact_set_id)
+            manifest = await artifacts.get_manifest(session, artifact_set_id)
+        return convert.artifact_set(row, manifest)
+
+    async def ListArtifactSets(
+        self, request: cp.ListArtifactSetsRequest, context: grpc.aio.ServicerContext
+    ) -> cp.ListArtifactSetsResponse:
+        page = page_of(request.page_size, request.page_token)
+        async with self._database.transaction() as session:
+            rows = await artifacts.list_artifact_sets(session, after=page.after, limit=page.fetch)
+        items, next_token = page.split(rows, key=lambda row: row.artifact_set_id)
+        return cp.ListArtifactSetsResponse(
+            artifact_sets=[convert.artifact_set(r) for r in items], next_page_token=next_token
+        )
+
+    async def CreateDeployment(
+        self, request: cp.CreateDeploymentRequest, context: grpc.aio.ServicerContext
+    ) -> cp.Deployment:
+        artifact_set_id = parse_id(request.artifact_set_id, field="artifact_set_id")
+        _check_name(request.capability, field="capability")
+        adapter = request.adapter
+        if not adapter.adapter:
+            adapter.adapter = "sentence_transformers"
+        if adapter.adapter not in SUPPORTED_ADAPTERS:
+            raise GantryError(
+                "RUNTIME_INCOMPATIBLE",
+                f"adapter {adapter.adapter!r} is not supported; supported: "
+                + ", ".join(sorted(SUPPORTED_ADAPTERS)),
+                adapter=adapter.adapter,
+            )
+        if adapter.device and not re.match(r"^(cpu|cuda(:\d+)?)$", adapter.device):
+            raise invalid_argument(f"device {adapter.device!r} is not cpu or cuda[:N]")
+        replicas = request.replicas or 1
+        if replicas > 64:
+            raise invalid_argument("replicas must be at most 64")
+        now = self._clock.now()
+        async with self._database.transaction() as session:
+            await artifacts.get_artifact_set(session, artifact_set_id)
+            row = await deployments.create_deployment(
+                session,
+                capability=request.capability,
+                artifact_set_id=artifact_set_id,
+                adapter=convert.adapter_to_json(adapter),
+                environment_id=request.environment_id,
+                replicas=replicas,
+                now=now,
+            )
+            await audit.record_event(
+                session,
+                actor=current_principal().subject,
+                action="deployment.create",
+                subject_kind="deployment",
+                subject_id=row.deployment_id,
+                now=now,
+                capability=row.capability,
+            )
+        try:
+            await self._lifecycle.place(row)
+        except GantryError as error:
+            async with self._database.transaction() as session:
+                row = await deployments.get_deployment(session, row.deployment_id)
+                await deployments.set_deployment_state(
+                    session,
+                    row,
+                    DeploymentState.FAILED,
+                    now=self._clock.now(),
+                    failure_reason=error.reason,
+                    failure_message=error.message,
+                )
+            raise
+        return await self._deployment(row.deployment_id)
+
+    async def GetDeployment(
+        self, request: cp.GetDeploymentRequest, context: grpc.aio.ServicerContext
+    ) -> cp.Deployment:
+        return await self._deployment(parse_id(request.deployment_id, field="deployment_id"))
+
+    async def ListDeployments(
+        self, request: cp.ListDeploymentsRequest, context: grpc.aio.ServicerContext
+    ) -> cp.ListDeploymentsResponse:
+        page = page_of(request.page_size, request.page_token)
+        async with self._database.transaction() as session:
+            rows = await deployments.list_deployments(session, after=page.after, limit=page.fetch)
+            items, next_token = page.split(rows, key=lambda row: row.deployment_id)
+            messages = [
+                convert.deployment(r, await deployments.residencies_of(session, r.deployment_id))
+                for r in items
+            ]
+        return cp.ListDeploymentsResponse(deployments=messages, next_page_token=next_token)
+
+    async def UnloadDeployment(
+        self, request: cp.UnloadDeploymentRequest, context: grpc.aio.ServicerContext
+    ) -> cp.Deployment:
+        deployment_id = parse_id(request.deployment_id, field="deployment_id")
+        await self._lifecycle.unload(deployment_id, actor=current_principal().subject)
+        return await self._deployment(deployment_id)
+
+    async def CreateApiKey(
+        self, request: cp.CreateApiKeyRequest, context: grpc.aio.ServicerContext
+    ) -> cp.CreateApiKeyResponse:
+        tenant_id = _check_name(request.tenant_id, field="tenant_id")
+        now = self._clock.now()
+        async with self._database.transaction() as session:
+            row, plain = await credentials.create_api_key(
+                session, tenant_id=tenant_id, name=request.name or "default", now=now
+            )
+            await audit.record_event(
+                session,
+                actor=current_principal().subject,
+                action="api_key.create",
+                subject_kind="tenant",
+                subject_id=tenant_id,
+                now=now,
+                api_key_id=row.api_key_id,
+            )
+        return cp.CreateApiKeyResponse(
+            api_key_id=row.api_key_id, tenant_id=tenant_id, api_key=plain
+        )
+
+    async def _deployment(self, deployment_id: str) -> cp.Deployment:
+        async with self._database.transaction() as session:
+            row = await deployments.get_deployment(session, deployment_id)
+            return convert.deployment(row, await deployments.residencies_of(session, deployment_id))

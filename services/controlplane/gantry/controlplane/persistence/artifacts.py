@@ -1,0 +1,74 @@
+"""Artifact sets: a location under the artifact root and the manifest of every file."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Sequence
+
+from gantry.common.errors import not_found
+from gantry.common.ids import new_id
+from gantry.common.manifest import ManifestEntry, manifest_digest
+from gantry.controlplane.persistence.models import ArtifactFile, ArtifactSet
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+
+async def create_artifact_set(
+    session: AsyncSession,
+    *,
+    name: str,
+    location: str,
+    manifest: Sequence[ManifestEntry],
+    now: dt.datetime,
+) -> ArtifactSet:
+    """Store a validated manifest (the caller validates paths; see gantry.common.manifest)."""
+    row = ArtifactSet(
+        artifact_set_id=new_id(),
+        name=name,
+        location=location,
+        manifest_digest=manifest_digest(manifest),
+        file_count=len(manifest),
+        total_size_bytes=sum(entry.size_bytes for entry in manifest),
+        created_at=now,
+    )
+    session.add(row)
+    await session.flush()
+    session.add_all(
+        ArtifactFile(
+            artifact_set_id=row.artifact_set_id,
+            path=entry.path,
+            size_bytes=entry.size_bytes,
+            sha256=entry.sha256,
+        )
+        for entry in manifest
+    )
+    await session.flush()
+    return row
+
+
+async def get_artifact_set(session: AsyncSession, artifact_set_id: str) -> ArtifactSet:
+    row = await session.get(ArtifactSet, artifact_set_id)
+    if row is None:
+        raise not_found("artifact set", artifact_set_id)
+    return row
+
+
+async def get_manifest(session: AsyncSession, artifact_set_id: str) -> list[ManifestEntry]:
+    rows = await session.scalars(
+        select(ArtifactFile)
+        .where(ArtifactFile.artifact_set_id == artifact_set_id)
+        .order_by(ArtifactFile.path)
+    )
+    return [ManifestEntry(path=r.path, size_bytes=r.size_bytes, sha256=r.sha256) for r in rows]
+
+
+async def list_artifact_sets(
+    session: AsyncSession, *, after: str, limit: int
+) -> Sequence[ArtifactSet]:
+    query = (
+        select(ArtifactSet)
+        .where(ArtifactSet.artifact_set_id > after)
+        .order_by(ArtifactSet.artifact_set_id)
+        .limit(limit)
+    )
+    return (await session.scalars(query)).all()

@@ -1,0 +1,32 @@
+"""The append-only audit trail."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from gantry.controlplane.persistence.models import AuditEvent
+from sqlalchemy.ext.asyncio import AsyncSession
+
+
+async def record_event(
+    session: AsyncSession,
+    *,
+    actor: str,
+    action: str,
+    subject_kind: str,
+    subject_id: str,
+    now: dt.datetime,
+    **detail: Any,
+) -> None:
+    session.add(
+        AuditEvent(
+            at=now,
+            actor=actor,
+            action=action,
+            subject_kind=subject_kind,
+            subject_id=subject_id,
+            detail=detail,
+        )
+    )
+    await session.flush()

@@ -1,0 +1,162 @@
+"""Deployments (a capability served from an artifact set) and their residencies on nodes."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Sequence
+from typing import Any
+
+from gantry.common.errors import not_found
+from gantry.common.ids import new_id
+from gantry.controlplane.domain.transitions import DeploymentState, ResidencyState
+from gantry.controlplane.persistence.models import Deployment, Residency
+from gantry.controlplane.persistence.transitions import compare_and_set
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+
+async def create_deployment(
+    session: AsyncSession,
+    *,
+    capability: str,
+    artifact_set_id: str,
+    adapter: dict[str, Any],
+    environment_id: str,
+    replicas: int,
+    now: dt.datetime,
+) -> Deployment:
+    row = Deployment(
+        deployment_id=new_id(),
+        capability=capability,
+        artifact_set_id=artifact_set_id,
+        adapter=adapter,
+        environment_id=environment_id,
+        state=DeploymentState.PENDING,
+        replicas=replicas,
+        last_failure_reason="",
+        last_failure_message="",
+        created_at=now,
+        updated_at=now,
+    )
+    session.add(row)
+    await session.flush()
+    return row
+
+
+async def get_deployment(session: AsyncSession, deployment_id: str) -> Deployment:
+    row = await session.get(Deployment, deployment_id)
+    if row is None:
+        raise not_found("deployment", deployment_id)
+    return row
+
+
+async def list_deployments(
+    session: AsyncSession, *, after: str, limit: int
+) -> Sequence[Deployment]:
+    query = (
+        select(Deployment)
+        .where(Deployment.deployment_id > after)
+        .order_by(Deployment.deployment_id)
+        .limit(limit)
+    )
+    return (await session.scalars(query)).all()
+
+
+async def deployments_for_capability(
+    session: AsyncSession, capability: str
+) -> Sequence[Deployment]:
+    """Newest first: routing prefers the most recent ready deployment of a capability."""
+    query = (
+        select(Deployment)
+        .where(Deployment.capability == capability)
+        .order_by(Deployment.created_at.desc())
+    )
+    return (await session.scalars(query)).all()
+
+
+async def set_deployment_state(
+    session: AsyncSession,
+    deployment: Deployment,
+    target: DeploymentState,
+    *,
+    now: dt.datetime,
+    failure_reason: str = "",
+    failure_message: str = "",
+) -> None:
+    values: dict[str, Any] = {"updated_at": now}
+    if failure_reason:
+        values.update(last_failure_reason=failure_reason, last_failure_message=failure_message)
+    await compare_and_set(
+        session,
+        Deployment,
+        deployment.deployment_id,
+        machine="deployment",
+        expected=deployment.state,
+        target=target,
+        **values,
+    )
+    await session.refresh(deployment)
+
+
+async def create_residency(
+    session: AsyncSession, *, deployment_id: str, node_id: str, now: dt.datetime
+) -> Residency:
+    row = Residency(
+        residency_id=new_id(),
+        deployment_id=deployment_id,
+        node_id=node_id,
+        state=ResidencyState.COLD,
+        generation=0,
+        pid=0,
+        updated_at=now,
+    )
+    session.add(row)
+    await session.flush()
+    return row
+
+
+async def get_residency(session: AsyncSession, residency_id: str) -> Residency:
+    row = await session.get(Residency, residency_id)
+    if row is None:
+        raise not_found("residency", residency_id)
+    return row
+
+
+async def residencies_of(session: AsyncSession, deployment_id: str) -> Sequence[Residency]:
+    query = (
+        select(Residency)
+        .where(Residency.deployment_id == deployment_id)
+        .order_by(Residency.residency_id)
+    )
+    return (await session.scalars(query)).all()
+
+
+async def residencies_on_node(session: AsyncSession, node_id: str) -> Sequence[Residency]:
+    query = select(Residency).where(Residency.node_id == node_id).order_by(Residency.residency_id)
+    return (await session.scalars(query)).all()
+
+
+async def all_live_residencies(session: AsyncSession) -> Sequence[Residency]:
+    query = select(Residency).where(Residency.state != ResidencyState.COLD)
+    return (await session.scalars(query)).all()
+
+
+async def set_residency_state(
+    session: AsyncSession,
+    residency: Residency,
+    target: ResidencyState,
+    *,
+    now: dt.datetime,
+    **values: Any,
+) -> None:
+    await compare_and_set(
+        session,
+        Residency,
+        residency.residency_id,
+        machine="residency",
+        expected=residency.state,
+        target=target,
+        updated_at=now,
+        **values,
+    )
+    await session.refresh(residency)

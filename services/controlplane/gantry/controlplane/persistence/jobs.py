@@ -1,0 +1,222 @@
+"""Serving jobs: typed lifecycle work for one deployment on one node, run under a lease.
+
+Results are idempotent by job id: the same result sent twice is acknowledged twice and committed
+once; a different result for a settled job is a conflict, never an overwrite.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import enum
+from collections.abc import Sequence
+from typing import Any
+
+from gantry.common import tokens
+from gantry.common.errors import GantryError, not_found
+from gantry.common.ids import new_id
+from gantry.controlplane.domain.transitions import TERMINAL_JOB_STATES, JobState, JobType
+from gantry.controlplane.persistence.models import ServingJob
+from gantry.controlplane.persistence.transitions import compare_and_set
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+
+class ResultCommit(enum.Enum):
+    COMMITTED = "committed"
+    DUPLICATE = "duplicate"  # the same result arrived again: acknowledge, change nothing
+
+
+async def create_job(
+    session: AsyncSession,
+    *,
+    job_type: JobType,
+    deployment_id: str,
+    node_id: str,
+    residency_id: str,
+    now: dt.datetime,
+) -> ServingJob:
+    row = ServingJob(
+        job_id=new_id(),
+        job_type=job_type,
+        deployment_id=deployment_id,
+        node_id=node_id,
+        residency_id=residency_id,
+        state=JobState.QUEUED,
+        lease_token_hash="",
+        lease_expires_at=None,
+        attempt_count=0,
+        generation=0,
+        result_digest="",
+        result={},
+        failure_reason="",
+        failure_message="",
+        created_at=now,
+        updated_at=now,
+    )
+    session.add(row)
+    await session.flush()
+    return row
+
+
+async def get_job(session: AsyncSession, job_id: str) -> ServingJob:
+    row = await session.get(ServingJob, job_id)
+    if row is None:
+        raise not_found("serving job", job_id)
+    return row
+
+
+async def queued_jobs_for_node(session: AsyncSession, node_id: str) -> Sequence[ServingJob]:
+    query = (
+        select(ServingJob)
+        .where(ServingJob.node_id == node_id, ServingJob.state == JobState.QUEUED)
+        .order_by(ServingJob.created_at)
+    )
+    return (await session.scalars(query)).all()
+
+
+async def lease_job(
+    session: AsyncSession,
+    job: ServingJob,
+    *,
+    generation: int,
+    lease_seconds: float,
+    now: dt.datetime,
+) -> str:
+    """QUEUED -> LEASED for one worker generation; returns the lease token (only its hash is kept)."""
+    token = tokens.mint_token(tokens.LEASE_TOKEN, job.job_id)
+    await compare_and_set(
+        session,
+        ServingJob,
+        job.job_id,
+        machine="job",
+        expected=JobState.QUEUED,
+        target=JobState.LEASED,
+        lease_token_hash=tokens.hash_token(token),
+        lease_expires_at=now + dt.timedelta(seconds=lease_seconds),
+        attempt_count=job.attempt_count + 1,
+        generation=generation,
+        updated_at=now,
+    )
+    await session.refresh(job)
+    return token
+
+
+async def renew_leases(
+    session: AsyncSession,
+    *,
+    node_id: str,
+    generation: int,
+    job_ids: Sequence[str],
+    lease_seconds: float,
+    now: dt.datetime,
+) -> None:
+    if not job_ids:
+        return
+    rows = await session.scalars(
+        select(ServingJob).where(
+            ServingJob.job_id.in_(list(job_ids)),
+            ServingJob.node_id == node_id,
+            ServingJob.generation == generation,
+            ServingJob.state.in_([JobState.LEASED, JobState.RUNNING]),
+        )
+    )
+    for row in rows:
+        row.lease_expires_at = now + dt.timedelta(seconds=lease_seconds)
+    await session.flush()
+
+
+async def record_result(
+    session: AsyncSession,
+    *,
+    job_id: str,
+    node_id: str,
+    generation: int,
+    lease_token: str,
+    succeeded: bool,
+    result: dict[str, Any],
+    result_digest: str,
+    failure_reason: str,
+    failure_message: str,
+    now: dt.datetime,
+) -> tuple[ServingJob, ResultCommit]:
+    job = await get_job(session, job_id)
+    if job.node_id != node_id:
+        raise GantryError("LEASE_TOKEN_INVALID", f"job {job_id} is not leased to this node")
+    if not tokens.token_matches(lease_token, job.lease_token_hash or "-"):
+        raise GantryError("LEASE_TOKEN_INVALID", f"lease token for job {job_id} is not current")
+    if job.state in TERMINAL_JOB_STATES:
+        if job.result_digest == result_digest:
+            return job, ResultCommit.DUPLICATE
+        raise GantryError(
+            "RESULT_CONFLICT", f"job {job_id} is settled with a different result", job_id=job_id
+        )
+    if job.generation != generation:
+        raise GantryError("STALE_GENERATION", f"job {job_id} is leased to another generation")
+    target = JobState.SUCCEEDED if succeeded else JobState.FAILED
+    await compare_and_set(
+        session,
+        ServingJob,
+        job_id,
+        machine="job",
+        expected=job.state,
+        target=target,
+        result=result,
+        result_digest=result_digest,
+        failure_reason=failure_reason,
+        failure_message=failure_message,
+        updated_at=now,
+    )
+    await session.refresh(job)
+    return job, ResultCommit.COMMITTED
+
+
+async def release_generation_jobs(
+    session: AsyncSession, *, node_id: str, generation: int, now: dt.datetime
+) -> Sequence[ServingJob]:
+    """A worker generation ended: its unfinished jobs go back to QUEUED; their old tokens die."""
+    rows = (
+        await session.scalars(
+            select(ServingJob).where(
+                ServingJob.node_id == node_id,
+                ServingJob.generation == generation,
+                ServingJob.state.in_([JobState.LEASED, JobState.RUNNING]),
+            )
+        )
+    ).all()
+    for row in rows:
+        await compare_and_set(
+            session,
+            ServingJob,
+            row.job_id,
+            machine="job",
+            expected=row.state,
+            target=JobState.QUEUED,
+            lease_token_hash="",
+            lease_expires_at=None,
+            updated_at=now,
+        )
+        await session.refresh(row)
+    return rows
+
+
+async def cancel_open_jobs(
+    session: AsyncSession, *, deployment_id: str, now: dt.datetime
+) -> Sequence[ServingJob]:
+    rows = (
+        await session.scalars(
+            select(ServingJob).where(
+                ServingJob.deployment_id == deployment_id, ServingJob.state == JobState.QUEUED
+            )
+        )
+    ).all()
+    for row in rows:
+        await compare_and_set(
+            session,
+            ServingJob,
+            row.job_id,
+            machine="job",
+            expected=row.state,
+            target=JobState.CANCELLED,
+            updated_at=now,
+        )
+    return rows

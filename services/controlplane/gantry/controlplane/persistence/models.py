@@ -1,0 +1,179 @@
+"""The control plane's tables: typed SQLAlchemy 2 rows. Secrets appear only as hashes."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    DateTime,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+)
+from sqlalchemy.engine import Dialect
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.types import TypeDecorator
+
+NAMING = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class UtcDateTime(TypeDecorator[dt.datetime]):
+    """Aware UTC datetimes in and out; SQLite would otherwise hand back naive values."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: dt.datetime | None, dialect: Dialect) -> dt.datetime | None:
+        if value is not None and value.tzinfo is None:
+            raise ValueError("naive datetime written to the database")
+        return value.astimezone(dt.UTC) if value is not None else None
+
+    def process_result_value(
+        self, value: dt.datetime | None, dialect: Dialect
+    ) -> dt.datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=dt.UTC) if value.tzinfo is None else value.astimezone(dt.UTC)
+
+
+Timestamp = UtcDateTime()
+Id = String(36)
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING)
+
+
+class OperatorToken(Base):
+    __tablename__ = "operator_tokens"
+    token_id: Mapped[str] = mapped_column(Id, primary_key=True)
+    token_hash: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[dt.datetime] = mapped_column(Timestamp)
+    revoked_at: Mapped[dt.datetime | None] = mapped_column(Timestamp, nullable=True)
+
+
+class Tenant(Base):
+    __tablename__ = "tenants"
+    tenant_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    created_at: Mapped[dt.datetime] = mapped_column(Timestamp)
+
+
+class ApiKey(Base):
+    __tablename__ = "api_keys"
+    api_key_id: Mapped[str] = mapped_column(Id, primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.tenant_id"))
+    name: Mapped[str] = mapped_column(String(200))
+    key_hash: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[dt.datetime] = mapped_column(Timestamp)
+    revoked_at: Mapped[dt.datetime | None] = mapped_column(Timestamp, nullable=True)
+
+
+class Node(Base):
+    __tablename__ = "nodes"
+    node_id: Mapped[str] = mapped_column(Id, primary_key=True)
+    name: Mapped[str] = mapped_column(String(200), unique=True)
+    credential_hash: Mapped[str] = mapped_column(String(64))
+    state: Mapped[str] = mapped_column(String(32))
+    # The current worker generation: messages from any other generation are fenced.
+    generation: Mapped[int] = mapped_column(BigInteger, default=0)
+    labels: Mapped[dict[str, str]] = mapped_column(JSON, default=dict)
+    hostname: Mapped[str] = mapped_column(String(255), default="")
+    inventory: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    created_at: Mapped[dt.datetime] = mapped_column(Timestamp)
+    last_seen_at: Mapped[dt.datetime | None] = mapped_column(Timestamp, nullable=True)
+
+
+class ArtifactSet(Base):
+    __tablename__ = "artifact_sets"
+    artifact_set_id: Mapped[str] = mapped_column(Id, primary_key=True)
+    name: Mapped[str] = mapped_column(String(200))
+    location: Mapped[str] = mapped_column(String(1024))
+    manifest_digest: Mapped[str] = mapped_column(String(64))
+    file_count: Mapped[int] = mapped_column(Integer)
+    total_size_bytes: Mapped[int] = mapped_column(BigInteger)
+    created_at: Mapped[dt.datetime] = mapped_column(Timestamp)
+
+
+class ArtifactFile(Base):
+    __tablename__ = "artifact_files"
+    artifact_set_id: Mapped[str] = mapped_column(
+        ForeignKey("artifact_sets.artifact_set_id", ondelete="CASCADE"), primary_key=True
+    )
+    path: Mapped[str] = mapped_column(String(1024), primary_key=True)
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    sha256: Mapped[str] = mapped_column(String(64))
+
+
+class Deployment(Base):
+    __tablename__ = "deployments"
+    deployment_id: Mapped[str] = mapped_column(Id, primary_key=True)
+    capability: Mapped[str] = mapped_column(String(200), index=True)
+    artifact_set_id: Mapped[str] = mapped_column(ForeignKey("artifact_sets.artifact_set_id"))
+    adapter: Mapped[dict[str, Any]] = mapped_column(JSON)
+    environment_id: Mapped[str] = mapped_column(String(200), default="")
+    state: Mapped[str] = mapped_column(String(32))
+    replicas: Mapped[int] = mapped_column(Integer, default=1)
+    last_failure_reason: Mapped[str] = mapped_column(String(64), default="")
+    last_failure_message: Mapped[str] = mapped_column(Text, default="")
+    created_at: Mapped[dt.datetime] = mapped_column(Timestamp)
+    updated_at: Mapped[dt.datetime] = mapped_column(Timestamp)
+
+
+class Residency(Base):
+    __tablename__ = "residencies"
+    residency_id: Mapped[str] = mapped_column(Id, primary_key=True)
+    deployment_id: Mapped[str] = mapped_column(ForeignKey("deployments.deployment_id"))
+    node_id: Mapped[str] = mapped_column(ForeignKey("nodes.node_id"))
+    state: Mapped[str] = mapped_column(String(32))
+    generation: Mapped[int] = mapped_column(BigInteger, default=0)
+    pid: Mapped[int] = mapped_column(Integer, default=0)
+    updated_at: Mapped[dt.datetime] = mapped_column(Timestamp)
+
+    __table_args__ = (Index("ix_residencies_deployment_node", "deployment_id", "node_id"),)
+
+
+class ServingJob(Base):
+    __tablename__ = "serving_jobs"
+    job_id: Mapped[str] = mapped_column(Id, primary_key=True)
+    job_type: Mapped[str] = mapped_column(String(16))
+    deployment_id: Mapped[str] = mapped_column(ForeignKey("deployments.deployment_id"))
+    node_id: Mapped[str] = mapped_column(ForeignKey("nodes.node_id"), index=True)
+    residency_id: Mapped[str] = mapped_column(ForeignKey("residencies.residency_id"))
+    state: Mapped[str] = mapped_column(String(16))
+    lease_token_hash: Mapped[str] = mapped_column(String(64), default="")
+    lease_expires_at: Mapped[dt.datetime | None] = mapped_column(Timestamp, nullable=True)
+    attempt_count: Mapped[int] = mapped_column(Integer, default=0)
+    generation: Mapped[int] = mapped_column(BigInteger, default=0)
+    # sha256 of the committed result: a resend of the same result is acknowledged, a different
+    # one is a conflict, never an overwrite.
+    result_digest: Mapped[str] = mapped_column(String(64), default="")
+    result: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    failure_reason: Mapped[str] = mapped_column(String(64), default="")
+    failure_message: Mapped[str] = mapped_column(Text, default="")
+    created_at: Mapped[dt.datetime] = mapped_column(Timestamp)
+    updated_at: Mapped[dt.datetime] = mapped_column(Timestamp)
+
+
+class AuditEvent(Base):
+    """Append-only: rows are inserted, never updated or deleted."""
+
+    __tablename__ = "audit_events"
+    event_id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    at: Mapped[dt.datetime] = mapped_column(Timestamp)
+    actor: Mapped[str] = mapped_column(String(200))
+    action: Mapped[str] = mapped_column(String(100))
+    subject_kind: Mapped[str] = mapped_column(String(50))
+    subject_id: Mapped[str] = mapped_column(String(200))
+    detail: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)

@@ -1,0 +1,104 @@
+"""A model host's runtime environment: the Python executable per environment id, offline flags."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+from gantry.common.errors import GantryError
+
+ENV_MAP_JSON = "GANTRY_PYTHON_ENV_MAP_JSON"
+ENV_MAP_FILE = "GANTRY_PYTHON_ENV_MAP_FILE"
+DEFAULT_EXECUTABLE = "GANTRY_PYTHON_EXECUTABLE"
+DEFAULT_ENVIRONMENT_ID = "default"
+
+# Every model host runs with these, whatever the worker's own environment says: the host must never
+# reach a model hub, and progress bars and tokenizer thread pools only add noise to a child process.
+OFFLINE_ENVIRONMENT: Mapping[str, str] = {
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+}
+
+
+def _unavailable(environment_id: str, message: str) -> GantryError:
+    return GantryError(
+        "RUNTIME_ENVIRONMENT_UNAVAILABLE", message, environment_id=environment_id or "default"
+    )
+
+
+def _parse_map(text: str, source: str, environment_id: str) -> dict[str, str]:
+    try:
+        parsed = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise _unavailable(environment_id, f"{source} is not valid JSON: {exc}") from exc
+    if not isinstance(parsed, dict) or not all(
+        isinstance(key, str) and isinstance(value, str) for key, value in parsed.items()
+    ):
+        raise _unavailable(
+            environment_id, f"{source} must be a JSON object of environment id -> executable"
+        )
+    return parsed
+
+
+def _configured_maps(env: Mapping[str, str], environment_id: str) -> list[dict[str, str]]:
+    """The configured environment maps in resolution order: the inline JSON, then the file."""
+    maps: list[dict[str, str]] = []
+    inline = env.get(ENV_MAP_JSON, "").strip()
+    if inline:
+        maps.append(_parse_map(inline, ENV_MAP_JSON, environment_id))
+    map_file = env.get(ENV_MAP_FILE, "").strip()
+    if map_file:
+        try:
+            text = Path(map_file).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise _unavailable(
+                environment_id, f"{ENV_MAP_FILE} {map_file!r} cannot be read: {exc}"
+            ) from exc
+        maps.append(_parse_map(text, f"{ENV_MAP_FILE} {map_file!r}", environment_id))
+    return maps
+
+
+def _checked_executable(executable: str, environment_id: str) -> str:
+    path = Path(executable)
+    if not path.is_file() or not os.access(path, os.X_OK):
+        raise _unavailable(
+            environment_id,
+            f"python executable {executable!r} for environment "
+            f"{environment_id or DEFAULT_ENVIRONMENT_ID!r} does not exist or is not executable",
+        )
+    return executable
+
+
+def resolve_python(environment_id: str, env: Mapping[str, str]) -> str:
+    """The executable for `environment_id`; never falls back to another environment's.
+
+    An empty id is the worker's default environment: GANTRY_PYTHON_EXECUTABLE, else this
+    interpreter. A named id must be in a configured map (the inline JSON is consulted before the
+    file); only when no map is configured at all does "default" mean the default environment.
+    """
+    default_executable = env.get(DEFAULT_EXECUTABLE, "").strip() or sys.executable
+    if not environment_id:
+        return _checked_executable(default_executable, environment_id)
+    environment_maps = _configured_maps(env, environment_id)
+    if not environment_maps:
+        if environment_id == DEFAULT_ENVIRONMENT_ID:
+            return _checked_executable(default_executable, environment_id)
+        raise _unavailable(
+            environment_id,
+            f"runtime environment {environment_id!r} is not configured on this worker "
+            f"(set {ENV_MAP_JSON} or {ENV_MAP_FILE})",
+        )
+    for environment_map in environment_maps:
+        if environment_id in environment_map:
+            return _checked_executable(environment_map[environment_id], environment_id)
+    known = sorted({name for environment_map in environment_maps for name in environment_map})
+    raise _unavailable(
+        environment_id,
+        f"runtime environment {environment_id!r} is not in this worker's environment map "
+        f"(known: {', '.join(known) or 'none'})",
+    )

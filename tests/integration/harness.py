@@ -1,0 +1,195 @@
+"""An in-process Gantry: scheduler, control plane and a worker on port 0, talking real gRPC."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+
+from gantry.common import tokens
+from gantry.common.auth import auth_metadata
+from gantry.common.grpc_server import RunningServer, insecure_channel
+from gantry.common.ids import new_id
+from gantry.common.manifest import build_manifest
+from gantry.controlplane.app import ControlPlane, ControlPlaneSettings, start_control_plane
+from gantry.scheduler.server import start_scheduler
+from gantry.v1 import (
+    common_pb2,
+    control_plane_pb2,
+    control_plane_pb2_grpc,
+    inference_pb2_grpc,
+)
+from gantry.worker.agent import WorkerAgent, WorkerSettings
+
+
+@dataclass
+class Harness:
+    scheduler_server: RunningServer
+    control_plane: ControlPlane
+    channel: grpc.aio.Channel
+    operator_token: str
+    artifact_root: Path
+    workers: list[tuple[WorkerAgent, asyncio.Task[None]]] = field(default_factory=list)
+    api_key: str = ""
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.control_plane.port}"
+
+    @property
+    def operator(self) -> control_plane_pb2_grpc.ControlPlaneStub:
+        return control_plane_pb2_grpc.ControlPlaneStub(self.channel)
+
+    @property
+    def inference(self) -> inference_pb2_grpc.InferenceStub:
+        return inference_pb2_grpc.InferenceStub(self.channel)
+
+    @property
+    def op_md(self) -> tuple[tuple[str, str], ...]:
+        return auth_metadata(self.operator_token)
+
+    @property
+    def client_md(self) -> tuple[tuple[str, str], ...]:
+        return auth_metadata(self.api_key)
+
+    async def register_node(self, name: str) -> str:
+        response = await self.operator.RegisterNode(
+            control_plane_pb2.RegisterNodeRequest(name=name), metadata=self.op_md
+        )
+        return response.credential
+
+    async def start_worker(self, credential: str, **overrides: object) -> WorkerAgent:
+        settings = WorkerSettings(
+            control_plane=self.address,
+            credential=credential,
+            artifact_root=self.artifact_root,
+            **overrides,  # type: ignore[arg-type]
+        )
+        agent = WorkerAgent(settings)
+        task = asyncio.create_task(agent.run())
+        self.workers.append((agent, task))
+        await wait_for(lambda: agent.connected.is_set(), what="worker connected")
+        return agent
+
+    async def stop_worker(self, agent: WorkerAgent) -> None:
+        for entry in list(self.workers):
+            if entry[0] is agent:
+                self.workers.remove(entry)
+                entry[1].cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await entry[1]
+                await agent.shutdown()
+
+    async def register_model(self, source: Path, location: str) -> control_plane_pb2.ArtifactSet:
+        target = self.artifact_root / location
+        if not target.exists():
+            shutil.copytree(source, target)
+        manifest = build_manifest(target)
+        return await self.operator.RegisterArtifactSet(
+            control_plane_pb2.RegisterArtifactSetRequest(
+                name=location,
+                location=location,
+                manifest=[
+                    common_pb2.ManifestEntry(path=e.path, size_bytes=e.size_bytes, sha256=e.sha256)
+                    for e in manifest
+                ],
+            ),
+            metadata=self.op_md,
+        )
+
+    async def deploy(
+        self, artifact_set_id: str, capability: str, **adapter: object
+    ) -> control_plane_pb2.Deployment:
+        return await self.operator.CreateDeployment(
+            control_plane_pb2.CreateDeploymentRequest(
+                artifact_set_id=artifact_set_id,
+                capability=capability,
+                adapter=common_pb2.AdapterSettings(adapter="sentence_transformers", **adapter),  # type: ignore[arg-type]
+            ),
+            metadata=self.op_md,
+        )
+
+    async def deployment(self, deployment_id: str) -> control_plane_pb2.Deployment:
+        return await self.operator.GetDeployment(
+            control_plane_pb2.GetDeploymentRequest(deployment_id=deployment_id),
+            metadata=self.op_md,
+        )
+
+    async def wait_deployment(
+        self, deployment_id: str, state: int, *, timeout: float = 60.0
+    ) -> control_plane_pb2.Deployment:
+        latest: list[control_plane_pb2.Deployment] = []
+
+        async def reached() -> bool:
+            latest[:] = [await self.deployment(deployment_id)]
+            return latest[0].state == state
+
+        await wait_for(reached, timeout=timeout, what=f"deployment state {state}", last=latest)
+        return latest[0]
+
+
+async def wait_for(
+    condition: Callable[[], bool | Awaitable[bool]],
+    *,
+    timeout: float = 30.0,
+    what: str = "condition",
+    last: object = None,
+) -> None:
+    """Poll a condition (state owned by another process or stream) until it holds."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        outcome = condition()
+        if not isinstance(outcome, bool):
+            outcome = await outcome
+        if outcome:
+            return
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}; last seen: {last}")
+        await asyncio.sleep(0.05)
+
+
+@contextlib.asynccontextmanager
+async def running_gantry(database_url: str, artifact_root: Path) -> AsyncIterator[Harness]:
+    service_token = tokens.mint_token(tokens.SERVICE_TOKEN, "scheduler")
+    operator_token = tokens.mint_token(tokens.OPERATOR_TOKEN, new_id())
+    scheduler_server, _ = await start_scheduler(listen="127.0.0.1:0", service_token=service_token)
+    control_plane = await start_control_plane(
+        ControlPlaneSettings(
+            listen="127.0.0.1:0",
+            database_url=database_url,
+            scheduler_address=f"127.0.0.1:{scheduler_server.port}",
+            scheduler_token=service_token,
+            bootstrap_operator_token=operator_token,
+        )
+    )
+    await control_plane.scheduler.wait_connected(10)
+    channel = insecure_channel(f"127.0.0.1:{control_plane.port}")
+    harness = Harness(
+        scheduler_server=scheduler_server,
+        control_plane=control_plane,
+        channel=channel,
+        operator_token=operator_token,
+        artifact_root=artifact_root,
+    )
+    key = await harness.operator.CreateApiKey(
+        control_plane_pb2.CreateApiKeyRequest(tenant_id="tenant-a", name="tests"),
+        metadata=harness.op_md,
+    )
+    harness.api_key = key.api_key
+    try:
+        yield harness
+    finally:
+        for agent, task in list(harness.workers):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            await agent.shutdown()
+        await channel.close()
+        await control_plane.stop()
+        await scheduler_server.stop(grace=0.5)

@@ -1,0 +1,54 @@
+"""The CLI stays light: no ML stack at import, role commands resolve their service lazily."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from gantry.cli import main as cli_main
+from gantry.cli.roles import run_role
+
+
+def test_importing_the_cli_does_not_import_torch() -> None:
+    probe = (
+        "import sys, gantry.cli.main, gantry.cli.up, gantry.cli.supervisor;"
+        "heavy = sorted(m for m in ('torch', 'transformers', 'sentence_transformers', 'numpy')"
+        " if m in sys.modules);"
+        "print(','.join(heavy))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert result.stdout.strip() == ""
+
+
+def test_role_arguments_reach_the_service_untouched() -> None:
+    argv = ["controlplane", "--listen", "127.0.0.1:1", "--help"]
+    assert cli_main._role_invocation(argv) == ("controlplane", argv[1:])
+    assert cli_main._role_invocation(["--state-dir", "x", "worker", "-v"]) == ("worker", ["-v"])
+    assert cli_main._role_invocation(["--address=a:1", "scheduler"]) == ("scheduler", [])
+    assert cli_main._role_invocation(["nodes", "worker"]) is None
+
+
+def test_role_calls_the_service_main_with_its_arguments(monkeypatch: pytest.MonkeyPatch) -> None:
+    received: list[list[str]] = []
+
+    def fake_main(argv: list[str]) -> int:
+        received.append(argv)
+        return 7
+
+    monkeypatch.setattr("gantry.cli.roles._load_main", lambda role: fake_main)
+    monkeypatch.setattr("setproctitle.setproctitle", lambda title: None)
+    monkeypatch.delenv("GANTRY_SUPERVISOR_PID", raising=False)
+    assert run_role("scheduler", ["--listen", "127.0.0.1:0"]) == 7
+    assert received == [["--listen", "127.0.0.1:0"]]
+
+
+def test_global_options_may_follow_the_command() -> None:
+    args = cli_main.build_parser().parse_args(["nodes", "--address", "h:1", "--state-dir", "s"])
+    assert (args.address, args.state_dir) == ("h:1", "s")
+    args = cli_main.build_parser().parse_args(["--address", "h:2", "deployments"])
+    assert args.address == "h:2"
+    assert not hasattr(args, "state_dir")

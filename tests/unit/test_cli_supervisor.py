@@ -1,0 +1,170 @@
+"""The supervisor: backoff policy, restarting a crashed child, ordered shutdown."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from gantry.cli.restart_policy import BackoffSettings, RestartBackoff
+from gantry.cli.supervisor import ChildSpec, Supervisor
+from gantry.common.clock import ManualClock
+
+
+def wait_for(condition: Callable[[], bool], *, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        time.sleep(0.02)
+
+
+def python_child(name: str, code: str, tmp_path: Path) -> ChildSpec:
+    return ChildSpec(
+        name=name, argv=[sys.executable, "-c", code], log_path=tmp_path / f"{name}.log"
+    )
+
+
+def test_backoff_doubles_from_one_second_to_thirty() -> None:
+    clock = ManualClock()
+    backoff = RestartBackoff(BackoffSettings(), clock)
+    delays = []
+    for _ in range(8):
+        backoff.started()
+        clock.advance(0.5)
+        delays.append(backoff.exited())
+    assert delays == [1, 2, 4, 8, 16, 30, 30, 30]
+
+
+def test_backoff_resets_after_a_child_stays_up_sixty_seconds() -> None:
+    clock = ManualClock()
+    backoff = RestartBackoff(BackoffSettings(), clock)
+    for _ in range(4):
+        backoff.started()
+        backoff.exited()
+    backoff.started()
+    clock.advance(59.9)
+    assert backoff.exited() == 16  # not quite long enough to count as healthy
+    backoff.started()
+    clock.advance(60)
+    assert backoff.exited() == 1
+    backoff.started()
+    assert backoff.exited() == 2
+
+
+def test_crashed_child_is_restarted_only_once_its_backoff_elapsed(tmp_path: Path) -> None:
+    clock = ManualClock()
+    lines: list[str] = []
+    supervisor = Supervisor(clock=clock, report=lines.append)
+    supervisor.start(python_child("crasher", "import sys; sys.exit(3)", tmp_path))
+
+    def exit_noticed() -> bool:
+        supervisor.poll()
+        return any("exited with exit code 3" in line for line in lines)
+
+    wait_for(exit_noticed)
+    assert "restarting in 1s" in lines[-1]
+    supervisor.poll()
+    assert supervisor.start_count("crasher") == 1  # the clock has not moved: no restart yet
+
+    clock.advance(1.0)
+    supervisor.poll()
+    assert supervisor.start_count("crasher") == 2
+    assert any(line.startswith("restarted crasher") for line in lines)
+
+    lines.clear()
+    wait_for(exit_noticed)
+    assert "restarting in 2s" in lines[-1]  # the second crash in a row waits twice as long
+    supervisor.stop_all()
+    log = (tmp_path / "crasher.log").read_text()
+    assert log.count("starting crasher") == 2
+
+
+def test_background_supervision_restarts_a_crashed_child(tmp_path: Path) -> None:
+    marker = tmp_path / "starts"
+    code = f"open({str(marker)!r}, 'a').write('x'); raise SystemExit(1)"
+    supervisor = Supervisor(
+        backoff=BackoffSettings(initial_s=0.05, maximum_s=0.1), report=lambda line: None
+    )
+    supervisor.start(python_child("flaky", code, tmp_path))
+    supervisor.run_in_background(interval_s=0.02)
+    try:
+        wait_for(lambda: marker.exists() and len(marker.read_text()) >= 3)
+    finally:
+        supervisor.stop_all()
+    assert supervisor.start_count("flaky") >= 3
+
+
+def test_children_stop_in_reverse_start_order_and_each_exit_is_confirmed(tmp_path: Path) -> None:
+    order_file = tmp_path / "order"
+    ready = tmp_path / "ready"
+    code = (
+        "import signal, sys, time, pathlib\n"
+        "name = sys.argv[1]\n"
+        "def stop(*_):\n"
+        f"    open({str(order_file)!r}, 'a').write(name + '\\n'); sys.exit(0)\n"
+        "signal.signal(signal.SIGTERM, stop)\n"
+        f"pathlib.Path({str(ready)!r} + name).touch()\n"
+        "while True: time.sleep(1)\n"
+    )
+    lines: list[str] = []
+    supervisor = Supervisor(report=lines.append)
+    names = ["scheduler", "controlplane", "worker"]
+    for name in names:
+        supervisor.start(
+            ChildSpec(
+                name=name,
+                argv=[sys.executable, "-c", code, name],
+                log_path=tmp_path / f"{name}.log",
+            )
+        )
+    wait_for(lambda: all(Path(f"{ready}{name}").exists() for name in names))
+    pids = {name: supervisor.pid(name) for name in names}
+
+    results = supervisor.stop_all()
+
+    assert [result.name for result in results] == ["worker", "controlplane", "scheduler"]
+    assert order_file.read_text().split() == ["worker", "controlplane", "scheduler"]
+    assert all(result.returncode == 0 and not result.killed for result in results)
+    assert [r.pid for r in results] == [pids["worker"], pids["controlplane"], pids["scheduler"]]
+    assert lines == [f"stopped {name} (pid {pids[name]}): exit code 0" for name in reversed(names)]
+
+
+def test_a_child_that_ignores_sigterm_is_killed(tmp_path: Path) -> None:
+    ready = tmp_path / "ready"
+    code = (
+        "import signal, time, pathlib\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        f"pathlib.Path({str(ready)!r}).touch()\n"
+        "while True: time.sleep(1)\n"
+    )
+    supervisor = Supervisor(report=lambda line: None, stop_timeout_s=0.3)
+    supervisor.start(python_child("stubborn", code, tmp_path))
+    wait_for(ready.exists)
+    [result] = supervisor.stop_all()
+    assert result.killed
+    assert result.returncode == -9
+
+
+def test_no_restart_after_shutdown_began(tmp_path: Path) -> None:
+    clock = ManualClock()
+    supervisor = Supervisor(clock=clock, report=lambda line: None)
+    supervisor.start(python_child("short", "pass", tmp_path))
+    [result] = supervisor.stop_all()
+    clock.advance(60)
+    supervisor.poll()
+    assert supervisor.start_count("short") == 1
+    assert result.name == "short"
+
+
+def test_duplicate_names_are_refused(tmp_path: Path) -> None:
+    supervisor = Supervisor(report=lambda line: None)
+    supervisor.start(python_child("one", "import time; time.sleep(30)", tmp_path))
+    try:
+        with pytest.raises(ValueError, match="already supervised"):
+            supervisor.start(python_child("one", "pass", tmp_path))
+    finally:
+        supervisor.stop_all()
