@@ -8,3 +8,60 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import secrets
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+POSTGRES_URL = os.environ.get(
+    "GANTRY_TEST_POSTGRES_URL", "postgresql+asyncpg://postgres@127.0.0.1:5432/test"
+)
+
+
+async def _postgres_admin():  # type: ignore[no-untyped-def]
+    import asyncpg
+
+    dsn = POSTGRES_URL.replace("postgresql+asyncpg://", "postgresql://")
+    try:
+        return await asyncpg.connect(dsn, timeout=5)
+    except (OSError, asyncpg.PostgresError) as error:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI=true and PostgreSQL at {POSTGRES_URL} is unreachable: {error}")
+        pytest.skip(f"PostgreSQL at {POSTGRES_URL} is unreachable: {error}")
+
+
+async def _fresh_postgres_database() -> AsyncIterator[str]:
+    """A fresh, empty PostgreSQL database, dropped afterwards."""
+    admin = await _postgres_admin()
+    name = f"gantry_test_{secrets.token_hex(6)}"
+    await admin.execute(f'CREATE DATABASE "{name}"')
+    base, _, _ = POSTGRES_URL.rpartition("/")
+    try:
+        yield f"{base}/{name}"
+    finally:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await admin.close()
+
+
+@pytest.fixture
+async def postgres_url() -> AsyncIterator[str]:
+    async for url in _fresh_postgres_database():
+        yield url
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    return f"sqlite+aiosqlite:///{tmp_path / f'gantry-{uuid.uuid4().hex[:8]}.db'}"
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+async def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[str]:
+    """Both stores Gantry supports: the embedded default and the production one."""
+    if request.param == "sqlite":
+        yield request.getfixturevalue("sqlite_url")
+    else:
+        async for url in _fresh_postgres_database():
+            yield url

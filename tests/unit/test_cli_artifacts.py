@@ -7,7 +7,6 @@ import os
 from pathlib import Path
 
 import pytest
-
 from gantry.cli.artifacts import artifact_location, hash_directory, place_copy
 from gantry.cli.errors import CliError
 
@@ -41,9 +40,7 @@ def test_the_root_itself_and_missing_directories_are_refused(root: Path) -> None
         artifact_location(root / "missing", root)
 
 
-def test_a_link_inside_the_root_that_points_outside_is_refused(
-    root: Path, tmp_path: Path
-) -> None:
+def test_a_link_inside_the_root_that_points_outside_is_refused(root: Path, tmp_path: Path) -> None:
     outside = tmp_path / "outside-model"
     outside.mkdir()
     (root / "sneaky").symlink_to(outside)
@@ -75,6 +72,9 @@ def test_hash_directory_builds_the_manifest_and_reports_progress(
     (model / "weights.bin").write_bytes(b"\x00" * 3000)
     (model / "sub" / "vocab.txt").write_text("hello")
     entries = hash_directory(model)
-    assert [(e.path, e.size_bytes) for e in entries] == [("sub/vocab.txt", 5), ("weights.bin", 3000)]
+    assert [(e.path, e.size_bytes) for e in entries] == [
+        ("sub/vocab.txt", 5),
+        ("weights.bin", 3000),
+    ]
     assert entries[1].sha256 == hashlib.sha256(b"\x00" * 3000).hexdigest()
     assert "100%" in capsys.readouterr().err

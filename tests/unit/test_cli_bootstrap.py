@@ -13,14 +13,13 @@ import sys
 import threading
 from collections.abc import Iterator
 from concurrent import futures
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
-from grpc_health.v1 import health, health_pb2_grpc
-
 from gantry.cli import bootstrap
 from gantry.cli.errors import CliError
 from gantry.cli.state import StatePaths
@@ -31,6 +30,7 @@ from gantry.v1 import (
     inference_pb2,
     inference_pb2_grpc,
 )
+from grpc_health.v1 import health, health_pb2_grpc
 
 OPERATOR_TOKEN = "gop_test_secret"
 CLIENT_KEY = "gak_key_secret"
@@ -40,7 +40,11 @@ class FakeControlPlane(control_plane_pb2_grpc.ControlPlaneServicer):
     """In-memory records; pages of at most `page_limit`; deployments READY after a few Gets."""
 
     def __init__(
-        self, *, page_limit: int = 2, ready_after: int = 2, failure: common_pb2.Failure | None = None
+        self,
+        *,
+        page_limit: int = 2,
+        ready_after: int = 2,
+        failure: common_pb2.Failure | None = None,
     ) -> None:
         self.lock = threading.Lock()
         self.page_limit = page_limit
@@ -118,7 +122,10 @@ class FakeControlPlane(control_plane_pb2_grpc.ControlPlaneServicer):
             )
             if deployment is None:
                 context.abort(grpc.StatusCode.NOT_FOUND, "no such deployment")
-            count = self.gets[deployment.deployment_id] = self.gets.get(request.deployment_id, 0) + 1
+            assert deployment is not None  # abort raised
+            count = self.gets[deployment.deployment_id] = (
+                self.gets.get(request.deployment_id, 0) + 1
+            )
             if self.failure is not None and count >= self.ready_after:
                 deployment.state = control_plane_pb2.DEPLOYMENT_STATE_FAILED
                 deployment.last_failure.CopyFrom(self.failure)
@@ -185,14 +192,20 @@ class FakeServer:
     stub: control_plane_pb2_grpc.ControlPlaneStub
 
 
-@pytest.fixture
-def fake() -> Iterator[FakeServer]:
+@contextmanager
+def running_fake() -> Iterator[FakeServer]:
     control_plane = FakeControlPlane()
     server, port = serve("127.0.0.1:0", control_plane, FakeInference())
     address = f"127.0.0.1:{port}"
     with grpc.insecure_channel(address) as channel:
         yield FakeServer(control_plane, address, control_plane_pb2_grpc.ControlPlaneStub(channel))
     server.stop(None)
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeServer]:
+    with running_fake() as server:
+        yield server
 
 
 @pytest.fixture
@@ -216,7 +229,7 @@ def make_paths(tmp_path: Path) -> StatePaths:
 def test_node_is_registered_once_and_its_credential_kept_private(
     fake: FakeServer, tmp_path: Path
 ) -> None:
-    paths, said = make_paths(tmp_path), []
+    paths, said = make_paths(tmp_path), list[str]()
     bootstrap.ensure_node_credential(fake.stub, METADATA, paths, said.append)
     bootstrap.ensure_node_credential(fake.stub, METADATA, paths, said.append)
     assert fake.control_plane.calls.count("RegisterNode") == 1
@@ -228,7 +241,7 @@ def test_node_is_registered_once_and_its_credential_kept_private(
 def test_the_bundled_model_is_placed_registered_and_deployed_once(
     fake: FakeServer, tmp_path: Path, model_dir: Path
 ) -> None:
-    paths, said = make_paths(tmp_path), []
+    paths, said = make_paths(tmp_path), list[str]()
     first = bootstrap.ensure_deployment(fake.stub, METADATA, paths, model_dir, said.append)
     second = bootstrap.ensure_deployment(fake.stub, METADATA, paths, model_dir, said.append)
     assert first.deployment_id == second.deployment_id

@@ -6,7 +6,6 @@ import subprocess
 import sys
 
 import pytest
-
 from gantry.cli import main as cli_main
 from gantry.cli.roles import run_role
 

@@ -8,7 +8,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-
 from gantry.cli.restart_policy import BackoffSettings, RestartBackoff
 from gantry.cli.supervisor import ChildSpec, Supervisor
 from gantry.common.clock import ManualClock

@@ -15,11 +15,11 @@ from pathlib import Path
 from types import FrameType
 
 from gantry.cli import bootstrap
-from gantry.cli.connection import bearer, open_channel
+from gantry.cli.connection import DEFAULT_ADDRESS, bearer, open_channel
 from gantry.cli.errors import CliError
 from gantry.cli.health import is_serving, wait_until_serving
 from gantry.cli.roles import SUPERVISOR_PID_ENV
-from gantry.cli.state import StatePaths, ensure_secret, read_secret
+from gantry.cli.state import DEFAULT_STATE_DIR, StatePaths, ensure_secret, read_secret
 from gantry.cli.supervisor import ChildSpec, Supervisor
 from gantry.common.ids import new_id
 from gantry.common.tokens import OPERATOR_TOKEN, SERVICE_TOKEN, mint_token
@@ -180,8 +180,12 @@ def _grpcurl() -> str:
 def banner(settings: UpSettings, deployment_id: str) -> str:
     paths = settings.paths
     state = _shown(paths.root)
-    default_state = paths.root.resolve() == Path(".gantry").resolve()
-    gantry = "gantry" if default_state else f"gantry --state-dir {state}"
+    # The examples must work as pasted: name the address and state dir unless they are defaults.
+    gantry = "gantry"
+    if settings.address != DEFAULT_ADDRESS:
+        gantry += f" --address {settings.address}"
+    if paths.root.resolve() != Path(DEFAULT_STATE_DIR).resolve():
+        gantry += f" --state-dir {state}"
     grpcurl = _grpcurl()
     embed_body = '{"capability": "minilm", "inputs": ["Gantry keeps models resident."]}'
     return f"""

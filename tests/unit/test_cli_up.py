@@ -1,0 +1,134 @@
+"""`gantry up` end to end with stand-in services: bootstrap, the banner, ordered shutdown."""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from gantry.cli.main import main
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def start_up(
+    state: Path, address: str, scheduler: str, role_argv: str, *extra: str
+) -> subprocess.Popen[str]:
+    # `up` with its children swapped for stand-ins; everything else is the real command.
+    driver = (
+        "import sys\n"
+        "import gantry.cli.up as up\n"
+        f"up.role_argv = {role_argv}\n"
+        "from gantry.cli.main import main\n"
+        "sys.exit(main(sys.argv[1:]))\n"
+    )
+    argv = ["--address", address, "--state-dir", str(state), "up", "--scheduler-address", scheduler]
+    return subprocess.Popen(
+        [sys.executable, "-c", driver, *argv, *extra],
+        cwd=REPO_ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def read_lines(stream: object) -> queue.Queue[str]:
+    lines: queue.Queue[str] = queue.Queue()
+
+    def pump() -> None:
+        for line in stream:  # type: ignore[attr-defined]
+            lines.put(line)
+
+    threading.Thread(target=pump, daemon=True).start()
+    return lines
+
+
+def wait_for_line(lines: queue.Queue[str], text: str, *, timeout_s: float = 60.0) -> list[str]:
+    seen: list[str] = []
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            line = lines.get(timeout=0.2)
+        except queue.Empty:
+            continue
+        seen.append(line)
+        if text in line:
+            return seen
+    raise AssertionError(f"{text!r} never appeared; saw {seen}")
+
+
+FAKE_ROLES = (
+    'lambda role, args: [sys.executable, "-m", "tests.unit.test_cli_bootstrap", role, *args]'
+)
+
+
+@pytest.mark.timeout(120)
+def test_up_bootstraps_serves_and_stops_children_in_reverse_order(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    state = tmp_path / "state"
+    address = f"127.0.0.1:{free_port()}"
+    process = start_up(state, address, f"127.0.0.1:{free_port()}", FAKE_ROLES)
+    stdout, stderr = read_lines(process.stdout), read_lines(process.stderr)
+    try:
+        wait_for_line(stdout, "Ctrl-C stops everything.")
+        for secret in ("operator.token", "scheduler.token", "node.credential", "client.key"):
+            assert stat.S_IMODE((state / secret).stat().st_mode) == 0o600, secret
+        assert (state / "artifacts" / "all-minilm-l6-v2" / "model.safetensors").exists()
+
+        assert main(["--address", address, "--state-dir", str(state), "embed", "hi"]) == 0
+        assert "1 vector(s), dim 4" in capsys.readouterr().out
+        assert main(["--address", address, "--state-dir", str(state), "deployments"]) == 0
+        assert "minilm      READY" in capsys.readouterr().out
+
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=60) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+    said = wait_for_line(stderr, "stopped scheduler", timeout_s=10)
+    stops = [line for line in said if line.startswith("gantry: stopped ")]
+    assert [line.split()[2] for line in stops] == ["worker", "controlplane", "scheduler"]
+    for line in stops:
+        pid = int(line.split("(pid ")[1].split(")")[0])
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    assert "fake worker stopped" in (state / "logs" / "worker.log").read_text()
+
+
+@pytest.mark.timeout(60)
+def test_up_names_the_role_and_its_log_when_a_service_never_serves(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    crashing = (
+        "lambda role, args: [sys.executable, '-c',"
+        " 'print(\"scheduler boom\"); raise SystemExit(2)']"
+    )
+    process = start_up(
+        state,
+        f"127.0.0.1:{free_port()}",
+        f"127.0.0.1:{free_port()}",
+        crashing,
+        "--startup-timeout",
+        "2",
+    )
+    _, stderr = process.communicate(timeout=30)
+    assert process.returncode == 1
+    assert "the scheduler did not report SERVING" in stderr
+    assert str(state / "logs" / "scheduler.log") in stderr
+    assert "scheduler boom" in stderr  # the log's last lines come with the error
+    assert "restarting in 1s" in stderr
+    assert "Traceback" not in stderr

@@ -1,0 +1,122 @@
+"""Resolution of a runtime environment id to the Python executable that runs its model hosts."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from gantry.common.errors import GantryError
+from gantry.worker.model_host.environments import (
+    DEFAULT_EXECUTABLE,
+    ENV_MAP_FILE,
+    ENV_MAP_JSON,
+    resolve_python,
+)
+
+
+@pytest.fixture
+def executables(tmp_path: Path) -> dict[str, str]:
+    made = {}
+    for name in ("default-python", "torch-python", "file-python"):
+        path = tmp_path / name
+        path.write_text("#!/bin/sh\n")
+        path.chmod(0o755)
+        made[name] = str(path)
+    return made
+
+
+def _map_file(tmp_path: Path, mapping: dict[str, str]) -> str:
+    path = tmp_path / "environments.json"
+    path.write_text(json.dumps(mapping))
+    return str(path)
+
+
+def test_empty_id_without_configuration_is_this_interpreter() -> None:
+    assert resolve_python("", {}) == sys.executable
+
+
+def test_empty_id_uses_the_configured_default_executable_and_skips_the_maps(
+    executables: dict[str, str],
+) -> None:
+    env = {
+        DEFAULT_EXECUTABLE: executables["default-python"],
+        ENV_MAP_JSON: json.dumps({"": executables["torch-python"]}),
+    }
+    assert resolve_python("", env) == executables["default-python"]
+
+
+def test_default_id_without_any_map_is_the_default_executable(executables: dict[str, str]) -> None:
+    assert resolve_python("default", {}) == sys.executable
+    env = {DEFAULT_EXECUTABLE: executables["default-python"]}
+    assert resolve_python("default", env) == executables["default-python"]
+
+
+def test_named_id_without_any_map_is_unavailable() -> None:
+    with pytest.raises(GantryError) as caught:
+        resolve_python("torch-2.13", {})
+    assert caught.value.reason == "RUNTIME_ENVIRONMENT_UNAVAILABLE"
+    assert caught.value.metadata["environment_id"] == "torch-2.13"
+
+
+def test_inline_json_map_wins_over_the_file_map(
+    tmp_path: Path, executables: dict[str, str]
+) -> None:
+    env = {
+        ENV_MAP_JSON: json.dumps({"torch-2.13": executables["torch-python"]}),
+        ENV_MAP_FILE: _map_file(tmp_path, {"torch-2.13": executables["file-python"]}),
+        DEFAULT_EXECUTABLE: executables["default-python"],
+    }
+    assert resolve_python("torch-2.13", env) == executables["torch-python"]
+
+
+def test_file_map_names_ids_the_inline_map_lacks(
+    tmp_path: Path, executables: dict[str, str]
+) -> None:
+    env = {
+        ENV_MAP_JSON: json.dumps({"torch-2.13": executables["torch-python"]}),
+        ENV_MAP_FILE: _map_file(tmp_path, {"onnx-1": executables["file-python"]}),
+    }
+    assert resolve_python("onnx-1", env) == executables["file-python"]
+
+
+def test_id_missing_from_a_configured_map_never_falls_back(executables: dict[str, str]) -> None:
+    env = {
+        ENV_MAP_JSON: json.dumps({"torch-2.13": executables["torch-python"]}),
+        DEFAULT_EXECUTABLE: executables["default-python"],
+    }
+    for missing in ("torch-2.12", "default"):
+        with pytest.raises(GantryError) as caught:
+            resolve_python(missing, env)
+        assert caught.value.reason == "RUNTIME_ENVIRONMENT_UNAVAILABLE"
+        assert "torch-2.13" in caught.value.message
+
+
+def test_mapped_executable_that_does_not_exist_is_unavailable(tmp_path: Path) -> None:
+    env = {ENV_MAP_JSON: json.dumps({"torch-2.13": str(tmp_path / "missing-python")})}
+    with pytest.raises(GantryError) as caught:
+        resolve_python("torch-2.13", env)
+    assert caught.value.reason == "RUNTIME_ENVIRONMENT_UNAVAILABLE"
+    assert "missing-python" in caught.value.message
+
+
+def test_default_executable_that_does_not_exist_is_unavailable(tmp_path: Path) -> None:
+    with pytest.raises(GantryError) as caught:
+        resolve_python("", {DEFAULT_EXECUTABLE: str(tmp_path / "nope")})
+    assert caught.value.reason == "RUNTIME_ENVIRONMENT_UNAVAILABLE"
+
+
+@pytest.mark.parametrize(
+    "inline", ["not json", json.dumps(["a", "b"]), json.dumps({"torch-2.13": 3})]
+)
+def test_malformed_inline_map_is_unavailable(inline: str) -> None:
+    with pytest.raises(GantryError) as caught:
+        resolve_python("torch-2.13", {ENV_MAP_JSON: inline})
+    assert caught.value.reason == "RUNTIME_ENVIRONMENT_UNAVAILABLE"
+
+
+def test_unreadable_map_file_is_unavailable(tmp_path: Path) -> None:
+    with pytest.raises(GantryError) as caught:
+        resolve_python("torch-2.13", {ENV_MAP_FILE: str(tmp_path / "absent.json")})
+    assert caught.value.reason == "RUNTIME_ENVIRONMENT_UNAVAILABLE"

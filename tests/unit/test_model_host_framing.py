@@ -1,0 +1,84 @@
+"""Length-prefixed frames on the model host pipe: round trips, truncation and the size limit."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import struct
+
+import pytest
+from gantry.v1 import model_host_pb2, worker_gateway_pb2
+from gantry.worker.model_host.framing import (
+    FrameError,
+    encode_frame,
+    read_frame,
+    read_frame_async,
+    write_frame,
+)
+
+
+def _embed_request(request_id: int, *inputs: str) -> model_host_pb2.HostRequest:
+    return model_host_pb2.HostRequest(
+        request_id=request_id,
+        trace_context={"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01"},
+        embed=worker_gateway_pb2.EmbedPayload(inputs=list(inputs)),
+    )
+
+
+def test_frames_round_trip_through_a_blocking_stream() -> None:
+    stream = io.BytesIO()
+    first, second = _embed_request(1, "hello"), _embed_request(2, "a", "b")
+    write_frame(stream, first)
+    write_frame(stream, model_host_pb2.HostRequest(shutdown=model_host_pb2.Shutdown()))
+    write_frame(stream, second)
+    stream.seek(0)
+    assert model_host_pb2.HostRequest.FromString(read_frame(stream) or b"") == first
+    shutdown = model_host_pb2.HostRequest.FromString(read_frame(stream) or b"")
+    assert shutdown.WhichOneof("kind") == "shutdown"
+    assert model_host_pb2.HostRequest.FromString(read_frame(stream) or b"") == second
+    assert read_frame(stream) is None
+
+
+async def test_frames_round_trip_through_an_asyncio_stream() -> None:
+    reader = asyncio.StreamReader()
+    first, second = _embed_request(7, "x"), _embed_request(8, "y", "z")
+    reader.feed_data(encode_frame(first) + encode_frame(second))
+    reader.feed_eof()
+    assert model_host_pb2.HostRequest.FromString(await read_frame_async(reader) or b"") == first
+    assert model_host_pb2.HostRequest.FromString(await read_frame_async(reader) or b"") == second
+    assert await read_frame_async(reader) is None
+
+
+def test_oversized_frame_is_refused_on_write() -> None:
+    with pytest.raises(FrameError):
+        encode_frame(_embed_request(1, "x" * 200), max_bytes=100)
+
+
+def test_oversized_length_prefix_is_refused_before_reading_the_payload() -> None:
+    stream = io.BytesIO(struct.pack(">I", 1 << 31) + b"ignored")
+    with pytest.raises(FrameError, match="exceeds"):
+        read_frame(stream)
+
+
+async def test_oversized_length_prefix_is_refused_by_the_async_reader() -> None:
+    reader = asyncio.StreamReader()
+    reader.feed_data(struct.pack(">I", 1000))
+    reader.feed_eof()
+    with pytest.raises(FrameError, match="exceeds"):
+        await read_frame_async(reader, max_bytes=999)
+
+
+def test_truncated_frame_is_an_error_not_an_eof() -> None:
+    frame = encode_frame(_embed_request(1, "hello"))
+    with pytest.raises(FrameError):
+        read_frame(io.BytesIO(frame[:-1]))
+    with pytest.raises(FrameError):
+        read_frame(io.BytesIO(frame[:2]))
+
+
+async def test_truncated_frame_is_an_error_for_the_async_reader() -> None:
+    reader = asyncio.StreamReader()
+    reader.feed_data(encode_frame(_embed_request(1, "hello"))[:-1])
+    reader.feed_eof()
+    with pytest.raises(FrameError):
+        await read_frame_async(reader)
