@@ -109,7 +109,11 @@ class _StderrTail:
 
 
 class ModelHost:
-    """One running model host child. Create with `await ModelHost.start(spec)`."""
+    """One running model host child. Create with `await ModelHost.start(spec)`.
+
+    After an unexpected exit (reported to `on_exit`) the host answers RUNTIME_CRASHED; the owner
+    still calls `stop()`, which closes the channel and returns the exit evidence.
+    """
 
     def __init__(
         self,
