@@ -77,16 +77,24 @@ async def test_grpcurl_lists_services_and_embeds_with_the_api_key(minilm: Harnes
     } <= set(listed)
     nodes = json.loads(
         await _run_grpcurl(
-            "-plaintext", "-H", f"authorization: Bearer {minilm.operator_token}",
-            minilm.address, "gantry.v1.ControlPlane/ListNodes",
+            "-plaintext",
+            "-H",
+            f"authorization: Bearer {minilm.operator_token}",
+            minilm.address,
+            "gantry.v1.ControlPlane/ListNodes",
         )
     )
     assert [n["name"] for n in nodes["nodes"]] == ["e2e-node"]
     body = json.dumps({"capability": "minilm", "inputs": [SENTENCE]})
     embedded = json.loads(
         await _run_grpcurl(
-            "-plaintext", "-H", f"authorization: Bearer {minilm.api_key}", "-d", body,
-            minilm.address, "gantry.v1.Inference/Embed",
+            "-plaintext",
+            "-H",
+            f"authorization: Bearer {minilm.api_key}",
+            "-d",
+            body,
+            minilm.address,
+            "gantry.v1.Inference/Embed",
         )
     )
     assert embedded["dim"] == 384

@@ -34,11 +34,21 @@ async def test_alembic_upgrade_from_empty_creates_every_table_and_is_repeatable(
     await db.migrate()  # a second start finds the schema current and changes nothing
     async with db.engine.connect() as connection:
         names = await connection.run_sync(lambda sync: set(inspect(sync).get_table_names()))
-        version = (await connection.execute(text("SELECT version_num FROM alembic_version"))).scalar()
+        version = (
+            await connection.execute(text("SELECT version_num FROM alembic_version"))
+        ).scalar()
     await db.close()
     assert {
-        "nodes", "artifact_sets", "artifact_files", "deployments", "residencies",
-        "serving_jobs", "api_keys", "tenants", "operator_tokens", "audit_events",
+        "nodes",
+        "artifact_sets",
+        "artifact_files",
+        "deployments",
+        "residencies",
+        "serving_jobs",
+        "api_keys",
+        "tenants",
+        "operator_tokens",
+        "audit_events",
     } <= names
     assert version == "0001"
 
@@ -73,19 +83,31 @@ async def _deployment_with_job(database: Database):  # type: ignore[no-untyped-d
     async with database.transaction() as session:
         node, _ = await nodes.register_node(session, name="n", labels={}, now=NOW)
         artifact = await artifacts.create_artifact_set(
-            session, name="m", location="m",
-            manifest=[ManifestEntry(path="config.json", size_bytes=2, sha256=SHA)], now=NOW,
+            session,
+            name="m",
+            location="m",
+            manifest=[ManifestEntry(path="config.json", size_bytes=2, sha256=SHA)],
+            now=NOW,
         )
         deployment = await deployments.create_deployment(
-            session, capability="c", artifact_set_id=artifact.artifact_set_id,
-            adapter={"adapter": "sentence_transformers"}, environment_id="", replicas=1, now=NOW,
+            session,
+            capability="c",
+            artifact_set_id=artifact.artifact_set_id,
+            adapter={"adapter": "sentence_transformers"},
+            environment_id="",
+            replicas=1,
+            now=NOW,
         )
         residency = await deployments.create_residency(
             session, deployment_id=deployment.deployment_id, node_id=node.node_id, now=NOW
         )
         job = await jobs.create_job(
-            session, job_type=JobType.LOAD, deployment_id=deployment.deployment_id,
-            node_id=node.node_id, residency_id=residency.residency_id, now=NOW,
+            session,
+            job_type=JobType.LOAD,
+            deployment_id=deployment.deployment_id,
+            node_id=node.node_id,
+            residency_id=residency.residency_id,
+            now=NOW,
         )
     return node, deployment, job
 
@@ -103,7 +125,9 @@ async def test_compare_and_set_refuses_a_stale_expected_state(database: Database
             await deployments.set_deployment_state(session, stale, DeploymentState.LOADING, now=NOW)
     assert caught.value.reason == "INVALID_STATE_TRANSITION"
     async with database.transaction() as session:
-        assert (await deployments.get_deployment(session, deployment.deployment_id)).state == "LOADING"
+        assert (
+            await deployments.get_deployment(session, deployment.deployment_id)
+        ).state == "LOADING"
 
 
 async def test_illegal_transition_is_refused_before_touching_the_row(database: Database):
@@ -126,9 +150,17 @@ async def test_job_result_is_idempotent_by_job_id_and_conflicts_are_refused(data
     async def send(digest: str, lease_token: str = token, generation: int = 7):  # type: ignore[no-untyped-def]
         async with database.transaction() as session:
             return await jobs.record_result(
-                session, job_id=job.job_id, node_id=node.node_id, generation=generation,
-                lease_token=lease_token, succeeded=True, result={"ok": True},
-                result_digest=digest, failure_reason="", failure_message="", now=NOW,
+                session,
+                job_id=job.job_id,
+                node_id=node.node_id,
+                generation=generation,
+                lease_token=lease_token,
+                succeeded=True,
+                result={"ok": True},
+                result_digest=digest,
+                failure_reason="",
+                failure_message="",
+                now=NOW,
             )
 
     with pytest.raises(GantryError) as bad_token:
@@ -147,7 +179,9 @@ async def test_job_result_is_idempotent_by_job_id_and_conflicts_are_refused(data
     assert conflict.value.reason == "RESULT_CONFLICT"
 
 
-async def test_a_dead_generations_jobs_return_to_the_queue_with_their_token_dead(database: Database):
+async def test_a_dead_generations_jobs_return_to_the_queue_with_their_token_dead(
+    database: Database,
+):
     node, _, job = await _deployment_with_job(database)
     async with database.transaction() as session:
         row = await jobs.get_job(session, job.job_id)
@@ -166,9 +200,17 @@ async def test_a_dead_generations_jobs_return_to_the_queue_with_their_token_dead
     with pytest.raises(GantryError) as caught:
         async with database.transaction() as session:
             await jobs.record_result(
-                session, job_id=job.job_id, node_id=node.node_id, generation=2,
-                lease_token=old_token, succeeded=True, result={}, result_digest="x",
-                failure_reason="", failure_message="", now=NOW,
+                session,
+                job_id=job.job_id,
+                node_id=node.node_id,
+                generation=2,
+                lease_token=old_token,
+                succeeded=True,
+                result={},
+                result_digest="x",
+                failure_reason="",
+                failure_message="",
+                now=NOW,
             )
     assert caught.value.reason == "LEASE_TOKEN_INVALID"
 

@@ -64,7 +64,9 @@ async def _code_and_reason(call) -> tuple[grpc.StatusCode, str]:  # type: ignore
 
 
 async def test_load_embed_unload_on_each_store(
-    database_url: str, tmp_path: Path, tiny_model_dir: Path  # noqa: F811
+    database_url: str,
+    tmp_path: Path,
+    tiny_model_dir: Path,  # noqa: F811
 ):
     root = tmp_path / "artifacts"
     root.mkdir()
@@ -145,7 +147,9 @@ async def test_a_deployment_without_a_resident_is_not_ready(gantry: Harness, tin
     assert (code, reason) == (grpc.StatusCode.UNAVAILABLE, "DEPLOYMENT_NOT_READY")
 
 
-async def test_a_tampered_artifact_is_refused_before_any_load(gantry: Harness, tiny_model_dir: Path):  # noqa: F811
+async def test_a_tampered_artifact_is_refused_before_any_load(
+    gantry: Harness, tiny_model_dir: Path
+):  # noqa: F811
     credential = await gantry.register_node("tamper-node")
     agent = await gantry.start_worker(credential)
     artifact = await gantry.register_model(tiny_model_dir, "tampered")
@@ -158,7 +162,9 @@ async def test_a_tampered_artifact_is_refused_before_any_load(gantry: Harness, t
     assert len(agent.residents) == 0
 
 
-async def test_extra_file_in_artifact_directory_is_a_mismatch(gantry: Harness, tiny_model_dir: Path):  # noqa: F811
+async def test_extra_file_in_artifact_directory_is_a_mismatch(
+    gantry: Harness, tiny_model_dir: Path
+):  # noqa: F811
     credential = await gantry.register_node("extra-node")
     await gantry.start_worker(credential)
     artifact = await gantry.register_model(tiny_model_dir, "extra")
@@ -223,7 +229,9 @@ async def test_an_older_generation_is_fenced(gantry: Harness):
 
 
 async def test_model_host_killed_mid_request_fails_fast_with_runtime_crashed(
-    gantry: Harness, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch  # noqa: F811
+    gantry: Harness,
+    tiny_model_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,  # noqa: F811
 ):
     monkeypatch.setenv("GANTRY_MODEL_HOST_TEST_HOOKS", "1")  # the child inherits it
     deployment_id = await _serving(gantry, tiny_model_dir, "crashy")
@@ -299,7 +307,8 @@ async def test_list_rpcs_page(gantry: Harness):
 
 
 async def test_worker_restart_reloads_its_deployment_under_a_new_generation(
-    gantry: Harness, tiny_model_dir: Path  # noqa: F811
+    gantry: Harness,
+    tiny_model_dir: Path,  # noqa: F811
 ):
     credential = await gantry.register_node("restart-node")
     agent = await gantry.start_worker(credential)

@@ -1,0 +1,86 @@
+"""The scheduler servicer alone, on a real in-process server on port 0."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import grpc
+import pytest
+
+from gantry.common import tokens
+from gantry.common.auth import auth_metadata
+from gantry.common.grpc_server import RunningServer, insecure_channel
+from gantry.common.status import error_info_of
+from gantry.scheduler.server import start_scheduler
+from gantry.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
+
+TOKEN = tokens.mint_token(tokens.SERVICE_TOKEN, "scheduler")
+
+
+@pytest.fixture
+async def scheduler() -> AsyncIterator[tuple[RunningServer, scheduler_pb2_grpc.SchedulerStub]]:
+    server, _ = await start_scheduler(listen="127.0.0.1:0", service_token=TOKEN)
+    async with insecure_channel(f"127.0.0.1:{server.port}") as channel:
+        yield server, scheduler_pb2_grpc.SchedulerStub(channel)
+    await server.stop(grace=0.1)
+
+
+async def test_dispatch_and_rejection_over_the_connect_stream(scheduler):  # type: ignore[no-untyped-def]
+    _, stub = scheduler
+    inbox: asyncio.Queue[scheduler_pb2.SchedulerInput | None] = asyncio.Queue()
+
+    async def inputs() -> AsyncIterator[scheduler_pb2.SchedulerInput]:
+        while (message := await inbox.get()) is not None:
+            yield message
+
+    call = stub.Connect(inputs(), metadata=auth_metadata(TOKEN))
+    inbox.put_nowait(
+        scheduler_pb2.SchedulerInput(
+            cluster_state=scheduler_pb2.ClusterState(
+                nodes=[
+                    scheduler_pb2.SchedulerNode(node_id="n1", state=common_pb2.NODE_STATE_CONNECTED)
+                ],
+                residencies=[
+                    scheduler_pb2.SchedulerResidency(
+                        residency_id="r1",
+                        deployment_id="d1",
+                        node_id="n1",
+                        state=common_pb2.RESIDENCY_STATE_RESIDENT,
+                    )
+                ],
+            )
+        )
+    )
+    inbox.put_nowait(
+        scheduler_pb2.SchedulerInput(
+            work_submitted=scheduler_pb2.WorkSubmitted(work_id="w1", deployment_id="d1")
+        )
+    )
+    dispatch = await call.read()
+    assert (dispatch.dispatch.work_id, dispatch.dispatch.residency_id) == ("w1", "r1")
+    inbox.put_nowait(
+        scheduler_pb2.SchedulerInput(
+            work_submitted=scheduler_pb2.WorkSubmitted(work_id="w2", deployment_id="other")
+        )
+    )
+    rejected = await call.read()
+    assert rejected.rejected.work_id == "w2"
+    assert rejected.rejected.failure.reason == "DEPLOYMENT_NOT_READY"
+    snapshot = await stub.GetQueueSnapshot(
+        scheduler_pb2.GetQueueSnapshotRequest(), metadata=auth_metadata(TOKEN)
+    )
+    assert snapshot.control_plane_connected and snapshot.in_flight == 1
+    assert (snapshot.dispatched_total, snapshot.rejected_total) == (1, 1)
+    inbox.put_nowait(None)
+
+
+async def test_a_wrong_service_token_is_unauthenticated(scheduler):  # type: ignore[no-untyped-def]
+    _, stub = scheduler
+    wrong = tokens.mint_token(tokens.SERVICE_TOKEN, "scheduler")
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await stub.GetQueueSnapshot(
+            scheduler_pb2.GetQueueSnapshotRequest(), metadata=auth_metadata(wrong)
+        )
+    assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert error_info_of(caught.value).reason == "UNAUTHENTICATED"  # type: ignore[union-attr]
