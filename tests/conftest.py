@@ -65,3 +65,6 @@ async def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncI
     else:
         async for url in _fresh_postgres_database():
             yield url
+
+
+from tests.fixtures.tiny_model import tiny_model_dir  # noqa: E402, F401  (a shared fixture)

@@ -79,8 +79,10 @@ async def main() -> int:
         deployment = await h.deploy(artifact.artifact_set_id, "minilm")
         started = time.perf_counter()
         await h.wait_deployment(deployment.deployment_id, cp.DEPLOYMENT_STATE_READY, timeout=180)
-        print(f"  cold load in a child process (verify + import + load + probe): "
-              f"{time.perf_counter() - started:.2f} s")
+        print(
+            f"  cold load in a child process (verify + import + load + probe): "
+            f"{time.perf_counter() - started:.2f} s"
+        )
 
         def embed(encoding: int, inputs: list[str]) -> Callable[[], Awaitable[object]]:
             request = inf.EmbedRequest(capability="minilm", inputs=inputs, encoding=encoding)
@@ -89,16 +91,28 @@ async def main() -> int:
         floats = inf.VECTOR_ENCODING_FLOAT_LIST
         packed = inf.VECTOR_ENCODING_FLOAT32_LE_BYTES
         print("concurrency 1, one sentence:")
-        direct_p50, direct_p99 = report("direct in-process encode (baseline)", await timed(direct_one, ITERATIONS))
-        gantry_p50, gantry_p99 = report("Embed via CP -> scheduler -> worker -> host", await timed(embed(floats, [SENTENCE]), ITERATIONS))
-        print(f"  invoke overhead: p50 +{gantry_p50 - direct_p50:.2f} ms, p99 +{gantry_p99 - direct_p99:.2f} ms"
-              "  (targets: p50 <= 1.0 ms, p99 <= 3 ms)")
+        direct_p50, direct_p99 = report(
+            "direct in-process encode (baseline)", await timed(direct_one, ITERATIONS)
+        )
+        gantry_p50, gantry_p99 = report(
+            "Embed via CP -> scheduler -> worker -> host",
+            await timed(embed(floats, [SENTENCE]), ITERATIONS),
+        )
+        print(
+            f"  invoke overhead: p50 +{gantry_p50 - direct_p50:.2f} ms, "
+            f"p99 +{gantry_p99 - direct_p99:.2f} ms"
+            "  (targets: p50 <= 1.0 ms, p99 <= 3 ms)"
+        )
         print("vectors on the wire, 32 sentences per call:")
         list_p50, _ = report("repeated float", await timed(embed(floats, batch), ITERATIONS // 4))
-        bytes_p50, _ = report("FLOAT32_LE_BYTES", await timed(embed(packed, batch), ITERATIONS // 4))
+        bytes_p50, _ = report(
+            "FLOAT32_LE_BYTES", await timed(embed(packed, batch), ITERATIONS // 4)
+        )
         print(f"  repeated float / bytes: {list_p50 / bytes_p50:.3f}  (target <= 1.10)")
         print("throughput:")
-        batch_p50, _ = report("direct batch of 32 (baseline)", await timed(direct_batch, ITERATIONS // 10))
+        batch_p50, _ = report(
+            "direct batch of 32 (baseline)", await timed(direct_batch, ITERATIONS // 10)
+        )
         direct_rate = 32 / (batch_p50 / 1000)
         one = embed(floats, [SENTENCE])
         rounds = max(4, ITERATIONS // 20)
@@ -106,9 +120,11 @@ async def main() -> int:
         for _ in range(rounds):
             await asyncio.gather(*(one() for _ in range(32)))
         rate = 32 * rounds / (time.perf_counter() - start)
-        print(f"  direct batch-32: {direct_rate:7.1f} sentences/s; 32 concurrent single-sentence "
-              f"clients via Gantry: {rate:7.1f} sentences/s = {rate / direct_rate:.2f} of direct "
-              "(target >= 0.85)")
+        print(
+            f"  direct batch-32: {direct_rate:7.1f} sentences/s; 32 concurrent single-sentence "
+            f"clients via Gantry: {rate:7.1f} sentences/s = {rate / direct_rate:.2f} of direct "
+            "(target >= 0.85)"
+        )
     return 0
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from gantry.common.errors import GantryError
 from gantry.v1 import common_pb2, worker_gateway_pb2
 from gantry.worker.model_host.process import HostLaunchSpec, ModelHost
@@ -22,8 +23,6 @@ from gantry.worker.model_host.serving import (
     TEST_HOOK_HANG_INPUT,
     TEST_HOOKS_ENV,
 )
-
-from tests.fixtures.tiny_model import tiny_model_dir  # noqa: F401
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT_SPAN_ID = "00f067aa0ba902b7"
@@ -89,14 +88,14 @@ async def _wait_until(condition: Callable[[], bool], timeout_s: float, what: str
 
 
 @pytest.fixture(scope="module")
-def reference_model(tiny_model_dir: Path):  # noqa: F811
+def reference_model(tiny_model_dir: Path):
     from sentence_transformers import SentenceTransformer
 
     return SentenceTransformer(str(tiny_model_dir), device="cpu", local_files_only=True)
 
 
 async def test_host_embeds_like_the_model_in_process_alone_and_concurrently_then_is_gone(
-    tiny_model_dir: Path,  # noqa: F811
+    tiny_model_dir: Path,
     reference_model,
     tmp_path: Path,
 ) -> None:
@@ -151,7 +150,7 @@ async def test_host_embeds_like_the_model_in_process_alone_and_concurrently_then
 
 
 async def test_failed_forward_pass_fails_only_its_request_and_the_host_keeps_serving(
-    tiny_model_dir: Path,  # noqa: F811
+    tiny_model_dir: Path,
     reference_model,
 ) -> None:
     host = await ModelHost.start(_spec(tiny_model_dir, "dep-invoke-fail", **{TEST_HOOKS_ENV: "1"}))
@@ -180,7 +179,7 @@ async def test_failed_forward_pass_fails_only_its_request_and_the_host_keeps_ser
 
 
 async def test_child_killed_mid_request_raises_runtime_crashed_and_reports_the_exit(
-    tiny_model_dir: Path,  # noqa: F811
+    tiny_model_dir: Path,
 ) -> None:
     exits: list[int] = []
     exited = asyncio.Event()
@@ -238,7 +237,7 @@ async def test_missing_model_directory_fails_the_start(tmp_path: Path) -> None:
     assert "does not exist" in caught.value.message
 
 
-async def test_start_that_times_out_kills_the_child(tiny_model_dir: Path) -> None:  # noqa: F811
+async def test_start_that_times_out_kills_the_child(tiny_model_dir: Path) -> None:
     spec = _spec(tiny_model_dir, "dep-slow-load")
     spec = HostLaunchSpec(**{**spec.__dict__, "load_timeout_s": 0.2})
     with pytest.raises(GantryError) as caught:
@@ -273,7 +272,7 @@ asyncio.run(main())
 """
 
 
-async def test_child_dies_with_its_parent(tiny_model_dir: Path) -> None:  # noqa: F811
+async def test_child_dies_with_its_parent(tiny_model_dir: Path) -> None:
     parent = await asyncio.create_subprocess_exec(
         sys.executable,
         "-c",

@@ -1,4 +1,4 @@
-"""The control plane's store on SQLite and on the real PostgreSQL: migrations, hashes, CAS, leases."""
+"""The control plane's store on SQLite and real PostgreSQL: migrations, hashes, CAS, leases."""
 
 from __future__ import annotations
 

@@ -17,12 +17,10 @@ import pytest
 
 from gantry.common.auth import auth_metadata
 from gantry.common.status import error_info_of
-from gantry.v1 import common_pb2
+from gantry.v1 import common_pb2, worker_gateway_pb2_grpc
 from gantry.v1 import control_plane_pb2 as cp
 from gantry.v1 import inference_pb2 as inf
 from gantry.v1 import worker_gateway_pb2 as wg
-from gantry.v1 import worker_gateway_pb2_grpc
-from tests.fixtures.tiny_model import tiny_model_dir  # noqa: F401
 from tests.integration.harness import Harness, running_gantry, wait_for
 
 READY = cp.DEPLOYMENT_STATE_READY
@@ -66,7 +64,7 @@ async def _code_and_reason(call) -> tuple[grpc.StatusCode, str]:  # type: ignore
 async def test_load_embed_unload_on_each_store(
     database_url: str,
     tmp_path: Path,
-    tiny_model_dir: Path,  # noqa: F811
+    tiny_model_dir: Path,
 ):
     root = tmp_path / "artifacts"
     root.mkdir()
@@ -111,7 +109,7 @@ async def test_load_embed_unload_on_each_store(
         assert (code, reason) == (grpc.StatusCode.UNAVAILABLE, "DEPLOYMENT_NOT_READY")
 
 
-async def test_bad_embed_requests_get_typed_errors(gantry: Harness, tiny_model_dir: Path):  # noqa: F811
+async def test_bad_embed_requests_get_typed_errors(gantry: Harness, tiny_model_dir: Path):
     await _serving(gantry, tiny_model_dir)
     embed = gantry.inference.Embed
     md = gantry.client_md
@@ -133,7 +131,7 @@ async def test_bad_embed_requests_get_typed_errors(gantry: Harness, tiny_model_d
     assert len(ok.vectors) == 1
 
 
-async def test_a_deployment_without_a_resident_is_not_ready(gantry: Harness, tiny_model_dir: Path):  # noqa: F811
+async def test_a_deployment_without_a_resident_is_not_ready(gantry: Harness, tiny_model_dir: Path):
     artifact = await gantry.register_model(tiny_model_dir, "idle")
     # No worker is connected: the scheduler finds no node, the deployment says why.
     with pytest.raises(grpc.aio.AioRpcError) as caught:
@@ -149,7 +147,7 @@ async def test_a_deployment_without_a_resident_is_not_ready(gantry: Harness, tin
 
 async def test_a_tampered_artifact_is_refused_before_any_load(
     gantry: Harness, tiny_model_dir: Path
-):  # noqa: F811
+):
     credential = await gantry.register_node("tamper-node")
     agent = await gantry.start_worker(credential)
     artifact = await gantry.register_model(tiny_model_dir, "tampered")
@@ -164,7 +162,7 @@ async def test_a_tampered_artifact_is_refused_before_any_load(
 
 async def test_extra_file_in_artifact_directory_is_a_mismatch(
     gantry: Harness, tiny_model_dir: Path
-):  # noqa: F811
+):
     credential = await gantry.register_node("extra-node")
     await gantry.start_worker(credential)
     artifact = await gantry.register_model(tiny_model_dir, "extra")
@@ -231,7 +229,7 @@ async def test_an_older_generation_is_fenced(gantry: Harness):
 async def test_model_host_killed_mid_request_fails_fast_with_runtime_crashed(
     gantry: Harness,
     tiny_model_dir: Path,
-    monkeypatch: pytest.MonkeyPatch,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
 ):
     monkeypatch.setenv("GANTRY_MODEL_HOST_TEST_HOOKS", "1")  # the child inherits it
     deployment_id = await _serving(gantry, tiny_model_dir, "crashy")
@@ -308,7 +306,7 @@ async def test_list_rpcs_page(gantry: Harness):
 
 async def test_worker_restart_reloads_its_deployment_under_a_new_generation(
     gantry: Harness,
-    tiny_model_dir: Path,  # noqa: F811
+    tiny_model_dir: Path,
 ):
     credential = await gantry.register_node("restart-node")
     agent = await gantry.start_worker(credential)
@@ -321,10 +319,19 @@ async def test_worker_restart_reloads_its_deployment_under_a_new_generation(
     fresh = await gantry.start_worker(credential)
     assert fresh.generation > agent.generation
 
-    async def cold_or_failed() -> bool:
+    async def reloaded() -> bool:
         d = await gantry.deployment(deployment.deployment_id)
-        return d.residencies[0].state == common_pb2.RESIDENCY_STATE_COLD
+        residency = d.residencies[0]
+        return (
+            d.state == READY
+            and residency.state == common_pb2.RESIDENCY_STATE_RESIDENT
+            and residency.generation == fresh.generation
+        )
 
-    await wait_for(cold_or_failed, what="the lost residency to be COLD")
-    nodes = await gantry.operator.ListNodes(cp.ListNodesRequest(), metadata=gantry.op_md)
-    assert {n.name: n.generation for n in nodes.nodes}["restart-node"] == fresh.generation
+    await wait_for(reloaded, timeout=60, what="the deployment to load again on the new generation")
+    new_pid = (await gantry.deployment(deployment.deployment_id)).residencies[0].pid
+    assert new_pid != old_pid and Path(f"/proc/{new_pid}").exists()
+    response = await gantry.inference.Embed(
+        inf.EmbedRequest(capability="restart", inputs=["again"]), metadata=gantry.client_md
+    )
+    assert len(response.vectors) == 1

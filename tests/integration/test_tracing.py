@@ -15,7 +15,6 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from gantry.common.telemetry import TRACE_FILE_ENV
 from gantry.v1 import control_plane_pb2 as cp
 from gantry.v1 import inference_pb2 as inf
-from tests.fixtures.tiny_model import tiny_model_dir  # noqa: F401
 from tests.integration.harness import running_gantry, wait_for
 
 _EXPORTER = InMemorySpanExporter()
@@ -35,7 +34,7 @@ async def test_one_embed_is_one_trace_across_all_four_processes(
     exporter: InMemorySpanExporter,
     sqlite_url: str,
     tmp_path: Path,
-    tiny_model_dir: Path,  # noqa: F811
+    tiny_model_dir: Path,
     monkeypatch: pytest.MonkeyPatch,
 ):
     trace_file = tmp_path / "model-host-spans.jsonl"

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
+
 from gantry.cli.artifacts import artifact_location, hash_directory, place_copy
 from gantry.cli.errors import CliError
 

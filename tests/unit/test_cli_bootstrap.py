@@ -20,6 +20,8 @@ from typing import Any
 
 import grpc
 import pytest
+from grpc_health.v1 import health, health_pb2_grpc
+
 from gantry.cli import bootstrap
 from gantry.cli.errors import CliError
 from gantry.cli.state import StatePaths
@@ -30,7 +32,6 @@ from gantry.v1 import (
     inference_pb2,
     inference_pb2_grpc,
 )
-from grpc_health.v1 import health, health_pb2_grpc
 
 OPERATOR_TOKEN = "gop_test_secret"
 CLIENT_KEY = "gak_key_secret"
@@ -133,8 +134,15 @@ class FakeControlPlane(control_plane_pb2_grpc.ControlPlaneServicer):
                 deployment.state = control_plane_pb2.DEPLOYMENT_STATE_READY
                 if not deployment.residencies:
                     deployment.residencies.add(
-                        node_id="node-1", state=common_pb2.RESIDENCY_STATE_RESIDENT
+                        node_id="node-1", state=common_pb2.RESIDENCY_STATE_RESIDENT, generation=7
                     )
+                    # Serving now means: resident on the node's current, connected generation.
+                    if not any(n.node_id == "node-1" for n in self.nodes):
+                        self.nodes.append(control_plane_pb2.Node(node_id="node-1", name="n1"))
+                    for node in self.nodes:
+                        if node.node_id == "node-1":
+                            node.state = common_pb2.NODE_STATE_CONNECTED
+                            node.generation = 7
             else:
                 deployment.state = control_plane_pb2.DEPLOYMENT_STATE_LOADING
             return deployment
@@ -368,3 +376,28 @@ if __name__ == "__main__":
 
     setproctitle(f"gantry {sys.argv[1]}")
     sys.exit(_run_fake_role(sys.argv[1], sys.argv[2:]))
+
+
+def test_a_ready_read_back_from_a_dead_generation_is_not_ready(
+    fake: FakeServer, tmp_path: Path
+) -> None:
+    fake.control_plane.ready_after = 1
+    deployment = fake.stub.CreateDeployment(
+        control_plane_pb2.CreateDeploymentRequest(capability="minilm"), metadata=METADATA
+    )
+    fake.stub.GetDeployment(
+        control_plane_pb2.GetDeploymentRequest(deployment_id=deployment.deployment_id),
+        metadata=METADATA,
+    )
+    # The worker restarted: the node's generation moved on, the residency record did not.
+    fake.control_plane.nodes[-1].generation = 8
+    with pytest.raises(CliError, match="still READY after"):
+        bootstrap.wait_until_ready(
+            fake.stub,
+            METADATA,
+            deployment.deployment_id,
+            timeout_s=0.3,
+            say=lambda _: None,
+            worker_log=tmp_path / "worker.log",
+            interval_s=0.01,
+        )

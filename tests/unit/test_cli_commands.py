@@ -7,9 +7,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from gantry.cli.main import main
 from gantry.v1 import common_pb2, control_plane_pb2
-
 from tests.unit.test_cli_bootstrap import CLIENT_KEY, OPERATOR_TOKEN, FakeServer, running_fake
 
 

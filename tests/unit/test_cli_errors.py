@@ -8,10 +8,11 @@ from pathlib import Path
 
 import grpc
 import pytest
-from gantry.cli.main import main
 from google.protobuf import any_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
+
+from gantry.cli.main import main
 
 
 def rich_status(code: int, message: str, reason: str | None) -> status_pb2.Status:

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+
 from gantry.cli import main as cli_main
 from gantry.cli.roles import run_role
 

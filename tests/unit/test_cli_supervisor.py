@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+
 from gantry.cli.restart_policy import BackoffSettings, RestartBackoff
 from gantry.cli.supervisor import ChildSpec, Supervisor
 from gantry.common.clock import ManualClock

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from gantry.cli.main import main
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

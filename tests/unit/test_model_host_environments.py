@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from gantry.common.errors import GantryError
 from gantry.worker.model_host.environments import (
     DEFAULT_EXECUTABLE,

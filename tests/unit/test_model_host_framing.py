@@ -7,6 +7,7 @@ import io
 import struct
 
 import pytest
+
 from gantry.v1 import model_host_pb2, worker_gateway_pb2
 from gantry.worker.model_host.framing import (
     FrameError,

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import grpc
+
 from gantry.cli.state import StatePaths, read_secret
 
 ADDRESS_ENV = "GANTRY_ADDRESS"

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import grpc
-from gantry.common.errors import ERROR_DOMAIN, GantryError
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
+
+from gantry.common.errors import ERROR_DOMAIN, GantryError
 
 
 class CliError(Exception):

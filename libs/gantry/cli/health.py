@@ -7,8 +7,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import grpc
-from gantry.cli.errors import CliError
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from gantry.cli.errors import CliError
 
 
 def is_serving(address: str, *, timeout_s: float = 1.0) -> bool:

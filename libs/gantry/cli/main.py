@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import grpc
+
 from gantry.cli import embed, operator_commands
 from gantry.cli.connection import ADDRESS_ENV, DEFAULT_ADDRESS, CommandContext
 from gantry.cli.errors import CliError, format_gantry_error, format_rpc_error

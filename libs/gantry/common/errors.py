@@ -1,4 +1,4 @@
-"""Gantry's typed errors: a reason from CONTRACTS.md, a failure class and the gRPC code it maps to."""
+"""Gantry's typed errors: a CONTRACTS.md reason, a failure class and the gRPC code it maps to."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 import grpc
+
 from gantry.v1 import common_pb2
 
 ERROR_DOMAIN = "gantry.dev"

@@ -1,4 +1,4 @@
-"""`create_server(...) -> (server, port)`: every Gantry server with health, reflection, interceptor."""
+"""`create_server(...)`: every Gantry server, with health, reflection and the one interceptor."""
 
 from __future__ import annotations
 
@@ -7,10 +7,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import grpc
-from gantry.common.auth import Authenticator
-from gantry.common.interceptors import GantryServerInterceptor
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+
+from gantry.common.auth import Authenticator
+from gantry.common.interceptors import GantryServerInterceptor
 
 # Generous limits: embeddings for large batches exceed gRPC's 4 MiB default.
 MESSAGE_LIMIT_BYTES = 64 * 1024 * 1024

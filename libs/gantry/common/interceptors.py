@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
+
 from gantry.common.auth import Authenticator, bearer_token, required_role, set_principal
 from gantry.common.errors import GantryError
 from gantry.common.status import to_rich_status

@@ -69,7 +69,7 @@ def validate_manifest(entries: Sequence[ManifestEntry]) -> list[ManifestEntry]:
 
 
 def manifest_digest(entries: Iterable[ManifestEntry]) -> str:
-    """sha256 over the canonical form: one `path\\tsize\\tsha256\\n` line per file, sorted by path."""
+    """sha256 over the canonical form: a `path\\tsize\\tsha256\\n` line per file, by path."""
     digest = hashlib.sha256()
     for entry in sorted(entries, key=lambda e: e.path):
         digest.update(f"{entry.path}\t{entry.size_bytes}\t{entry.sha256}\n".encode())

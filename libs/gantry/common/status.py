@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import grpc
-from gantry.common.errors import ERROR_DOMAIN, REASONS, GantryError
 from google.protobuf import any_pb2
 from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
+
+from gantry.common.errors import ERROR_DOMAIN, REASONS, GantryError
 
 
 def to_rich_status(error: GantryError) -> grpc.Status:

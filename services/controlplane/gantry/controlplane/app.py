@@ -13,7 +13,7 @@ from gantry.controlplane.gateway import WorkerGatewayService
 from gantry.controlplane.inference_service import InferenceService
 from gantry.controlplane.lifecycle import DeploymentLifecycle
 from gantry.controlplane.operator_service import ControlPlaneService
-from gantry.controlplane.persistence import credentials
+from gantry.controlplane.persistence import credentials, nodes
 from gantry.controlplane.persistence.database import Database
 from gantry.controlplane.scheduler_link import SchedulerLink
 from gantry.controlplane.worker_sessions import WorkerHub
@@ -67,6 +67,10 @@ async def start_control_plane(
     await database.migrate()
     if settings.bootstrap_operator_token:
         await bootstrap_operator_token(database, settings.bootstrap_operator_token, clock)
+    async with database.transaction() as session:
+        stale = await nodes.disconnect_all(session, now=clock.now())
+    if stale:
+        log.info("marked %d node(s) disconnected until their workers reconnect", stale)
     hub = WorkerHub()
     lifecycle_holder: list[DeploymentLifecycle] = []
 

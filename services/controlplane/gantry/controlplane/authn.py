@@ -1,4 +1,4 @@
-"""Authenticates every control-plane RPC by role: operator token, client API key, node credential."""
+"""Authenticates control-plane RPCs by role: operator token, client API key, node credential."""
 
 from __future__ import annotations
 

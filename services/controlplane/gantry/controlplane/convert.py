@@ -6,10 +6,11 @@ import datetime as dt
 from collections.abc import Sequence
 from typing import Any
 
+from google.protobuf import json_format, timestamp_pb2
+
 from gantry.common.manifest import ManifestEntry
 from gantry.controlplane.persistence import models
 from gantry.v1 import common_pb2, control_plane_pb2
-from google.protobuf import json_format, timestamp_pb2
 
 
 def timestamp(value: dt.datetime | None) -> timestamp_pb2.Timestamp | None:
@@ -20,8 +21,9 @@ def timestamp(value: dt.datetime | None) -> timestamp_pb2.Timestamp | None:
     return stamp
 
 
-def enum_value(enum_type: Any, prefix: str, state: str) -> int:
-    return int(enum_type.Value(f"{prefix}{state}"))
+def enum_value(enum_type: Any, prefix: str, state: str) -> Any:
+    """The wire enum for a stored state name (e.g. RESIDENT -> RESIDENCY_STATE_RESIDENT)."""
+    return enum_type.Value(f"{prefix}{state}")
 
 
 def node(row: models.Node) -> control_plane_pb2.Node:

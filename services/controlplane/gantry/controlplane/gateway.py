@@ -12,6 +12,8 @@ import logging
 from collections.abc import AsyncIterator
 
 import grpc
+from google.protobuf import duration_pb2, json_format
+
 from gantry.common.auth import current_principal
 from gantry.common.clock import Clock
 from gantry.common.errors import GantryError
@@ -23,7 +25,6 @@ from gantry.controlplane.scheduler_link import SchedulerLink
 from gantry.controlplane.worker_sessions import WorkerHub, WorkerSession
 from gantry.v1 import worker_gateway_pb2 as wg
 from gantry.v1 import worker_gateway_pb2_grpc
-from google.protobuf import duration_pb2, json_format
 
 log = logging.getLogger(__name__)
 

@@ -8,6 +8,8 @@ import sys
 import time
 
 import grpc
+from google.protobuf import timestamp_pb2
+
 from gantry.common.auth import current_principal
 from gantry.common.clock import Clock
 from gantry.common.errors import GantryError, invalid_argument
@@ -20,7 +22,6 @@ from gantry.controlplane.scheduler_link import SchedulerLink
 from gantry.controlplane.worker_sessions import WorkerHub
 from gantry.v1 import common_pb2, inference_pb2, inference_pb2_grpc, scheduler_pb2
 from gantry.v1 import worker_gateway_pb2 as wg
-from google.protobuf import timestamp_pb2
 
 _tracer = tracer("gantry.controlplane")
 

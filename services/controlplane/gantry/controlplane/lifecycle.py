@@ -12,6 +12,9 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+from google.protobuf import json_format, timestamp_pb2
+from sqlalchemy.ext.asyncio import AsyncSession
+
 from gantry.common.clock import Clock
 from gantry.controlplane import convert
 from gantry.controlplane.domain.transitions import (
@@ -29,8 +32,6 @@ from gantry.controlplane.scheduler_link import SchedulerLink
 from gantry.controlplane.worker_sessions import WorkerHub
 from gantry.v1 import common_pb2, scheduler_pb2
 from gantry.v1 import worker_gateway_pb2 as wg
-from google.protobuf import json_format, timestamp_pb2
-from sqlalchemy.ext.asyncio import AsyncSession
 
 log = logging.getLogger(__name__)
 
@@ -364,7 +365,11 @@ class DeploymentLifecycle:
                     session, residency, ResidencyState.COLD, now=now, pid=0
                 )
                 changed.append(residency)
-                await self._after_residency_lost(session, deployment, residency, now=now)
+                if residency.generation != generation:
+                    # The worker restarted and its children died with it: load again if wanted.
+                    await self._reload(session, deployment, residency, now=now)
+                else:
+                    await self._after_residency_lost(session, deployment, residency, now=now)
             elif residency.state == ResidencyState.UNLOADING and held is None:
                 await self._apply_unload(session, deployment, residency, now=now)
                 changed.append(residency)
@@ -376,6 +381,28 @@ class DeploymentLifecycle:
         }
         unload = [deployment_id for deployment_id in reported if deployment_id not in live]
         return changed, adopted, unload
+
+    async def _reload(
+        self,
+        session: AsyncSession,
+        deployment: Deployment,
+        residency: Residency,
+        *,
+        now: dt.datetime,
+    ) -> None:
+        if deployment.state not in LIVE_DEPLOYMENT_STATES:
+            return
+        if deployment.state == DeploymentState.READY and not await self._has_resident(
+            session, deployment.deployment_id
+        ):
+            await deployments.set_deployment_state(
+                session, deployment, DeploymentState.PENDING, now=now
+            )
+        if deployment.state == DeploymentState.PENDING:
+            await deployments.set_deployment_state(
+                session, deployment, DeploymentState.LOADING, now=now
+            )
+        await self._queue_load(session, deployment, residency, now=now)
 
     async def _after_residency_lost(
         self,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 import grpc
+
 from gantry.common.auth import current_principal
 from gantry.common.clock import Clock
 from gantry.common.errors import GantryError, invalid_argument

@@ -13,6 +13,7 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import grpc
+
 from gantry.common.auth import auth_metadata
 from gantry.common.errors import GantryError
 from gantry.common.grpc_server import insecure_channel
@@ -70,7 +71,7 @@ class SchedulerLink:
         output = await self._request(work.work_id, message, timeout=timeout)
         return output.dispatch
 
-    def work_finished(self, work_id: str, outcome: int) -> None:
+    def work_finished(self, work_id: str, outcome: scheduler_pb2.WorkOutcome) -> None:
         self._send(
             scheduler_pb2.SchedulerInput(
                 work_finished=scheduler_pb2.WorkFinished(work_id=work_id, outcome=outcome)

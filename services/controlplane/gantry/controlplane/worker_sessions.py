@@ -7,9 +7,10 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from google.protobuf import timestamp_pb2
+
 from gantry.common.errors import GantryError
 from gantry.v1 import worker_gateway_pb2 as wg
-from google.protobuf import timestamp_pb2
 
 log = logging.getLogger(__name__)
 

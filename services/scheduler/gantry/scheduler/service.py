@@ -11,6 +11,7 @@ import logging
 from collections.abc import AsyncIterator
 
 import grpc
+
 from gantry.common.errors import GantryError
 from gantry.common.telemetry import extract_context, inject_context, tracer
 from gantry.scheduler.policy.cluster import ClusterView

@@ -12,11 +12,15 @@ import logging
 import os
 import socket
 import sys
-from collections.abc import AsyncIterator, Mapping
+import time
+from collections.abc import AsyncIterator, Coroutine, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import grpc
+from google.protobuf import timestamp_pb2
+
 from gantry.common import tokens
 from gantry.common.auth import auth_metadata
 from gantry.common.errors import GantryError
@@ -31,7 +35,6 @@ from gantry.worker.environment_facts import default_environment
 from gantry.worker.model_host.environments import resolve_python
 from gantry.worker.model_host.process import HostLaunchSpec, ModelHost
 from gantry.worker.residents import DEFAULT_MAX_RESIDENTS, Resident, ResidentMap
-from google.protobuf import timestamp_pb2
 
 log = logging.getLogger(__name__)
 _tracer = tracer("gantry.worker")
@@ -189,8 +192,8 @@ class WorkerAgent:
         if reject.failure.reason == "STALE_GENERATION":
             raise FencedError(reject.failure.message)
 
-    def _spawn(self, coroutine: object, name: str) -> None:
-        task = asyncio.create_task(coroutine, name=name)  # type: ignore[arg-type]
+    def _spawn(self, coroutine: Coroutine[Any, Any, None], name: str) -> None:
+        task = asyncio.create_task(coroutine, name=name)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -345,6 +348,4 @@ class WorkerAgent:
 
 
 def _now_seconds() -> float:
-    import time
-
     return time.time()

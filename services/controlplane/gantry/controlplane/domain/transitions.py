@@ -1,4 +1,4 @@
-"""The state machines the control plane records, as tables: allowed (from, to) pairs, nothing else."""
+"""The state machines the control plane records, as tables of allowed (from, to) pairs."""
 
 from __future__ import annotations
 

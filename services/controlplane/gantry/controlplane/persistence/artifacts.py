@@ -5,12 +5,13 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Sequence
 
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncSession
+
 from gantry.common.errors import not_found
 from gantry.common.ids import new_id
 from gantry.common.manifest import ManifestEntry, manifest_digest
 from gantry.controlplane.persistence.models import ArtifactFile, ArtifactSet
-from sqlalchemy import select
-from sqlalchemy.ext.asyncio import AsyncSession
 
 
 async def create_artifact_set(

@@ -5,8 +5,9 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from gantry.controlplane.persistence.models import AuditEvent
 from sqlalchemy.ext.asyncio import AsyncSession
+
+from gantry.controlplane.persistence.models import AuditEvent
 
 
 async def record_event(

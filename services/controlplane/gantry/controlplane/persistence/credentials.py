@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import datetime as dt
 
+from sqlalchemy import func, select
+from sqlalchemy.ext.asyncio import AsyncSession
+
 from gantry.common import tokens
 from gantry.common.ids import new_id
 from gantry.controlplane.persistence.models import ApiKey, OperatorToken, Tenant
-from sqlalchemy import func, select
-from sqlalchemy.ext.asyncio import AsyncSession
 
 
 async def count_operator_tokens(session: AsyncSession) -> int:

@@ -6,13 +6,14 @@ import datetime as dt
 from collections.abc import Sequence
 from typing import Any
 
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncSession
+
 from gantry.common.errors import not_found
 from gantry.common.ids import new_id
 from gantry.controlplane.domain.transitions import DeploymentState, ResidencyState
 from gantry.controlplane.persistence.models import Deployment, Residency
 from gantry.controlplane.persistence.transitions import compare_and_set
-from sqlalchemy import select
-from sqlalchemy.ext.asyncio import AsyncSession
 
 
 async def create_deployment(

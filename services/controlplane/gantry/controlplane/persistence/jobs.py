@@ -11,14 +11,15 @@ import enum
 from collections.abc import Sequence
 from typing import Any
 
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncSession
+
 from gantry.common import tokens
 from gantry.common.errors import GantryError, not_found
 from gantry.common.ids import new_id
 from gantry.controlplane.domain.transitions import TERMINAL_JOB_STATES, JobState, JobType
 from gantry.controlplane.persistence.models import ServingJob
 from gantry.controlplane.persistence.transitions import compare_and_set
-from sqlalchemy import select
-from sqlalchemy.ext.asyncio import AsyncSession
 
 
 class ResultCommit(enum.Enum):
@@ -82,7 +83,7 @@ async def lease_job(
     lease_seconds: float,
     now: dt.datetime,
 ) -> str:
-    """QUEUED -> LEASED for one worker generation; returns the lease token (only its hash is kept)."""
+    """QUEUED -> LEASED for one worker generation; returns the lease token (its hash is kept)."""
     token = tokens.mint_token(tokens.LEASE_TOKEN, job.job_id)
     await compare_and_set(
         session,

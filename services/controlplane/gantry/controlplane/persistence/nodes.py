@@ -6,14 +6,15 @@ import datetime as dt
 from collections.abc import Sequence
 from typing import Any
 
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncSession
+
 from gantry.common import tokens
 from gantry.common.errors import GantryError, not_found
 from gantry.common.ids import new_id
 from gantry.controlplane.domain.transitions import NodeState
 from gantry.controlplane.persistence.models import Node
 from gantry.controlplane.persistence.transitions import compare_and_set
-from sqlalchemy import select
-from sqlalchemy.ext.asyncio import AsyncSession
 
 
 async def register_node(
@@ -95,3 +96,18 @@ async def mark_disconnected(
         last_seen_at=now,
     )
     return True
+
+
+async def disconnect_all(session: AsyncSession, *, now: dt.datetime) -> int:
+    """At control-plane start no worker stream exists yet: CONNECTED rows are stale."""
+    rows = (await session.scalars(select(Node).where(Node.state == NodeState.CONNECTED))).all()
+    for row in rows:
+        await compare_and_set(
+            session,
+            Node,
+            row.node_id,
+            machine="node",
+            expected=NodeState.CONNECTED,
+            target=NodeState.DISCONNECTED,
+        )
+    return len(rows)

@@ -1,13 +1,14 @@
-"""Compare-and-set state changes: the table says whether a move is legal, the UPDATE says who won."""
+"""Compare-and-set state changes: the table says if a move is legal, the UPDATE says who won."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from gantry.common.errors import GantryError
-from gantry.controlplane.domain.transitions import check_transition
 from sqlalchemy import update
 from sqlalchemy.ext.asyncio import AsyncSession
+
+from gantry.common.errors import GantryError
+from gantry.controlplane.domain.transitions import check_transition
 
 
 async def compare_and_set(
@@ -20,7 +21,7 @@ async def compare_and_set(
     target: str,
     **values: Any,
 ) -> None:
-    """`UPDATE model SET state=target WHERE pk=key AND state=expected`; a lost race is a typed error.
+    """`UPDATE model SET state=target WHERE pk=key AND state=expected`; losing is an error.
 
     Two control-plane replicas racing for the same row cannot both win: the loser's UPDATE matches
     no row and raises INVALID_STATE_TRANSITION instead of overwriting.

@@ -1,4 +1,4 @@
-"""The scheduler's in-memory view of the cluster, rebuilt from the control plane on every connect."""
+"""The scheduler's in-memory view of the cluster, rebuilt from the control plane on connect."""
 
 from __future__ import annotations
 

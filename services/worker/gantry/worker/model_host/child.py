@@ -22,6 +22,9 @@ import time
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from google.protobuf.message import DecodeError
+from setproctitle import setproctitle
+
 from gantry.common.errors import GantryError
 from gantry.common.telemetry import extract_context, flush_tracing, setup_tracing, tracer
 from gantry.v1 import model_host_pb2
@@ -29,8 +32,6 @@ from gantry.worker.model_host import hardening
 from gantry.worker.model_host.environments import OFFLINE_ENVIRONMENT
 from gantry.worker.model_host.framing import FrameError, read_frame, write_frame
 from gantry.worker.model_host.serving import EmbedServer, InboxItem, ServingSettings, read_requests
-from google.protobuf.message import DecodeError
-from setproctitle import setproctitle
 
 logger = logging.getLogger("gantry.model_host")
 

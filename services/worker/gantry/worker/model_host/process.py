@@ -14,11 +14,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from google.protobuf.message import DecodeError
+
 from gantry.common.errors import GantryError
 from gantry.v1 import common_pb2, model_host_pb2, worker_gateway_pb2
 from gantry.worker.model_host.environments import OFFLINE_ENVIRONMENT
 from gantry.worker.model_host.framing import FrameError, read_frame_async, write_frame_async
-from google.protobuf.message import DecodeError
 
 logger = logging.getLogger("gantry.worker.model_host")
 

@@ -13,12 +13,13 @@ from dataclasses import dataclass
 from typing import BinaryIO, Protocol
 
 import numpy as np
+from google.protobuf.message import DecodeError
+from opentelemetry import trace
+
 from gantry.common.errors import GantryError
 from gantry.common.telemetry import extract_context, flush_tracing, tracer
 from gantry.v1 import model_host_pb2, worker_gateway_pb2
 from gantry.worker.model_host.framing import FrameError, read_frame, write_frame
-from google.protobuf.message import DecodeError
-from opentelemetry import trace
 
 logger = logging.getLogger("gantry.model_host")
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from alembic import context
+
 from gantry.controlplane.persistence.models import Base
 
 target_metadata = Base.metadata
