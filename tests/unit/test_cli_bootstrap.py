@@ -73,10 +73,13 @@ class FakeControlPlane(control_plane_pb2_grpc.ControlPlaneServicer):
             node = control_plane_pb2.Node(
                 node_id=f"node-{len(self.nodes) + 1}",
                 name=request.name,
-                state=common_pb2.NODE_STATE_REGISTERED,
+                # The stand-in worker "connects" at once: there is no real stream here.
+                state=common_pb2.NODE_STATE_CONNECTED,
             )
             self.nodes.append(node)
-        return control_plane_pb2.RegisterNodeResponse(node=node, credential="gnc_n_secret")
+        return control_plane_pb2.RegisterNodeResponse(
+            node=node, credential=f"gnc_{node.node_id}_secret"
+        )
 
     def ListNodes(self, request: Any, context: grpc.ServicerContext) -> Any:
         self._authorize(context, "ListNodes")
@@ -242,7 +245,7 @@ def test_node_is_registered_once_and_its_credential_kept_private(
     bootstrap.ensure_node_credential(fake.stub, METADATA, paths, said.append)
     assert fake.control_plane.calls.count("RegisterNode") == 1
     assert fake.control_plane.nodes[0].name.endswith("-local")
-    assert paths.node_credential.read_text() == "gnc_n_secret\n"
+    assert paths.node_credential.read_text() == "gnc_node-1_secret\n"
     assert stat.S_IMODE(paths.node_credential.stat().st_mode) == 0o600
 
 
@@ -401,3 +404,32 @@ def test_a_ready_read_back_from_a_dead_generation_is_not_ready(
             worker_log=tmp_path / "worker.log",
             interval_s=0.01,
         )
+
+
+def test_deploying_waits_for_the_local_worker_to_connect(fake: FakeServer, tmp_path: Path) -> None:
+    paths = StatePaths(tmp_path / "state")
+    paths.create()
+    bootstrap.ensure_node_credential(fake.stub, METADATA, paths, lambda _: None)
+    fake.control_plane.nodes[0].state = common_pb2.NODE_STATE_REGISTERED
+    with pytest.raises(CliError, match="did not connect"):
+        bootstrap.wait_until_connected(
+            fake.stub,
+            METADATA,
+            paths,
+            timeout_s=0.2,
+            say=lambda _: None,
+            worker_log=tmp_path / "worker.log",
+            interval_s=0.01,
+        )
+    fake.control_plane.nodes[0].state = common_pb2.NODE_STATE_CONNECTED
+    said: list[str] = []
+    bootstrap.wait_until_connected(
+        fake.stub,
+        METADATA,
+        paths,
+        timeout_s=5,
+        say=said.append,
+        worker_log=tmp_path / "worker.log",
+        interval_s=0.01,
+    )
+    assert said and said[0].startswith("worker connected")

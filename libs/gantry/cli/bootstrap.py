@@ -10,7 +10,7 @@ from pathlib import Path
 from gantry.cli.artifacts import hash_directory, place_copy
 from gantry.cli.connection import Metadata, paged
 from gantry.cli.errors import CliError
-from gantry.cli.state import StatePaths, write_secret
+from gantry.cli.state import StatePaths, read_secret, write_secret
 from gantry.cli.tables import enum_label
 from gantry.v1 import common_pb2, control_plane_pb2, control_plane_pb2_grpc
 
@@ -41,6 +41,35 @@ def ensure_node_credential(stub: Stub, metadata: Metadata, paths: StatePaths, sa
     )
     write_secret(paths.node_credential, response.credential)
     say(f"registered node {name} ({response.node.node_id})")
+
+
+def wait_until_connected(
+    stub: Stub,
+    metadata: Metadata,
+    paths: StatePaths,
+    *,
+    timeout_s: float,
+    say: Say,
+    worker_log: Path,
+    interval_s: float = 0.2,
+) -> None:
+    """Wait for the local worker's stream: the scheduler places a deployment only on a node that
+    is connected, so deploying before the worker dials in would be refused (NO_ELIGIBLE_NODE)."""
+    node_id = read_secret(paths.node_credential, what="node credential").split("_", 2)[1]
+    started = time.monotonic()
+    while True:
+        nodes = paged(
+            stub.ListNodes,
+            control_plane_pb2.ListNodesRequest,
+            lambda response: response.nodes,
+            metadata=metadata,
+        )
+        if any(n.node_id == node_id and n.state == common_pb2.NODE_STATE_CONNECTED for n in nodes):
+            say(f"worker connected ({time.monotonic() - started:.1f}s)")
+            return
+        if time.monotonic() - started >= timeout_s:
+            raise CliError(f"the worker did not connect within {timeout_s:g}s; see {worker_log}")
+        time.sleep(interval_s)
 
 
 def find_live_deployment(

