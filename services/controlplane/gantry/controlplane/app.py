@@ -15,6 +15,7 @@ from gantry.controlplane.lifecycle import DeploymentLifecycle
 from gantry.controlplane.operator_service import ControlPlaneService
 from gantry.controlplane.persistence import credentials, nodes
 from gantry.controlplane.persistence.database import Database
+from gantry.controlplane.route_cache import RouteCache
 from gantry.controlplane.scheduler_link import SchedulerLink
 from gantry.controlplane.worker_sessions import WorkerHub
 from gantry.v1 import control_plane_pb2_grpc, inference_pb2_grpc, worker_gateway_pb2_grpc
@@ -82,7 +83,10 @@ async def start_control_plane(
         service_token=settings.scheduler_token,
         cluster_state=cluster_state,
     )
-    lifecycle = DeploymentLifecycle(database=database, hub=hub, scheduler=scheduler, clock=clock)
+    routes = RouteCache(clock)
+    lifecycle = DeploymentLifecycle(
+        database=database, hub=hub, scheduler=scheduler, routes=routes, clock=clock
+    )
     lifecycle_holder.append(lifecycle)
     server = await create_server(
         listen=settings.listen,
@@ -94,7 +98,9 @@ async def start_control_plane(
             ),
             ServiceBinding(
                 "gantry.v1.Inference",
-                InferenceService(database=database, hub=hub, scheduler=scheduler, clock=clock),
+                InferenceService(
+                    database=database, hub=hub, scheduler=scheduler, routes=routes, clock=clock
+                ),
                 inference_pb2_grpc.add_InferenceServicer_to_server,
             ),
             ServiceBinding(

@@ -18,6 +18,7 @@ from gantry.common.telemetry import inject_context, tracer
 from gantry.controlplane.domain.transitions import DeploymentState
 from gantry.controlplane.persistence import deployments
 from gantry.controlplane.persistence.database import Database
+from gantry.controlplane.route_cache import RouteCache
 from gantry.controlplane.scheduler_link import SchedulerLink
 from gantry.controlplane.worker_sessions import WorkerHub
 from gantry.v1 import common_pb2, inference_pb2, inference_pb2_grpc, scheduler_pb2
@@ -70,9 +71,16 @@ def vectors(
 
 class InferenceService(inference_pb2_grpc.InferenceServicer):
     def __init__(
-        self, *, database: Database, hub: WorkerHub, scheduler: SchedulerLink, clock: Clock
+        self,
+        *,
+        database: Database,
+        hub: WorkerHub,
+        scheduler: SchedulerLink,
+        routes: RouteCache,
+        clock: Clock,
     ) -> None:
         self._database = database
+        self._routes = routes
         self._hub = hub
         self._scheduler = scheduler
         self._clock = clock
@@ -135,6 +143,8 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
     async def _resolve(self, request: inference_pb2.EmbedRequest) -> str:
         """capability | deployment_id -> a READY deployment, or a typed reason why not."""
         target = request.WhichOneof("target")
+        if target == "capability" and (cached := self._routes.get(request.capability)):
+            return cached
         async with self._database.transaction() as session:
             if target == "deployment_id":
                 deployment_id = parse_id(request.deployment_id, field="deployment_id")
@@ -153,6 +163,8 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
                 raise invalid_argument("set capability or deployment_id", field="target")
         for deployment in candidates:
             if deployment.state == DeploymentState.READY:
+                if target == "capability":
+                    self._routes.put(request.capability, deployment.deployment_id)
                 return deployment.deployment_id
         states = ", ".join(sorted({d.state for d in candidates}))
         raise GantryError("DEPLOYMENT_NOT_READY", f"{name} has no ready deployment ({states})")

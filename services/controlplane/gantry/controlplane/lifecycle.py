@@ -28,6 +28,7 @@ from gantry.controlplane.persistence import artifacts, audit, deployments, jobs,
 from gantry.controlplane.persistence.database import Database
 from gantry.controlplane.persistence.jobs import ResultCommit
 from gantry.controlplane.persistence.models import Deployment, Residency, ServingJob
+from gantry.controlplane.route_cache import RouteCache
 from gantry.controlplane.scheduler_link import SchedulerLink
 from gantry.controlplane.worker_sessions import WorkerHub
 from gantry.v1 import common_pb2, scheduler_pb2
@@ -54,9 +55,16 @@ def result_digest(result: wg.JobResult) -> str:
 
 class DeploymentLifecycle:
     def __init__(
-        self, *, database: Database, hub: WorkerHub, scheduler: SchedulerLink, clock: Clock
+        self,
+        *,
+        database: Database,
+        hub: WorkerHub,
+        scheduler: SchedulerLink,
+        routes: RouteCache,
+        clock: Clock,
     ) -> None:
         self._database = database
+        self._routes = routes
         self._hub = hub
         self._scheduler = scheduler
         self._clock = clock
@@ -428,6 +436,8 @@ class DeploymentLifecycle:
         )
 
     def announce(self, residencies: Sequence[Residency]) -> None:
+        """Tell the scheduler what changed (after the commit), and forget cached routes."""
+        self._routes.clear()
         for residency in residencies:
             self._scheduler.residency_changed(scheduler_residency(residency))
 
