@@ -113,6 +113,8 @@ def run_up(settings: UpSettings) -> int:
         ensure_secret(paths.scheduler_token, lambda: mint_token(SERVICE_TOKEN, "scheduler"))
         ensure_secret(paths.operator_token, lambda: mint_token(OPERATOR_TOKEN, new_id()))
         signal.signal(signal.SIGTERM, _raise_interrupt)
+        # Explicitly: started in the background of a script, SIGINT would be inherited as ignored.
+        signal.signal(signal.SIGINT, _raise_interrupt)
         supervisor = Supervisor()
         supervisor.run_in_background()
         try:
