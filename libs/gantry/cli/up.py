@@ -180,23 +180,24 @@ def _shown(path: Path) -> str:
         return str(path.resolve())
 
 
-def _grpcurl() -> str:
-    if shutil.which("grpcurl"):
-        return "grpcurl"
-    beside_python = Path(sys.executable).parent / "grpcurl"
-    return _shown(beside_python) if beside_python.exists() else "grpcurl"
+def _on_path_or_beside_python(command: str) -> str:
+    """How the printed examples should spell a command so that they run as pasted."""
+    if shutil.which(command):
+        return command
+    beside_python = Path(sys.executable).parent / command
+    return _shown(beside_python) if beside_python.exists() else command
 
 
 def banner(settings: UpSettings, deployment_id: str) -> str:
     paths = settings.paths
     state = _shown(paths.root)
     # The examples must work as pasted: name the address and state dir unless they are defaults.
-    gantry = "gantry"
+    gantry = _on_path_or_beside_python("gantry")
     if settings.address != DEFAULT_ADDRESS:
         gantry += f" --address {settings.address}"
     if paths.root.resolve() != Path(DEFAULT_STATE_DIR).resolve():
         gantry += f" --state-dir {state}"
-    grpcurl = _grpcurl()
+    grpcurl = _on_path_or_beside_python("grpcurl")
     embed_body = '{"capability": "minilm", "inputs": ["Gantry keeps models resident."]}'
     return f"""
 Gantry is up.
