@@ -260,7 +260,9 @@ class DeploymentLifecycle:
             residency = await deployments.get_residency(session, job.residency_id)
             deployment = await deployments.get_deployment(session, job.deployment_id)
             if job.job_type == JobType.LOAD:
-                await self._apply_load(session, deployment, residency, result, now=now)
+                await self._apply_load(
+                    session, deployment, residency, result, generation=generation, now=now
+                )
             else:
                 await self._apply_unload(session, deployment, residency, now=now)
             changed.append(residency)
@@ -274,6 +276,7 @@ class DeploymentLifecycle:
         residency: Residency,
         result: wg.JobResult,
         *,
+        generation: int,
         now: dt.datetime,
     ) -> None:
         if residency.state != ResidencyState.LOADING:
@@ -285,7 +288,7 @@ class DeploymentLifecycle:
                 ResidencyState.RESIDENT,
                 now=now,
                 pid=result.load.pid,
-                generation=self._hub_generation(residency.node_id),
+                generation=generation,  # the generation whose result was just committed
             )
             if deployment.state in (DeploymentState.LOADING, DeploymentState.PENDING):
                 if deployment.state == DeploymentState.PENDING:
@@ -336,10 +339,6 @@ class DeploymentLifecycle:
             r.state == ResidencyState.RESIDENT
             for r in await deployments.residencies_of(session, deployment_id)
         )
-
-    def _hub_generation(self, node_id: str) -> int:
-        session = self._hub.get(node_id)
-        return session.generation if session is not None else 0
 
     # ---- what a worker's inventory says -------------------------------------------------------
 
