@@ -13,10 +13,14 @@ import grpc
 
 from gantry.common import tokens
 from gantry.common.auth import auth_metadata
+from gantry.common.clock import Clock
 from gantry.common.grpc_server import RunningServer, insecure_channel
 from gantry.common.ids import new_id
 from gantry.common.manifest import build_manifest
 from gantry.controlplane.app import ControlPlane, ControlPlaneSettings, start_control_plane
+from gantry.controlplane.lifecycle import DEFAULT_LEASE_SECONDS
+from gantry.controlplane.persistence.database import migrate_database
+from gantry.controlplane.reconciler import ReconcilerSettings
 from gantry.scheduler.server import start_scheduler
 from gantry.v1 import (
     common_pb2,
@@ -34,6 +38,8 @@ class Harness:
     channel: grpc.aio.Channel
     operator_token: str
     artifact_root: Path
+    scheduler_token: str = ""
+    credentials: dict[str, str] = field(default_factory=dict)  # node name -> credential
     workers: list[tuple[WorkerAgent, asyncio.Task[None]]] = field(default_factory=list)
     api_key: str = ""
 
@@ -61,6 +67,7 @@ class Harness:
         response = await self.operator.RegisterNode(
             control_plane_pb2.RegisterNodeRequest(name=name), metadata=self.op_md
         )
+        self.credentials[name] = response.credential
         return response.credential
 
     async def start_worker(self, credential: str, **overrides: object) -> WorkerAgent:
@@ -155,10 +162,19 @@ async def wait_for(
 
 
 @contextlib.asynccontextmanager
-async def running_gantry(database_url: str, artifact_root: Path) -> AsyncIterator[Harness]:
+async def running_gantry(
+    database_url: str,
+    artifact_root: Path,
+    *,
+    clock: Clock | None = None,
+    reconciler: ReconcilerSettings | None = None,
+    lease_seconds: float = DEFAULT_LEASE_SECONDS,
+    run_reconciler: bool = True,
+) -> AsyncIterator[Harness]:
     service_token = tokens.mint_token(tokens.SERVICE_TOKEN, "scheduler")
     operator_token = tokens.mint_token(tokens.OPERATOR_TOKEN, new_id())
     scheduler_server, _ = await start_scheduler(listen="127.0.0.1:0", service_token=service_token)
+    await migrate_database(database_url)  # what `gantry migrate` does; the start only checks
     control_plane = await start_control_plane(
         ControlPlaneSettings(
             listen="127.0.0.1:0",
@@ -166,7 +182,11 @@ async def running_gantry(database_url: str, artifact_root: Path) -> AsyncIterato
             scheduler_address=f"127.0.0.1:{scheduler_server.port}",
             scheduler_token=service_token,
             bootstrap_operator_token=operator_token,
-        )
+            reconciler=reconciler or ReconcilerSettings(interval_s=0.2),
+            lease_seconds=lease_seconds,
+            run_reconciler=run_reconciler,
+        ),
+        clock=clock,
     )
     await control_plane.scheduler.wait_connected(10)
     channel = insecure_channel(f"127.0.0.1:{control_plane.port}")
@@ -176,6 +196,7 @@ async def running_gantry(database_url: str, artifact_root: Path) -> AsyncIterato
         channel=channel,
         operator_token=operator_token,
         artifact_root=artifact_root,
+        scheduler_token=service_token,
     )
     key = await harness.operator.CreateApiKey(
         control_plane_pb2.CreateApiKeyRequest(tenant_id="tenant-a", name="tests"),

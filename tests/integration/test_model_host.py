@@ -21,6 +21,7 @@ from gantry.worker.model_host.process import HostLaunchSpec, ModelHost
 from gantry.worker.model_host.serving import (
     TEST_HOOK_FAIL_INPUT,
     TEST_HOOK_HANG_INPUT,
+    TEST_HOOK_SLOW_INPUT,
     TEST_HOOKS_ENV,
 )
 
@@ -176,6 +177,95 @@ async def test_failed_forward_pass_fails_only_its_request_and_the_host_keeps_ser
         evidence = await host.stop(grace_s=0.5)
     assert evidence.process_exited
     assert evidence.exit_code == -signal.SIGTERM
+
+
+async def test_ping_is_answered_during_a_forward_pass_and_rss_is_current(
+    tiny_model_dir: Path,
+) -> None:
+    host = await ModelHost.start(_spec(tiny_model_dir, "dep-ping", **{TEST_HOOKS_ENV: "1"}))
+    try:
+        hung = asyncio.create_task(
+            host.embed([TEST_HOOK_HANG_INPUT], trace_context={}, timeout_s=60)
+        )
+        await _wait_until(
+            lambda: any("test hook: hanging" in line for line in host.stderr_tail()),
+            timeout_s=30,
+            what="the child to enter the hung forward pass",
+        )
+        # The reader thread answers: a busy model is not a hung process.
+        pong = await host.ping(timeout_s=2)
+        assert pong.rss_bytes > 0
+        statm_pages = int(Path(f"/proc/{host.pid}/statm").read_text().split()[1])
+        assert host.rss_bytes() == statm_pages * os.sysconf("SC_PAGE_SIZE")
+        hung.cancel()
+    finally:
+        evidence = await host.stop(grace_s=0.5)
+    assert evidence.process_exited
+    assert host.rss_bytes() == 0
+
+
+async def test_timeout_is_honoured_in_the_child_and_cancel_drops_queued_work(
+    tiny_model_dir: Path,
+) -> None:
+    host = await ModelHost.start(_spec(tiny_model_dir, "dep-queue", **{TEST_HOOKS_ENV: "1"}))
+    try:
+        # A slow forward pass holds the main thread; everything sent meanwhile waits in its inbox.
+        slow = asyncio.create_task(
+            host.embed([TEST_HOOK_SLOW_INPUT], trace_context={}, timeout_s=30)
+        )
+        await _wait_until(
+            lambda: any("test hook: slow" in line for line in host.stderr_tail()),
+            timeout_s=30,
+            what="the slow forward pass to start",
+        )
+        started = time.monotonic()
+        with pytest.raises(GantryError) as timed_out:
+            await host.embed(["expires while queued"], trace_context={}, timeout_s=0.3)
+        assert timed_out.value.reason == "DEADLINE_EXCEEDED"
+        assert time.monotonic() - started < 1.0  # the caller is not held past its timeout
+        cancelled = asyncio.create_task(
+            host.embed(["cancelled while queued"], trace_context={}, timeout_s=30)
+        )
+        await _wait_until(lambda: host.pending_count == 2, 5, "the second request to be sent")
+        cancelled.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await cancelled
+        await slow
+        await _wait_until(
+            lambda: sum("before running it" in line for line in host.stderr_tail()) == 2,
+            timeout_s=10,
+            what="the child to drop both queued requests unrun",
+        )
+        tail = "\n".join(host.stderr_tail())
+        # The timed-out caller also sent a CancelRequest, so either rule may drop request 2 first.
+        assert "request 2 before running it" in tail
+        assert "dropped cancelled request 3 before running it" in tail
+        assert host.pending_count == 0
+        result = await host.embed(["still serving"], trace_context={}, timeout_s=30)
+        assert result.count == 1
+    finally:
+        await host.stop()
+
+
+async def test_stop_that_cannot_confirm_the_exit_claims_no_exit_code(
+    tiny_model_dir: Path,
+) -> None:
+    host = await ModelHost.start(_spec(tiny_model_dir, "dep-sigstop"))
+    os.kill(host.pid, signal.SIGSTOP)
+    try:
+        embed = asyncio.create_task(host.embed(["x"], trace_context={}, timeout_s=30))
+        await _wait_until(lambda: host.pending_count == 1, 5, "the request to be pending")
+        host.kill_unresponsive("test: stopped")
+        with pytest.raises(GantryError) as caught:
+            await embed
+        assert caught.value.reason == "RUNTIME_UNRESPONSIVE"
+        with pytest.raises(GantryError) as after:
+            await host.embed(["y"], trace_context={}, timeout_s=30)
+        assert after.value.reason == "RUNTIME_UNRESPONSIVE"
+    finally:
+        evidence = await host.stop(grace_s=0.5)
+    assert evidence.process_exited
+    assert evidence.exit_code == -signal.SIGKILL
 
 
 async def test_child_killed_mid_request_raises_runtime_crashed_and_reports_the_exit(

@@ -7,10 +7,12 @@ for the three services, so test_cli_up can drive a whole `gantry up` before they
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import stat
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from concurrent import futures
 from contextlib import contextmanager
@@ -34,6 +36,7 @@ from gantry.v1 import (
 )
 
 OPERATOR_TOKEN = "gop_test_secret"
+FAKE_WORKER_STOP_ENV = "GANTRY_TEST_FAKE_WORKER_ON_SIGTERM"
 CLIENT_KEY = "gak_key_secret"
 
 
@@ -354,8 +357,14 @@ def _run_fake_role(role: str, argv: list[str]) -> int:
     for option in ("--listen", "--credential-file", "--bootstrap-operator-token-file"):
         parser.add_argument(option)
     options, _ = parser.parse_known_args(argv)
+    # How the stand-in worker takes SIGTERM: "hold:PATH" stops only once PATH exists (a slow
+    # stop), "ignore" never stops (a hung one).
+    on_sigterm = os.environ.get(FAKE_WORKER_STOP_ENV, "") if role == "worker" else ""
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    if on_sigterm == "ignore":
+        signal.signal(signal.SIGTERM, lambda *_: print("fake worker ignores SIGTERM", flush=True))
+    else:
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
     server = None
     if role == "scheduler":
         server, _ = serve(options.listen)
@@ -368,6 +377,12 @@ def _run_fake_role(role: str, argv: list[str]) -> int:
         return 1
     print(f"fake {role} running", flush=True)
     stop.wait()
+    if on_sigterm.startswith("hold:"):
+        print(f"fake {role} stopping, held", flush=True)
+        release = Path(on_sigterm.removeprefix("hold:"))
+        deadline = time.monotonic() + 60
+        while not release.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)  # a file another process creates: nothing to wait on but its presence
     if server is not None:
         server.stop(None)
     print(f"fake {role} stopped", flush=True)
@@ -379,31 +394,6 @@ if __name__ == "__main__":
 
     setproctitle(f"gantry {sys.argv[1]}")
     sys.exit(_run_fake_role(sys.argv[1], sys.argv[2:]))
-
-
-def test_a_ready_read_back_from_a_dead_generation_is_not_ready(
-    fake: FakeServer, tmp_path: Path
-) -> None:
-    fake.control_plane.ready_after = 1
-    deployment = fake.stub.CreateDeployment(
-        control_plane_pb2.CreateDeploymentRequest(capability="minilm"), metadata=METADATA
-    )
-    fake.stub.GetDeployment(
-        control_plane_pb2.GetDeploymentRequest(deployment_id=deployment.deployment_id),
-        metadata=METADATA,
-    )
-    # The worker restarted: the node's generation moved on, the residency record did not.
-    fake.control_plane.nodes[-1].generation = 8
-    with pytest.raises(CliError, match="still READY after"):
-        bootstrap.wait_until_ready(
-            fake.stub,
-            METADATA,
-            deployment.deployment_id,
-            timeout_s=0.3,
-            say=lambda _: None,
-            worker_log=tmp_path / "worker.log",
-            interval_s=0.01,
-        )
 
 
 def test_deploying_waits_for_the_local_worker_to_connect(fake: FakeServer, tmp_path: Path) -> None:

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from gantry.cli.main import main
+from tests.unit.test_cli_bootstrap import FAKE_WORKER_STOP_ENV
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -27,7 +28,12 @@ def free_port() -> int:
 
 
 def start_up(
-    state: Path, address: str, scheduler: str, role_argv: str, *extra: str
+    state: Path,
+    address: str,
+    scheduler: str,
+    role_argv: str,
+    *extra: str,
+    env: dict[str, str] | None = None,
 ) -> subprocess.Popen[str]:
     # `up` with its children swapped for stand-ins; everything else is the real command.
     driver = (
@@ -44,6 +50,7 @@ def start_up(
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        env={**os.environ, **(env or {})},
     )
 
 
@@ -72,6 +79,33 @@ def wait_for_line(lines: queue.Queue[str], text: str, *, timeout_s: float = 60.0
     raise AssertionError(f"{text!r} never appeared; saw {seen}")
 
 
+def wait_for_file_text(path: Path, text: str, *, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    content = ""
+    while time.monotonic() < deadline:
+        content = path.read_text() if path.exists() else ""
+        if text in content:
+            return
+        time.sleep(0.02)  # another process writes the file: poll it, up to the deadline
+    raise AssertionError(f"{text!r} never appeared in {path}; it holds {content[-2000:]!r}")
+
+
+def stopped_lines(said: list[str]) -> list[tuple[str, int, str]]:
+    """(name, pid, how) of each `gantry: stopped NAME (pid N): HOW` line, in order."""
+    stops = []
+    for line in said:
+        if line.startswith("gantry: stopped "):
+            head, _, how = line.strip().partition("): ")
+            name, _, pid = head.removeprefix("gantry: stopped ").partition(" (pid ")
+            stops.append((name, int(pid), how))
+    return stops
+
+
+def assert_gone(pid: int) -> None:
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+
+
 FAKE_ROLES = (
     'lambda role, args: [sys.executable, "-m", "tests.unit.test_cli_bootstrap", role, *args]'
 )
@@ -87,6 +121,10 @@ def test_up_bootstraps_serves_and_stops_children_in_reverse_order(
     stdout, stderr = read_lines(process.stdout), read_lines(process.stderr)
     try:
         wait_for_line(stdout, "Ctrl-C stops everything.")
+        # The real `gantry migrate` ran before the control plane started.
+        migrated = wait_for_line(stderr, "is at schema revision", timeout_s=1)
+        assert any("migrating the database" in line for line in migrated)
+        assert (state / "gantry.db").is_file()
         for secret in ("operator.token", "scheduler.token", "node.credential", "client.key"):
             assert stat.S_IMODE((state / secret).stat().st_mode) == 0o600, secret
         assert (state / "artifacts" / "all-minilm-l6-v2" / "model.safetensors").exists()
@@ -133,3 +171,79 @@ def test_up_names_the_role_and_its_log_when_a_service_never_serves(tmp_path: Pat
     assert "scheduler boom" in stderr  # the log's last lines come with the error
     assert "restarting in 1s" in stderr
     assert "Traceback" not in stderr
+
+
+@pytest.mark.timeout(120)
+def test_a_second_signal_while_stopping_does_not_cut_the_ordered_stop_short(
+    tmp_path: Path,
+) -> None:
+    # Ctrl-C under `make run` arrives twice: from the terminal, and from make passing it on.
+    state, release = tmp_path / "state", tmp_path / "release-worker"
+    process = start_up(
+        state,
+        f"127.0.0.1:{free_port()}",
+        f"127.0.0.1:{free_port()}",
+        FAKE_ROLES,
+        env={FAKE_WORKER_STOP_ENV: f"hold:{release}"},
+    )
+    stdout, stderr = read_lines(process.stdout), read_lines(process.stderr)
+    said: list[str] = []
+    try:
+        wait_for_line(stdout, "Ctrl-C stops everything.")
+        process.send_signal(signal.SIGTERM)
+        wait_for_file_text(state / "logs" / "worker.log", "fake worker stopping, held")
+        process.send_signal(signal.SIGINT)
+        said += wait_for_line(stderr, "already stopping in order")
+        release.touch()  # the worker may finish stopping now
+        assert process.wait(timeout=60) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+    said += wait_for_line(stderr, "stopped scheduler", timeout_s=10)
+    stops = stopped_lines(said)
+    assert [(name, how) for name, _, how in stops] == [
+        ("worker", "exit code 0"),
+        ("controlplane", "exit code 0"),
+        ("scheduler", "exit code 0"),
+    ]
+    for _, pid, _ in stops:
+        assert_gone(pid)
+    assert "fake worker stopped" in (state / "logs" / "worker.log").read_text()
+
+
+@pytest.mark.timeout(120)
+def test_a_third_signal_kills_every_service_at_once(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    process = start_up(
+        state,
+        f"127.0.0.1:{free_port()}",
+        f"127.0.0.1:{free_port()}",
+        FAKE_ROLES,
+        env={FAKE_WORKER_STOP_ENV: "ignore"},
+    )
+    stdout, stderr = read_lines(process.stdout), read_lines(process.stderr)
+    said: list[str] = []
+    try:
+        wait_for_line(stdout, "Ctrl-C stops everything.")
+        process.send_signal(signal.SIGTERM)
+        wait_for_file_text(state / "logs" / "worker.log", "fake worker ignores SIGTERM")
+        process.send_signal(signal.SIGTERM)
+        said += wait_for_line(stderr, "already stopping in order")
+        forced_at = time.monotonic()
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=60) == 0
+        # Well inside the 10 s a worker that ignores SIGTERM would otherwise be given.
+        assert time.monotonic() - forced_at < 5
+    finally:
+        if process.poll() is None:
+            process.kill()
+    said += wait_for_line(stderr, "stopped scheduler", timeout_s=10)
+    assert any("killing every service now" in line for line in said)
+    stops = stopped_lines(said)
+    assert [(name, how) for name, _, how in stops] == [
+        ("worker", "killed (forced)"),
+        ("controlplane", "killed (forced)"),
+        ("scheduler", "killed (forced)"),
+    ]
+    for _, pid, _ in stops:
+        assert_gone(pid)

@@ -28,6 +28,9 @@ NO_ML_SERVICES = ("controlplane", "scheduler")
 GRPC_PORTS = {"controlplane": 50051, "scheduler": 50052}
 ML_NAMES = frozenset({"torch", "transformers", "sentence-transformers"})
 APP_UID = 10001
+# A password written into a URL (`scheme://user:password@host`): never in a manifest.
+URL_CREDENTIALS = re.compile(r"://[^/@:\s]+:[^/@\s]+@")
+SECRET_NAME = re.compile(r"PASSWORD|TOKEN|SECRET|CREDENTIAL")
 POD_KINDS = {"Pod", "Deployment", "DaemonSet", "StatefulSet", "ReplicaSet", "Job", "CronJob"}
 CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "PersistentVolume"}
 
@@ -305,8 +308,13 @@ def compose_service_problems(name: str, service: dict[str, Any]) -> Problems:
     if isinstance(environment, list):
         environment = dict(str(e).partition("=")[::2] for e in environment)
     for key, value in environment.items():
-        if re.search(r"PASSWORD|TOKEN|SECRET|CREDENTIAL", key) and not key.endswith("_FILE"):
+        if SECRET_NAME.search(key) and not key.endswith("_FILE"):
             problems.append(f"{name}: secret in environment {key}={value!r}")
+    for key in ("entrypoint", "command"):
+        value = service.get(key) or []
+        tokens = [value] if isinstance(value, str) else [str(v) for v in value]
+        if any(URL_CREDENTIALS.search(token) for token in tokens):
+            problems.append(f"{name}: password in {key}")
     if name == "worker":
         for key in ("ports", "expose"):
             if service.get(key):
@@ -314,21 +322,89 @@ def compose_service_problems(name: str, service: dict[str, Any]) -> Problems:
     return problems
 
 
+def secret_sources(service: dict[str, Any]) -> list[str]:
+    return [s if isinstance(s, str) else s.get("source") for s in service.get("secrets") or []]
+
+
+def dependencies(service: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """depends_on in its long form (the short list form means `service_started`)."""
+    value = service.get("depends_on") or {}
+    if isinstance(value, list):
+        return {name: {"condition": "service_started"} for name in value}
+    return {name: dict(spec or {}) for name, spec in value.items()}
+
+
 def compose_problems(doc: dict[str, Any]) -> Problems:
     problems: Problems = []
     services = doc.get("services") or {}
-    for missing in {"postgres", *SERVICES} - set(services):
+    for missing in sorted({"postgres", "migrate", *SERVICES} - set(services)):
         problems.append(f"service {missing} missing")
     declared = set(doc.get("secrets") or {})
+    networks = set(doc.get("networks") or {})
     for name, service in services.items():
         problems += compose_service_problems(name, service)
-        for secret in service.get("secrets") or []:
-            source = secret if isinstance(secret, str) else secret.get("source")
+        for source in secret_sources(service):
             if source not in declared:
                 problems.append(f"{name}: secret {source} is not declared")
+        for network in service.get("networks") or []:
+            if network not in networks:
+                problems.append(f"{name}: network {network} is not declared")
+        for dependency in dependencies(service):
+            if dependency not in services:
+                problems.append(f"{name}: depends on unknown service {dependency}")
     for name, secret in (doc.get("secrets") or {}).items():
         if "file" not in secret:
             problems.append(f"secret {name} is not file based")
+    return problems
+
+
+def option_value(args: list[Any], option: str) -> str | None:
+    """The value after `option` in an argument list (or `option=value`), else None."""
+    tokens = [str(a) for a in args]
+    for i, token in enumerate(tokens):
+        if token == option and i + 1 < len(tokens):
+            return tokens[i + 1]
+        if token.startswith(f"{option}="):
+            return token.partition("=")[2]
+    return None
+
+
+def compose_migrate_problems(doc: dict[str, Any]) -> Problems:
+    """`migrate` is a one-shot run of the control plane image that gates the control plane."""
+    services = doc.get("services") or {}
+    migrate, controlplane = services.get("migrate"), services.get("controlplane")
+    if migrate is None or controlplane is None:
+        return ["migrate or controlplane service missing"]
+    problems: Problems = []
+    command = [str(c) for c in migrate.get("command") or []]
+    if command[:1] != ["migrate"]:
+        problems.append(f"migrate: command {command} does not run `gantry migrate`")
+    if migrate.get("image") != controlplane.get("image"):
+        problems.append("migrate: not the control plane image")
+    if migrate.get("pull_policy") not in ("never", "build") and "build" not in migrate:
+        problems.append("migrate: the control plane image would be pulled, not built")
+    url = option_value(command, "--database-url")
+    if url is None or url != option_value(controlplane.get("command") or [], "--database-url"):
+        problems.append(f"migrate: --database-url {url!r} differs from the control plane's")
+    for key in ("entrypoint", "environment", "env_file", "user"):
+        if migrate.get(key) != controlplane.get(key):
+            problems.append(f"migrate: {key} differs from the control plane's")
+    if "postgres_password" not in secret_sources(migrate):
+        problems.append("migrate: no postgres_password secret")
+    if not set(secret_sources(migrate)) <= set(secret_sources(controlplane)):
+        problems.append("migrate: secrets the control plane does not have")
+    if not set(migrate.get("networks") or []) & set(services["postgres"].get("networks") or []):
+        problems.append("migrate: shares no network with postgres")
+    if str(migrate.get("restart")) != "no":
+        problems.append(f"migrate: restart {migrate.get('restart')!r}, expected 'no'")
+    for key in ("ports", "expose", "healthcheck"):
+        if migrate.get(key):
+            problems.append(f"migrate: {key} on a one-shot service")
+    if dependencies(migrate).get("postgres", {}).get("condition") != "service_healthy":
+        problems.append("migrate: does not wait for a healthy postgres")
+    gate = dependencies(controlplane).get("migrate", {})
+    if gate.get("condition") != "service_completed_successfully":
+        problems.append("controlplane: does not wait for migrate to complete successfully")
     return problems
 
 
@@ -341,6 +417,17 @@ def compose() -> dict[str, Any]:
 
 def test_compose_services_are_hardened(compose: dict[str, Any]) -> None:
     assert compose_problems(compose) == []
+
+
+def test_compose_control_plane_starts_after_a_successful_migration(
+    compose: dict[str, Any],
+) -> None:
+    assert compose_migrate_problems(compose) == []
+    migrate = compose["services"]["migrate"]
+    assert migrate["command"][:2] == ["migrate", "--database-url"]
+    assert migrate["restart"] == "no"
+    # The password reaches PGPASSWORD from the secret file inside the container, never argv.
+    assert "/run/secrets/postgres_password" in " ".join(migrate["entrypoint"])
 
 
 def test_compose_worker_publishes_nothing_and_mounts_artifacts_read_only(
@@ -448,6 +535,70 @@ def pod_problems(name: str, spec: dict[str, Any]) -> Problems:
     return problems
 
 
+def container_secret_problems(where: str, container: dict[str, Any]) -> Problems:
+    """Secret material written into a container spec instead of referenced from a Secret."""
+    problems: Problems = []
+    for env in container.get("env") or []:
+        if "value" in env and SECRET_NAME.search(env["name"]):
+            problems.append(f"{where}: literal value for {env['name']}")
+        if URL_CREDENTIALS.search(str(env.get("value", ""))):
+            problems.append(f"{where}: password in env {env['name']}")
+    for key in ("command", "args"):
+        if any(URL_CREDENTIALS.search(str(a)) for a in container.get(key) or []):
+            problems.append(f"{where}: password in {key}")
+    return problems
+
+
+def env_reference_problems(where: str, container: dict[str, Any]) -> Problems:
+    """Every `$(VAR)` in command/args names an env var of that container (else it stays literal)."""
+    names = {e["name"] for e in container.get("env") or []}
+    used = {
+        m
+        for key in ("command", "args")
+        for a in container.get(key) or []
+        for m in re.findall(r"(?<!\$)\$\((\w+)\)", str(a))
+    }
+    return [f"{where}: $({name}) is not in env" for name in sorted(used - names)]
+
+
+def controlplane_init_problems(doc: dict[str, Any]) -> Problems:
+    """The control plane pod runs `gantry migrate` to completion before the control plane."""
+    spec = pod_spec(doc) or {}
+    containers = spec.get("containers") or []
+    main = next((c for c in containers if c.get("name") == "controlplane"), None)
+    if main is None:
+        return ["no controlplane container"]
+    inits = [
+        c for c in spec.get("initContainers") or [] if (c.get("args") or [])[:1] == ["migrate"]
+    ]
+    if len(inits) != 1:
+        return [f"expected one init container running `migrate`, found {len(inits)}"]
+    init = inits[0]
+    where = f"init/{init.get('name')}"
+    problems: Problems = []
+    if init.get("command") not in (None, main.get("command")):
+        problems.append(f"{where}: command overrides the image entrypoint")
+    for key in ("image", "imagePullPolicy", "env", "envFrom", "securityContext"):
+        if init.get(key) != main.get(key):
+            problems.append(f"{where}: {key} differs from the control plane's")
+    url = option_value(init.get("args") or [], "--database-url")
+    if url is None or url != option_value(main.get("args") or [], "--database-url"):
+        problems.append(f"{where}: --database-url {url!r} differs from the control plane's")
+    env = {e["name"]: e for e in init.get("env") or []}
+    if "secretKeyRef" not in (env.get("PGPASSWORD") or {}).get("valueFrom", {}):
+        problems.append(f"{where}: PGPASSWORD is not from a Secret")
+    main_mounts = [(m["name"], m["mountPath"]) for m in main.get("volumeMounts") or []]
+    for mount in init.get("volumeMounts") or []:
+        if (mount["name"], mount["mountPath"]) not in main_mounts:
+            problems.append(f"{where}: mounts {mount['mountPath']}, the control plane does not")
+    if init.get("restartPolicy") == "Always":
+        problems.append(f"{where}: restartPolicy Always makes it a sidecar, not a step")
+    for key in ("ports", "livenessProbe", "readinessProbe", "startupProbe"):
+        if init.get(key):
+            problems.append(f"{where}: {key} on a run-to-completion step")
+    return problems
+
+
 def worker_problems(doc: dict[str, Any]) -> Problems:
     problems: Problems = []
     if doc.get("kind") != "DaemonSet":
@@ -521,6 +672,22 @@ def test_every_k8s_doc_has_identity(docs: list[tuple[str, dict[str, Any]]]) -> N
 def test_no_secret_values_in_manifests(docs: list[tuple[str, dict[str, Any]]]) -> None:
     secrets = [d for _, d in docs if d["kind"] == "Secret"]
     assert not [s for s in secrets if s.get("data") or s.get("stringData")]
+    problems = [
+        p
+        for _, doc in docs
+        if (spec := pod_spec(doc)) is not None
+        for c in all_containers(spec)
+        for p in container_secret_problems(f"{doc['metadata']['name']}/{c['name']}", c)
+    ]
+    assert problems == []
+    config = [
+        f"{d['metadata']['name']}/{key}"
+        for _, d in docs
+        if d["kind"] == "ConfigMap"
+        for key, value in (d.get("data") or {}).items()
+        if SECRET_NAME.search(key.upper().replace("-", "_")) or URL_CREDENTIALS.search(str(value))
+    ]
+    assert config == []
 
 
 def test_every_k8s_workload_is_hardened(docs: list[tuple[str, dict[str, Any]]]) -> None:
@@ -555,6 +722,21 @@ def test_k8s_grpc_services(docs: list[tuple[str, dict[str, Any]]], service: str)
     assert image.split(":")[0] == f"gantry/{service}"
 
 
+def test_k8s_control_plane_migrates_in_an_init_container(
+    docs: list[tuple[str, dict[str, Any]]],
+) -> None:
+    deployment = by_kind_name(docs, "Deployment", "gantry-controlplane")
+    assert controlplane_init_problems(deployment) == []
+    spec = pod_spec(deployment) or {}
+    (init,) = spec["initContainers"]
+    assert init["args"] == ["migrate", "--database-url", "$(GANTRY_DATABASE_URL)"]
+    env = {e["name"]: e["valueFrom"] for e in init["env"]}
+    assert env["GANTRY_DATABASE_URL"]["configMapKeyRef"]["key"] == "database-url"
+    assert env["PGPASSWORD"]["secretKeyRef"] == {"name": "gantry-postgres", "key": "password"}
+    # Hardened like every container (test_every_k8s_workload_is_hardened covers it too).
+    assert pod_problems("controlplane", {**spec, "containers": []}) == []
+
+
 def test_k8s_scheduler_is_a_single_recreated_replica(
     docs: list[tuple[str, dict[str, Any]]],
 ) -> None:
@@ -580,6 +762,8 @@ def test_k8s_references_resolve_and_secrets_are_documented(
                 claim = volume["persistentVolumeClaim"]["claimName"]
                 assert ("PersistentVolumeClaim", claim) in defined, claim
         for container in all_containers(spec):
+            where = f"{doc['metadata']['name']}/{container['name']}"
+            assert env_reference_problems(where, container) == []
             for env in container.get("env") or []:
                 ref = env.get("valueFrom") or {}
                 if "secretKeyRef" in ref:
@@ -654,6 +838,45 @@ def test_compose_check_rejects_a_bad_service() -> None:
     ):
         assert expected in problems
     assert compose_problems({"services": {}}) != []
+    bad_cmd = {"command": ["controlplane", "--database-url", "postgresql://gantry:hunter2@db/x"]}
+    assert "password in command" in " | ".join(compose_service_problems("cp", bad_cmd))
+
+
+def test_compose_migrate_check_rejects_a_bad_migration() -> None:
+    doc = yaml.safe_load(COMPOSE.read_text())
+    services = doc["services"]
+    services["migrate"].update(
+        command=["controlplane", "--database-url", "postgresql+asyncpg://other@db/x"],
+        image="gantry/scheduler:0.1.0",
+        restart="on-failure",
+        secrets=["node_credential"],
+        networks=["control"],
+        depends_on=["postgres"],
+        entrypoint=["gantry"],
+    )
+    del services["migrate"]["pull_policy"]
+    services["controlplane"]["depends_on"]["migrate"] = {"condition": "service_started"}
+    problems = " | ".join(compose_migrate_problems(doc))
+    for expected in (
+        "does not run `gantry migrate`",
+        "not the control plane image",
+        "would be pulled",
+        "--database-url",
+        "entrypoint differs",
+        "no postgres_password secret",
+        "secrets the control plane does not have",
+        "no network with postgres",
+        "restart 'on-failure'",
+        "healthy postgres",
+        "complete successfully",
+    ):
+        assert expected in problems
+    del services["migrate"]
+    services["controlplane"]["depends_on"]["ghost"] = {"condition": "service_healthy"}
+    services["controlplane"]["networks"].append("nowhere")
+    problems = " | ".join(compose_problems(doc))
+    for expected in ("service migrate missing", "unknown service ghost", "network nowhere"):
+        assert expected in problems
 
 
 def test_k8s_checks_reject_a_bad_pod() -> None:
@@ -687,3 +910,39 @@ def test_k8s_checks_reject_a_bad_pod() -> None:
     for expected in ("not a DaemonSet", "hostNetwork", "nodeSelector", "ports", "nvidia.com/gpu"):
         assert expected in worker
     assert grpc_probe_problems("cp", bad_worker, 50051) != []
+
+
+def test_k8s_checks_cover_init_containers() -> None:
+    doc = next(yaml.safe_load_all((K8S / "controlplane.yaml").read_text()))
+    spec = doc["spec"]["template"]["spec"]
+    init = spec["initContainers"][0]
+    init["securityContext"] = {"runAsUser": 0, "readOnlyRootFilesystem": False}
+    init["volumeMounts"] = [{"name": "tmp", "mountPath": "/data"}]
+    init["image"] = "gantry/scheduler:0.1.0"
+    init["env"] = [{"name": "PGPASSWORD", "value": "hunter2"}]
+    init["args"] = ["migrate", "--database-url", "$(DATABASE_URL)"]
+    init["readinessProbe"] = {"grpc": {"port": 50051}}
+    hardening = " | ".join(pod_problems("cp", spec))
+    for expected in (
+        f"cp/{init['name']}: runAsUser is root",
+        f"cp/{init['name']}: readOnlyRootFilesystem",
+        f"cp/{init['name']}: allowPrivilegeEscalation",
+        f"cp/{init['name']}: capabilities.drop lacks ALL",
+        f"cp/{init['name']}: /tmp is not an emptyDir",
+    ):
+        assert expected in hardening
+    assert "literal value for PGPASSWORD" in " | ".join(container_secret_problems("cp", init))
+    assert env_reference_problems("cp", init) == ["cp: $(DATABASE_URL) is not in env"]
+    problems = " | ".join(controlplane_init_problems(doc))
+    for expected in (
+        "image differs",
+        "env differs",
+        "securityContext differs",
+        "--database-url",
+        "PGPASSWORD is not from a Secret",
+        "mounts /data",
+        "readinessProbe",
+    ):
+        assert expected in problems
+    spec["initContainers"] = []
+    assert "found 0" in " | ".join(controlplane_init_problems(doc))

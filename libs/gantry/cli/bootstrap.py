@@ -170,9 +170,8 @@ def wait_until_ready(
         deployment = stub.GetDeployment(request, metadata=metadata, timeout=TIMEOUT_S)
         state = deployment_state(deployment)
         now = time.monotonic()
-        if deployment.state == control_plane_pb2.DEPLOYMENT_STATE_READY and _served_now(
-            stub, metadata, deployment
-        ):
+        # READY means served now: the control plane degrades what it cannot see serving.
+        if deployment.state == control_plane_pb2.DEPLOYMENT_STATE_READY:
             say(f"deployment {deployment_id} is READY ({now - started:.1f}s)")
             return deployment
         if deployment.state in _GONE:
@@ -190,21 +189,3 @@ def wait_until_ready(
                 f" see {worker_log}"
             )
         time.sleep(interval_s)
-
-
-def _served_now(stub: Stub, metadata: Metadata, deployment: control_plane_pb2.Deployment) -> bool:
-    """READY read back from the database after a restart may describe a worker generation that is
-    gone; only a resident residency of a node's current, connected generation serves now."""
-    nodes = stub.ListNodes(
-        control_plane_pb2.ListNodesRequest(), metadata=metadata, timeout=TIMEOUT_S
-    )
-    current = {
-        node.node_id: node.generation
-        for node in nodes.nodes
-        if node.state == common_pb2.NODE_STATE_CONNECTED
-    }
-    return any(
-        residency.state == common_pb2.RESIDENCY_STATE_RESIDENT
-        and current.get(residency.node_id) == residency.generation
-        for residency in deployment.residencies
-    )

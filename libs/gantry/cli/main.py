@@ -13,6 +13,7 @@ import grpc
 from gantry.cli import embed, operator_commands
 from gantry.cli.connection import ADDRESS_ENV, DEFAULT_ADDRESS, CommandContext
 from gantry.cli.errors import CliError, format_gantry_error, format_rpc_error
+from gantry.cli.migrate import migrate
 from gantry.cli.roles import ROLE_HELP, ROLES, run_role
 from gantry.cli.state import DEFAULT_STATE_DIR, STATE_DIR_ENV, StatePaths
 from gantry.common.errors import GantryError
@@ -73,6 +74,15 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--scheduler-address", default="127.0.0.1:50052", metavar="HOST:PORT")
     up.add_argument("--startup-timeout", type=float, default=60.0, metavar="SECONDS")
     up.add_argument("--ready-timeout", type=float, default=300.0, metavar="SECONDS")
+
+    migrate_parser = command(
+        "migrate", migrate, "create or upgrade the control plane's database schema"
+    )
+    migrate_parser.add_argument(
+        "--database-url",
+        metavar="URL",
+        help="SQLAlchemy URL (default: the SQLite database in the state directory)",
+    )
 
     command("nodes", operator_commands.nodes, "list worker nodes")
 

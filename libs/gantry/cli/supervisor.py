@@ -45,6 +45,7 @@ class _Child:
     process: subprocess.Popen[bytes] | None = None
     restart_at: float | None = None
     start_count: int = 0
+    force_killed: bool = False
 
 
 def describe_exit(returncode: int) -> str:
@@ -57,7 +58,8 @@ def describe_exit(returncode: int) -> str:
 
 
 class Supervisor:
-    """Children in start order; `poll()` reaps and restarts, `stop_all()` stops in reverse order.
+    """Children in start order; `poll()` reaps and restarts, `stop_all()` stops in reverse order,
+    `force_stop()` kills them all at once (also in the middle of a `stop_all()`).
 
     All decisions about timing come from the injected clock and RestartBackoff; this class only
     starts, polls and signals processes, so tests drive it with a ManualClock and tiny children.
@@ -78,6 +80,7 @@ class Supervisor:
         self._children: list[_Child] = []
         self._lock = threading.RLock()
         self._stopping = False
+        self._forced = False
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -148,6 +151,21 @@ class Supervisor:
             children = list(reversed(self._children))
         return [self._stop(child) for child in children]
 
+    def force_stop(self) -> None:
+        """SIGKILL every child's process group now; a stop_all() under way only reaps them.
+
+        Called from a signal handler on the thread that may be inside stop_all(), so it takes
+        no lock: a snapshot of the list is enough, and `_forced` stops anything spawned later.
+        """
+        self._forced = True
+        self._stopping = True
+        self._wake.set()
+        for child in list(self._children):
+            process = child.process
+            if process is not None and process.poll() is None:
+                child.force_killed = True
+                self._kill_group(process)
+
     # -- process IO ------------------------------------------------------------------------
     def _child(self, name: str) -> _Child:
         for child in self._children:
@@ -196,19 +214,29 @@ class Supervisor:
 
     def _stop(self, child: _Child) -> StopResult:
         process, name = child.process, child.spec.name
-        if process is None or process.poll() is not None:
+        if process is not None and self._forced and process.poll() is None:
+            child.force_killed = True
+            self._kill_group(process)
+        if process is None or (process.poll() is not None and not child.force_killed):
             self._report(f"{name} was not running")
             return StopResult(name=name, pid=None, returncode=None, killed=False)
-        process.send_signal(signal.SIGTERM)
-        killed = False
+        if not child.force_killed:
+            process.send_signal(signal.SIGTERM)
+        timed_out = False
         try:
             returncode = process.wait(timeout=self._stop_timeout_s)
         except subprocess.TimeoutExpired:
-            killed = True
+            timed_out = True
             self._kill_group(process)
             returncode = process.wait()
-        how = "killed after it ignored SIGTERM" if killed else describe_exit(returncode)
+        if child.force_killed:
+            how = "killed (forced)"
+        elif timed_out:
+            how = "killed after it ignored SIGTERM"
+        else:
+            how = describe_exit(returncode)
         self._report(f"stopped {name} (pid {process.pid}): {how}")
+        killed = timed_out or child.force_killed
         return StopResult(name=name, pid=process.pid, returncode=returncode, killed=killed)
 
     @staticmethod

@@ -6,6 +6,7 @@ import fcntl
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -20,7 +21,7 @@ from gantry.cli.errors import CliError
 from gantry.cli.health import is_serving, wait_until_serving
 from gantry.cli.roles import SUPERVISOR_PID_ENV
 from gantry.cli.state import DEFAULT_STATE_DIR, StatePaths, ensure_secret, read_secret
-from gantry.cli.supervisor import ChildSpec, Supervisor
+from gantry.cli.supervisor import ChildSpec, Supervisor, describe_exit
 from gantry.common.ids import new_id
 from gantry.common.tokens import OPERATOR_TOKEN, SERVICE_TOKEN, mint_token
 from gantry.v1 import control_plane_pb2_grpc
@@ -53,10 +54,22 @@ def role_argv(role: str, arguments: list[str]) -> list[str]:
     return [sys.executable, "-m", "gantry.cli.main", role, *arguments]
 
 
-def child_specs(settings: UpSettings) -> dict[str, ChildSpec]:
-    paths = settings.paths
+def migrate_argv(paths: StatePaths) -> list[str]:
+    return [
+        sys.executable, "-m", "gantry.cli.main",
+        "--state-dir", str(paths.root), "migrate", "--database-url", paths.database_url,
+    ]  # fmt: skip
+
+
+def _child_env() -> dict[str, str]:
     env = {**_OFFLINE_ENV, **os.environ, SUPERVISOR_PID_ENV: str(os.getpid())}
     env.setdefault("PYTHONUNBUFFERED", "1")  # logs that show what happened up to a crash
+    return env
+
+
+def child_specs(settings: UpSettings) -> dict[str, ChildSpec]:
+    paths = settings.paths
+    env = _child_env()
     arguments = {
         "scheduler": [
             "--listen", settings.scheduler_address,
@@ -99,9 +112,38 @@ def exclusive_state(paths: StatePaths) -> Iterator[None]:
         yield
 
 
-def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
-    # SIGTERM takes the same path as Ctrl-C: the `finally` that stops the children in order.
-    raise KeyboardInterrupt
+class StopSignals:
+    """SIGINT and SIGTERM, counted: the first stops Gantry in order, the third forces.
+
+    One Ctrl-C under `make run` arrives twice (the terminal signals make's process group, and
+    make passes it on), so a second signal must not cut the ordered stop short; it is only
+    acknowledged. A third kills every service at once, for a stop that hangs.
+    """
+
+    def __init__(self, supervisor: Supervisor) -> None:
+        self._supervisor = supervisor
+        self.received = 0
+
+    def install(self) -> None:
+        signal.signal(signal.SIGTERM, self._handle)
+        # Explicitly: started in the background of a script, SIGINT would be inherited as ignored.
+        signal.signal(signal.SIGINT, self._handle)
+
+    def stopping(self) -> None:
+        """The ordered stop began (on a signal or an error): no signal may interrupt it now."""
+        self.received = max(self.received, 1)
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        self.received += 1
+        if self.received == 1:
+            # Leaves bring-up or the idle wait for the `finally` that stops the children in order.
+            raise KeyboardInterrupt
+        if self.received == 2:
+            say("already stopping in order; signal once more to kill every service now")
+            return
+        if self.received == 3:
+            say("killing every service now")
+            self._supervisor.force_stop()
 
 
 def run_up(settings: UpSettings) -> int:
@@ -112,20 +154,51 @@ def run_up(settings: UpSettings) -> int:
             raise CliError(f"something already serves on {settings.address}; is Gantry running?")
         ensure_secret(paths.scheduler_token, lambda: mint_token(SERVICE_TOKEN, "scheduler"))
         ensure_secret(paths.operator_token, lambda: mint_token(OPERATOR_TOKEN, new_id()))
-        signal.signal(signal.SIGTERM, _raise_interrupt)
-        # Explicitly: started in the background of a script, SIGINT would be inherited as ignored.
-        signal.signal(signal.SIGINT, _raise_interrupt)
         supervisor = Supervisor()
+        signals = StopSignals(supervisor)
+        signals.install()
         supervisor.run_in_background()
         try:
             _bring_up(settings, supervisor)
-            while True:
-                time.sleep(3600)
+            # Not only the KeyboardInterrupt: one raised inside a gRPC call can be swallowed
+            # there, and the count still says a stop was asked for.
+            while not signals.received:
+                time.sleep(1.0)
+            say("shutting down")
         except KeyboardInterrupt:
             say("shutting down")
         finally:
+            signals.stopping()
             supervisor.stop_all()
     return 0
+
+
+def migrate(settings: UpSettings) -> None:
+    """`gantry migrate` on the state directory's database, before the control plane starts."""
+    paths = settings.paths
+    say(f"migrating the database {_shown(paths.database)}")
+    try:
+        result = subprocess.run(
+            migrate_argv(paths),
+            env=_child_env(),
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=settings.startup_timeout_s,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        raise CliError(
+            f"`gantry migrate` did not finish within {settings.startup_timeout_s:g}s"
+        ) from None
+    if result.returncode != 0:
+        lines = (result.stderr or result.stdout).strip().splitlines()
+        raise CliError(
+            f"`gantry migrate` failed ({describe_exit(result.returncode)}):"
+            f" {lines[-1] if lines else 'no output'}"
+        )
+    said = result.stdout.strip().splitlines()
+    say(said[-1] if said else "the database is at the current schema")
 
 
 def _start(settings: UpSettings, supervisor: Supervisor, spec: ChildSpec, address: str) -> None:
@@ -143,6 +216,7 @@ def _bring_up(settings: UpSettings, supervisor: Supervisor) -> None:
 
     paths = settings.paths
     specs = child_specs(settings)
+    migrate(settings)
     _start(settings, supervisor, specs["scheduler"], settings.scheduler_address)
     _start(settings, supervisor, specs["controlplane"], settings.address)
     metadata = bearer(read_secret(paths.operator_token, what="operator token"))

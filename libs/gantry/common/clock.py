@@ -1,7 +1,8 @@
-"""The injectable clock every policy takes instead of reading time itself."""
+"""The injectable clock every policy takes instead of reading time itself (and sleeping)."""
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import time
 from typing import Protocol
@@ -12,6 +13,8 @@ class Clock(Protocol):
 
     def monotonic(self) -> float: ...
 
+    async def sleep(self, seconds: float) -> None: ...
+
 
 class SystemClock:
     def now(self) -> dt.datetime:
@@ -20,13 +23,17 @@ class SystemClock:
     def monotonic(self) -> float:
         return time.monotonic()
 
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+
 
 class ManualClock:
-    """A clock tests move by hand."""
+    """A clock tests move by hand. `sleep` returns once `advance` has moved time far enough."""
 
     def __init__(self, start: dt.datetime | None = None) -> None:
         self._now = start or dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
         self._monotonic = 0.0
+        self._sleepers: list[tuple[float, asyncio.Future[None]]] = []
 
     def now(self) -> dt.datetime:
         return self._now
@@ -34,6 +41,19 @@ class ManualClock:
     def monotonic(self) -> float:
         return self._monotonic
 
+    async def sleep(self, seconds: float) -> None:
+        if seconds <= 0:
+            await asyncio.sleep(0)
+            return
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._sleepers.append((self._monotonic + seconds, future))
+        await future
+
     def advance(self, seconds: float) -> None:
         self._now += dt.timedelta(seconds=seconds)
         self._monotonic += seconds
+        due = [(at, f) for at, f in self._sleepers if at <= self._monotonic]
+        self._sleepers = [(at, f) for at, f in self._sleepers if at > self._monotonic]
+        for _, future in due:
+            if not future.done():
+                future.set_result(None)

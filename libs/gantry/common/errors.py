@@ -39,6 +39,8 @@ REASONS: Mapping[str, ReasonSpec] = {
     "RECLAIM_UNVERIFIED": ReasonSpec(grpc.StatusCode.INTERNAL, FailureClass.INFRA),
     "RUNTIME_CRASHED": ReasonSpec(grpc.StatusCode.UNAVAILABLE, FailureClass.INFRA),
     "RUNTIME_CRASH_LOOP": ReasonSpec(grpc.StatusCode.UNAVAILABLE, FailureClass.INFRA),
+    "RUNTIME_OOM_KILLED": ReasonSpec(grpc.StatusCode.UNAVAILABLE, FailureClass.INFRA),
+    "RUNTIME_UNRESPONSIVE": ReasonSpec(grpc.StatusCode.UNAVAILABLE, FailureClass.INFRA),
     "LEASE_EXPIRED": ReasonSpec(grpc.StatusCode.FAILED_PRECONDITION, FailureClass.INFRA),
     "LEASE_TOKEN_INVALID": ReasonSpec(grpc.StatusCode.PERMISSION_DENIED, FailureClass.INFRA),
     "STALE_GENERATION": ReasonSpec(grpc.StatusCode.FAILED_PRECONDITION, FailureClass.INFRA),

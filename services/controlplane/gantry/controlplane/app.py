@@ -3,20 +3,23 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gantry.common import tokens
 from gantry.common.clock import Clock, SystemClock
 from gantry.common.grpc_server import RunningServer, ServiceBinding, create_server
 from gantry.controlplane.authn import ControlPlaneAuthenticator
-from gantry.controlplane.gateway import WorkerGatewayService
+from gantry.controlplane.gateway import GatewaySettings, WorkerGatewayService
 from gantry.controlplane.inference_service import InferenceService
-from gantry.controlplane.lifecycle import DeploymentLifecycle
+from gantry.controlplane.lifecycle import DEFAULT_LEASE_SECONDS, DeploymentLifecycle
+from gantry.controlplane.node_admin import NodeAdmin
 from gantry.controlplane.operator_service import ControlPlaneService
 from gantry.controlplane.persistence import credentials, nodes
 from gantry.controlplane.persistence.database import Database
+from gantry.controlplane.reconciler import Reconciler, ReconcilerSettings
 from gantry.controlplane.route_cache import RouteCache
 from gantry.controlplane.scheduler_link import SchedulerLink
+from gantry.controlplane.settle import settle_node_deployments
 from gantry.controlplane.worker_sessions import WorkerHub
 from gantry.v1 import control_plane_pb2_grpc, inference_pb2_grpc, worker_gateway_pb2_grpc
 
@@ -30,6 +33,10 @@ class ControlPlaneSettings:
     scheduler_address: str
     scheduler_token: str
     bootstrap_operator_token: str | None = None
+    reconciler: ReconcilerSettings = field(default_factory=ReconcilerSettings)
+    lease_seconds: float = DEFAULT_LEASE_SECONDS
+    # Tests that drive time by hand run the reconciler's passes themselves.
+    run_reconciler: bool = True
 
 
 @dataclass(kw_only=True)
@@ -39,12 +46,14 @@ class ControlPlane:
     scheduler: SchedulerLink
     hub: WorkerHub
     lifecycle: DeploymentLifecycle
+    reconciler: Reconciler
 
     @property
     def port(self) -> int:
         return self.server.port
 
     async def stop(self) -> None:
+        await self.reconciler.stop()
         await self.server.stop(grace=1.0)
         await self.scheduler.stop()
         await self.database.close()
@@ -65,11 +74,15 @@ async def start_control_plane(
 ) -> ControlPlane:
     clock = clock or SystemClock()
     database = Database.connect(settings.database_url)
-    await database.migrate()
+    await database.require_initialised()  # `gantry migrate` creates and upgrades the schema
     if settings.bootstrap_operator_token:
         await bootstrap_operator_token(database, settings.bootstrap_operator_token, clock)
     async with database.transaction() as session:
         stale = await nodes.disconnect_all(session, now=clock.now())
+        # READY read back from the database describes streams that are gone: until the workers
+        # reconnect (and their residents are adopted) those deployments are DEGRADED, not READY.
+        for node in await nodes.list_nodes(session, after="", limit=1_000_000):
+            await settle_node_deployments(session, node.node_id, now=clock.now())
     if stale:
         log.info("marked %d node(s) disconnected until their workers reconnect", stale)
     hub = WorkerHub()
@@ -85,15 +98,28 @@ async def start_control_plane(
     )
     routes = RouteCache(clock)
     lifecycle = DeploymentLifecycle(
-        database=database, hub=hub, scheduler=scheduler, routes=routes, clock=clock
+        database=database,
+        hub=hub,
+        scheduler=scheduler,
+        routes=routes,
+        clock=clock,
+        lease_seconds=settings.lease_seconds,
     )
     lifecycle_holder.append(lifecycle)
+    reconciler = Reconciler(
+        database=database, hub=hub, lifecycle=lifecycle, clock=clock, settings=settings.reconciler
+    )
+    node_admin = NodeAdmin(
+        database=database, hub=hub, lifecycle=lifecycle, clock=clock, wake_reconciler=reconciler
+    )
     server = await create_server(
         listen=settings.listen,
         services=[
             ServiceBinding(
                 "gantry.v1.ControlPlane",
-                ControlPlaneService(database=database, lifecycle=lifecycle, clock=clock),
+                ControlPlaneService(
+                    database=database, lifecycle=lifecycle, node_admin=node_admin, clock=clock
+                ),
                 control_plane_pb2_grpc.add_ControlPlaneServicer_to_server,
             ),
             ServiceBinding(
@@ -109,8 +135,11 @@ async def start_control_plane(
                     database=database,
                     hub=hub,
                     lifecycle=lifecycle,
-                    scheduler=scheduler,
+                    reconciler=reconciler,
                     clock=clock,
+                    settings=GatewaySettings(
+                        heartbeat_interval_s=settings.reconciler.heartbeat_interval_s
+                    ),
                 ),
                 worker_gateway_pb2_grpc.add_WorkerGatewayServicer_to_server,
             ),
@@ -118,6 +147,13 @@ async def start_control_plane(
         authenticator=ControlPlaneAuthenticator(database, clock),
     )
     scheduler.start()
+    if settings.run_reconciler:
+        reconciler.start()
     return ControlPlane(
-        server=server, database=database, scheduler=scheduler, hub=hub, lifecycle=lifecycle
+        server=server,
+        database=database,
+        scheduler=scheduler,
+        hub=hub,
+        lifecycle=lifecycle,
+        reconciler=reconciler,
     )

@@ -36,6 +36,7 @@ def node(row: models.Node) -> control_plane_pb2.Node:
         created_at=timestamp(row.created_at),
         last_seen_at=timestamp(row.last_seen_at),
         hostname=row.hostname,
+        disabled_reason=row.disabled_reason,
     )
 
 
@@ -74,7 +75,7 @@ def adapter_from_json(data: dict[str, Any]) -> common_pb2.AdapterSettings:
 
 
 def residency(row: models.Residency) -> common_pb2.Residency:
-    return common_pb2.Residency(
+    message = common_pb2.Residency(
         residency_id=row.residency_id,
         deployment_id=row.deployment_id,
         node_id=row.node_id,
@@ -82,7 +83,16 @@ def residency(row: models.Residency) -> common_pb2.Residency:
         generation=row.generation,
         pid=row.pid,
         updated_at=timestamp(row.updated_at),
+        restart_count=row.restart_count,
+        artifact_digest=row.artifact_digest,
+        adapter_digest=row.adapter_digest,
+        environment_fingerprint=row.environment_fingerprint,
     )
+    if row.last_failure_reason:
+        message.last_failure.CopyFrom(
+            common_pb2.Failure(reason=row.last_failure_reason, message=row.last_failure_message)
+        )
+    return message
 
 
 def deployment(
@@ -103,5 +113,26 @@ def deployment(
     if row.last_failure_reason:
         message.last_failure.CopyFrom(
             common_pb2.Failure(reason=row.last_failure_reason, message=row.last_failure_message)
+        )
+    return message
+
+
+def serving_job(row: models.ServingJob) -> control_plane_pb2.ServingJob:
+    message = control_plane_pb2.ServingJob(
+        job_id=row.job_id,
+        job_type=enum_value(control_plane_pb2.ServingJobType, "SERVING_JOB_TYPE_", row.job_type),
+        deployment_id=row.deployment_id,
+        node_id=row.node_id,
+        residency_id=row.residency_id,
+        state=enum_value(control_plane_pb2.ServingJobState, "SERVING_JOB_STATE_", row.state),
+        attempt_count=row.attempt_count,
+        generation=row.generation,
+        lease_expires_at=timestamp(row.lease_expires_at),
+        created_at=timestamp(row.created_at),
+        updated_at=timestamp(row.updated_at),
+    )
+    if row.failure_reason:
+        message.failure.CopyFrom(
+            common_pb2.Failure(reason=row.failure_reason, message=row.failure_message)
         )
     return message

@@ -1,7 +1,10 @@
 """WorkerGateway.Connect: the control plane's end of each worker's outbound stream.
 
-Hello binds the stream to one node generation; anything from an older generation is rejected and
-nothing from it is committed. Results are committed idempotently and acknowledged.
+Hello binds the stream to one node generation by a single conditional UPDATE (fencing); anything
+from another generation is rejected and nothing from it is committed. Invoke results are resolved
+inline by the reader; everything that writes the database (heartbeats, job results, inventory)
+goes through a bounded per-stream queue to one writer task, so a slow write never delays an
+invoke result behind it. Results are committed idempotently and acknowledged.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 import grpc
 from google.protobuf import duration_pb2, json_format
@@ -17,18 +21,24 @@ from google.protobuf import duration_pb2, json_format
 from gantry.common.auth import current_principal
 from gantry.common.clock import Clock
 from gantry.common.errors import GantryError
-from gantry.controlplane.domain.transitions import NodeState
-from gantry.controlplane.lifecycle import LEASE_SECONDS, DeploymentLifecycle, scheduler_node
+from gantry.controlplane.lifecycle import DeploymentLifecycle
 from gantry.controlplane.persistence import jobs, nodes
 from gantry.controlplane.persistence.database import Database
-from gantry.controlplane.scheduler_link import SchedulerLink
-from gantry.controlplane.worker_sessions import WorkerHub, WorkerSession
+from gantry.controlplane.reconciler import Reconciler
+from gantry.controlplane.settle import settle_node_deployments
+from gantry.controlplane.worker_sessions import WorkerHub, WorkerStream
 from gantry.v1 import worker_gateway_pb2 as wg
 from gantry.v1 import worker_gateway_pb2_grpc
 
 log = logging.getLogger(__name__)
 
-HEARTBEAT_SECONDS = 5.0
+
+@dataclass(frozen=True, kw_only=True)
+class GatewaySettings:
+    heartbeat_interval_s: float = 5.0
+    # Database work waiting per stream; past it the stream is closed (the worker reconnects and
+    # resends what was not acknowledged) rather than holding an unbounded backlog.
+    write_queue_limit: int = 1024
 
 
 class WorkerGatewayService(worker_gateway_pb2_grpc.WorkerGatewayServicer):
@@ -38,14 +48,16 @@ class WorkerGatewayService(worker_gateway_pb2_grpc.WorkerGatewayServicer):
         database: Database,
         hub: WorkerHub,
         lifecycle: DeploymentLifecycle,
-        scheduler: SchedulerLink,
+        reconciler: Reconciler,
         clock: Clock,
+        settings: GatewaySettings,
     ) -> None:
         self._database = database
         self._hub = hub
         self._lifecycle = lifecycle
-        self._scheduler = scheduler
+        self._reconciler = reconciler
         self._clock = clock
+        self._settings = settings
 
     async def Connect(
         self,
@@ -60,179 +72,217 @@ class WorkerGatewayService(worker_gateway_pb2_grpc.WorkerGatewayServicer):
             raise GantryError("INVALID_ARGUMENT", "the first message on a worker stream is Hello")
         if first.node_id and first.node_id != node_id:
             raise GantryError("PERMISSION_DENIED", "Hello names another node than the credential")
-        session = WorkerSession(node_id=node_id, generation=first.generation)
-        welcome = await self._hello(session, first.hello)
-        self._hub.attach(session)
-        yield wg.ControlMessage(welcome=welcome)
-        await self._lifecycle.dispatch_queued(node_id)
-
-        reader = asyncio.create_task(self._read(session, request_iterator), name=f"read-{node_id}")
+        stream = self._hub.open_stream(node_id=node_id, generation=first.generation)
+        welcome = await self._hello(stream, first.hello)
+        self._hub.attach(stream)
+        writes: asyncio.Queue[wg.WorkerMessage] = asyncio.Queue(
+            maxsize=self._settings.write_queue_limit
+        )
+        tasks: list[asyncio.Task[None]] = []
         try:
-            while (message := await session.outbox.get()) is not None:
+            yield wg.ControlMessage(welcome=welcome)
+            tasks.append(asyncio.create_task(self._write(stream, writes), name=f"writes-{node_id}"))
+            tasks.append(
+                asyncio.create_task(
+                    self._read(stream, request_iterator, writes), name=f"read-{node_id}"
+                )
+            )
+            await self._lifecycle.dispatch_queued(node_id)
+            while (message := await stream.outbox.get()) is not None:
                 yield message
         finally:
-            reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await reader
-            await self._goodbye(session)
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            await self._goodbye(stream)
 
-    async def _hello(self, session: WorkerSession, hello: wg.Hello) -> wg.Welcome:
-        if session.generation <= 0:
+    async def _hello(self, stream: WorkerStream, hello: wg.Hello) -> wg.Welcome:
+        if stream.generation <= 0:
             raise GantryError("INVALID_ARGUMENT", "a worker generation must be positive")
         now = self._clock.now()
         adapters = sorted({a for env in hello.environments for a in env.adapters})
+        inventory = {
+            "adapters": adapters,
+            "inventory": json_format.MessageToDict(hello.inventory),
+            "environments": [json_format.MessageToDict(e) for e in hello.environments],
+        }
         async with self._database.transaction() as db:
-            node = await nodes.get_node(db, session.node_id)
-            if node.state == NodeState.DISABLED:
-                raise GantryError("NODE_DISABLED", f"node {node.node_id} is disabled")
-            if session.generation < node.generation:
-                raise GantryError(
-                    "STALE_GENERATION",
-                    f"generation {session.generation} is older than {node.generation}",
-                    node_id=node.node_id,
-                )
-            if session.generation > node.generation and node.generation:
-                # A new worker process: the old one's unfinished jobs go back to the queue.
-                await jobs.release_generation_jobs(
-                    db, node_id=node.node_id, generation=node.generation, now=now
-                )
-            inventory = {
-                "adapters": adapters,
-                "inventory": json_format.MessageToDict(hello.inventory),
-                "environments": [json_format.MessageToDict(e) for e in hello.environments],
-            }
-            await nodes.mark_connected(
+            previous = (await nodes.get_node(db, stream.node_id)).generation
+            node = await nodes.claim_generation(
                 db,
-                node,
-                generation=session.generation,
+                stream.node_id,
+                generation=stream.generation,
                 hostname=hello.hostname,
                 inventory=inventory,
                 now=now,
             )
-            changed, adopted, unload = await self._lifecycle.reconcile_node(
+            if previous and stream.generation > previous:
+                # A new worker process: the old one's unfinished jobs go back to the queue.
+                await jobs.release_generation_jobs(
+                    db, node_id=node.node_id, generation=previous, now=now
+                )
+            reconciled = await self._lifecycle.reconcile_node(
                 db,
                 node_id=node.node_id,
-                generation=session.generation,
+                generation=stream.generation,
                 inventory=hello.inventory,
                 now=now,
             )
-        self._scheduler.node_changed(
-            scheduler_node(session.node_id, session.generation, inventory, {session.node_id})
-        )
-        self._lifecycle.announce(changed)
+            await settle_node_deployments(db, node.node_id, now=now)
+        self._lifecycle.announcer.node(node, [stream.node_id])
+        self._lifecycle.announce(reconciled.changed)
+        self._reconciler.wake()
         log.info(
             "node %s connected, generation %d, adopted %d, unloading %d",
-            session.node_id,
-            session.generation,
-            len(adopted),
-            len(unload),
+            stream.node_id,
+            stream.generation,
+            len(reconciled.adopted),
+            len(reconciled.unwanted),
         )
+        interval = duration_pb2.Duration()
+        interval.FromNanoseconds(int(self._settings.heartbeat_interval_s * 1e9))
         return wg.Welcome(
-            node_id=session.node_id,
-            accepted_generation=session.generation,
-            heartbeat_interval=duration_pb2.Duration(seconds=int(HEARTBEAT_SECONDS)),
-            adopted_deployment_ids=adopted,
-            unload_deployment_ids=unload,
+            node_id=stream.node_id,
+            accepted_generation=stream.generation,
+            heartbeat_interval=interval,
+            adopted_deployment_ids=reconciled.adopted,
+            unload_deployment_ids=reconciled.unwanted,
         )
 
     async def _read(
-        self, session: WorkerSession, messages: AsyncIterator[wg.WorkerMessage]
+        self,
+        stream: WorkerStream,
+        messages: AsyncIterator[wg.WorkerMessage],
+        writes: asyncio.Queue[wg.WorkerMessage],
     ) -> None:
         try:
             async for message in messages:
-                if session.closed:
+                if stream.closed:
                     return
-                if message.generation != session.generation:
-                    session.send(
+                if message.generation != stream.generation:
+                    stream.send(
                         _reject(
                             "",
                             GantryError(
                                 "STALE_GENERATION",
                                 f"message from generation {message.generation}, stream holds "
-                                f"{session.generation}",
+                                f"{stream.generation}",
                             ),
                         )
                     )
                     continue
-                await self._handle(session, message)
+                kind = message.WhichOneof("kind")
+                if kind == "invoke_result":
+                    stream.resolve_invoke(message.invoke_result)
+                elif kind in ("heartbeat", "job_result", "job_update", "inventory_report"):
+                    try:
+                        writes.put_nowait(message)
+                    except asyncio.QueueFull:
+                        log.error("node %s: database writes fell behind; closing", stream.node_id)
+                        return
+                else:
+                    stream.send(
+                        _reject(
+                            "",
+                            GantryError("INVALID_ARGUMENT", f"unexpected worker message {kind!r}"),
+                        )
+                    )
         except grpc.aio.AioRpcError:
             pass
+        except GantryError as error:
+            log.warning("worker stream of node %s: %s", stream.node_id, error)
         except Exception:
-            log.exception("worker stream of node %s failed", session.node_id)
+            log.exception("worker stream of node %s failed", stream.node_id)
         finally:
-            session.close(
-                GantryError("WORKER_UNAVAILABLE", f"lost the stream to node {session.node_id}")
+            stream.close(
+                GantryError("WORKER_UNAVAILABLE", f"lost the stream to node {stream.node_id}")
             )
 
-    async def _handle(self, session: WorkerSession, message: wg.WorkerMessage) -> None:
+    async def _write(self, stream: WorkerStream, writes: asyncio.Queue[wg.WorkerMessage]) -> None:
+        while True:
+            message = await writes.get()
+            try:
+                await self._handle(stream, message)
+            except GantryError as error:
+                log.warning(
+                    "node %s: %s refused: %s", stream.node_id, message.WhichOneof("kind"), error
+                )
+            except Exception:
+                log.exception(
+                    "node %s: handling %s failed", stream.node_id, message.WhichOneof("kind")
+                )
+
+    async def _handle(self, stream: WorkerStream, message: wg.WorkerMessage) -> None:
         kind = message.WhichOneof("kind")
-        if kind == "invoke_result":
-            session.resolve_invoke(message.invoke_result)
-        elif kind == "heartbeat":
-            await self._heartbeat(session, message.heartbeat)
+        if kind == "heartbeat":
+            await self._heartbeat(stream, message.heartbeat)
         elif kind == "job_result":
-            await self._job_result(session, message.job_result)
+            await self._job_result(stream, message.job_result)
         elif kind == "job_update":
             log.info("job %s: %s", message.job_update.job_id, message.job_update.progress)
         elif kind == "inventory_report":
-            await self._inventory(session, message.inventory_report.inventory)
-        else:
-            session.send(
-                _reject("", GantryError("INVALID_ARGUMENT", f"unexpected worker message {kind!r}"))
-            )
+            await self._inventory(stream, message.inventory_report.inventory)
 
-    async def _heartbeat(self, session: WorkerSession, heartbeat: wg.Heartbeat) -> None:
+    async def _heartbeat(self, stream: WorkerStream, heartbeat: wg.Heartbeat) -> None:
         now = self._clock.now()
         async with self._database.transaction() as db:
             await jobs.renew_leases(
                 db,
-                node_id=session.node_id,
-                generation=session.generation,
+                node_id=stream.node_id,
+                generation=stream.generation,
                 job_ids=list(heartbeat.active_job_ids),
-                lease_seconds=LEASE_SECONDS,
+                lease_seconds=self._lifecycle.pump.lease_seconds,
                 now=now,
             )
-            node = await nodes.get_node(db, session.node_id)
-            if node.generation == session.generation:
+            node = await nodes.get_node(db, stream.node_id)
+            if node.generation == stream.generation:
                 node.last_seen_at = now
 
-    async def _job_result(self, session: WorkerSession, result: wg.JobResult) -> None:
+    async def _job_result(self, stream: WorkerStream, result: wg.JobResult) -> None:
         try:
             await self._lifecycle.apply_result(
-                node_id=session.node_id, generation=session.generation, result=result
+                node_id=stream.node_id, generation=stream.generation, result=result
             )
         except GantryError as error:
             log.warning("job result %s refused: %s", result.job_id, error)
-            session.send(_reject(result.job_id, error))
+            stream.send(_reject(result.job_id, error))
             return
-        session.send(wg.ControlMessage(ack=wg.Ack(job_id=result.job_id)))
+        stream.send(wg.ControlMessage(ack=wg.Ack(job_id=result.job_id)))
+        self._reconciler.wake()  # a failed load may need placing elsewhere
 
-    async def _inventory(self, session: WorkerSession, inventory: wg.Inventory) -> None:
+    async def _inventory(self, stream: WorkerStream, inventory: wg.Inventory) -> None:
         now = self._clock.now()
         async with self._database.transaction() as db:
-            changed, _, _ = await self._lifecycle.reconcile_node(
+            reconciled = await self._lifecycle.reconcile_node(
                 db,
-                node_id=session.node_id,
-                generation=session.generation,
+                node_id=stream.node_id,
+                generation=stream.generation,
                 inventory=inventory,
                 now=now,
             )
-        self._lifecycle.announce(changed)
+        self._lifecycle.announce(reconciled.changed)
+        if reconciled.queued_jobs:
+            await self._lifecycle.dispatch_queued(stream.node_id)
 
-    async def _goodbye(self, session: WorkerSession) -> None:
-        session.close(GantryError("WORKER_UNAVAILABLE", f"node {session.node_id} disconnected"))
-        if not self._hub.detach(session):
+    async def _goodbye(self, stream: WorkerStream) -> None:
+        stream.close(GantryError("WORKER_UNAVAILABLE", f"node {stream.node_id} disconnected"))
+        if not self._hub.detach(stream):
             return  # a newer generation already holds the node
         now = self._clock.now()
         try:
             async with self._database.transaction() as db:
                 await nodes.mark_disconnected(
-                    db, session.node_id, generation=session.generation, now=now
+                    db, stream.node_id, generation=stream.generation, now=now
                 )
+                await settle_node_deployments(db, stream.node_id, now=now)
+                node = await nodes.get_node(db, stream.node_id)
         except GantryError as error:
-            log.warning("could not mark node %s disconnected: %s", session.node_id, error)
-        self._scheduler.node_changed(scheduler_node(session.node_id, session.generation, {}, set()))
-        log.info("node %s (generation %d) disconnected", session.node_id, session.generation)
+            log.warning("could not mark node %s disconnected: %s", stream.node_id, error)
+            return
+        self._lifecycle.announcer.node(node, ())
+        log.info("node %s (generation %d) disconnected", stream.node_id, stream.generation)
 
 
 def _reject(job_id: str, error: GantryError) -> wg.ControlMessage:

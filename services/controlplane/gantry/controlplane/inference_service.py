@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import array
+import asyncio
 import datetime as dt
 import sys
-import time
+from dataclasses import dataclass
 
 import grpc
 from google.protobuf import timestamp_pb2
@@ -28,7 +29,8 @@ _tracer = tracer("gantry.controlplane")
 
 MAX_INPUTS = 1024
 MAX_INPUT_CHARS = 100_000
-DEFAULT_TIMEOUT_SECONDS = 30.0
+DEFAULT_MAX_INVOKE_SECONDS = 300.0
+ROUTABLE_DEPLOYMENT_STATES = frozenset({DeploymentState.READY, DeploymentState.DEGRADED})
 _OUTCOME_BY_CLASS = {
     common_pb2.FAILURE_CLASS_INFRA: scheduler_pb2.WORK_OUTCOME_INFRA_FAILURE,
     common_pb2.FAILURE_CLASS_REQUEST: scheduler_pb2.WORK_OUTCOME_REQUEST_FAILURE,
@@ -69,6 +71,46 @@ def vectors(
     ]
 
 
+@dataclass(frozen=True, kw_only=True)
+class InferenceSettings:
+    # The server's own bound on one call, applied only when the client asks for longer or sets
+    # no deadline: a client that asks for 120 s gets 120 s.
+    max_invoke_seconds: float = DEFAULT_MAX_INVOKE_SECONDS
+
+
+@dataclass(frozen=True, slots=True)
+class CallBudget:
+    """How long one call may take, and whose limit that is."""
+
+    seconds: float
+    client_bounded: bool  # the client's deadline, not the server cap, is the binding limit
+
+    @classmethod
+    def of(cls, client_remaining: float | None, *, max_seconds: float) -> CallBudget:
+        if client_remaining is not None and client_remaining <= max_seconds:
+            return cls(seconds=max(0.0, client_remaining), client_bounded=True)
+        return cls(seconds=max_seconds, client_bounded=False)
+
+
+def work_outcome(error: BaseException | None, budget: CallBudget) -> scheduler_pb2.WorkOutcome:
+    """How finished work counts for the scheduler's health accounting; one place decides.
+
+    A client that goes away is CANCELLED, never INFRA. A deadline that passes counts as INFRA
+    (a timeout, per CONTRACTS.md) only when it was the server's own cap: a deadline the client
+    chose says nothing about the residency, and counting it would let any client with tight
+    deadlines trip breakers on healthy residencies. The client still sees DEADLINE_EXCEEDED.
+    """
+    if error is None:
+        return scheduler_pb2.WORK_OUTCOME_SUCCESS
+    if isinstance(error, asyncio.CancelledError):
+        return scheduler_pb2.WORK_OUTCOME_CANCELLED
+    if isinstance(error, GantryError):
+        if error.reason == "DEADLINE_EXCEEDED" and budget.client_bounded:
+            return scheduler_pb2.WORK_OUTCOME_CANCELLED
+        return _OUTCOME_BY_CLASS[error.failure_class.value]
+    return scheduler_pb2.WORK_OUTCOME_INFRA_FAILURE
+
+
 class InferenceService(inference_pb2_grpc.InferenceServicer):
     def __init__(
         self,
@@ -78,12 +120,14 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
         scheduler: SchedulerLink,
         routes: RouteCache,
         clock: Clock,
+        settings: InferenceSettings | None = None,
     ) -> None:
         self._database = database
         self._routes = routes
         self._hub = hub
         self._scheduler = scheduler
         self._clock = clock
+        self._settings = settings or InferenceSettings()
 
     async def Embed(
         self, request: inference_pb2.EmbedRequest, context: grpc.aio.ServicerContext
@@ -91,57 +135,102 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
         tenant_id = current_principal().subject
         inputs = list(request.inputs)
         validate_inputs(inputs)
-        remaining = context.time_remaining()
-        timeout = min(remaining, DEFAULT_TIMEOUT_SECONDS) if remaining else DEFAULT_TIMEOUT_SECONDS
-        started = time.monotonic()
+        budget = CallBudget.of(
+            context.time_remaining(), max_seconds=self._settings.max_invoke_seconds
+        )
         with _tracer.start_as_current_span(
             "controlplane.embed", attributes={"gantry.tenant_id": tenant_id}
         ) as span:
             deployment_id = await self._resolve(request)
             span.set_attribute("gantry.deployment_id", deployment_id)
-            work_id = new_id()
-            dispatch = await self._scheduler.dispatch(
-                scheduler_pb2.WorkSubmitted(
-                    work_id=work_id,
-                    tenant_id=tenant_id,
-                    priority=request.priority or common_pb2.PRIORITY_INTERACTIVE,
-                    deployment_id=deployment_id,
-                    capability=request.capability,
-                ),
-                timeout=timeout,
+            node_id, result = await self._invoke(
+                tenant_id=tenant_id,
+                deployment_id=deployment_id,
+                request=request,
+                inputs=inputs,
+                budget=budget,
             )
-            outcome = scheduler_pb2.WORK_OUTCOME_INFRA_FAILURE
-            try:
-                trace_context: dict[str, str] = {}
-                inject_context(trace_context)
-                deadline = timestamp_pb2.Timestamp()
-                deadline.FromDatetime(self._clock.now() + dt.timedelta(seconds=timeout))
-                result = await self._hub.invoke_embed(
-                    node_id=dispatch.node_id,
-                    request_id=work_id,
-                    deployment_id=deployment_id,
-                    inputs=inputs,
-                    timeout=max(0.1, timeout - (time.monotonic() - started)),
-                    trace_context=trace_context,
-                    deadline=deadline,
-                )
-                outcome = scheduler_pb2.WORK_OUTCOME_SUCCESS
-            except GantryError as error:
-                outcome = _OUTCOME_BY_CLASS[error.failure_class.value]
-                raise
-            finally:
-                self._scheduler.work_finished(work_id, outcome)
             encoding = request.encoding or inference_pb2.VECTOR_ENCODING_FLOAT_LIST
             return inference_pb2.EmbedResponse(
                 vectors=vectors(result, encoding),
                 dim=result.dim,
                 deployment_id=deployment_id,
-                node_id=dispatch.node_id,
+                node_id=node_id,
                 encoding=encoding,
             )
 
+    async def _invoke(
+        self,
+        *,
+        tenant_id: str,
+        deployment_id: str,
+        request: inference_pb2.EmbedRequest,
+        inputs: list[str],
+        budget: CallBudget,
+    ) -> tuple[str, wg.EmbedResult]:
+        """Dispatch through the scheduler and invoke on the chosen worker, within the budget.
+
+        Once the work is submitted the scheduler hears exactly one WorkFinished for it, whatever
+        happens: the answer, a failure, the deadline, or the client going away (the handler task
+        is cancelled). A refused dispatch holds nothing, so it is not reported.
+        """
+        loop = asyncio.get_running_loop()
+        deadline_at = loop.time() + budget.seconds
+        work_id = new_id()
+        error: BaseException | None = None
+        refused = False
+        try:
+            async with asyncio.timeout_at(deadline_at):
+                try:
+                    dispatch = await self._scheduler.dispatch(
+                        scheduler_pb2.WorkSubmitted(
+                            work_id=work_id,
+                            tenant_id=tenant_id,
+                            priority=request.priority or common_pb2.PRIORITY_INTERACTIVE,
+                            deployment_id=deployment_id,
+                            capability=request.capability,
+                        ),
+                        timeout=budget.seconds,
+                    )
+                except GantryError as refusal:
+                    # A refusal assigned nothing; a timed-out answer may have, so report that.
+                    refused = refusal.reason != "SCHEDULER_UNAVAILABLE"
+                    raise
+                trace_context: dict[str, str] = {}
+                inject_context(trace_context)
+                wall_deadline = timestamp_pb2.Timestamp()
+                wall_deadline.FromDatetime(self._clock.now() + dt.timedelta(seconds=budget.seconds))
+                result = await self._hub.invoke_embed(
+                    node_id=dispatch.node_id,
+                    request_id=work_id,
+                    deployment_id=deployment_id,
+                    inputs=inputs,
+                    timeout=max(0.0, deadline_at - loop.time()),
+                    trace_context=trace_context,
+                    deadline=wall_deadline,
+                )
+            return dispatch.node_id, result
+        except TimeoutError:
+            error = GantryError(
+                "DEADLINE_EXCEEDED",
+                f"no answer within {budget.seconds:.1f}s "
+                f"({'the client deadline' if budget.client_bounded else 'the server cap'})",
+                work_id=work_id,
+            )
+            raise error from None
+        except BaseException as failure:
+            error = failure
+            raise
+        finally:
+            if not refused:
+                self._scheduler.work_finished(work_id, work_outcome(error, budget))
+
     async def _resolve(self, request: inference_pb2.EmbedRequest) -> str:
-        """capability | deployment_id -> a READY deployment, or a typed reason why not."""
+        """capability | deployment_id -> a routable deployment, or a typed reason why not.
+
+        READY and DEGRADED deployments are routable (a degraded one still has residents; the
+        scheduler picks only RESIDENT residencies and answers DEPLOYMENT_NOT_READY if none is).
+        """
         target = request.WhichOneof("target")
         if target == "capability" and (cached := self._routes.get(request.capability)):
             return cached
@@ -162,9 +251,9 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
             else:
                 raise invalid_argument("set capability or deployment_id", field="target")
         for deployment in candidates:
-            if deployment.state == DeploymentState.READY:
+            if deployment.state in ROUTABLE_DEPLOYMENT_STATES:
                 if target == "capability":
                     self._routes.put(request.capability, deployment.deployment_id)
                 return deployment.deployment_id
         states = ", ".join(sorted({d.state for d in candidates}))
-        raise GantryError("DEPLOYMENT_NOT_READY", f"{name} has no ready deployment ({states})")
+        raise GantryError("DEPLOYMENT_NOT_READY", f"{name} has no routable deployment ({states})")

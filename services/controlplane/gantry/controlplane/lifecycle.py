@@ -1,22 +1,23 @@
-"""Deployment lifecycle: placement into residencies and LOAD/UNLOAD jobs, and what results mean.
+"""Deployment lifecycle: the facade operators' and workers' handlers call.
 
-Every change is committed first and announced after: the scheduler hears about a residency only
-once its new state is in the database, and a worker receives a job only once its lease is.
+It composes placement (placement.py), the job pump (job_pump.py), one handler per job type
+(job_handlers.py) and inventory reconciliation (inventory.py). Every change is committed first and
+announced after: the scheduler hears about a residency only once its new state is in the database,
+and a worker receives a job only once its lease is.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import hashlib
-import logging
 from collections.abc import Sequence
 from typing import Any
 
-from google.protobuf import json_format, timestamp_pb2
+from google.protobuf import json_format
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gantry.common.clock import Clock
-from gantry.controlplane import convert
+from gantry.controlplane.announcer import Announcer, scheduler_node, scheduler_residency
 from gantry.controlplane.domain.transitions import (
     DeploymentState,
     JobState,
@@ -24,29 +25,21 @@ from gantry.controlplane.domain.transitions import (
     NodeState,
     ResidencyState,
 )
-from gantry.controlplane.persistence import artifacts, audit, deployments, jobs, nodes
+from gantry.controlplane.inventory import Reconciled, reconcile_inventory
+from gantry.controlplane.job_handlers import HANDLERS, ResultContext
+from gantry.controlplane.job_pump import JobPump
+from gantry.controlplane.persistence import audit, deployments, jobs, nodes
 from gantry.controlplane.persistence.database import Database
 from gantry.controlplane.persistence.jobs import ResultCommit
-from gantry.controlplane.persistence.models import Deployment, Residency, ServingJob
+from gantry.controlplane.persistence.models import Deployment, Residency
+from gantry.controlplane.placement import Placer
 from gantry.controlplane.route_cache import RouteCache
 from gantry.controlplane.scheduler_link import SchedulerLink
 from gantry.controlplane.worker_sessions import WorkerHub
-from gantry.v1 import common_pb2, scheduler_pb2
+from gantry.v1 import scheduler_pb2
 from gantry.v1 import worker_gateway_pb2 as wg
 
-log = logging.getLogger(__name__)
-
-LEASE_SECONDS = 120.0
-LIVE_DEPLOYMENT_STATES = {DeploymentState.PENDING, DeploymentState.LOADING, DeploymentState.READY}
-
-
-def scheduler_residency(row: Residency) -> scheduler_pb2.SchedulerResidency:
-    return scheduler_pb2.SchedulerResidency(
-        residency_id=row.residency_id,
-        deployment_id=row.deployment_id,
-        node_id=row.node_id,
-        state=convert.enum_value(common_pb2.ResidencyState, "RESIDENCY_STATE_", row.state),
-    )
+DEFAULT_LEASE_SECONDS = 30.0
 
 
 def result_digest(result: wg.JobResult) -> str:
@@ -62,40 +55,27 @@ class DeploymentLifecycle:
         scheduler: SchedulerLink,
         routes: RouteCache,
         clock: Clock,
+        lease_seconds: float = DEFAULT_LEASE_SECONDS,
     ) -> None:
         self._database = database
-        self._routes = routes
         self._hub = hub
-        self._scheduler = scheduler
         self._clock = clock
+        self.announcer = Announcer(scheduler=scheduler, routes=routes)
+        self.pump = JobPump(database=database, hub=hub, clock=clock, lease_seconds=lease_seconds)
+        self.placer = Placer(
+            database=database, scheduler=scheduler, announcer=self.announcer, clock=clock
+        )
 
     # ---- operator actions ---------------------------------------------------------------------
 
-    async def place(self, deployment: Deployment) -> None:
-        """Ask the scheduler where the deployment goes; create a residency and a LOAD job there."""
-        adapter = convert.adapter_from_json(deployment.adapter).adapter
-        node_ids = await self._scheduler.place(
-            deployment_id=deployment.deployment_id,
-            replicas=deployment.replicas,
-            required_adapter=adapter,
+    async def place(self, deployment: Deployment, *, replicas: int | None = None) -> None:
+        """Place the deployment's replicas (or `replicas` more) and send their LOAD jobs."""
+        node_ids = await self.placer.place(
+            deployment.deployment_id,
+            replicas=deployment.replicas if replicas is None else replicas,
         )
-        now = self._clock.now()
-        async with self._database.transaction() as session:
-            row = await deployments.get_deployment(session, deployment.deployment_id)
-            changed: list[Residency] = []
-            for node_id in node_ids:
-                residency = await deployments.create_residency(
-                    session, deployment_id=row.deployment_id, node_id=node_id, now=now
-                )
-                await self._queue_load(session, row, residency, now=now)
-                changed.append(residency)
-            if row.state == DeploymentState.PENDING:
-                await deployments.set_deployment_state(
-                    session, row, DeploymentState.LOADING, now=now
-                )
-        self.announce(changed)
         for node_id in node_ids:
-            await self.dispatch_queued(node_id)
+            await self.pump.dispatch(node_id)
 
     async def unload(self, deployment_id: str, *, actor: str) -> Deployment:
         now = self._clock.now()
@@ -104,19 +84,16 @@ class DeploymentLifecycle:
             if row.state in (DeploymentState.UNLOADING, DeploymentState.UNLOADED):
                 return row
             await jobs.cancel_open_jobs(session, deployment_id=deployment_id, now=now)
-            live = [
-                r
-                for r in await deployments.residencies_of(session, deployment_id)
-                if r.state != ResidencyState.COLD
-            ]
             changed: list[Residency] = []
-            for residency in live:
+            for residency in await deployments.residencies_of(session, deployment_id):
+                if residency.state == ResidencyState.COLD:
+                    continue
                 if residency.state == ResidencyState.LOADING and not await self._node_connected(
                     session, residency.node_id
                 ):
                     # Nothing runs there: the worker is away and its queued load was cancelled.
                     await deployments.set_residency_state(
-                        session, residency, ResidencyState.COLD, now=now
+                        session, residency, ResidencyState.COLD, now=now, pid=0
                     )
                 else:
                     await deployments.set_residency_state(
@@ -132,7 +109,7 @@ class DeploymentLifecycle:
                     )
                 changed.append(residency)
             still_live = any(r.state != ResidencyState.COLD for r in changed)
-            await deployments.set_deployment_state(
+            await deployments.move_deployment(
                 session,
                 row,
                 DeploymentState.UNLOADING if still_live else DeploymentState.UNLOADED,
@@ -148,84 +125,19 @@ class DeploymentLifecycle:
             )
         self.announce(changed)
         for node_id in {r.node_id for r in changed}:
-            await self.dispatch_queued(node_id)
+            await self.pump.dispatch(node_id)
         return row
+
+    async def _node_connected(self, session: AsyncSession, node_id: str) -> bool:
+        return (await nodes.get_node(session, node_id)).state in (
+            NodeState.CONNECTED,
+            NodeState.DISABLED,
+        ) and self._hub.get(node_id) is not None
 
     # ---- the job pump -------------------------------------------------------------------------
 
     async def dispatch_queued(self, node_id: str) -> None:
-        """Lease every queued job of a node to its connected generation and send it."""
-        session_ = self._hub.get(node_id)
-        if session_ is None:
-            return
-        now = self._clock.now()
-        assignments: list[wg.JobAssignment] = []
-        async with self._database.transaction() as session:
-            for job in await jobs.queued_jobs_for_node(session, node_id):
-                token = await jobs.lease_job(
-                    session,
-                    job,
-                    generation=session_.generation,
-                    lease_seconds=LEASE_SECONDS,
-                    now=now,
-                )
-                assignments.append(await self._assignment(session, job, token))
-        for assignment in assignments:
-            session_.send(wg.ControlMessage(job_assignment=assignment))
-
-    async def _assignment(
-        self, session: AsyncSession, job: ServingJob, token: str
-    ) -> wg.JobAssignment:
-        expires = timestamp_pb2.Timestamp()
-        assert job.lease_expires_at is not None
-        expires.FromDatetime(job.lease_expires_at)
-        assignment = wg.JobAssignment(
-            job_id=job.job_id,
-            lease_token=token,
-            lease_expires_at=expires,
-            attempt_count=job.attempt_count,
-        )
-        if job.job_type == JobType.LOAD:
-            deployment = await deployments.get_deployment(session, job.deployment_id)
-            artifact = await artifacts.get_artifact_set(session, deployment.artifact_set_id)
-            manifest = await artifacts.get_manifest(session, artifact.artifact_set_id)
-            assignment.job_type = wg.JOB_TYPE_LOAD
-            assignment.load.CopyFrom(
-                wg.LoadSpec(
-                    deployment_id=deployment.deployment_id,
-                    artifact_set_id=artifact.artifact_set_id,
-                    artifact_location=artifact.location,
-                    manifest_digest=artifact.manifest_digest,
-                    manifest=convert.manifest_messages(manifest),
-                    environment_id=deployment.environment_id,
-                    adapter=convert.adapter_from_json(deployment.adapter),
-                )
-            )
-        else:
-            assignment.job_type = wg.JOB_TYPE_UNLOAD
-            assignment.unload.CopyFrom(wg.UnloadSpec(deployment_id=job.deployment_id))
-        return assignment
-
-    async def _queue_load(
-        self,
-        session: AsyncSession,
-        deployment: Deployment,
-        residency: Residency,
-        *,
-        now: dt.datetime,
-    ) -> None:
-        await deployments.set_residency_state(session, residency, ResidencyState.LOADING, now=now)
-        await jobs.create_job(
-            session,
-            job_type=JobType.LOAD,
-            deployment_id=deployment.deployment_id,
-            node_id=residency.node_id,
-            residency_id=residency.residency_id,
-            now=now,
-        )
-
-    async def _node_connected(self, session: AsyncSession, node_id: str) -> bool:
-        return (await nodes.get_node(session, node_id)).state == NodeState.CONNECTED
+        await self.pump.dispatch(node_id)
 
     # ---- results from workers -----------------------------------------------------------------
 
@@ -240,7 +152,6 @@ class DeploymentLifecycle:
             result, preserving_proto_field_name=True
         )
         payload.pop("lease_token", None)
-        changed: list[Residency] = []
         async with self._database.transaction() as session:
             job, commit = await jobs.record_result(
                 session,
@@ -257,88 +168,18 @@ class DeploymentLifecycle:
             )
             if commit is ResultCommit.DUPLICATE:
                 return commit
-            residency = await deployments.get_residency(session, job.residency_id)
-            deployment = await deployments.get_deployment(session, job.deployment_id)
-            if job.job_type == JobType.LOAD:
-                await self._apply_load(
-                    session, deployment, residency, result, generation=generation, now=now
-                )
-            else:
-                await self._apply_unload(session, deployment, residency, now=now)
-            changed.append(residency)
-        self.announce(changed)
+            context = ResultContext(
+                session=session,
+                job=job,
+                deployment=await deployments.get_deployment(session, job.deployment_id),
+                residency=await deployments.get_residency(session, job.residency_id),
+                result=result,
+                generation=generation,
+                now=now,
+            )
+            await HANDLERS[JobType(job.job_type)].apply(context)
+        self.announce(context.changed)
         return commit
-
-    async def _apply_load(
-        self,
-        session: AsyncSession,
-        deployment: Deployment,
-        residency: Residency,
-        result: wg.JobResult,
-        *,
-        generation: int,
-        now: dt.datetime,
-    ) -> None:
-        if residency.state != ResidencyState.LOADING:
-            return  # an unload overtook this load; the unload job settles the residency
-        if result.WhichOneof("outcome") == "load":
-            await deployments.set_residency_state(
-                session,
-                residency,
-                ResidencyState.RESIDENT,
-                now=now,
-                pid=result.load.pid,
-                generation=generation,  # the generation whose result was just committed
-            )
-            if deployment.state in (DeploymentState.LOADING, DeploymentState.PENDING):
-                if deployment.state == DeploymentState.PENDING:
-                    await deployments.set_deployment_state(
-                        session, deployment, DeploymentState.LOADING, now=now
-                    )
-                await deployments.set_deployment_state(
-                    session, deployment, DeploymentState.READY, now=now
-                )
-            return
-        await deployments.set_residency_state(session, residency, ResidencyState.COLD, now=now)
-        if deployment.state in LIVE_DEPLOYMENT_STATES and not await self._has_resident(
-            session, deployment.deployment_id
-        ):
-            await deployments.set_deployment_state(
-                session,
-                deployment,
-                DeploymentState.FAILED,
-                now=now,
-                failure_reason=result.failure.reason,
-                failure_message=result.failure.message,
-            )
-
-    async def _apply_unload(
-        self,
-        session: AsyncSession,
-        deployment: Deployment,
-        residency: Residency,
-        *,
-        now: dt.datetime,
-    ) -> None:
-        if residency.state != ResidencyState.COLD:
-            await deployments.set_residency_state(
-                session, residency, ResidencyState.COLD, now=now, pid=0
-            )
-        remaining = [
-            r
-            for r in await deployments.residencies_of(session, deployment.deployment_id)
-            if r.state != ResidencyState.COLD
-        ]
-        if not remaining and deployment.state == DeploymentState.UNLOADING:
-            await deployments.set_deployment_state(
-                session, deployment, DeploymentState.UNLOADED, now=now
-            )
-
-    async def _has_resident(self, session: AsyncSession, deployment_id: str) -> bool:
-        return any(
-            r.state == ResidencyState.RESIDENT
-            for r in await deployments.residencies_of(session, deployment_id)
-        )
 
     # ---- what a worker's inventory says -------------------------------------------------------
 
@@ -350,95 +191,14 @@ class DeploymentLifecycle:
         generation: int,
         inventory: wg.Inventory,
         now: dt.datetime,
-    ) -> tuple[list[Residency], list[str], list[str]]:
-        """Match the records of one node against what its worker reports it runs.
-
-        A resident the worker still holds for this generation is kept (adopted); a resident it no
-        longer holds is gone (its host crashed, or the worker restarted and its children died with
-        it): the residency goes COLD and, when the deployment is still wanted, a new LOAD is queued.
-        Returns (changed residencies, adopted deployment ids, deployment ids to unload).
-        """
-        reported = {resident.deployment_id: resident for resident in inventory.residents}
-        changed: list[Residency] = []
-        adopted: list[str] = []
-        for residency in await deployments.residencies_on_node(session, node_id):
-            deployment = await deployments.get_deployment(session, residency.deployment_id)
-            held = reported.get(residency.deployment_id)
-            if residency.state == ResidencyState.RESIDENT:
-                if held is not None and residency.generation == generation:
-                    adopted.append(residency.deployment_id)
-                    continue
-                await deployments.set_residency_state(
-                    session, residency, ResidencyState.COLD, now=now, pid=0
-                )
-                changed.append(residency)
-                if residency.generation != generation:
-                    # The worker restarted and its children died with it: load again if wanted.
-                    await self._reload(session, deployment, residency, now=now)
-                else:
-                    await self._after_residency_lost(session, deployment, residency, now=now)
-            elif residency.state == ResidencyState.UNLOADING and held is None:
-                await self._apply_unload(session, deployment, residency, now=now)
-                changed.append(residency)
-        # What the worker holds that no live record on this node accounts for is unloaded.
-        live = {
-            r.deployment_id
-            for r in await deployments.residencies_on_node(session, node_id)
-            if r.state != ResidencyState.COLD
-        }
-        unload = [deployment_id for deployment_id in reported if deployment_id not in live]
-        return changed, adopted, unload
-
-    async def _reload(
-        self,
-        session: AsyncSession,
-        deployment: Deployment,
-        residency: Residency,
-        *,
-        now: dt.datetime,
-    ) -> None:
-        if deployment.state not in LIVE_DEPLOYMENT_STATES:
-            return
-        if deployment.state == DeploymentState.READY and not await self._has_resident(
-            session, deployment.deployment_id
-        ):
-            await deployments.set_deployment_state(
-                session, deployment, DeploymentState.PENDING, now=now
-            )
-        if deployment.state == DeploymentState.PENDING:
-            await deployments.set_deployment_state(
-                session, deployment, DeploymentState.LOADING, now=now
-            )
-        await self._queue_load(session, deployment, residency, now=now)
-
-    async def _after_residency_lost(
-        self,
-        session: AsyncSession,
-        deployment: Deployment,
-        residency: Residency,
-        *,
-        now: dt.datetime,
-    ) -> None:
-        if deployment.state not in LIVE_DEPLOYMENT_STATES:
-            return
-        if await self._has_resident(session, deployment.deployment_id):
-            return
-        # The model host is gone. Crash-loop detection and re-placement arrive with the
-        # scheduler's breakers; until then the deployment says plainly what happened.
-        await deployments.set_deployment_state(
-            session,
-            deployment,
-            DeploymentState.FAILED,
-            now=now,
-            failure_reason="RUNTIME_CRASHED",
-            failure_message=f"the model host on node {residency.node_id} is gone",
+    ) -> Reconciled:
+        return await reconcile_inventory(
+            session, node_id=node_id, generation=generation, inventory=inventory, now=now
         )
 
     def announce(self, residencies: Sequence[Residency]) -> None:
         """Tell the scheduler what changed (after the commit), and forget cached routes."""
-        self._routes.clear()
-        for residency in residencies:
-            self._scheduler.residency_changed(scheduler_residency(residency))
+        self.announcer.residencies(residencies)
 
     async def cluster_state(self) -> scheduler_pb2.ClusterState:
         """The full snapshot the scheduler rebuilds itself from."""
@@ -448,23 +208,17 @@ class DeploymentLifecycle:
         connected = set(self._hub.connected_node_ids())
         return scheduler_pb2.ClusterState(
             nodes=[
-                scheduler_node(n.node_id, n.generation, n.inventory, connected) for n in node_rows
+                scheduler_node(
+                    n.node_id,
+                    n.generation,
+                    n.inventory,
+                    connected if n.state == NodeState.CONNECTED else (),
+                    disabled=n.state == NodeState.DISABLED,
+                )
+                for n in node_rows
             ],
             residencies=[scheduler_residency(r) for r in live],
         )
-
-
-def scheduler_node(
-    node_id: str, generation: int, inventory: dict[str, Any], connected: set[str]
-) -> scheduler_pb2.SchedulerNode:
-    return scheduler_pb2.SchedulerNode(
-        node_id=node_id,
-        state=common_pb2.NODE_STATE_CONNECTED
-        if node_id in connected
-        else common_pb2.NODE_STATE_DISCONNECTED,
-        generation=generation,
-        adapters=sorted(inventory.get("adapters", [])),
-    )
 
 
 __all__ = ["DeploymentLifecycle", "JobState", "scheduler_node", "scheduler_residency"]

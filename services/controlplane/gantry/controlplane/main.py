@@ -5,11 +5,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import sys
 from pathlib import Path
 
 from gantry.common.process import run_until_signalled, setup_logging
 from gantry.common.telemetry import setup_tracing
 from gantry.controlplane.app import ControlPlaneSettings, start_control_plane
+from gantry.controlplane.lifecycle import DEFAULT_LEASE_SECONDS
+from gantry.controlplane.persistence.database import DatabaseNotInitialised
+from gantry.controlplane.reconciler import ReconcilerSettings
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -20,7 +24,40 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scheduler-token-file", type=Path, required=True)
     parser.add_argument("--bootstrap-operator-token-file", type=Path)
     parser.add_argument("--artifact-root", type=Path, help="accepted for symmetry; unused here")
+    defaults = ReconcilerSettings()
+    parser.add_argument(
+        "--heartbeat-interval-s",
+        type=float,
+        default=defaults.heartbeat_interval_s,
+        help="how often workers heartbeat; a node is stale after 3 missed intervals",
+    )
+    parser.add_argument(
+        "--reconcile-interval-s",
+        type=float,
+        default=defaults.interval_s,
+        help="how often the reconciler runs its time-driven rules",
+    )
+    parser.add_argument(
+        "--absence-grace-s",
+        type=float,
+        default=defaults.absence_grace_s,
+        help="after this long away a node's residencies are COLD and re-placed elsewhere",
+    )
+    parser.add_argument(
+        "--lease-seconds",
+        type=float,
+        default=DEFAULT_LEASE_SECONDS,
+        help="job lease length; an unrenewed lease is re-queued with a new token",
+    )
     args = parser.parse_args(argv)
+    for name in (
+        "heartbeat_interval_s",
+        "reconcile_interval_s",
+        "absence_grace_s",
+        "lease_seconds",
+    ):
+        if getattr(args, name) <= 0:
+            parser.error(f"--{name.replace('_', '-')} must be positive")
     setup_logging("controlplane")
     setup_tracing("gantry-controlplane")
     bootstrap = args.bootstrap_operator_token_file
@@ -30,6 +67,12 @@ def main(argv: list[str] | None = None) -> int:
         scheduler_address=args.scheduler,
         scheduler_token=args.scheduler_token_file.read_text().strip(),
         bootstrap_operator_token=bootstrap.read_text().strip() if bootstrap else None,
+        reconciler=ReconcilerSettings(
+            interval_s=args.reconcile_interval_s,
+            heartbeat_interval_s=args.heartbeat_interval_s,
+            absence_grace_s=args.absence_grace_s,
+        ),
+        lease_seconds=args.lease_seconds,
     )
 
     async def serve() -> None:
@@ -38,7 +81,12 @@ def main(argv: list[str] | None = None) -> int:
         await run_until_signalled()
         await control_plane.stop()
 
-    asyncio.run(serve())
+    try:
+        asyncio.run(serve())
+    except DatabaseNotInitialised as exc:
+        # An operator's mistake, not a bug: one line that names the fix, no traceback.
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return 1
     return 0
 
 

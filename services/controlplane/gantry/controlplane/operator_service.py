@@ -12,10 +12,18 @@ from gantry.common.errors import GantryError, invalid_argument
 from gantry.common.ids import parse_id
 from gantry.common.manifest import check_relative_path, validate_manifest
 from gantry.controlplane import convert
-from gantry.controlplane.domain.transitions import DeploymentState
+from gantry.controlplane.invariants import check_invariants
 from gantry.controlplane.lifecycle import DeploymentLifecycle
+from gantry.controlplane.node_admin import NodeAdmin
 from gantry.controlplane.paging import page_of
-from gantry.controlplane.persistence import artifacts, audit, credentials, deployments, nodes
+from gantry.controlplane.persistence import (
+    artifacts,
+    audit,
+    credentials,
+    deployments,
+    jobs,
+    nodes,
+)
 from gantry.controlplane.persistence.database import Database
 from gantry.v1 import control_plane_pb2 as cp
 from gantry.v1 import control_plane_pb2_grpc
@@ -33,9 +41,17 @@ def _check_name(value: str, *, field: str) -> str:
 
 
 class ControlPlaneService(control_plane_pb2_grpc.ControlPlaneServicer):
-    def __init__(self, *, database: Database, lifecycle: DeploymentLifecycle, clock: Clock) -> None:
+    def __init__(
+        self,
+        *,
+        database: Database,
+        lifecycle: DeploymentLifecycle,
+        node_admin: NodeAdmin,
+        clock: Clock,
+    ) -> None:
         self._database = database
         self._lifecycle = lifecycle
+        self._node_admin = node_admin
         self._clock = clock
 
     async def RegisterNode(
@@ -66,6 +82,79 @@ class ControlPlaneService(control_plane_pb2_grpc.ControlPlaneServicer):
         items, next_token = page.split(rows, key=lambda row: row.node_id)
         return cp.ListNodesResponse(
             nodes=[convert.node(r) for r in items], next_page_token=next_token
+        )
+
+    async def GetNode(
+        self, request: cp.GetNodeRequest, context: grpc.aio.ServicerContext
+    ) -> cp.Node:
+        node_id = parse_id(request.node_id, field="node_id")
+        async with self._database.transaction() as session:
+            return convert.node(await nodes.get_node(session, node_id))
+
+    async def DisableNode(
+        self, request: cp.DisableNodeRequest, context: grpc.aio.ServicerContext
+    ) -> cp.Node:
+        node_id = parse_id(request.node_id, field="node_id")
+        if len(request.reason) > 1000:
+            raise invalid_argument("reason must be at most 1000 characters", field="reason")
+        await self._node_admin.disable(
+            node_id, reason=request.reason, actor=current_principal().subject
+        )
+        return await self.GetNode(cp.GetNodeRequest(node_id=node_id), context)
+
+    async def EnableNode(
+        self, request: cp.EnableNodeRequest, context: grpc.aio.ServicerContext
+    ) -> cp.Node:
+        node_id = parse_id(request.node_id, field="node_id")
+        await self._node_admin.enable(node_id, actor=current_principal().subject)
+        return await self.GetNode(cp.GetNodeRequest(node_id=node_id), context)
+
+    async def GetServingJob(
+        self, request: cp.GetServingJobRequest, context: grpc.aio.ServicerContext
+    ) -> cp.ServingJob:
+        job_id = parse_id(request.job_id, field="job_id")
+        async with self._database.transaction() as session:
+            return convert.serving_job(await jobs.get_job(session, job_id))
+
+    async def ListServingJobs(
+        self, request: cp.ListServingJobsRequest, context: grpc.aio.ServicerContext
+    ) -> cp.ListServingJobsResponse:
+        page = page_of(request.page_size, request.page_token)
+        deployment_id = (
+            parse_id(request.deployment_id, field="deployment_id") if request.deployment_id else ""
+        )
+        node_id = parse_id(request.node_id, field="node_id") if request.node_id else ""
+        async with self._database.transaction() as session:
+            rows = await jobs.list_jobs(
+                session,
+                after=page.after,
+                limit=page.fetch,
+                deployment_id=deployment_id,
+                node_id=node_id,
+            )
+        items, next_token = page.split(rows, key=lambda row: row.job_id)
+        return cp.ListServingJobsResponse(
+            jobs=[convert.serving_job(r) for r in items], next_page_token=next_token
+        )
+
+    async def CheckInvariants(
+        self, request: cp.CheckInvariantsRequest, context: grpc.aio.ServicerContext
+    ) -> cp.InvariantReport:
+        now = self._clock.now()
+        async with self._database.transaction() as session:
+            results = await check_invariants(session, now=now)
+        return cp.InvariantReport(
+            all_hold=all(r.holds for r in results),
+            invariants=[
+                cp.InvariantResult(
+                    name=r.name,
+                    holds=r.holds,
+                    offending_ids=list(r.offending_ids),
+                    description=r.description,
+                )
+                for r in results
+            ],
+            checked_at=convert.timestamp(now),
         )
 
     async def RegisterArtifactSet(
@@ -151,20 +240,8 @@ class ControlPlaneService(control_plane_pb2_grpc.ControlPlaneServicer):
                 now=now,
                 capability=row.capability,
             )
-        try:
-            await self._lifecycle.place(row)
-        except GantryError as error:
-            async with self._database.transaction() as session:
-                row = await deployments.get_deployment(session, row.deployment_id)
-                await deployments.set_deployment_state(
-                    session,
-                    row,
-                    DeploymentState.FAILED,
-                    now=self._clock.now(),
-                    failure_reason=error.reason,
-                    failure_message=error.message,
-                )
-            raise
+        # A refusal leaves it PENDING with the reason; the reconciler places it when it can.
+        await self._lifecycle.place(row)
         return await self._deployment(row.deployment_id)
 
     async def GetDeployment(

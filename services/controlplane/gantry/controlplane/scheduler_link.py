@@ -3,12 +3,25 @@
 Requests to the scheduler (dispatch this work, place this deployment) wait on a future keyed by
 their id; the stream's reader resolves them. When the stream drops, every waiter fails with
 SCHEDULER_UNAVAILABLE at once, and the link reconnects with backoff and replays the cluster state.
+
+No state update is lost across a reconnect. Updates are announced after they are committed, so
+while the link is REPLAYING it buffers them before it reads the snapshot: an update committed
+before the read is in the snapshot, one committed after it is in the buffer, and the buffer goes
+out right after the snapshot (the scheduler applies updates as idempotent upserts). Updates
+announced while DISCONNECTED are dropped on purpose: they were committed before the next
+snapshot's read starts.
+
+Everything is bounded and nothing blocks: a request past `waiters_limit` or a full outbox is
+answered QUEUE_FULL; an update that finds the outbox (or the replay buffer) full cannot be dropped
+silently, so the link resynchronises: it ends the stream after what is queued, and the reconnect
+sends a fresh snapshot that holds the update.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 
@@ -26,6 +39,19 @@ log = logging.getLogger(__name__)
 ClusterStateSource = Callable[[], Awaitable[scheduler_pb2.ClusterState]]
 _CLOSE = object()
 
+DEFAULT_OUTBOX_LIMIT = 4096
+DEFAULT_WAITERS_LIMIT = 4096
+DEFAULT_REPLAY_BUFFER_LIMIT = 4096
+# Snapshot reads retried when updates overflow the replay buffer while one is being read.
+_MAX_SNAPSHOT_READS = 3
+
+
+class LinkPhase(enum.Enum):
+    DISCONNECTED = "DISCONNECTED"
+    REPLAYING = "REPLAYING"  # reading the snapshot; updates go to the replay buffer
+    CONNECTED = "CONNECTED"
+    RESYNCING = "RESYNCING"  # an update overflowed: the stream ends after what is queued
+
 
 class SchedulerLink:
     def __init__(
@@ -35,19 +61,32 @@ class SchedulerLink:
         service_token: str,
         cluster_state: ClusterStateSource,
         reconnect_max_seconds: float = 5.0,
+        outbox_limit: int = DEFAULT_OUTBOX_LIMIT,
+        waiters_limit: int = DEFAULT_WAITERS_LIMIT,
+        replay_buffer_limit: int = DEFAULT_REPLAY_BUFFER_LIMIT,
     ) -> None:
         self._address = address
         self._token = service_token
         self._cluster_state = cluster_state
         self._reconnect_max = reconnect_max_seconds
-        self._outbox: asyncio.Queue[scheduler_pb2.SchedulerInput | object] = asyncio.Queue()
+        self._outbox_limit = outbox_limit
+        self._waiters_limit = waiters_limit
+        self._replay_limit = replay_buffer_limit
+        self._outbox = self._new_outbox()
         self._waiters: dict[str, asyncio.Future[scheduler_pb2.SchedulerOutput]] = {}
+        self._phase = LinkPhase.DISCONNECTED
+        self._replay_buffer: list[scheduler_pb2.SchedulerInput] = []
+        self._replay_overflowed = False
         self._connected = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
     @property
     def connected(self) -> bool:
-        return self._connected.is_set()
+        return self._phase is LinkPhase.CONNECTED
+
+    @property
+    def phase(self) -> LinkPhase:
+        return self._phase
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="scheduler-link")
@@ -57,6 +96,7 @@ class SchedulerLink:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+        self._set_phase(LinkPhase.DISCONNECTED)
         self._fail_waiters("the control plane is stopping")
 
     async def wait_connected(self, timeout: float) -> None:
@@ -104,15 +144,33 @@ class SchedulerLink:
         )
 
     def _send(self, message: scheduler_pb2.SchedulerInput) -> None:
-        # State updates made while disconnected are covered by the snapshot sent on reconnect.
-        if self.connected:
-            self._outbox.put_nowait(message)
+        """Queue a one-way message (a state update, a finished work). Never blocks or raises."""
+        if self._phase is LinkPhase.REPLAYING:
+            if len(self._replay_buffer) >= self._replay_limit:
+                # Committed before this announcement, so a snapshot read from now on holds it.
+                self._replay_overflowed = True
+            else:
+                self._replay_buffer.append(message)
+        elif self._phase is LinkPhase.CONNECTED:
+            if self._outbox_full():
+                self._resync("the outbox to the scheduler is full")
+            else:
+                self._outbox.put_nowait(message)
+        # DISCONNECTED / RESYNCING: the next snapshot (read after this commit) covers it.
 
     async def _request(
         self, key: str, message: scheduler_pb2.SchedulerInput, *, timeout: float
     ) -> scheduler_pb2.SchedulerOutput:
         if not self.connected:
             raise GantryError("SCHEDULER_UNAVAILABLE", "the scheduler is not connected")
+        if len(self._waiters) >= self._waiters_limit:
+            raise GantryError(
+                "QUEUE_FULL", f"{self._waiters_limit} requests already wait on the scheduler"
+            )
+        if self._outbox_full():
+            raise GantryError("QUEUE_FULL", "the outbox to the scheduler is full")
+        if key in self._waiters:
+            raise GantryError("ALREADY_EXISTS", f"a request {key} already waits on the scheduler")
         inject_context(message.trace_context)
         future: asyncio.Future[scheduler_pb2.SchedulerOutput] = (
             asyncio.get_running_loop().create_future()
@@ -145,7 +203,7 @@ class SchedulerLink:
                 log.warning("scheduler stream ended: %s %s", error.code().name, error.details())
             except Exception:
                 log.exception("scheduler stream failed")
-            self._connected.clear()
+            self._set_phase(LinkPhase.DISCONNECTED)
             self._fail_waiters("the scheduler stream was lost")
             await asyncio.sleep(delay)
             delay = min(delay * 2, self._reconnect_max)
@@ -153,15 +211,51 @@ class SchedulerLink:
     async def _connect_once(self) -> None:
         async with insecure_channel(self._address) as channel:
             stub = scheduler_pb2_grpc.SchedulerStub(channel)
-            self._outbox = asyncio.Queue()
-            self._outbox.put_nowait(
-                scheduler_pb2.SchedulerInput(cluster_state=await self._cluster_state())
-            )
+            self._outbox = self._new_outbox()
+            for message in await self._replay():
+                self._outbox.put_nowait(message)
+            # No await between the replay and CONNECTED: nothing can slip between them.
+            self._set_phase(LinkPhase.CONNECTED)
             call = stub.Connect(self._outgoing(), metadata=auth_metadata(self._token))
-            self._connected.set()
             log.info("connected to the scheduler at %s", self._address)
             async for output in call:
                 self._resolve(output)
+
+    async def _replay(self) -> list[scheduler_pb2.SchedulerInput]:
+        """The snapshot, then every update announced while it was read."""
+        for _ in range(_MAX_SNAPSHOT_READS):
+            self._replay_buffer = []
+            self._replay_overflowed = False
+            self._set_phase(LinkPhase.REPLAYING)
+            snapshot = await self._cluster_state()
+            if not self._replay_overflowed:
+                break
+            log.warning("updates overflowed the replay buffer; reading the snapshot again")
+        else:
+            raise GantryError("QUEUE_FULL", "updates kept overflowing the replay buffer")
+        buffered, self._replay_buffer = self._replay_buffer, []
+        if len(buffered) + 1 > self._outbox_limit:
+            raise GantryError("QUEUE_FULL", "the replay does not fit the outbox to the scheduler")
+        return [scheduler_pb2.SchedulerInput(cluster_state=snapshot), *buffered]
+
+    def _new_outbox(self) -> asyncio.Queue[scheduler_pb2.SchedulerInput | object]:
+        # One slot past the limit stays free for the close marker of a resync.
+        return asyncio.Queue(maxsize=self._outbox_limit + 1)
+
+    def _outbox_full(self) -> bool:
+        return self._outbox.qsize() >= self._outbox_limit
+
+    def _resync(self, why: str) -> None:
+        log.warning("resynchronising with the scheduler: %s", why)
+        self._set_phase(LinkPhase.RESYNCING)
+        self._outbox.put_nowait(_CLOSE)
+
+    def _set_phase(self, phase: LinkPhase) -> None:
+        self._phase = phase
+        if phase is LinkPhase.CONNECTED:
+            self._connected.set()
+        else:
+            self._connected.clear()
 
     async def _outgoing(self) -> AsyncIterator[scheduler_pb2.SchedulerInput]:
         outbox = self._outbox

@@ -1,4 +1,11 @@
-"""Open worker streams: one session per connected node generation, and invocations over them."""
+"""Open worker streams: one per connected node generation, and the invocations sent over them.
+
+Every queue here is bounded and nothing waits on a full one: a full outbox or too many pending
+invocations is answered at once with QUEUE_FULL (RESOURCE_EXHAUSTED). Nothing is dropped silently.
+Messages that *retire* work (a CancelInvoke, the close marker) are always admitted: each pending
+invocation yields at most one cancel, so they stay within `pending_invokes_limit` extra slots and
+the outbox stays bounded by `outbox_limit + pending_invokes_limit + 1`.
+"""
 
 from __future__ import annotations
 
@@ -7,51 +14,142 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from google.protobuf import timestamp_pb2
+from google.protobuf import duration_pb2, timestamp_pb2
 
 from gantry.common.errors import GantryError
 from gantry.v1 import worker_gateway_pb2 as wg
 
 log = logging.getLogger(__name__)
 
+DEFAULT_OUTBOX_LIMIT = 4096
+DEFAULT_PENDING_INVOKES_LIMIT = 1024
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerStreamSettings:
+    """Bounds of one worker stream."""
+
+    outbox_limit: int = DEFAULT_OUTBOX_LIMIT
+    pending_invokes_limit: int = DEFAULT_PENDING_INVOKES_LIMIT
+
 
 @dataclass(eq=False)
-class WorkerSession:
-    """One worker generation's stream. Closing it fails whatever still waits on it."""
+class WorkerStream:
+    """One worker generation's stream. Closing it fails whatever still waits on it.
+
+    Every method is synchronous and never blocks, so the stream's reader can resolve an invoke
+    result inline, ahead of any database work queued behind it.
+    """
 
     node_id: str
     generation: int
-    outbox: asyncio.Queue[wg.ControlMessage | None] = field(default_factory=asyncio.Queue)
-    pending_invokes: dict[str, asyncio.Future[wg.InvokeResult]] = field(default_factory=dict)
+    outbox_limit: int = DEFAULT_OUTBOX_LIMIT
+    pending_invokes_limit: int = DEFAULT_PENDING_INVOKES_LIMIT
+    outbox: asyncio.Queue[wg.ControlMessage | None] = field(init=False)
+    pending_invokes: dict[str, asyncio.Future[wg.InvokeResult]] = field(
+        init=False, default_factory=dict
+    )
     closed: bool = False
 
+    def __post_init__(self) -> None:
+        # The queue's own bound is a backstop: admission below keeps `send` within outbox_limit
+        # and leaves room for the cancels and the close marker (see the module docstring).
+        self.outbox = asyncio.Queue(maxsize=self.outbox_limit + self.pending_invokes_limit + 1)
+
+    @classmethod
+    def open(cls, *, node_id: str, generation: int, settings: WorkerStreamSettings) -> WorkerStream:
+        return cls(
+            node_id=node_id,
+            generation=generation,
+            outbox_limit=settings.outbox_limit,
+            pending_invokes_limit=settings.pending_invokes_limit,
+        )
+
     def send(self, message: wg.ControlMessage) -> None:
+        """Queue a message for the worker, or raise WORKER_UNAVAILABLE / QUEUE_FULL at once."""
         if self.closed:
             raise GantryError("WORKER_UNAVAILABLE", f"node {self.node_id} is not connected")
+        if self.outbox.qsize() >= self.outbox_limit:
+            raise GantryError(
+                "QUEUE_FULL",
+                f"the stream to node {self.node_id} holds {self.outbox_limit} unsent messages",
+                node_id=self.node_id,
+            )
         self.outbox.put_nowait(message)
+
+    def begin_invoke(self, request_id: str) -> asyncio.Future[wg.InvokeResult]:
+        """Register an invocation about to be sent; its result resolves the returned future."""
+        if self.closed:
+            raise GantryError("WORKER_UNAVAILABLE", f"node {self.node_id} is not connected")
+        if len(self.pending_invokes) >= self.pending_invokes_limit:
+            raise GantryError(
+                "QUEUE_FULL",
+                f"node {self.node_id} already has {self.pending_invokes_limit} invocations "
+                "in flight",
+                node_id=self.node_id,
+            )
+        if request_id in self.pending_invokes:
+            raise GantryError("ALREADY_EXISTS", f"invocation {request_id} is already in flight")
+        future: asyncio.Future[wg.InvokeResult] = asyncio.get_running_loop().create_future()
+        self.pending_invokes[request_id] = future
+        return future
+
+    def forget_invoke(self, request_id: str) -> None:
+        self.pending_invokes.pop(request_id, None)
+
+    def cancel_invoke(self, request_id: str) -> None:
+        """Forget the invocation and tell the worker to drop it (the client went away or its
+        deadline passed). Only an invocation still pending is cancelled, so each yields at most
+        one CancelInvoke and the outbox stays bounded."""
+        future = self.pending_invokes.pop(request_id, None)
+        if future is None or self.closed:
+            return
+        if not future.done():
+            future.cancel()
+        self.outbox.put_nowait(
+            wg.ControlMessage(cancel_invoke=wg.CancelInvoke(request_id=request_id))
+        )
+
+    def resolve_invoke(self, result: wg.InvokeResult) -> bool:
+        """Hand an invoke result to its waiter. Never awaits: call it inline from the reader.
+
+        False when nobody waits any more (cancelled, timed out, or an unknown id): the late
+        result is dropped, which is correct since its caller has already been answered.
+        """
+        future = self.pending_invokes.pop(result.request_id, None)
+        if future is None or future.done():
+            log.debug("late or unknown invoke result %s from %s", result.request_id, self.node_id)
+            return False
+        future.set_result(result)
+        return True
 
     def close(self, error: GantryError) -> None:
         if self.closed:
             return
         self.closed = True
         self.outbox.put_nowait(None)
-        for future in self.pending_invokes.values():
+        pending, self.pending_invokes = self.pending_invokes, {}
+        for future in pending.values():
             if not future.done():
                 future.set_exception(error)
 
-    def resolve_invoke(self, result: wg.InvokeResult) -> None:
-        future = self.pending_invokes.get(result.request_id)
-        if future is not None and not future.done():
-            future.set_result(result)
+
+# The old name: gateway.py and tests constructed `WorkerSession(node_id=..., generation=...)`.
+WorkerSession = WorkerStream
 
 
 class WorkerHub:
-    """node id -> the current session. A newer generation replaces (and fences) the older one."""
+    """node id -> the current stream. A newer generation replaces (and fences) the older one."""
 
-    def __init__(self) -> None:
-        self._sessions: dict[str, WorkerSession] = {}
+    def __init__(self, settings: WorkerStreamSettings | None = None) -> None:
+        self.settings = settings or WorkerStreamSettings()
+        self._sessions: dict[str, WorkerStream] = {}
 
-    def attach(self, session: WorkerSession) -> None:
+    def open_stream(self, *, node_id: str, generation: int) -> WorkerStream:
+        """A stream bounded by this hub's settings (not attached yet)."""
+        return WorkerStream.open(node_id=node_id, generation=generation, settings=self.settings)
+
+    def attach(self, session: WorkerStream) -> None:
         previous = self._sessions.get(session.node_id)
         if previous is not None and previous is not session:
             previous.close(
@@ -62,14 +160,14 @@ class WorkerHub:
             )
         self._sessions[session.node_id] = session
 
-    def detach(self, session: WorkerSession) -> bool:
-        """Forget the session if it is still the current one; True when it was."""
+    def detach(self, session: WorkerStream) -> bool:
+        """Forget the stream if it is still the current one; True when it was."""
         if self._sessions.get(session.node_id) is session:
             del self._sessions[session.node_id]
             return True
         return False
 
-    def get(self, node_id: str) -> WorkerSession | None:
+    def get(self, node_id: str) -> WorkerStream | None:
         session = self._sessions.get(node_id)
         return session if session is not None and not session.closed else None
 
@@ -87,30 +185,49 @@ class WorkerHub:
         trace_context: Mapping[str, str],
         deadline: timestamp_pb2.Timestamp,
     ) -> wg.EmbedResult:
-        session = self.get(node_id)
-        if session is None:
+        """Send one invocation and wait for its result, at most `timeout` seconds.
+
+        When the wait ends without a result (the timeout, or the caller is cancelled because
+        its client went away) the worker is told to drop the work with a CancelInvoke.
+        """
+        stream = self.get(node_id)
+        if stream is None:
             raise GantryError("WORKER_UNAVAILABLE", f"node {node_id} is not connected")
-        future: asyncio.Future[wg.InvokeResult] = asyncio.get_running_loop().create_future()
-        session.pending_invokes[request_id] = future
+        future = stream.begin_invoke(request_id)
         try:
-            session.send(
+            stream.send(
                 wg.ControlMessage(
                     trace_context=trace_context,
                     invoke=wg.Invoke(
                         request_id=request_id,
                         deployment_id=deployment_id,
                         deadline=deadline,
+                        timeout=_duration(timeout),
                         embed=wg.EmbedPayload(inputs=inputs),
                     ),
                 )
             )
+        except GantryError:
+            stream.forget_invoke(request_id)
+            raise
+        try:
             result = await asyncio.wait_for(future, timeout)
         except TimeoutError:
+            stream.cancel_invoke(request_id)
             raise GantryError(
                 "DEADLINE_EXCEEDED", f"no answer from node {node_id} within {timeout:.1f}s"
             ) from None
+        except asyncio.CancelledError:
+            stream.cancel_invoke(request_id)
+            raise
         finally:
-            session.pending_invokes.pop(request_id, None)
+            stream.forget_invoke(request_id)
         if result.WhichOneof("outcome") == "failure":
             raise GantryError.from_failure(result.failure)
         return result.embed
+
+
+def _duration(seconds: float) -> duration_pb2.Duration:
+    duration = duration_pb2.Duration()
+    duration.FromNanoseconds(max(0, int(seconds * 1e9)))
+    return duration

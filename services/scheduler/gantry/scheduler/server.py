@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from gantry.common.grpc_server import RunningServer, ServiceBinding, create_server
 from gantry.scheduler.auth import ServiceTokenAuthenticator
-from gantry.scheduler.service import SchedulerService
+from gantry.scheduler.service import SchedulerService, SchedulerSettings
 from gantry.v1 import scheduler_pb2_grpc
 
 
 async def start_scheduler(
-    *, listen: str, service_token: str
+    *, listen: str, service_token: str, settings: SchedulerSettings | None = None
 ) -> tuple[RunningServer, SchedulerService]:
-    service = SchedulerService()
+    service = SchedulerService(settings)
     server = await create_server(
         listen=listen,
         services=[

@@ -2,19 +2,25 @@
 
 The pump is thin: it feeds stream messages to the cluster view and asks the pure routing rules for
 decisions. Nothing here survives a restart that the control plane cannot replay.
+
+There is no outbox: each answer is yielded inline, so a slow reader on the control plane's side
+holds this pump back through gRPC flow control instead of growing a queue here. What is bounded
+is the in-flight work the view tracks: past `max_in_flight` a dispatch is refused QUEUE_FULL.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections import Counter
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 import grpc
 
 from gantry.common.errors import GantryError
 from gantry.common.telemetry import extract_context, inject_context, tracer
-from gantry.scheduler.policy.cluster import ClusterView
+from gantry.scheduler.policy.cluster import ClusterView, ResidencyView
 from gantry.scheduler.policy.routing import Refusal, choose_nodes, choose_residency
 from gantry.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 
@@ -22,9 +28,19 @@ log = logging.getLogger(__name__)
 _tracer = tracer("gantry.scheduler")
 
 
+DEFAULT_MAX_IN_FLIGHT = 65_536
+
+
+@dataclass(frozen=True, kw_only=True)
+class SchedulerSettings:
+    max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
+
+
 class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
-    def __init__(self) -> None:
+    def __init__(self, settings: SchedulerSettings | None = None) -> None:
+        self._settings = settings or SchedulerSettings()
         self._view = ClusterView()
+        self._finished_by_outcome: Counter[int] = Counter()
         self._connected = False
         self._stream_epoch = 0
         self._dispatched_total = 0
@@ -71,7 +87,9 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
             self._apply_residency(message.residency_update.residency)
             return None
         if kind == "work_finished":
-            self._view.finish_work(message.work_finished.work_id)
+            finished = message.work_finished
+            self._finished_by_outcome[finished.outcome] += 1
+            self._view.finish_work(finished.work_id, finished.outcome)
             return None
         if kind == "work_submitted":
             return self._dispatch(message)
@@ -97,7 +115,13 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
             context=extract_context(message.trace_context),
             attributes={"gantry.work_id": work.work_id, "gantry.deployment_id": work.deployment_id},
         ) as span:
-            decision = choose_residency(self._view, work.deployment_id)
+            decision: ResidencyView | Refusal
+            if len(self._view.assignments) >= self._settings.max_in_flight:
+                decision = Refusal(
+                    "QUEUE_FULL", f"{self._settings.max_in_flight} calls are already in flight"
+                )
+            else:
+                decision = choose_residency(self._view, work.deployment_id)
             output = scheduler_pb2.SchedulerOutput()
             inject_context(output.trace_context)
             if isinstance(decision, Refusal):
@@ -144,6 +168,10 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
             in_flight=len(self._view.assignments),
             dispatched_total=self._dispatched_total,
             rejected_total=self._rejected_total,
+            cancelled_total=self._finished_by_outcome[scheduler_pb2.WORK_OUTCOME_CANCELLED],
+            infra_failures_total=self._finished_by_outcome[
+                scheduler_pb2.WORK_OUTCOME_INFRA_FAILURE
+            ],
             residencies=[
                 scheduler_pb2.ResidencyLoad(
                     residency_id=r.residency_id,
@@ -155,6 +183,7 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
                         else common_pb2.RESIDENCY_STATE_UNSPECIFIED
                     ),
                     in_flight=r.in_flight,
+                    infra_failures=r.infra_failures,
                 )
                 for r in self._view.residencies.values()
             ],

@@ -1,7 +1,13 @@
 """The worker agent: one outbound stream to the control plane, jobs and invocations over it.
 
 The agent opens no port. Each process start draws a new generation; results the control plane has
-not acknowledged are kept and resent after a reconnect within the same generation.
+not acknowledged are kept and resent after a reconnect within the same generation. Model hosts are
+supervised by `supervision.Supervisor`; every change of a resident sends an InventoryReport.
+
+The outbox to the control plane is bounded (`outbox_limit`). When it is full the stream is not
+being read; a message that does not fit is dropped and counted: job results stay unacknowledged
+and are resent after the next reconnect, the inventory goes whole in every report and in Hello,
+and a dropped InvokeResult makes that invocation time out at the control plane.
 """
 
 from __future__ import annotations
@@ -12,8 +18,7 @@ import logging
 import os
 import socket
 import sys
-import time
-from collections.abc import AsyncIterator, Coroutine, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,18 +28,25 @@ from google.protobuf import timestamp_pb2
 
 from gantry.common import tokens
 from gantry.common.auth import auth_metadata
+from gantry.common.clock import Clock
+from gantry.common.digests import adapter_digest, environment_fingerprint
 from gantry.common.errors import GantryError
 from gantry.common.grpc_server import insecure_channel
 from gantry.common.ids import new_generation
 from gantry.common.manifest import ManifestEntry, verify_artifact
 from gantry.common.status import error_from_rpc
-from gantry.common.telemetry import extract_context, inject_context, tracer
+from gantry.common.telemetry import inject_context, tracer
 from gantry.v1 import worker_gateway_pb2 as wg
 from gantry.v1 import worker_gateway_pb2_grpc
+from gantry.worker.crash_policy import RestartPolicy
 from gantry.worker.environment_facts import default_environment
+from gantry.worker.invocations import DEFAULT_MAX_IN_FLIGHT, Invocations
+from gantry.worker.jobs import DeploymentJobQueues
 from gantry.worker.model_host.environments import resolve_python
-from gantry.worker.model_host.process import HostLaunchSpec, ModelHost
-from gantry.worker.residents import DEFAULT_MAX_RESIDENTS, Resident, ResidentMap
+from gantry.worker.model_host.inbox import DEFAULT_INBOX_LIMIT
+from gantry.worker.model_host.process import DEFAULT_MAX_PENDING, HostLaunchSpec
+from gantry.worker.residents import DEFAULT_MAX_RESIDENTS, HostFactory, ResidentFacts
+from gantry.worker.supervision import SupervisionSettings, Supervisor
 
 log = logging.getLogger(__name__)
 _tracer = tracer("gantry.worker")
@@ -48,6 +60,33 @@ class WorkerSettings:
     max_residents: int = DEFAULT_MAX_RESIDENTS
     reconnect_max_seconds: float = 10.0
     env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
+    # Supervision of model hosts: in-place restarts with backoff, crash loops, liveness pings.
+    restart_initial_backoff_s: float = 0.5
+    restart_max_backoff_s: float = 30.0
+    crash_loop_threshold: int = 3
+    crash_loop_window_s: float = 300.0
+    crash_loop_backoff_s: float = 60.0
+    ping_interval_s: float = 5.0
+    ping_timeout_s: float = 3.0
+    # Bounds: beyond each, QUEUE_FULL (or, for the outbox, a counted drop: see the docstring).
+    outbox_limit: int = 4096
+    max_in_flight_invokes: int = DEFAULT_MAX_IN_FLIGHT
+    host_max_pending: int = DEFAULT_MAX_PENDING
+    host_inbox_limit: int = DEFAULT_INBOX_LIMIT
+
+    def supervision(self) -> SupervisionSettings:
+        return SupervisionSettings(
+            restart=RestartPolicy(
+                initial_backoff_s=self.restart_initial_backoff_s,
+                max_backoff_s=self.restart_max_backoff_s,
+                crash_loop_threshold=self.crash_loop_threshold,
+                crash_loop_window_s=self.crash_loop_window_s,
+                crash_loop_backoff_s=self.crash_loop_backoff_s,
+            ),
+            ping_interval_s=self.ping_interval_s,
+            ping_timeout_s=self.ping_timeout_s,
+            max_residents=self.max_residents,
+        )
 
 
 class FencedError(Exception):
@@ -55,25 +94,50 @@ class FencedError(Exception):
 
 
 class WorkerAgent:
-    def __init__(self, settings: WorkerSettings, *, generation: int | None = None) -> None:
+    def __init__(
+        self,
+        settings: WorkerSettings,
+        *,
+        generation: int | None = None,
+        clock: Clock | None = None,
+        host_factory: HostFactory | None = None,
+    ) -> None:
         parsed = tokens.parse_token(settings.credential, kind=tokens.NODE_CREDENTIAL)
         if parsed is None:
             raise ValueError("the node credential is malformed")
         self.settings = settings
         self.node_id = parsed.token_id
         self.generation = generation if generation is not None else new_generation()
-        self.residents = ResidentMap(max_residents=settings.max_residents)
+        self.supervisor = Supervisor(
+            settings.supervision(),
+            on_change=self._report_inventory,
+            clock=clock,
+            host_factory=host_factory,
+        )
+        self.residents = self.supervisor.residents
         self.connected = asyncio.Event()
-        self._outbox: asyncio.Queue[wg.WorkerMessage | None] = asyncio.Queue()
+        self.outbox_dropped = 0
+        self._outbox: asyncio.Queue[wg.WorkerMessage | None] = self._new_outbox()
         self._unacked: dict[str, wg.JobResult] = {}
-        self._active_jobs: set[str] = set()
+        self._jobs = DeploymentJobQueues(run=self._run_job, emit=self._job_finished)
+        self._invocations = Invocations(
+            supervisor=self.supervisor,
+            emit=lambda result: self._send(wg.WorkerMessage(invoke_result=result)),
+            max_in_flight=settings.max_in_flight_invokes,
+        )
+        self._job_handlers: dict[str, Callable[[wg.JobAssignment, wg.JobResult], Awaitable[None]]]
+        self._job_handlers = {"load": self._load, "unload": self._unload, "health": self._health}
         self._tasks: set[asyncio.Task[None]] = set()
+        self._liveness: asyncio.Task[None] | None = None
         self._heartbeat_seconds = 5.0
 
     # ---- lifecycle ----------------------------------------------------------------------------
 
     async def run(self) -> None:
         """Connect, serve, reconnect with backoff; returns only when fenced or cancelled."""
+        if self._liveness is None:
+            # Supervision runs whether or not the control plane is reachable.
+            self._liveness = asyncio.create_task(self.supervisor.run_liveness(), name="liveness")
         delay = 0.2
         while True:
             try:
@@ -94,20 +158,25 @@ class WorkerAgent:
             delay = min(delay * 2, self.settings.reconnect_max_seconds)
 
     async def shutdown(self) -> None:
-        """Stop every model host this process started and confirm each is gone."""
+        """Stop every model host this process started; custody ends only for verified reclaims
+        (the rest stay in the map, UNCERTAIN)."""
+        if self._liveness is not None:
+            self._liveness.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._liveness
+            self._liveness = None
         for task in list(self._tasks):
             task.cancel()
-        for resident in list(self.residents):
-            self.residents.pop(resident.deployment_id)
-            with contextlib.suppress(Exception):
-                await resident.host.stop(grace_s=5.0)
+        await self._jobs.close()
+        await self._invocations.close()
+        await self.supervisor.shutdown()
 
     # ---- the stream ---------------------------------------------------------------------------
 
     async def _serve_stream(self) -> None:
         async with insecure_channel(self.settings.control_plane) as channel:
             stub = worker_gateway_pb2_grpc.WorkerGatewayStub(channel)
-            self._outbox = asyncio.Queue()
+            self._outbox = self._new_outbox()
             self._send(wg.WorkerMessage(hello=self._hello()))
             call = stub.Connect(self._outgoing(), metadata=auth_metadata(self.settings.credential))
             heartbeat = asyncio.create_task(self._heartbeats(), name="heartbeats")
@@ -116,16 +185,33 @@ class WorkerAgent:
                     self._handle(message)
             finally:
                 heartbeat.cancel()
-                self._outbox.put_nowait(None)
+                self._end_outbox()
 
     async def _outgoing(self) -> AsyncIterator[wg.WorkerMessage]:
         outbox = self._outbox
         while (message := await outbox.get()) is not None:
             yield message
 
+    def _new_outbox(self) -> asyncio.Queue[wg.WorkerMessage | None]:
+        # One slot more than the limit, kept for the end-of-stream marker.
+        return asyncio.Queue(maxsize=self.settings.outbox_limit + 1)
+
+    def _end_outbox(self) -> None:
+        with contextlib.suppress(asyncio.QueueFull):
+            self._outbox.put_nowait(None)
+
     def _send(self, message: wg.WorkerMessage) -> None:
         message.node_id = self.node_id
         message.generation = self.generation
+        if self._outbox.qsize() >= self.settings.outbox_limit:
+            self.outbox_dropped += 1
+            log.warning(
+                "outbox to the control plane is full (%d); dropped a %s message (%d dropped)",
+                self.settings.outbox_limit,
+                message.WhichOneof("kind"),
+                self.outbox_dropped,
+            )
+            return
         self._outbox.put_nowait(message)
 
     def _hello(self) -> wg.Hello:
@@ -145,7 +231,7 @@ class WorkerAgent:
                 wg.WorkerMessage(
                     heartbeat=wg.Heartbeat(
                         sent_at=sent_at,
-                        active_job_ids=sorted(self._active_jobs),
+                        active_job_ids=self._jobs.active_job_ids(),
                         resident_count=len(self.residents),
                     )
                 )
@@ -156,26 +242,25 @@ class WorkerAgent:
         if kind == "welcome":
             self._welcome(message.welcome)
         elif kind == "job_assignment":
-            self._spawn(
-                self._run_job(message.job_assignment), f"job-{message.job_assignment.job_id}"
-            )
+            self._jobs.submit(message.job_assignment)
         elif kind == "invoke":
-            self._spawn(self._invoke(message.invoke, message.trace_context), "invoke")
+            self._invocations.start(message.invoke, message.trace_context)
+        elif kind == "cancel_invoke":
+            self._invocations.cancel(message.cancel_invoke.request_id)
         elif kind == "ack":
             self._unacked.pop(message.ack.job_id, None)
         elif kind == "reject":
             self._rejected(message.reject)
         elif kind == "cancel_job":
-            log.info(
-                "cancel requested for job %s (jobs here run to completion)",
-                message.cancel_job.job_id,
-            )
+            # A cancelled job sends no result: the control plane settles it itself.
+            if not self._jobs.cancel(message.cancel_job.job_id):
+                log.info("cancel for job %s: not on this worker", message.cancel_job.job_id)
         else:
             raise GantryError("INVALID_ARGUMENT", f"unknown control message {kind!r}")
 
     def _welcome(self, welcome: wg.Welcome) -> None:
-        if welcome.heartbeat_interval.seconds:
-            self._heartbeat_seconds = float(welcome.heartbeat_interval.seconds)
+        if welcome.heartbeat_interval.ToNanoseconds() > 0:
+            self._heartbeat_seconds = welcome.heartbeat_interval.ToNanoseconds() / 1e9
         self.connected.set()
         log.info("welcomed as node %s generation %d", self.node_id, self.generation)
         for deployment_id in welcome.unload_deployment_ids:
@@ -199,17 +284,15 @@ class WorkerAgent:
 
     # ---- jobs ---------------------------------------------------------------------------------
 
-    async def _run_job(self, assignment: wg.JobAssignment) -> None:
+    async def _run_job(self, assignment: wg.JobAssignment) -> wg.JobResult:
+        """One job to exactly one result; CancelledError (a cancelled job) propagates: no result."""
         result = wg.JobResult(job_id=assignment.job_id, lease_token=assignment.lease_token)
-        self._active_jobs.add(assignment.job_id)
         try:
             spec = assignment.WhichOneof("spec")
-            if spec == "load":
-                result.load.CopyFrom(await self._load(assignment.load))
-            elif spec == "unload":
-                result.unload.CopyFrom(await self._unload(assignment.unload.deployment_id))
-            else:
+            handler = self._job_handlers.get(spec or "")
+            if handler is None:
                 raise GantryError("INVALID_ARGUMENT", f"unknown job spec {spec!r}")
+            await handler(assignment, result)
         except GantryError as error:
             log.warning("job %s failed: %s", assignment.job_id, error)
             result.failure.CopyFrom(error.to_failure())
@@ -218,14 +301,24 @@ class WorkerAgent:
             result.failure.CopyFrom(
                 GantryError("LOAD_FAILED", f"{type(exc).__name__}: {exc}").to_failure()
             )
-        finally:
-            self._active_jobs.discard(assignment.job_id)
-        self._unacked[assignment.job_id] = result
+        return result
+
+    def _job_finished(self, result: wg.JobResult) -> None:
+        self._unacked[result.job_id] = result
         self._send(wg.WorkerMessage(job_result=result))
 
-    async def _load(self, spec: wg.LoadSpec) -> wg.LoadEvidence:
-        self.residents.reserve(spec.deployment_id)
-        try:
+    async def _load(self, assignment: wg.JobAssignment, result: wg.JobResult) -> None:
+        spec = assignment.load
+        python = resolve_python(spec.environment_id, self.settings.env)
+        facts = ResidentFacts(
+            artifact_digest=spec.manifest_digest,
+            environment_id=spec.environment_id or "default",
+            adapter_digest=adapter_digest(spec.adapter),
+            environment_fingerprint=environment_fingerprint(default_environment(python)),
+        )
+        verified_facts: list[tuple[int, int]] = []
+
+        async def prepare() -> HostLaunchSpec:
             manifest = [
                 ManifestEntry(path=e.path, size_bytes=e.size_bytes, sha256=e.sha256)
                 for e in spec.manifest
@@ -234,70 +327,52 @@ class WorkerAgent:
             verified = await asyncio.to_thread(
                 verify_artifact, self.settings.artifact_root, spec.artifact_location, manifest
             )
-            python = resolve_python(spec.environment_id, self.settings.env)
-            with _tracer.start_as_current_span(
-                "worker.load", attributes={"gantry.deployment_id": spec.deployment_id}
-            ):
-                trace_context: dict[str, str] = {}
-                inject_context(trace_context)
-                host = await ModelHost.start(
-                    HostLaunchSpec(
-                        deployment_id=spec.deployment_id,
-                        model_directory=verified.directory,
-                        adapter=spec.adapter,
-                        python_executable=python,
-                    ),
-                    on_exit=self._host_exited,
-                    trace_context=trace_context,
-                )
-        except BaseException:
-            self.residents.release(spec.deployment_id)
-            raise
-        self.residents.add(
-            Resident(
+            verified_facts.append((verified.files_verified, verified.bytes_verified))
+            return HostLaunchSpec(
                 deployment_id=spec.deployment_id,
-                artifact_digest=spec.manifest_digest,
-                environment_id=spec.environment_id or "default",
-                host=host,
+                model_directory=verified.directory,
+                adapter=spec.adapter,
+                python_executable=python,
+                max_pending=self.settings.host_max_pending,
+                inbox_limit=self.settings.host_inbox_limit,
             )
-        )
-        ready = host.ready
-        return wg.LoadEvidence(
-            pid=ready.pid,
-            load_seconds=ready.load_seconds,
-            dim=ready.dim,
-            rss_bytes=ready.rss_bytes,
-            runtime_versions=dict(ready.runtime_versions),
-            files_verified=verified.files_verified,
-            bytes_verified=verified.bytes_verified,
+
+        with _tracer.start_as_current_span(
+            "worker.load", attributes={"gantry.deployment_id": spec.deployment_id}
+        ):
+            trace_context: dict[str, str] = {}
+            inject_context(trace_context)
+            resident = await self.supervisor.load(
+                spec.deployment_id, facts, prepare, trace_context=trace_context
+            )
+        host = resident.host
+        assert host is not None
+        files_verified, bytes_verified = verified_facts[0]
+        result.load.CopyFrom(
+            wg.LoadEvidence(
+                pid=host.pid,
+                load_seconds=host.ready.load_seconds,
+                dim=host.ready.dim,
+                rss_bytes=host.rss_bytes(),
+                runtime_versions=dict(host.ready.runtime_versions),
+                files_verified=files_verified,
+                bytes_verified=bytes_verified,
+                adapter_digest=facts.adapter_digest,
+                environment_fingerprint=facts.environment_fingerprint,
+            )
         )
 
-    async def _unload(self, deployment_id: str) -> wg.UnloadEvidence:
-        resident = self.residents.pop(deployment_id)
-        if resident is None:
-            # Nothing of it runs here (already gone): unloading is done, and says so.
-            return wg.UnloadEvidence(pid=0, process_exited=True, exit_code=0)
-        evidence = await resident.host.stop()
-        if not evidence.process_exited:
-            raise GantryError(
-                "RECLAIM_UNVERIFIED",
-                f"model host {evidence.pid} did not exit",
-                pid=str(evidence.pid),
-            )
-        return evidence
+    async def _unload(self, assignment: wg.JobAssignment, result: wg.JobResult) -> None:
+        result.unload.CopyFrom(await self.supervisor.unload(assignment.unload.deployment_id))
+
+    async def _health(self, assignment: wg.JobAssignment, result: wg.JobResult) -> None:
+        spec = assignment.health
+        result.health.CopyFrom(await self.supervisor.health(spec.deployment_id, deep=spec.deep))
 
     async def _unload_untracked(self, deployment_id: str) -> None:
         with contextlib.suppress(GantryError):
-            await self._unload(deployment_id)
+            await self.supervisor.unload(deployment_id)
         self._report_inventory()
-
-    def _host_exited(self, host: ModelHost, returncode: int) -> None:
-        """A model host died on its own: forget it and tell the control plane at once."""
-        if self.residents.discard_host(host):
-            log.error(
-                "model host of %s (pid %d) exited with %d", host.deployment_id, host.pid, returncode
-            )
-            self._report_inventory()
 
     def _report_inventory(self) -> None:
         self._send(
@@ -307,45 +382,3 @@ class WorkerAgent:
                 )
             )
         )
-
-    # ---- invocations --------------------------------------------------------------------------
-
-    async def _invoke(self, invoke: wg.Invoke, trace_context: Mapping[str, str]) -> None:
-        result = wg.InvokeResult(request_id=invoke.request_id)
-        with _tracer.start_as_current_span(
-            "worker.invoke",
-            context=extract_context(trace_context),
-            attributes={"gantry.deployment_id": invoke.deployment_id},
-        ):
-            try:
-                resident = self.residents.get(invoke.deployment_id)
-                if resident is None:
-                    raise GantryError(
-                        "DEPLOYMENT_NOT_READY",
-                        f"deployment {invoke.deployment_id} is not resident on this worker",
-                    )
-                if invoke.WhichOneof("payload") != "embed":
-                    raise GantryError("INVALID_PAYLOAD", "this worker serves embed payloads only")
-                child_context: dict[str, str] = {}
-                inject_context(child_context)
-                timeout = 30.0
-                if invoke.HasField("deadline"):
-                    remaining = invoke.deadline.ToDatetime().timestamp() - _now_seconds()
-                    timeout = max(0.05, remaining)
-                result.embed.CopyFrom(
-                    await resident.host.embed(
-                        list(invoke.embed.inputs), trace_context=child_context, timeout_s=timeout
-                    )
-                )
-            except GantryError as error:
-                result.failure.CopyFrom(error.to_failure())
-            except Exception as exc:
-                log.exception("invoke %s failed unexpectedly", invoke.request_id)
-                result.failure.CopyFrom(
-                    GantryError("INVOKE_FAILED", f"{type(exc).__name__}").to_failure()
-                )
-        self._send(wg.WorkerMessage(invoke_result=result))
-
-
-def _now_seconds() -> float:
-    return time.time()

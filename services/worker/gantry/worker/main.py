@@ -12,6 +12,21 @@ from gantry.common.process import run_until_signalled, setup_logging
 from gantry.common.telemetry import setup_tracing
 from gantry.worker.agent import WorkerAgent, WorkerSettings
 
+# WorkerSettings fields exposed as flags (--restart-initial-backoff-s, ...), defaults from there.
+_SUPERVISION_ARGUMENTS = {
+    "restart_initial_backoff_s": "first restart delay after a model host crash; doubles per crash",
+    "restart_max_backoff_s": "cap of the doubling restart delay",
+    "crash_loop_threshold": "crashes within the window that make a crash loop",
+    "crash_loop_window_s": "sliding window for counting crashes",
+    "crash_loop_backoff_s": "restart delay while crash-looping",
+    "ping_interval_s": "seconds between liveness pings of each model host",
+    "ping_timeout_s": "a host that does not answer a ping within this is killed as hung",
+    "outbox_limit": "messages queued for the control plane before new ones are dropped",
+    "max_in_flight_invokes": "invocations in flight on this worker before QUEUE_FULL",
+    "host_max_pending": "requests awaiting one model host before QUEUE_FULL",
+    "host_inbox_limit": "requests queued inside one model host before QUEUE_FULL",
+}
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="gantry worker")
@@ -19,6 +34,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--credential-file", type=Path, required=True)
     parser.add_argument("--artifact-root", type=Path, required=True)
     parser.add_argument("--max-residents", type=int, default=8)
+    defaults = WorkerSettings(control_plane="", credential="", artifact_root=Path())
+    supervision = parser.add_argument_group("model host supervision")
+    for name, help_text in _SUPERVISION_ARGUMENTS.items():
+        default = getattr(defaults, name)
+        supervision.add_argument(
+            f"--{name.replace('_', '-')}",
+            type=type(default),
+            default=default,
+            help=f"{help_text} (default: {default})",
+        )
     args = parser.parse_args(argv)
     setup_logging("worker")
     setup_tracing("gantry-worker")
@@ -27,6 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         credential=args.credential_file.read_text().strip(),
         artifact_root=args.artifact_root,
         max_residents=args.max_residents,
+        **{name: getattr(args, name) for name in _SUPERVISION_ARGUMENTS},
     )
 
     async def serve() -> int:

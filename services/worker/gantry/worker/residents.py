@@ -1,24 +1,124 @@
-"""The worker's bounded map deployment id -> model host, and the inventory it reports."""
+"""The worker's bounded map deployment id -> resident, and the inventory it reports.
+
+A resident is in the map from the moment its load is admitted until its child is reaped and its
+reclaim verified: custody never ends on a hope. The map itself holds no policy; supervision moves
+residents between states.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import datetime as dt
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Protocol
+
+from google.protobuf import timestamp_pb2
 
 from gantry.common.errors import GantryError
-from gantry.v1 import common_pb2
+from gantry.v1 import common_pb2, model_host_pb2
 from gantry.v1 import worker_gateway_pb2 as wg
-from gantry.worker.model_host.process import ModelHost
+from gantry.worker.crash_policy import CrashHistory
+from gantry.worker.model_host.process import HostLaunchSpec, OnExit
 
 DEFAULT_MAX_RESIDENTS = 8
+
+LOADING = common_pb2.RESIDENCY_STATE_LOADING
+RESIDENT = common_pb2.RESIDENCY_STATE_RESIDENT
+UNLOADING = common_pb2.RESIDENCY_STATE_UNLOADING
+UNCERTAIN = common_pb2.RESIDENCY_STATE_UNCERTAIN
+
+
+class SupervisedHost(Protocol):
+    """What supervision needs of a model host (`ModelHost`; tests may pass a named fake)."""
+
+    @property
+    def pid(self) -> int: ...
+
+    @property
+    def alive(self) -> bool: ...
+
+    @property
+    def returncode(self) -> int | None: ...
+
+    @property
+    def unresponsive(self) -> GantryError | None: ...
+
+    @property
+    def ready(self) -> model_host_pb2.HostReady: ...
+
+    async def embed(
+        self, inputs: list[str], *, trace_context: dict[str, str], timeout_s: float
+    ) -> wg.EmbedResult: ...
+
+    async def ping(self, *, timeout_s: float) -> model_host_pb2.Pong: ...
+
+    async def check_model(self, *, timeout_s: float) -> wg.HealthReport: ...
+
+    async def stop(self, *, grace_s: float = ...) -> wg.UnloadEvidence: ...
+
+    def kill_unresponsive(self, why: str) -> None: ...
+
+    def rss_bytes(self) -> int: ...
+
+
+class HostFactory(Protocol):
+    async def __call__(
+        self, spec: HostLaunchSpec, *, on_exit: OnExit | None = ..., trace_context: dict[str, str]
+    ) -> SupervisedHost: ...
+
+
+@dataclass(frozen=True, kw_only=True)
+class ResidentFacts:
+    """What exact adoption compares: fixed when the load is admitted, unchanged by restarts."""
+
+    artifact_digest: str
+    environment_id: str
+    adapter_digest: str
+    environment_fingerprint: str
 
 
 @dataclass(eq=False, kw_only=True)
 class Resident:
     deployment_id: str
-    artifact_digest: str
-    environment_id: str
-    host: ModelHost
+    facts: ResidentFacts
+    crashes: CrashHistory
+    state: common_pb2.ResidencyState = LOADING
+    # Set once the artifact is verified; restarts reuse it (same directory, adapter, interpreter).
+    launch: HostLaunchSpec | None = None
+    host: SupervisedHost | None = None
+    restart_count: int = 0
+    last_failure: common_pb2.Failure | None = None
+    crash_loop: bool = False
+    next_restart_at: dt.datetime | None = None
+    health: wg.HealthReport | None = None
+    # The initial load, or a restart backing off and starting: what an unload cancels.
+    start_task: asyncio.Task[SupervisedHost | None] | None = None
+    # The cgroup's OOM-kill counter when the current host started (None: unreadable).
+    oom_kills_at_start: int | None = None
+
+    def to_proto(self) -> wg.ResidentModel:
+        host = self.host
+        resident = wg.ResidentModel(
+            deployment_id=self.deployment_id,
+            artifact_digest=self.facts.artifact_digest,
+            environment_id=self.facts.environment_id,
+            adapter_digest=self.facts.adapter_digest,
+            environment_fingerprint=self.facts.environment_fingerprint,
+            state=self.state,
+            # The pid of a host we still hold custody of, even when UNCERTAIN: that is its point.
+            pid=host.pid if host is not None else 0,
+            rss_bytes=host.rss_bytes() if host is not None else 0,
+            restart_count=self.restart_count,
+            crash_loop=self.crash_loop,
+        )
+        if self.last_failure is not None:
+            resident.last_failure.CopyFrom(self.last_failure)
+        if self.next_restart_at is not None:
+            resident.next_restart_at.CopyFrom(_timestamp(self.next_restart_at))
+        if self.health is not None:
+            resident.health.CopyFrom(self.health)
+        return resident
 
 
 class ResidentMap:
@@ -27,37 +127,27 @@ class ResidentMap:
     def __init__(self, *, max_residents: int = DEFAULT_MAX_RESIDENTS) -> None:
         self._max = max_residents
         self._residents: dict[str, Resident] = {}
-        self._reserved: set[str] = set()
 
-    def reserve(self, deployment_id: str) -> None:
+    def admit(self, resident: Resident) -> None:
         """Claim a slot before a load starts, so two loads cannot overfill the map."""
-        if deployment_id in self._residents or deployment_id in self._reserved:
+        if resident.deployment_id in self._residents:
             raise GantryError(
-                "INVALID_STATE_TRANSITION", f"deployment {deployment_id} is already on this worker"
+                "INVALID_STATE_TRANSITION",
+                f"deployment {resident.deployment_id} is already on this worker",
             )
-        if len(self._residents) + len(self._reserved) >= self._max:
+        if len(self._residents) >= self._max:
             raise GantryError(
                 "NO_CAPACITY", f"this worker holds its maximum of {self._max} model hosts"
             )
-        self._reserved.add(deployment_id)
-
-    def release(self, deployment_id: str) -> None:
-        self._reserved.discard(deployment_id)
-
-    def add(self, resident: Resident) -> None:
-        self._reserved.discard(resident.deployment_id)
         self._residents[resident.deployment_id] = resident
 
     def get(self, deployment_id: str) -> Resident | None:
         return self._residents.get(deployment_id)
 
-    def pop(self, deployment_id: str) -> Resident | None:
-        return self._residents.pop(deployment_id, None)
-
-    def discard_host(self, host: ModelHost) -> bool:
-        resident = self._residents.get(host.deployment_id)
-        if resident is not None and resident.host is host:
-            del self._residents[host.deployment_id]
+    def remove(self, resident: Resident) -> bool:
+        """End custody of exactly this resident (never a newer one under the same id)."""
+        if self._residents.get(resident.deployment_id) is resident:
+            del self._residents[resident.deployment_id]
             return True
         return False
 
@@ -69,17 +159,11 @@ class ResidentMap:
 
     def inventory(self, generation: int) -> wg.Inventory:
         return wg.Inventory(
-            generation=generation,
-            residents=[
-                wg.ResidentModel(
-                    deployment_id=r.deployment_id,
-                    artifact_digest=r.artifact_digest,
-                    environment_id=r.environment_id,
-                    state=common_pb2.RESIDENCY_STATE_RESIDENT,
-                    pid=r.host.pid,
-                    rss_bytes=r.host.ready.rss_bytes,
-                )
-                for r in self._residents.values()
-                if r.host.alive
-            ],
+            generation=generation, residents=[r.to_proto() for r in self._residents.values()]
         )
+
+
+def _timestamp(value: dt.datetime) -> timestamp_pb2.Timestamp:
+    stamp = timestamp_pb2.Timestamp()
+    stamp.FromDatetime(value)
+    return stamp

@@ -34,6 +34,7 @@ class DeploymentState(enum.StrEnum):
     UNLOADING = "UNLOADING"
     UNLOADED = "UNLOADED"
     FAILED = "FAILED"
+    DEGRADED = "DEGRADED"
 
 
 class NodeState(enum.StrEnum):
@@ -46,6 +47,7 @@ class NodeState(enum.StrEnum):
 class JobType(enum.StrEnum):
     LOAD = "LOAD"
     UNLOAD = "UNLOAD"
+    HEALTH = "HEALTH"
 
 
 R, J, D = ResidencyState, JobState, DeploymentState
@@ -53,7 +55,8 @@ R, J, D = ResidencyState, JobState, DeploymentState
 RESIDENCY_TRANSITIONS: Mapping[ResidencyState, frozenset[ResidencyState]] = {
     R.COLD: frozenset({R.LOADING}),
     R.LOADING: frozenset({R.RESIDENT, R.COLD, R.UNCERTAIN, R.UNLOADING}),
-    R.RESIDENT: frozenset({R.DRAINING, R.UNLOADING, R.COLD, R.UNCERTAIN}),
+    # RESIDENT -> LOADING: its host crashed and the worker restarts it in place.
+    R.RESIDENT: frozenset({R.DRAINING, R.UNLOADING, R.COLD, R.UNCERTAIN, R.LOADING}),
     R.DRAINING: frozenset({R.UNLOADING, R.COLD, R.UNCERTAIN}),
     R.UNLOADING: frozenset({R.COLD, R.UNCERTAIN}),
     # An uncertain residency is reconciled by an unload, or by learning the process is gone.
@@ -72,9 +75,13 @@ JOB_TRANSITIONS: Mapping[JobState, frozenset[JobState]] = {
 
 DEPLOYMENT_TRANSITIONS: Mapping[DeploymentState, frozenset[DeploymentState]] = {
     D.PENDING: frozenset({D.LOADING, D.FAILED, D.UNLOADING, D.UNLOADED}),
-    D.LOADING: frozenset({D.READY, D.FAILED, D.PENDING, D.UNLOADING}),
+    # LOADING -> DEGRADED: some replicas loaded and serve, others did not (yet).
+    D.LOADING: frozenset({D.READY, D.FAILED, D.PENDING, D.UNLOADING, D.DEGRADED}),
     # READY -> PENDING: its only residency was lost (crash, worker gone) and waits to be re-placed.
-    D.READY: frozenset({D.UNLOADING, D.PENDING, D.FAILED}),
+    # READY -> DEGRADED: it still serves, from fewer healthy residencies than it wants.
+    D.READY: frozenset({D.UNLOADING, D.PENDING, D.FAILED, D.DEGRADED}),
+    # DEGRADED -> PENDING: the last healthy residency went too; -> READY: it healed.
+    D.DEGRADED: frozenset({D.READY, D.UNLOADING, D.PENDING, D.FAILED}),
     D.UNLOADING: frozenset({D.UNLOADED, D.FAILED}),
     D.UNLOADED: frozenset(),
     D.FAILED: frozenset({D.UNLOADING, D.UNLOADED}),
@@ -84,7 +91,8 @@ NODE_TRANSITIONS: Mapping[NodeState, frozenset[NodeState]] = {
     NodeState.REGISTERED: frozenset({NodeState.CONNECTED, NodeState.DISABLED}),
     NodeState.CONNECTED: frozenset({NodeState.DISCONNECTED, NodeState.DISABLED}),
     NodeState.DISCONNECTED: frozenset({NodeState.CONNECTED, NodeState.DISABLED}),
-    NodeState.DISABLED: frozenset(),
+    # Enabling a node lets its worker connect again; it is DISCONNECTED until it does.
+    NodeState.DISABLED: frozenset({NodeState.DISCONNECTED}),
 }
 
 TERMINAL_JOB_STATES = frozenset(s for s, targets in JOB_TRANSITIONS.items() if not targets)
@@ -109,3 +117,36 @@ def check_transition(machine: str, current: str, target: str) -> None:
             current=str(current),
             target=str(target),
         )
+
+
+def shortest_path(machine: str, current: str, target: str) -> list[str]:
+    """The states to pass through from current to target (excluding current), by the table.
+
+    A derived state (a deployment found READY after an adoption) may be several steps away from
+    the recorded one; each step is still a checked, compare-and-set transition.
+    """
+    table = MACHINES[machine]
+    previous: dict[str, str] = {}
+    frontier = [str(current)]
+    seen = {str(current)}
+    while frontier:
+        following: list[str] = []
+        for state in frontier:
+            if state == str(target):
+                path = [state]
+                while path[-1] in previous:
+                    path.append(previous[path[-1]])
+                return list(reversed(path))[1:]
+            for step in table.get(state, frozenset()):
+                if str(step) not in seen:
+                    seen.add(str(step))
+                    previous[str(step)] = state
+                    following.append(str(step))
+        frontier = following
+    raise GantryError(
+        "INVALID_STATE_TRANSITION",
+        f"{machine} cannot reach {target} from {current}",
+        machine=machine,
+        current=str(current),
+        target=str(target),
+    )

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Sequence
 from typing import Any
 
+from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gantry.controlplane.persistence.models import AuditEvent
@@ -31,3 +33,15 @@ async def record_event(
         )
     )
     await session.flush()
+
+
+async def list_events(
+    session: AsyncSession, *, after: int = 0, limit: int = 1000
+) -> Sequence[AuditEvent]:
+    query = (
+        select(AuditEvent)
+        .where(AuditEvent.event_id > after)
+        .order_by(AuditEvent.event_id)
+        .limit(limit)
+    )
+    return (await session.scalars(query)).all()

@@ -1,16 +1,25 @@
-"""The database seam: engine, sessions and migrations for SQLite (default) or PostgreSQL."""
+"""The database seam: engine, sessions and migrations for SQLite (default) or PostgreSQL.
+
+Only `gantry migrate` creates or upgrades the schema (`migrate_database`: the Alembic head, then
+the installation record). A starting control plane only checks (`require_initialised`) and
+refuses a missing SQLite file, an empty database or an old schema rather than repairing it.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from alembic.util.exc import CommandError
 from sqlalchemy import event
-from sqlalchemy.engine import Connection
+from sqlalchemy.engine import URL, Connection, make_url
 from sqlalchemy.ext.asyncio import (
     AsyncEngine,
     AsyncSession,
@@ -18,7 +27,17 @@ from sqlalchemy.ext.asyncio import (
     create_async_engine,
 )
 
+from gantry.controlplane.persistence import installation
+from gantry.controlplane.persistence.models import Installation
+
 MIGRATIONS_DIR = Path(__file__).with_name("migrations")
+
+
+class DatabaseNotInitialised(Exception):
+    """The control plane's database is missing, empty, or not at this Gantry's schema.
+
+    The message is one line for the operator and says what to run.
+    """
 
 
 def _sqlite_pragmas(dbapi_connection: object, _record: object) -> None:
@@ -30,6 +49,25 @@ def _sqlite_pragmas(dbapi_connection: object, _record: object) -> None:
     cursor.close()
 
 
+def sqlite_file(url: str | URL) -> Path | None:
+    """The file behind a SQLite URL; None for other databases and in-memory SQLite."""
+    url = make_url(url)
+    if url.get_backend_name() != "sqlite":
+        return None
+    database = url.database or ""
+    if database in ("", ":memory:") or database.startswith("file:"):
+        return None
+    return Path(database)
+
+
+def shown_url(url: str | URL) -> str:
+    return make_url(url).render_as_string(hide_password=True)
+
+
+def migrate_hint(url: str | URL) -> str:
+    return f"run `gantry migrate --database-url {shown_url(url)}`"
+
+
 @dataclass(slots=True)
 class Database:
     engine: AsyncEngine
@@ -37,6 +75,7 @@ class Database:
 
     @classmethod
     def connect(cls, url: str) -> Database:
+        """An engine for url; nothing is opened (or, for SQLite, created) until first use."""
         engine = create_async_engine(url, pool_pre_ping=True)
         if engine.dialect.name == "sqlite":
             event.listen(engine.sync_engine, "connect", _sqlite_pragmas)
@@ -48,13 +87,77 @@ class Database:
         async with self.sessions() as session, session.begin():
             yield session
 
-    async def migrate(self) -> None:
-        """Upgrade the schema to the newest Alembic revision (from empty on first start)."""
+    async def migrate(self) -> str:
+        """Create or upgrade the schema to the newest Alembic revision; returns that revision."""
         async with self.engine.begin() as connection:
             await connection.run_sync(_upgrade)
+        return head_revision()
+
+    async def schema_revisions(self) -> tuple[str, ...]:
+        """The revisions the database is stamped with; empty when it holds no Gantry schema."""
+        async with self.engine.connect() as connection:
+            return await connection.run_sync(_current_heads)
+
+    async def require_initialised(self) -> None:
+        """Refuse (DatabaseNotInitialised) unless `gantry migrate` brought this database to the
+        head revision and wrote its installation record. Closes the engine when it refuses."""
+        try:
+            await self._check_initialised()
+        except BaseException:
+            await self.close()
+            raise
+
+    async def _check_initialised(self) -> None:
+        url = self.engine.url
+        where = shown_url(url)
+        path = sqlite_file(url)
+        # Checked before the first connection: SQLite would silently create an empty file.
+        if path is not None and not path.is_file():
+            raise DatabaseNotInitialised(
+                f"the database file {path} does not exist; {migrate_hint(url)} to create it"
+            )
+        found = await self.schema_revisions()
+        head = head_revision()
+        if not found:
+            raise DatabaseNotInitialised(
+                f"the database {where} holds no Gantry schema; {migrate_hint(url)} to initialise it"
+            )
+        if found != (head,):
+            if all(is_known_revision(revision) for revision in found):
+                raise DatabaseNotInitialised(
+                    f"the database {where} is at schema revision {', '.join(found)}, this Gantry"
+                    f" needs {head}; {migrate_hint(url)} to upgrade it"
+                )
+            raise DatabaseNotInitialised(
+                f"the database {where} is at schema revision {', '.join(found)}, which this"
+                f" Gantry (schema {head}) does not know; run the Gantry version that migrated it"
+            )
+        async with self.transaction() as session:
+            record = await installation.get_installation(session)
+        if record is None:
+            raise DatabaseNotInitialised(
+                f"the database {where} has no installation record; {migrate_hint(url)} to write it"
+            )
 
     async def close(self) -> None:
         await self.engine.dispose()
+
+
+async def migrate_database(url: str, *, now: dt.datetime | None = None) -> Installation:
+    """What `gantry migrate` does: the schema to the Alembic head, then the installation record
+    (created once; later migrations update its revision and version)."""
+    database = Database.connect(url)
+    try:
+        revision = await database.migrate()
+        async with database.transaction() as session:
+            return await installation.record_installation(
+                session,
+                schema_revision=revision,
+                version=installation.gantry_version(),
+                now=now or dt.datetime.now(dt.UTC),
+            )
+    finally:
+        await database.close()
 
 
 def alembic_config(connection: Connection | None = None) -> Config:
@@ -65,5 +168,24 @@ def alembic_config(connection: Connection | None = None) -> Config:
     return config
 
 
+def head_revision() -> str:
+    """The newest revision of the migrations shipped with this Gantry (exactly one head)."""
+    heads = ScriptDirectory.from_config(alembic_config()).get_heads()
+    if len(heads) != 1:
+        raise RuntimeError(f"the migrations have {len(heads)} heads ({heads}), not one")
+    return heads[0]
+
+
+def is_known_revision(revision: str) -> bool:
+    try:
+        return ScriptDirectory.from_config(alembic_config()).get_revision(revision) is not None
+    except CommandError:
+        return False
+
+
 def _upgrade(connection: Connection) -> None:
     command.upgrade(alembic_config(connection), "head")
+
+
+def _current_heads(connection: Connection) -> tuple[str, ...]:
+    return tuple(MigrationContext.configure(connection).get_current_heads())

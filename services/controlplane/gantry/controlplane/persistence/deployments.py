@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from sqlalchemy import select
@@ -11,7 +11,11 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from gantry.common.errors import not_found
 from gantry.common.ids import new_id
-from gantry.controlplane.domain.transitions import DeploymentState, ResidencyState
+from gantry.controlplane.domain.transitions import (
+    DeploymentState,
+    ResidencyState,
+    shortest_path,
+)
 from gantry.controlplane.persistence.models import Deployment, Residency
 from gantry.controlplane.persistence.transitions import compare_and_set
 
@@ -161,3 +165,38 @@ async def set_residency_state(
         **values,
     )
     await session.refresh(residency)
+
+
+async def move_deployment(
+    session: AsyncSession,
+    deployment: Deployment,
+    target: DeploymentState,
+    *,
+    now: dt.datetime,
+    failure_reason: str = "",
+    failure_message: str = "",
+) -> bool:
+    """Walk the table's shortest path to `target`, one compare-and-set per step; True if moved."""
+    if deployment.state == target:
+        return False
+    for step in shortest_path("deployment", deployment.state, target):
+        await set_deployment_state(
+            session,
+            deployment,
+            DeploymentState(step),
+            now=now,
+            failure_reason=failure_reason,
+            failure_message=failure_message,
+        )
+    return True
+
+
+async def deployments_in_states(
+    session: AsyncSession, states: Iterable[DeploymentState]
+) -> Sequence[Deployment]:
+    query = select(Deployment).where(Deployment.state.in_(list(states)))
+    return (await session.scalars(query.order_by(Deployment.created_at))).all()
+
+
+async def all_residencies(session: AsyncSession) -> Sequence[Residency]:
+    return (await session.scalars(select(Residency))).all()

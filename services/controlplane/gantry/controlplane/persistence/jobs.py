@@ -185,18 +185,7 @@ async def release_generation_jobs(
         )
     ).all()
     for row in rows:
-        await compare_and_set(
-            session,
-            ServingJob,
-            row.job_id,
-            machine="job",
-            expected=row.state,
-            target=JobState.QUEUED,
-            lease_token_hash="",
-            lease_expires_at=None,
-            updated_at=now,
-        )
-        await session.refresh(row)
+        await requeue_job(session, row, now=now)
     return rows
 
 
@@ -221,3 +210,74 @@ async def cancel_open_jobs(
             updated_at=now,
         )
     return rows
+
+
+OPEN_JOB_STATES = (JobState.QUEUED, JobState.LEASED, JobState.RUNNING)
+LEASED_JOB_STATES = (JobState.LEASED, JobState.RUNNING)
+
+
+async def expired_leases(session: AsyncSession, *, now: dt.datetime) -> Sequence[ServingJob]:
+    query = select(ServingJob).where(
+        ServingJob.state.in_(LEASED_JOB_STATES), ServingJob.lease_expires_at < now
+    )
+    return (await session.scalars(query)).all()
+
+
+async def requeue_job(session: AsyncSession, job: ServingJob, *, now: dt.datetime) -> None:
+    """LEASED/RUNNING -> QUEUED: its lease expired or its generation ended; the token dies.
+
+    The next lease draws a new token and counts one more attempt.
+    """
+    await compare_and_set(
+        session,
+        ServingJob,
+        job.job_id,
+        machine="job",
+        expected=job.state,
+        target=JobState.QUEUED,
+        lease_token_hash="",
+        lease_expires_at=None,
+        updated_at=now,
+    )
+    await session.refresh(job)
+
+
+async def open_jobs_for_residency(
+    session: AsyncSession, residency_id: str, *, job_type: JobType | None = None
+) -> Sequence[ServingJob]:
+    query = select(ServingJob).where(
+        ServingJob.residency_id == residency_id, ServingJob.state.in_(OPEN_JOB_STATES)
+    )
+    if job_type is not None:
+        query = query.where(ServingJob.job_type == job_type)
+    return (await session.scalars(query)).all()
+
+
+async def cancel_job(session: AsyncSession, job: ServingJob, *, now: dt.datetime) -> None:
+    await compare_and_set(
+        session,
+        ServingJob,
+        job.job_id,
+        machine="job",
+        expected=job.state,
+        target=JobState.CANCELLED,
+        lease_token_hash="",
+        updated_at=now,
+    )
+    await session.refresh(job)
+
+
+async def open_jobs(session: AsyncSession) -> Sequence[ServingJob]:
+    query = select(ServingJob).where(ServingJob.state.in_(OPEN_JOB_STATES))
+    return (await session.scalars(query)).all()
+
+
+async def list_jobs(
+    session: AsyncSession, *, after: str, limit: int, deployment_id: str = "", node_id: str = ""
+) -> Sequence[ServingJob]:
+    query = select(ServingJob).where(ServingJob.job_id > after)
+    if deployment_id:
+        query = query.where(ServingJob.deployment_id == deployment_id)
+    if node_id:
+        query = query.where(ServingJob.node_id == node_id)
+    return (await session.scalars(query.order_by(ServingJob.job_id).limit(limit))).all()

@@ -93,6 +93,7 @@ class Node(Base):
     inventory: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     created_at: Mapped[dt.datetime] = mapped_column(Timestamp)
     last_seen_at: Mapped[dt.datetime | None] = mapped_column(Timestamp, nullable=True)
+    disabled_reason: Mapped[str] = mapped_column(Text, default="")
 
 
 class ArtifactSet(Base):
@@ -127,6 +128,8 @@ class Deployment(Base):
     replicas: Mapped[int] = mapped_column(Integer, default=1)
     last_failure_reason: Mapped[str] = mapped_column(String(64), default="")
     last_failure_message: Mapped[str] = mapped_column(Text, default="")
+    # Consecutive INFRA-class load failures: past a bound the deployment FAILS instead of retrying.
+    load_failure_count: Mapped[int] = mapped_column(Integer, default=0)
     created_at: Mapped[dt.datetime] = mapped_column(Timestamp)
     updated_at: Mapped[dt.datetime] = mapped_column(Timestamp)
 
@@ -140,6 +143,13 @@ class Residency(Base):
     generation: Mapped[int] = mapped_column(BigInteger, default=0)
     pid: Mapped[int] = mapped_column(Integer, default=0)
     updated_at: Mapped[dt.datetime] = mapped_column(Timestamp)
+    restart_count: Mapped[int] = mapped_column(Integer, default=0)
+    last_failure_reason: Mapped[str] = mapped_column(String(64), default="")
+    last_failure_message: Mapped[str] = mapped_column(Text, default="")
+    # What the committed load ran; exact adoption compares a worker's inventory with these.
+    artifact_digest: Mapped[str] = mapped_column(String(64), default="")
+    adapter_digest: Mapped[str] = mapped_column(String(64), default="")
+    environment_fingerprint: Mapped[str] = mapped_column(String(64), default="")
 
     __table_args__ = (Index("ix_residencies_deployment_node", "deployment_id", "node_id"),)
 
@@ -177,3 +187,16 @@ class AuditEvent(Base):
     subject_kind: Mapped[str] = mapped_column(String(50))
     subject_id: Mapped[str] = mapped_column(String(200))
     detail: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+
+
+class Installation(Base):
+    """One row, written by `gantry migrate`: which installation this database is, and which
+    schema revision and Gantry version last migrated it. The control plane refuses to start
+    without it."""
+
+    __tablename__ = "installation"
+    installation_id: Mapped[str] = mapped_column(Id, primary_key=True)
+    created_at: Mapped[dt.datetime] = mapped_column(Timestamp)
+    updated_at: Mapped[dt.datetime] = mapped_column(Timestamp)
+    schema_revision: Mapped[str] = mapped_column(String(32))
+    gantry_version: Mapped[str] = mapped_column(String(64))

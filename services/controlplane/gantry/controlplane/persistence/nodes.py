@@ -6,7 +6,7 @@ import datetime as dt
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gantry.common import tokens
@@ -111,3 +111,64 @@ async def disconnect_all(session: AsyncSession, *, now: dt.datetime) -> int:
             target=NodeState.DISCONNECTED,
         )
     return len(rows)
+
+
+async def claim_generation(
+    session: AsyncSession,
+    node_id: str,
+    *,
+    generation: int,
+    hostname: str,
+    inventory: dict[str, Any],
+    now: dt.datetime,
+) -> Node:
+    """Fence in one conditional UPDATE: the node takes `generation` only if it is not older.
+
+    Two streams of one node racing (an old process reconnecting, a new one starting) cannot both
+    win: the UPDATE holds `generation >= current` in its WHERE, so the check and the write are one.
+    """
+    result = await session.execute(
+        update(Node)
+        .where(
+            Node.node_id == node_id,
+            Node.generation <= generation,
+            Node.state != NodeState.DISABLED,
+        )
+        .values(
+            state=NodeState.CONNECTED,
+            generation=generation,
+            hostname=hostname,
+            inventory=inventory,
+            last_seen_at=now,
+        )
+        .execution_options(synchronize_session="fetch")
+    )
+    node = await get_node(session, node_id)
+    await session.refresh(node)
+    if result.rowcount == 1:  # type: ignore[attr-defined]
+        return node
+    if node.state == NodeState.DISABLED:
+        raise GantryError("NODE_DISABLED", f"node {node_id} is disabled", node_id=node_id)
+    raise GantryError(
+        "STALE_GENERATION",
+        f"generation {generation} is older than {node.generation}",
+        node_id=node_id,
+    )
+
+
+async def nodes_in_state(
+    session: AsyncSession, state: NodeState, *, seen_before: dt.datetime | None = None
+) -> Sequence[Node]:
+    query = select(Node).where(Node.state == state)
+    if seen_before is not None:
+        query = query.where((Node.last_seen_at < seen_before) | (Node.last_seen_at.is_(None)))
+    return (await session.scalars(query)).all()
+
+
+async def set_node_state(
+    session: AsyncSession, node: Node, target: NodeState, **values: Any
+) -> None:
+    await compare_and_set(
+        session, Node, node.node_id, machine="node", expected=node.state, target=target, **values
+    )
+    await session.refresh(node)

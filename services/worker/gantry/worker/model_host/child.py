@@ -1,7 +1,7 @@
 """The model host child process: loads exactly one model and serves it over an inherited socket.
 
 Run as `python -m gantry.worker.model_host.child --deployment-id ID --parent-pid PID
---channel-fd FD`.
+--channel-fd FD [--inbox-limit N]`.
 Only the standard library, protobuf and OpenTelemetry are imported before the process is hardened;
 the ML stack is imported after the offline flags and the network guard are in place.
 """
@@ -12,8 +12,6 @@ import argparse
 import logging
 import os
 import platform
-import queue
-import resource
 import signal
 import socket
 import sys
@@ -31,13 +29,19 @@ from gantry.v1 import model_host_pb2
 from gantry.worker.model_host import hardening
 from gantry.worker.model_host.environments import OFFLINE_ENVIRONMENT
 from gantry.worker.model_host.framing import FrameError, read_frame, write_frame
-from gantry.worker.model_host.serving import EmbedServer, InboxItem, ServingSettings, read_requests
+from gantry.worker.model_host.inbox import (
+    DEFAULT_INBOX_LIMIT,
+    Inbox,
+    ResponseWriter,
+    read_requests,
+)
+from gantry.worker.model_host.proc_facts import rss_bytes_of
+from gantry.worker.model_host.serving import HEALTH_PROBE_TEXT, EmbedServer, ServingSettings
 
 logger = logging.getLogger("gantry.model_host")
 
 EXIT_LOAD_FAILED = 2
 EXIT_PROTOCOL_ERROR = 3
-HEALTH_PROBE_TEXT = "Gantry model host health probe."
 SUPPORTED_ADAPTERS = ("", "sentence_transformers")
 
 
@@ -50,16 +54,17 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--deployment-id", required=True)
     parser.add_argument("--parent-pid", type=int, required=True)
     parser.add_argument("--channel-fd", type=int, required=True)
+    parser.add_argument("--inbox-limit", type=int, default=DEFAULT_INBOX_LIMIT)
     return parser.parse_args(argv)
 
 
 def _rss_bytes() -> int:
-    try:
-        resident_pages = int(Path("/proc/self/statm").read_text().split()[1])
-        return resident_pages * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, IndexError, ValueError):
-        # ru_maxrss is the peak, in KiB on Linux: an upper bound is better than nothing.
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    rss = rss_bytes_of()
+    if rss is None:
+        # 0 means "not measured": a peak (ru_maxrss) would claim memory the process may not hold.
+        logger.warning("cannot read /proc/self/statm; reporting rss_bytes 0 (unavailable)")
+        return 0
+    return rss
 
 
 def _load_model(load: model_host_pb2.HostLoad) -> Any:
@@ -204,16 +209,21 @@ def main(argv: list[str] | None = None) -> int:
     model, ready = loaded
     logger.info("ready: dim=%d load_seconds=%.2f", ready.dim, ready.load_seconds)
 
-    inbox: queue.Queue[InboxItem] = queue.Queue()
+    inbox = Inbox(limit=args.inbox_limit)
+    writer = ResponseWriter(responses)
     done = threading.Event()
     threading.Thread(
-        target=read_requests, args=(requests, inbox, done), name="channel-reader", daemon=True
+        target=read_requests,
+        args=(requests, inbox, writer, done),
+        name="channel-reader",
+        daemon=True,
     ).start()
     server = EmbedServer(
         encoder=model,
         settings=ServingSettings.from_adapter(first.load.adapter),
         inbox=inbox,
-        responses=responses,
+        responses=writer,
+        expected_dim=ready.dim,
     )
     try:
         return server.serve()

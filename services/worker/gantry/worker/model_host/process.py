@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import itertools
 import logging
@@ -20,19 +19,20 @@ from gantry.common.errors import GantryError
 from gantry.v1 import common_pb2, model_host_pb2, worker_gateway_pb2
 from gantry.worker.model_host.environments import OFFLINE_ENVIRONMENT
 from gantry.worker.model_host.framing import FrameError, read_frame_async, write_frame_async
+from gantry.worker.model_host.inbox import DEFAULT_INBOX_LIMIT
+from gantry.worker.model_host.proc_facts import process_start_ticks, rss_bytes_of
+from gantry.worker.model_host.stderr_tail import StderrTail
 
 logger = logging.getLogger("gantry.worker.model_host")
 
 CHILD_MODULE = "gantry.worker.model_host.child"
-STDERR_TAIL_LINES = 50
-_STDERR_CHUNK_BYTES = 64 * 1024
 # Bounds on waits that only collect evidence; none of them delays an answer to a caller.
 _EXIT_AFTER_FAILURE_S = 5.0
-_STDERR_SETTLE_S = 0.5
 _CHANNEL_CLOSED_GRACE_S = 1.0
 _SHUTDOWN_SEND_S = 1.0
 _TERM_GRACE_S = 5.0
 _KILL_GRACE_S = 5.0
+DEFAULT_MAX_PENDING = 256
 
 OnExit = Callable[["ModelHost", int], None]
 
@@ -45,6 +45,10 @@ class HostLaunchSpec:
     python_executable: str
     env: Mapping[str, str] = field(default_factory=dict)
     load_timeout_s: float = 300.0
+    # Requests awaiting an answer in the parent, and frames queued in the child: both bounded,
+    # answered QUEUE_FULL beyond.
+    max_pending: int = DEFAULT_MAX_PENDING
+    inbox_limit: int = DEFAULT_INBOX_LIMIT
 
 
 def describe_returncode(returncode: int | None) -> str:
@@ -58,62 +62,12 @@ def describe_returncode(returncode: int | None) -> str:
     return f"exit code {returncode}"
 
 
-def _process_start_ticks(pid: int) -> str | None:
-    """Field 22 of /proc/<pid>/stat: tells our child apart from a later process reusing its pid."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    # The command name (field 2) may contain spaces; the fields after it start past its ')'.
-    fields_after_name = stat[stat.rindex(")") + 2 :].split()
-    return fields_after_name[19] if len(fields_after_name) > 19 else None
-
-
-class _StderrTail:
-    """Drains the child's stderr (a full pipe would block it), logs it, keeps the last lines."""
-
-    def __init__(self, stream: asyncio.StreamReader, deployment_id: str) -> None:
-        self._lines: collections.deque[str] = collections.deque(maxlen=STDERR_TAIL_LINES)
-        self._deployment_id = deployment_id
-        self.task = asyncio.create_task(
-            self._drain(stream), name=f"model-host-stderr-{deployment_id}"
-        )
-
-    def lines(self) -> list[str]:
-        return list(self._lines)
-
-    def text(self) -> str:
-        return "\n".join(self._lines)
-
-    async def settle(self) -> None:
-        """Give the last lines of an exiting child a moment to arrive."""
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.shield(self.task), _STDERR_SETTLE_S)
-
-    async def _drain(self, stream: asyncio.StreamReader) -> None:
-        partial = b""
-        while chunk := await stream.read(_STDERR_CHUNK_BYTES):
-            *complete, partial = (partial + chunk).split(b"\n")
-            for line in complete:
-                self._record(line)
-            if len(partial) > _STDERR_CHUNK_BYTES:
-                self._record(partial)
-                partial = b""
-        if partial:
-            self._record(partial)
-
-    def _record(self, raw: bytes) -> None:
-        line = raw.decode("utf-8", errors="replace").rstrip()
-        if line:
-            self._lines.append(line)
-            logger.info("model-host %s: %s", self._deployment_id, line)
-
-
 class ModelHost:
     """One running model host child. Create with `await ModelHost.start(spec)`.
 
     After an unexpected exit (reported to `on_exit`) the host answers RUNTIME_CRASHED; the owner
-    still calls `stop()`, which closes the channel and returns the exit evidence.
+    still calls `stop()`, which closes the channel and returns the exit evidence. A host its owner
+    found hung (`kill_unresponsive`) answers RUNTIME_UNRESPONSIVE at once from then on.
     """
 
     def __init__(
@@ -123,7 +77,7 @@ class ModelHost:
         process: asyncio.subprocess.Process,
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
-        stderr: _StderrTail,
+        stderr: StderrTail,
         on_exit: OnExit | None,
     ) -> None:
         self._spec = spec
@@ -132,13 +86,15 @@ class ModelHost:
         self._writer = writer
         self._stderr = stderr
         self._on_exit = on_exit
-        self._start_ticks = _process_start_ticks(process.pid)
+        self._start_ticks = process_start_ticks(process.pid)
         self._ready: model_host_pb2.HostReady | None = None
         self._pending: dict[int, asyncio.Future[model_host_pb2.HostResponse]] = {}
         self._request_ids = itertools.count(1)
         self._write_lock = asyncio.Lock()
         self._stopping = False
+        self._unresponsive: GantryError | None = None
         self._evidence: worker_gateway_pb2.UnloadEvidence | None = None
+        self._cancel_sends: set[asyncio.Task[None]] = set()
         self._response_task: asyncio.Task[None] | None = None
         self._exit_task: asyncio.Task[int] | None = None
 
@@ -170,6 +126,8 @@ class ModelHost:
                 str(os.getpid()),
                 "--channel-fd",
                 str(child_end.fileno()),
+                "--inbox-limit",
+                str(spec.inbox_limit),
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.DEVNULL,
                 stderr=asyncio.subprocess.PIPE,
@@ -187,7 +145,7 @@ class ModelHost:
             # Only the child may hold its end, or we would never see EOF when it dies.
             child_end.close()
         assert process.stderr is not None
-        stderr = _StderrTail(process.stderr, spec.deployment_id)
+        stderr = StderrTail(process.stderr, spec.deployment_id)
         try:
             reader, writer = await asyncio.open_unix_connection(sock=parent_end)
         except BaseException:
@@ -231,9 +189,10 @@ class ModelHost:
     async def stop(self, *, grace_s: float = 10.0) -> worker_gateway_pb2.UnloadEvidence:
         """Ask the child to exit, escalate to SIGTERM then SIGKILL, and report whether it is gone.
 
-        `process_exited` is True only when the child was reaped and its pid no longer names it.
+        `process_exited` is True only when the child was reaped and its pid no longer names it;
+        `exit_code` means something only then. A stop that could not confirm it may be retried.
         """
-        if self._evidence is not None:
+        if self._evidence is not None and self._evidence.process_exited:
             return self._evidence
         self._stopping = True
         if self._process.returncode is None:
@@ -248,24 +207,45 @@ class ModelHost:
                     self._process.terminate()
                 if not await self._exited_within(_TERM_GRACE_S):
                     logger.warning("model host %s ignored SIGTERM; SIGKILL", self.deployment_id)
-                    with contextlib.suppress(ProcessLookupError):
-                        self._process.kill()
+                    self._kill()
                     await self._exited_within(_KILL_GRACE_S)
         await self._close_channel()
         returncode = self._process.returncode
+        exited = self._confirmed_gone()
         self._evidence = worker_gateway_pb2.UnloadEvidence(
             pid=self.pid,
-            process_exited=self._confirmed_gone(),
-            exit_code=returncode if returncode is not None else 0,
+            process_exited=exited,
+            # Only an exit we observed has a code; 0 would claim a clean exit that never happened.
+            exit_code=returncode if exited and returncode is not None else 0,
         )
         logger.info(
             "model host %s stopped: pid=%d %s exited=%s",
             self.deployment_id,
             self.pid,
             describe_returncode(returncode),
-            self._evidence.process_exited,
+            exited,
         )
         return self._evidence
+
+    def kill_unresponsive(self, why: str) -> None:
+        """The host missed a liveness deadline: fail its callers now and SIGKILL it.
+
+        Its exit still reaches `on_exit`, so the owner restarts it; `unresponsive` tells why.
+        """
+        if self._unresponsive is not None or self._process.returncode is not None:
+            return
+        self._unresponsive = GantryError(
+            "RUNTIME_UNRESPONSIVE",
+            f"model host {self.deployment_id!r} (pid {self.pid}) is unresponsive: {why}",
+            deployment_id=self.deployment_id,
+            pid=str(self.pid),
+        )
+        logger.error("%s; killing it", self._unresponsive.message)
+        pending, self._pending = self._pending, {}
+        for future in pending.values():
+            if not future.done():
+                future.set_exception(self._unresponsive)
+        self._kill()
 
     # -- serving -------------------------------------------------------------------------------
 
@@ -273,39 +253,42 @@ class ModelHost:
         self, inputs: Sequence[str], *, trace_context: Mapping[str, str], timeout_s: float
     ) -> worker_gateway_pb2.EmbedResult:
         """Embed `inputs` in the child. Raises GantryError: INVALID_PAYLOAD, INVOKE_FAILED,
-        RUNTIME_CRASHED (the child died meanwhile), DEADLINE_EXCEEDED, DEPLOYMENT_NOT_READY."""
+        RUNTIME_CRASHED (the child died meanwhile), RUNTIME_UNRESPONSIVE, DEADLINE_EXCEEDED,
+        QUEUE_FULL, DEPLOYMENT_NOT_READY."""
         if not inputs:
             raise GantryError("INVALID_PAYLOAD", "an embed request needs at least one input")
-        self._check_serving()
-        request_id = next(self._request_ids)
-        future: asyncio.Future[model_host_pb2.HostResponse] = (
-            asyncio.get_running_loop().create_future()
-        )
-        self._pending[request_id] = future
         request = model_host_pb2.HostRequest(
-            request_id=request_id,
             trace_context=dict(trace_context),
             embed=worker_gateway_pb2.EmbedPayload(inputs=list(inputs)),
         )
-        try:
-            async with asyncio.timeout(timeout_s):
-                try:
-                    await self._send(request)
-                except (OSError, FrameError) as exc:
-                    if isinstance(exc, FrameError):
-                        raise GantryError("INVALID_PAYLOAD", str(exc)) from exc
-                    # The child is going away; the exit watcher fails the future with the cause.
-                    logger.debug("send to model host %s failed: %s", self.deployment_id, exc)
-                response = await future
-        except TimeoutError as exc:
-            raise GantryError(
-                "DEADLINE_EXCEEDED",
-                f"model host {self.deployment_id!r} did not answer within {timeout_s:g}s",
-                deployment_id=self.deployment_id,
-            ) from exc
-        finally:
-            self._pending.pop(request_id, None)
+        response = await self._call(request, timeout_s=timeout_s)
         return self._embed_result(response, len(inputs))
+
+    async def ping(self, *, timeout_s: float) -> model_host_pb2.Pong:
+        """Liveness: the child's reader thread answers even mid forward pass. Raises GantryError
+        (DEADLINE_EXCEEDED when it did not answer in time, RUNTIME_CRASHED, ...)."""
+        request = model_host_pb2.HostRequest(ping=model_host_pb2.Ping())
+        response = await self._call(request, timeout_s=timeout_s, queue_timeout=False)
+        if response.WhichOneof("kind") != "pong":
+            raise GantryError("INVOKE_FAILED", "model host answered a ping with something else")
+        return response.pong
+
+    async def check_model(self, *, timeout_s: float) -> worker_gateway_pb2.HealthReport:
+        """One real forward pass on the probe text in the child; the report's model layer."""
+        request = model_host_pb2.HostRequest(health=model_host_pb2.HealthCheck())
+        response = await self._call(request, timeout_s=timeout_s)
+        kind = response.WhichOneof("kind")
+        if kind == "failure":
+            raise GantryError.from_failure(response.failure)
+        if kind != "health":
+            raise GantryError("INVOKE_FAILED", f"model host answered a health check with {kind!r}")
+        return response.health
+
+    def rss_bytes(self) -> int:
+        """Current RSS of the child; 0 only when the process is gone (or /proc is unreadable)."""
+        if self._process.returncode is not None:
+            return 0
+        return rss_bytes_of(self.pid) or 0
 
     # -- state ---------------------------------------------------------------------------------
 
@@ -324,7 +307,17 @@ class ModelHost:
 
     @property
     def alive(self) -> bool:
-        return self._process.returncode is None and not self._stopping
+        return (
+            self._process.returncode is None and not self._stopping and self._unresponsive is None
+        )
+
+    @property
+    def unresponsive(self) -> GantryError | None:
+        return self._unresponsive
+
+    @property
+    def pending_count(self) -> int:
+        return len(self._pending)
 
     @property
     def returncode(self) -> int | None:
@@ -338,6 +331,78 @@ class ModelHost:
     async def _send(self, request: model_host_pb2.HostRequest) -> None:
         async with self._write_lock:
             await write_frame_async(self._writer, request)
+
+    async def _call(
+        self, request: model_host_pb2.HostRequest, *, timeout_s: float, queue_timeout: bool = True
+    ) -> model_host_pb2.HostResponse:
+        """Send one request and wait for its answer, at most `timeout_s`.
+
+        The child learns the timeout too (`timeout_ms`), so work still queued there past it is
+        never run; a caller that gives up (timeout or cancellation) sends a CancelRequest.
+        """
+        self._check_serving()
+        if len(self._pending) >= self._spec.max_pending:
+            raise GantryError(
+                "QUEUE_FULL",
+                f"model host {self.deployment_id!r} already has {len(self._pending)} requests "
+                "pending",
+                deployment_id=self.deployment_id,
+            )
+        request_id = next(self._request_ids)
+        request.request_id = request_id
+        if queue_timeout:
+            request.timeout_ms = max(1, int(timeout_s * 1000))
+        future: asyncio.Future[model_host_pb2.HostResponse] = (
+            asyncio.get_running_loop().create_future()
+        )
+        self._pending[request_id] = future
+        answered = False
+        try:
+            async with asyncio.timeout(timeout_s):
+                try:
+                    await self._send(request)
+                except (OSError, FrameError) as exc:
+                    if isinstance(exc, FrameError):
+                        raise GantryError("INVALID_PAYLOAD", str(exc)) from exc
+                    # The child is going away; the exit watcher fails the future with the cause.
+                    logger.debug("send to model host %s failed: %s", self.deployment_id, exc)
+                response = await future
+                answered = True
+                return response
+        except TimeoutError as exc:
+            raise GantryError(
+                "DEADLINE_EXCEEDED",
+                f"model host {self.deployment_id!r} did not answer within {timeout_s:g}s",
+                deployment_id=self.deployment_id,
+            ) from exc
+        finally:
+            self._pending.pop(request_id, None)
+            # Not answered by the child (a timeout, or our caller's cancellation, which also
+            # cancels the awaited future): the child may still hold it queued.
+            gave_up = not future.done() or future.cancelled()
+            if not answered and gave_up and request.WhichOneof("kind") != "ping":
+                self._cancel_in_child(request_id)
+
+    def _cancel_in_child(self, request_id: int) -> None:
+        """Tell the child to drop a request nobody waits for (it may still be queued there)."""
+        if self._process.returncode is not None or self._stopping or self._unresponsive:
+            return
+        cancel = model_host_pb2.HostRequest(
+            cancel=model_host_pb2.CancelRequest(request_id=request_id)
+        )
+
+        async def send_cancel() -> None:
+            with contextlib.suppress(OSError, FrameError):
+                await asyncio.wait_for(self._send(cancel), _SHUTDOWN_SEND_S)
+
+        # Runs on its own: the caller may be a cancelled task that must not await anything.
+        task = asyncio.get_running_loop().create_task(send_cancel())
+        self._cancel_sends.add(task)
+        task.add_done_callback(self._cancel_sends.discard)
+
+    def _kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            self._process.kill()
 
     async def _load(self, trace_context: Mapping[str, str]) -> model_host_pb2.HostReady:
         spec = self._spec
@@ -392,8 +457,7 @@ class ModelHost:
         """A failed or cancelled start: the child must not outlive it."""
         self._stopping = True
         if self._process.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                self._process.kill()
+            self._kill()
         await self._exited_within(_KILL_GRACE_S)
         await self._close_channel()
 
@@ -423,10 +487,12 @@ class ModelHost:
         if self._process.returncode is None:
             return False
         # Reaped by us, so /proc/<pid> is either absent or a different process that reused the pid.
-        current_ticks = _process_start_ticks(self.pid)
+        current_ticks = process_start_ticks(self.pid)
         return current_ticks is None or current_ticks != self._start_ticks
 
     def _check_serving(self) -> None:
+        if self._unresponsive is not None:
+            raise self._unresponsive
         if self._stopping:
             raise GantryError(
                 "DEPLOYMENT_NOT_READY",
@@ -484,13 +550,15 @@ class ModelHost:
         # every pending call with the real cause.
         if not await self._exited_within(_CHANNEL_CLOSED_GRACE_S):
             logger.error("model host %s closed its channel but kept running; killing it", self.pid)
-            with contextlib.suppress(ProcessLookupError):
-                self._process.kill()
+            self._kill()
 
     async def _watch_exit(self) -> int:
         returncode = await self._process.wait()
         await self._stderr.settle()
-        if self._stopping:
+        error: GantryError
+        if self._unresponsive is not None:
+            error = self._unresponsive
+        elif self._stopping:
             error = GantryError(
                 "DEPLOYMENT_NOT_READY",
                 f"model host {self.deployment_id!r} was stopped while the request was pending",

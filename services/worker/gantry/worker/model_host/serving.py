@@ -1,4 +1,8 @@
-"""The model host's serving loop: a reader thread queues frames, the main thread micro-batches."""
+"""The model host's serving loop: the main thread micro-batches embeds and runs health probes.
+
+Frames arrive through the reader thread's `Inbox` (which answers pings itself). A request whose
+timeout passed while it was queued, or that its caller cancelled, is never run.
+"""
 
 from __future__ import annotations
 
@@ -10,16 +14,16 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import BinaryIO, Protocol
+from typing import Protocol
 
 import numpy as np
-from google.protobuf.message import DecodeError
+from google.protobuf import timestamp_pb2
 from opentelemetry import trace
 
 from gantry.common.errors import GantryError
 from gantry.common.telemetry import extract_context, flush_tracing, tracer
 from gantry.v1 import model_host_pb2, worker_gateway_pb2
-from gantry.worker.model_host.framing import FrameError, read_frame, write_frame
+from gantry.worker.model_host.inbox import ChannelClosed, Inbox, InboxItem, Queued, ResponseWriter
 
 logger = logging.getLogger("gantry.model_host")
 
@@ -27,17 +31,15 @@ logger = logging.getLogger("gantry.model_host")
 # short enough to be invisible next to a forward pass.
 BATCH_WAIT_S = 0.002
 DEFAULT_MAX_BATCH_INPUTS = 32
-
-# After the channel closes nobody can receive an answer; if the main thread is stuck in a forward
-# pass this long, the reader thread ends the process itself.
-CHANNEL_CLOSED_GRACE_S = 5.0
-EXIT_CHANNEL_CLOSED = 3
+HEALTH_PROBE_TEXT = "Gantry model host health probe."
 
 # Test hooks, honoured only when GANTRY_MODEL_HOST_TEST_HOOKS=1: an input equal to one of these
-# makes the forward pass hang (so a test can kill the child mid-request) or fail.
+# makes the forward pass hang (so a test can kill the child mid-request), take a while, or fail.
 TEST_HOOKS_ENV = "GANTRY_MODEL_HOST_TEST_HOOKS"
 TEST_HOOK_HANG_INPUT = "__gantry_test_hook__:hang"
 TEST_HOOK_FAIL_INPUT = "__gantry_test_hook__:fail"
+TEST_HOOK_SLOW_INPUT = "__gantry_test_hook__:slow"
+TEST_HOOK_SLOW_S = 1.5
 
 
 class Encoder(Protocol):
@@ -52,14 +54,6 @@ class Encoder(Protocol):
         normalize_embeddings: bool,
         show_progress_bar: bool,
     ) -> np.ndarray: ...
-
-
-class _ChannelClosed:
-    """Queued by the reader thread when the parent's end of the pipe is gone."""
-
-
-CHANNEL_CLOSED = _ChannelClosed()
-InboxItem = model_host_pb2.HostRequest | _ChannelClosed
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -78,34 +72,24 @@ class ServingSettings:
         )
 
 
-def read_requests(stream: BinaryIO, inbox: queue.Queue[InboxItem], done: threading.Event) -> None:
-    """Reader thread body: frames to the inbox until EOF or a broken frame, then CHANNEL_CLOSED."""
-    try:
-        while (payload := read_frame(stream)) is not None:
-            inbox.put(model_host_pb2.HostRequest.FromString(payload))
-    except (FrameError, DecodeError, OSError) as exc:
-        logger.error("model host channel broken: %s", exc)
-    inbox.put(CHANNEL_CLOSED)
-    if not done.wait(timeout=CHANNEL_CLOSED_GRACE_S):
-        logger.error("channel closed while a forward pass was still running; exiting")
-        os._exit(EXIT_CHANNEL_CLOSED)
-
-
 class EmbedServer:
-    """Answers embed requests until Shutdown or channel close; `serve` returns the exit code."""
+    """Answers embed and health requests until Shutdown or channel close; `serve` returns the exit
+    code."""
 
     def __init__(
         self,
         *,
         encoder: Encoder,
         settings: ServingSettings,
-        inbox: queue.Queue[InboxItem],
-        responses: BinaryIO,
+        inbox: Inbox,
+        responses: ResponseWriter,
+        expected_dim: int,
     ) -> None:
         self._encoder = encoder
         self._settings = settings
         self._inbox = inbox
         self._responses = responses
+        self._expected_dim = expected_dim
         # A frame taken off the inbox that did not fit the current batch; it starts the next one.
         self._carried: collections.deque[InboxItem] = collections.deque()
         self._tracer = tracer("gantry.model_host")
@@ -113,27 +97,53 @@ class EmbedServer:
     def serve(self) -> int:
         while True:
             item = self._carried.popleft() if self._carried else self._inbox.get()
-            if isinstance(item, _ChannelClosed):
+            if isinstance(item, ChannelClosed):
                 logger.info("channel closed by the parent; exiting")
                 flush_tracing()
                 return 0
-            kind = item.WhichOneof("kind")
+            kind = item.kind
             if kind == "shutdown":
                 logger.info("shutdown requested; exiting")
                 flush_tracing()
                 return 0
+            if not self._still_wanted(item):
+                continue
+            request = item.request
             if kind == "embed":
-                if not item.embed.inputs:
+                if not request.embed.inputs:
                     self._answer_failure(
-                        item, GantryError("INVALID_PAYLOAD", "embed request has no inputs")
+                        request, GantryError("INVALID_PAYLOAD", "embed request has no inputs")
                     )
                     continue
-                self._run_batch(self._collect_batch(item))
+                self._run_batch(self._collect_batch(request))
+                continue
+            if kind == "health":
+                self._answer_health(request)
                 continue
             # Unknown variants are errors, never ignored (a second load included).
             self._answer_failure(
-                item, GantryError("INVALID_PAYLOAD", f"unexpected model host request {kind!r}")
+                request, GantryError("INVALID_PAYLOAD", f"unexpected model host request {kind!r}")
             )
+
+    def _still_wanted(self, item: Queued) -> bool:
+        """False (after answering, where someone still listens) for cancelled or expired work."""
+        request_id = item.request.request_id
+        if self._inbox.take_cancelled(request_id):
+            # The caller went away and was told so by the parent: nobody waits for an answer.
+            logger.info("dropped cancelled request %d before running it", request_id)
+            return False
+        if item.expired(time.monotonic()):
+            logger.info("dropped expired request %d before running it", request_id)
+            self._answer_failure(
+                item.request,
+                GantryError(
+                    "DEADLINE_EXCEEDED",
+                    f"request {request_id} waited past its {item.request.timeout_ms} ms timeout "
+                    "in the model host's inbox and was not run",
+                ),
+            )
+            return False
+        return True
 
     def _collect_batch(self, first: model_host_pb2.HostRequest) -> list[model_host_pb2.HostRequest]:
         batch = [first]
@@ -143,24 +153,65 @@ class EmbedServer:
             remaining = deadline - time.monotonic()
             try:
                 # Past the deadline, still take what is already queued, without waiting.
-                if remaining > 0:
-                    item = self._inbox.get(timeout=remaining)
-                else:
-                    item = self._inbox.get_nowait()
+                item = self._inbox.get(timeout=remaining if remaining > 0 else 0)
             except queue.Empty:
                 break
             fits = (
-                isinstance(item, model_host_pb2.HostRequest)
-                and item.WhichOneof("kind") == "embed"
-                and 0 < len(item.embed.inputs) <= self._settings.max_batch_inputs - total_inputs
+                isinstance(item, Queued)
+                and item.kind == "embed"
+                and 0
+                < len(item.request.embed.inputs)
+                <= self._settings.max_batch_inputs - total_inputs
             )
             if not fits:
                 self._carried.append(item)
                 break
-            assert isinstance(item, model_host_pb2.HostRequest)
-            batch.append(item)
-            total_inputs += len(item.embed.inputs)
+            assert isinstance(item, Queued)
+            if not self._still_wanted(item):
+                continue
+            batch.append(item.request)
+            total_inputs += len(item.request.embed.inputs)
         return batch
+
+    def _answer_health(self, request: model_host_pb2.HostRequest) -> None:
+        started = time.monotonic()
+        model_layer = self.probe_model()
+        checked_at = timestamp_pb2.Timestamp()
+        checked_at.GetCurrentTime()
+        report = worker_gateway_pb2.HealthReport(
+            model=model_layer, latency_seconds=time.monotonic() - started, checked_at=checked_at
+        )
+        self._responses.send(
+            model_host_pb2.HostResponse(request_id=request.request_id, health=report)
+        )
+
+    def probe_model(self) -> worker_gateway_pb2.HealthLayer:
+        """One real forward pass on the probe text: finite, non-empty, the expected width."""
+        ok = worker_gateway_pb2.HEALTH_STATUS_OK
+        failed = worker_gateway_pb2.HEALTH_STATUS_FAILED
+        try:
+            vectors = self._encode([HEALTH_PROBE_TEXT])
+        except Exception as exc:
+            logger.exception("health probe forward pass failed")
+            return worker_gateway_pb2.HealthLayer(
+                status=failed, detail=f"forward pass failed: {type(exc).__name__}: {exc}"
+            )
+        if vectors.shape[0] != 1 or vectors.shape[1] == 0:
+            return worker_gateway_pb2.HealthLayer(
+                status=failed, detail=f"probe returned shape {vectors.shape}"
+            )
+        if not np.isfinite(vectors).all():
+            return worker_gateway_pb2.HealthLayer(
+                status=failed, detail="probe returned non-finite values"
+            )
+        if vectors.shape[1] != self._expected_dim:
+            return worker_gateway_pb2.HealthLayer(
+                status=failed,
+                detail=f"probe width {vectors.shape[1]} != loaded dimension {self._expected_dim}",
+            )
+        return worker_gateway_pb2.HealthLayer(
+            status=ok, detail=f"one finite row of width {vectors.shape[1]}"
+        )
 
     def _run_batch(self, batch: list[model_host_pb2.HostRequest]) -> None:
         inputs = [text for request in batch for text in request.embed.inputs]
@@ -220,6 +271,9 @@ class EmbedServer:
         if TEST_HOOK_HANG_INPUT in inputs:
             logger.warning("test hook: hanging the forward pass")
             threading.Event().wait()
+        if TEST_HOOK_SLOW_INPUT in inputs:
+            logger.warning("test hook: slow forward pass")
+            time.sleep(TEST_HOOK_SLOW_S)
         if TEST_HOOK_FAIL_INPUT in inputs:
             raise RuntimeError("test hook: forced forward pass failure")
 
@@ -230,7 +284,9 @@ class EmbedServer:
             count=vectors.shape[0], dim=vectors.shape[1], float32_le=vectors.tobytes(order="C")
         )
         span.end()
-        self._send(model_host_pb2.HostResponse(request_id=request.request_id, embed=result))
+        self._responses.send(
+            model_host_pb2.HostResponse(request_id=request.request_id, embed=result)
+        )
 
     def _fail(self, request: model_host_pb2.HostRequest, span: trace.Span, exc: Exception) -> None:
         logger.exception("forward pass failed for request %d", request.request_id)
@@ -241,13 +297,4 @@ class EmbedServer:
         self._answer_failure(request, error)
 
     def _answer_failure(self, request: model_host_pb2.HostRequest, error: GantryError) -> None:
-        self._send(
-            model_host_pb2.HostResponse(request_id=request.request_id, failure=error.to_failure())
-        )
-
-    def _send(self, response: model_host_pb2.HostResponse) -> None:
-        # A broken pipe means the parent is gone; the caller's loop ends on CHANNEL_CLOSED.
-        try:
-            write_frame(self._responses, response)
-        except OSError as exc:
-            logger.error("cannot answer request %d: %s", response.request_id, exc)
+        self._responses.fail(request, error)

@@ -1,0 +1,117 @@
+"""Disabling and enabling a node: drain what it runs, refuse it new work, let it back in."""
+
+from __future__ import annotations
+
+from gantry.common.clock import Clock
+from gantry.controlplane.domain.transitions import JobType, NodeState, ResidencyState
+from gantry.controlplane.lifecycle import DeploymentLifecycle
+from gantry.controlplane.persistence import audit, deployments, jobs, nodes
+from gantry.controlplane.persistence.database import Database
+from gantry.controlplane.persistence.models import Node, Residency
+from gantry.controlplane.settle import settle_deployment
+from gantry.controlplane.worker_sessions import WorkerHub
+
+
+class NodeAdmin:
+    def __init__(
+        self,
+        *,
+        database: Database,
+        hub: WorkerHub,
+        lifecycle: DeploymentLifecycle,
+        clock: Clock,
+        wake_reconciler: object,
+    ) -> None:
+        self._database = database
+        self._hub = hub
+        self._lifecycle = lifecycle
+        self._clock = clock
+        self._wake = wake_reconciler
+
+    async def disable(self, node_id: str, *, reason: str, actor: str) -> Node:
+        """DISABLED: its residencies are unloaded (or COLD when its worker is away), queued loads
+        cancelled, and the reconciler re-places them elsewhere. Its worker is refused on Hello."""
+        now = self._clock.now()
+        connected = self._hub.get(node_id) is not None
+        changed: list[Residency] = []
+        async with self._database.transaction() as session:
+            node = await nodes.get_node(session, node_id)
+            if node.state == NodeState.DISABLED:
+                return node
+            await nodes.set_node_state(
+                session, node, NodeState.DISABLED, disabled_reason=reason or "disabled"
+            )
+            touched: set[str] = set()
+            for residency in await deployments.residencies_on_node(session, node_id):
+                if residency.state == ResidencyState.COLD:
+                    continue
+                for job in await jobs.open_jobs_for_residency(session, residency.residency_id):
+                    if job.job_type != JobType.UNLOAD:
+                        await jobs.cancel_job(session, job, now=now)
+                if not connected:
+                    await deployments.set_residency_state(
+                        session,
+                        residency,
+                        ResidencyState.COLD,
+                        now=now,
+                        pid=0,
+                        last_failure_reason="NODE_DISABLED",
+                        last_failure_message=f"node {node_id} was disabled while away",
+                    )
+                elif residency.state != ResidencyState.UNLOADING:
+                    await deployments.set_residency_state(
+                        session, residency, ResidencyState.UNLOADING, now=now
+                    )
+                    if not await jobs.open_jobs_for_residency(
+                        session, residency.residency_id, job_type=JobType.UNLOAD
+                    ):
+                        await jobs.create_job(
+                            session,
+                            job_type=JobType.UNLOAD,
+                            deployment_id=residency.deployment_id,
+                            node_id=node_id,
+                            residency_id=residency.residency_id,
+                            now=now,
+                        )
+                changed.append(residency)
+                touched.add(residency.deployment_id)
+            for deployment_id in touched:
+                await settle_deployment(session, deployment_id, now=now)
+            await audit.record_event(
+                session,
+                actor=actor,
+                action="node.disable",
+                subject_kind="node",
+                subject_id=node_id,
+                now=now,
+                reason=reason,
+            )
+        self._lifecycle.announcer.node(node, ())
+        self._lifecycle.announce(changed)
+        if connected:
+            await self._lifecycle.dispatch_queued(node_id)
+        self._wake.wake()  # type: ignore[attr-defined]
+        return node
+
+    async def enable(self, node_id: str, *, actor: str) -> Node:
+        now = self._clock.now()
+        stream = self._hub.get(node_id)
+        async with self._database.transaction() as session:
+            node = await nodes.get_node(session, node_id)
+            if node.state != NodeState.DISABLED:
+                return node
+            await nodes.set_node_state(session, node, NodeState.DISCONNECTED, disabled_reason="")
+            if stream is not None and stream.generation == node.generation:
+                await nodes.set_node_state(session, node, NodeState.CONNECTED, last_seen_at=now)
+            await audit.record_event(
+                session,
+                actor=actor,
+                action="node.enable",
+                subject_kind="node",
+                subject_id=node_id,
+                now=now,
+            )
+        connected = [node_id] if stream is not None else []
+        self._lifecycle.announcer.node(node, connected)
+        self._wake.wake()  # type: ignore[attr-defined]
+        return node

@@ -1,0 +1,100 @@
+"""Placement: ask the scheduler where replicas go, then record residencies and LOAD jobs.
+
+A refusal (no eligible node, no capacity) is recorded on the deployment, which stays PENDING with
+its reason: the reconciler asks again when nodes or capacity change. It never FAILS for that.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from gantry.common.clock import Clock
+from gantry.common.errors import GantryError
+from gantry.controlplane import convert
+from gantry.controlplane.announcer import Announcer
+from gantry.controlplane.domain.deployment_health import LIVE_STATES
+from gantry.controlplane.domain.transitions import DeploymentState, JobType, ResidencyState
+from gantry.controlplane.persistence import deployments, jobs
+from gantry.controlplane.persistence.database import Database
+from gantry.controlplane.persistence.models import Deployment, Residency
+from gantry.controlplane.scheduler_link import SchedulerLink
+from gantry.controlplane.settle import settle_deployment
+
+log = logging.getLogger(__name__)
+
+
+async def queue_load(
+    session: AsyncSession, deployment: Deployment, residency: Residency, *, now: dt.datetime
+) -> None:
+    """COLD -> LOADING with a LOAD job for it."""
+    await deployments.set_residency_state(session, residency, ResidencyState.LOADING, now=now)
+    await jobs.create_job(
+        session,
+        job_type=JobType.LOAD,
+        deployment_id=deployment.deployment_id,
+        node_id=residency.node_id,
+        residency_id=residency.residency_id,
+        now=now,
+    )
+
+
+class Placer:
+    def __init__(
+        self,
+        *,
+        database: Database,
+        scheduler: SchedulerLink,
+        announcer: Announcer,
+        clock: Clock,
+    ) -> None:
+        self._database = database
+        self._scheduler = scheduler
+        self._announcer = announcer
+        self._clock = clock
+
+    async def place(self, deployment_id: str, *, replicas: int) -> list[str]:
+        """Place up to `replicas` more residencies; returns the nodes that got a LOAD job."""
+        async with self._database.transaction() as session:
+            deployment = await deployments.get_deployment(session, deployment_id)
+        if deployment.state not in LIVE_STATES or replicas <= 0:
+            return []
+        adapter = convert.adapter_from_json(deployment.adapter).adapter
+        try:
+            node_ids = await self._scheduler.place(
+                deployment_id=deployment_id, replicas=replicas, required_adapter=adapter
+            )
+        except GantryError as error:
+            await self._refused(deployment_id, error)
+            return []
+        now = self._clock.now()
+        changed: list[Residency] = []
+        async with self._database.transaction() as session:
+            row = await deployments.get_deployment(session, deployment_id)
+            if row.state not in LIVE_STATES:
+                return []  # unloaded while the scheduler answered
+            for node_id in node_ids:
+                residency = await deployments.create_residency(
+                    session, deployment_id=deployment_id, node_id=node_id, now=now
+                )
+                await queue_load(session, row, residency, now=now)
+                changed.append(residency)
+            await settle_deployment(session, deployment_id, now=now)
+        self._announcer.residencies(changed)
+        return node_ids
+
+    async def _refused(self, deployment_id: str, error: GantryError) -> None:
+        log.info("deployment %s not placed: %s %s", deployment_id, error.reason, error.message)
+        async with self._database.transaction() as session:
+            row = await deployments.get_deployment(session, deployment_id)
+            if row.state == DeploymentState.PENDING:
+                await deployments.set_deployment_state(
+                    session,
+                    row,
+                    DeploymentState.PENDING,
+                    now=self._clock.now(),
+                    failure_reason=error.reason,
+                    failure_message=error.message,
+                )

@@ -1,0 +1,276 @@
+"""The reconciler: the one loop that owns every time-driven rule of the control plane.
+
+Each pass, with time from the injected clock:
+1. expired leases go back to QUEUED (the old token dies; the next lease counts one more attempt);
+2. a CONNECTED node whose last heartbeat is older than the staleness grace is DISCONNECTED and
+   its stream closed (a stopped worker no longer holds requests until their deadlines);
+3. a node absent past the longer absence grace loses its residencies (COLD) and their jobs;
+4. live deployments with fewer placed replicas than wanted are placed (PENDING ones included),
+   with backoff per deployment; a refusal leaves them PENDING with the reason;
+5. UNCERTAIN residencies on a connected node get another UNLOAD, with backoff;
+6. every connected node with queued jobs gets a pump pass.
+Handlers never sleep or poll: they record facts and `wake()` this loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import logging
+from dataclasses import dataclass
+
+from gantry.common.clock import Clock
+from gantry.common.errors import GantryError
+from gantry.controlplane.domain.backoff import Backoff
+from gantry.controlplane.domain.deployment_health import LIVE_STATES
+from gantry.controlplane.domain.transitions import JobType, NodeState, ResidencyState
+from gantry.controlplane.job_handlers import MAX_LOAD_ATTEMPTS
+from gantry.controlplane.lifecycle import DeploymentLifecycle
+from gantry.controlplane.persistence import audit, deployments, jobs, nodes
+from gantry.controlplane.persistence.database import Database
+from gantry.controlplane.persistence.models import Residency
+from gantry.controlplane.settle import settle_deployment, settle_node_deployments
+from gantry.controlplane.worker_sessions import WorkerHub
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReconcilerSettings:
+    interval_s: float = 1.0
+    heartbeat_interval_s: float = 5.0
+    # A node is stale after this many missed heartbeats (the issue's default: 3 intervals).
+    stale_after_heartbeats: float = 3.0
+    # Past this absence its residencies are COLD and their work is re-placed elsewhere.
+    absence_grace_s: float = 60.0
+    retry_initial_s: float = 1.0
+    retry_max_s: float = 30.0
+
+    @property
+    def stale_after_s(self) -> float:
+        return self.heartbeat_interval_s * self.stale_after_heartbeats
+
+
+class Reconciler:
+    def __init__(
+        self,
+        *,
+        database: Database,
+        hub: WorkerHub,
+        lifecycle: DeploymentLifecycle,
+        clock: Clock,
+        settings: ReconcilerSettings,
+    ) -> None:
+        self._database = database
+        self._hub = hub
+        self._lifecycle = lifecycle
+        self._clock = clock
+        self.settings = settings
+        self._wake = asyncio.Event()
+        self._placements = Backoff(
+            clock, initial_s=settings.retry_initial_s, max_s=settings.retry_max_s
+        )
+        self._unloads = Backoff(
+            clock, initial_s=settings.retry_initial_s, max_s=settings.retry_max_s
+        )
+        self._task: asyncio.Task[None] | None = None
+        self.passes = 0
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self.run(), name="reconciler")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    async def run(self) -> None:
+        while True:
+            try:
+                await self.reconcile_once()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                # One bad pass must not end the loop: the next one starts from the database.
+                log.exception("reconciler pass failed")
+            await self._pause()
+
+    async def _pause(self) -> None:
+        sleeper = asyncio.ensure_future(self._clock.sleep(self.settings.interval_s))
+        waker = asyncio.ensure_future(self._wake.wait())
+        try:
+            await asyncio.wait({sleeper, waker}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (sleeper, waker):
+                task.cancel()
+            self._wake.clear()
+
+    async def reconcile_once(self) -> None:
+        now = self._clock.now()
+        dispatch: set[str] = set()
+        dispatch |= await self._expire_leases(now)
+        await self._disconnect_stale(now)
+        await self._forget_absent(now)
+        dispatch |= await self._place_missing_replicas()
+        dispatch |= await self._retry_uncertain(now)
+        dispatch |= await self._nodes_with_queued_jobs()
+        for node_id in sorted(dispatch):
+            if self._hub.get(node_id) is not None:
+                await self._lifecycle.dispatch_queued(node_id)
+        self.passes += 1
+
+    # ---- 1. leases ----------------------------------------------------------------------------
+
+    async def _expire_leases(self, now: dt.datetime) -> set[str]:
+        async with self._database.transaction() as session:
+            expired = await jobs.expired_leases(session, now=now)
+            for job in expired:
+                log.warning(
+                    "lease of job %s (%s, attempt %d) expired; queued again",
+                    job.job_id,
+                    job.job_type,
+                    job.attempt_count,
+                )
+                await jobs.requeue_job(session, job, now=now)
+            return {job.node_id for job in expired}
+
+    # ---- 2. and 3. liveness -------------------------------------------------------------------
+
+    async def _disconnect_stale(self, now: dt.datetime) -> None:
+        seen_before = now - dt.timedelta(seconds=self.settings.stale_after_s)
+        async with self._database.transaction() as session:
+            stale = await nodes.nodes_in_state(
+                session, NodeState.CONNECTED, seen_before=seen_before
+            )
+            for node in stale:
+                await nodes.set_node_state(session, node, NodeState.DISCONNECTED)
+                await settle_node_deployments(session, node.node_id, now=now)
+        for node in stale:
+            log.warning(
+                "node %s sent no heartbeat since %s: disconnected", node.node_id, node.last_seen_at
+            )
+            stream = self._hub.get(node.node_id)
+            if stream is not None:
+                stream.close(
+                    GantryError(
+                        "WORKER_UNAVAILABLE",
+                        f"node {node.node_id} missed its heartbeats for "
+                        f"{self.settings.stale_after_s:g}s",
+                    )
+                )
+            self._lifecycle.announcer.node(node, ())
+
+    async def _forget_absent(self, now: dt.datetime) -> None:
+        gone_before = now - dt.timedelta(seconds=self.settings.absence_grace_s)
+        changed: list[Residency] = []
+        async with self._database.transaction() as session:
+            absent = [
+                *await nodes.nodes_in_state(
+                    session, NodeState.DISCONNECTED, seen_before=gone_before
+                ),
+                *await nodes.nodes_in_state(session, NodeState.DISABLED, seen_before=gone_before),
+            ]
+            for node in absent:
+                if self._hub.get(node.node_id) is not None:
+                    continue  # a disabled node whose worker is still connected
+                for residency in await deployments.residencies_on_node(session, node.node_id):
+                    if residency.state == ResidencyState.COLD:
+                        continue
+                    for job in await jobs.open_jobs_for_residency(session, residency.residency_id):
+                        await jobs.cancel_job(session, job, now=now)
+                    await deployments.set_residency_state(
+                        session,
+                        residency,
+                        ResidencyState.COLD,
+                        now=now,
+                        pid=0,
+                        last_failure_reason="WORKER_UNAVAILABLE",
+                        last_failure_message=(
+                            f"node {node.node_id} absent since {node.last_seen_at}"
+                        ),
+                    )
+                    await settle_deployment(session, residency.deployment_id, now=now)
+                    await audit.record_event(
+                        session,
+                        actor="reconciler",
+                        action="residency.lost",
+                        subject_kind="residency",
+                        subject_id=residency.residency_id,
+                        now=now,
+                        node_id=node.node_id,
+                    )
+                    changed.append(residency)
+        if changed:
+            self._lifecycle.announce(changed)
+
+    # ---- 4. placement -------------------------------------------------------------------------
+
+    async def _place_missing_replicas(self) -> set[str]:
+        wanted: dict[str, int] = {}
+        async with self._database.transaction() as session:
+            for deployment in await deployments.deployments_in_states(session, LIVE_STATES):
+                if deployment.load_failure_count >= MAX_LOAD_ATTEMPTS:
+                    continue
+                placed = 0
+                for residency in await deployments.residencies_of(
+                    session, deployment.deployment_id
+                ):
+                    node = await nodes.get_node(session, residency.node_id)
+                    if residency.state != ResidencyState.COLD and node.state != NodeState.DISABLED:
+                        placed += 1
+                if placed < deployment.replicas:
+                    wanted[deployment.deployment_id] = deployment.replicas - placed
+        self._placements.forget_except(set(wanted))
+        dispatch: set[str] = set()
+        for deployment_id, missing in wanted.items():
+            if not self._placements.due(deployment_id):
+                continue
+            node_ids = await self._lifecycle.placer.place(deployment_id, replicas=missing)
+            if len(node_ids) < missing:
+                self._placements.failed(deployment_id)
+            else:
+                self._placements.succeeded(deployment_id)
+            dispatch.update(node_ids)
+        return dispatch
+
+    # ---- 5. uncertain residencies -------------------------------------------------------------
+
+    async def _retry_uncertain(self, now: dt.datetime) -> set[str]:
+        dispatch: set[str] = set()
+        uncertain: set[str] = set()
+        async with self._database.transaction() as session:
+            for residency in await deployments.all_live_residencies(session):
+                if residency.state != ResidencyState.UNCERTAIN:
+                    continue
+                uncertain.add(residency.residency_id)
+                if self._hub.get(residency.node_id) is None:
+                    continue
+                if await jobs.open_jobs_for_residency(session, residency.residency_id):
+                    continue
+                if not self._unloads.due(residency.residency_id):
+                    continue
+                self._unloads.failed(residency.residency_id)
+                await jobs.create_job(
+                    session,
+                    job_type=JobType.UNLOAD,
+                    deployment_id=residency.deployment_id,
+                    node_id=residency.node_id,
+                    residency_id=residency.residency_id,
+                    now=now,
+                )
+                dispatch.add(residency.node_id)
+        self._unloads.forget_except(uncertain)
+        return dispatch
+
+    async def _nodes_with_queued_jobs(self) -> set[str]:
+        async with self._database.transaction() as session:
+            return {
+                job.node_id
+                for job in await jobs.open_jobs(session)
+                if job.state == "QUEUED" and self._hub.get(job.node_id) is not None
+            }

@@ -1,0 +1,124 @@
+"""Invocations on the worker: bounded in flight, honouring the relative timeout, cancellable.
+
+- At most `max_in_flight` invocations wait at once; one more is answered QUEUE_FULL at once.
+- The timeout is `Invoke.timeout` (relative, so clocks need not agree); only when it is unset is the
+  absolute `deadline` used, then a default. The model host learns it too and never runs a request
+  that waited past it in its own queue.
+- `CancelInvoke` stops the wait, tells the model host to drop the request if still queued, and
+  sends no InvokeResult (the caller is gone).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Mapping
+
+from gantry.common.errors import GantryError
+from gantry.common.telemetry import extract_context, inject_context, tracer
+from gantry.v1 import worker_gateway_pb2 as wg
+from gantry.worker.supervision import Supervisor
+
+log = logging.getLogger(__name__)
+_tracer = tracer("gantry.worker")
+
+DEFAULT_MAX_IN_FLIGHT = 1024
+DEFAULT_INVOKE_TIMEOUT_S = 30.0
+
+
+def invoke_timeout_s(invoke: wg.Invoke, *, now: float | None = None) -> float:
+    """Seconds this invocation may take, from its relative timeout, else its deadline."""
+    if invoke.HasField("timeout"):
+        return invoke.timeout.ToTimedelta().total_seconds()
+    if invoke.HasField("deadline"):
+        current = time.time() if now is None else now
+        return invoke.deadline.ToDatetime().timestamp() - current
+    return DEFAULT_INVOKE_TIMEOUT_S
+
+
+class Invocations:
+    def __init__(
+        self,
+        *,
+        supervisor: Supervisor,
+        emit: Callable[[wg.InvokeResult], None],
+        max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
+    ) -> None:
+        self._supervisor = supervisor
+        self._emit = emit
+        self._max_in_flight = max_in_flight
+        self._in_flight: dict[str, asyncio.Task[None]] = {}
+
+    def __len__(self) -> int:
+        return len(self._in_flight)
+
+    def start(self, invoke: wg.Invoke, trace_context: Mapping[str, str]) -> None:
+        if len(self._in_flight) >= self._max_in_flight or invoke.request_id in self._in_flight:
+            reason = (
+                "QUEUE_FULL" if invoke.request_id not in self._in_flight else "INVALID_ARGUMENT"
+            )
+            message = (
+                f"this worker already has {len(self._in_flight)} invocations in flight"
+                if reason == "QUEUE_FULL"
+                else f"invocation {invoke.request_id} is already in flight"
+            )
+            self._emit(
+                wg.InvokeResult(
+                    request_id=invoke.request_id, failure=GantryError(reason, message).to_failure()
+                )
+            )
+            return
+        task = asyncio.create_task(self._invoke(invoke, trace_context), name="invoke")
+        self._in_flight[invoke.request_id] = task
+        task.add_done_callback(lambda _: self._in_flight.pop(invoke.request_id, None))
+
+    def cancel(self, request_id: str) -> bool:
+        task = self._in_flight.get(request_id)
+        if task is None:
+            return False
+        task.cancel()
+        return True
+
+    async def close(self) -> None:
+        tasks = list(self._in_flight.values())
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _invoke(self, invoke: wg.Invoke, trace_context: Mapping[str, str]) -> None:
+        result = wg.InvokeResult(request_id=invoke.request_id)
+        with _tracer.start_as_current_span(
+            "worker.invoke",
+            context=extract_context(trace_context),
+            attributes={"gantry.deployment_id": invoke.deployment_id},
+        ):
+            try:
+                result.embed.CopyFrom(await self._embed(invoke))
+            except GantryError as error:
+                result.failure.CopyFrom(error.to_failure())
+            except Exception as exc:
+                log.exception("invoke %s failed unexpectedly", invoke.request_id)
+                result.failure.CopyFrom(
+                    GantryError("INVOKE_FAILED", f"{type(exc).__name__}").to_failure()
+                )
+        # A cancelled invoke raised CancelledError above and never gets here: no result.
+        self._emit(result)
+
+    async def _embed(self, invoke: wg.Invoke) -> wg.EmbedResult:
+        if invoke.WhichOneof("payload") != "embed":
+            raise GantryError("INVALID_PAYLOAD", "this worker serves embed payloads only")
+        host = self._supervisor.host_for_invoke(invoke.deployment_id)
+        timeout_s = invoke_timeout_s(invoke)
+        if timeout_s <= 0:
+            raise GantryError(
+                "DEADLINE_EXCEEDED", f"invocation {invoke.request_id} arrived past its timeout"
+            )
+        child_context: dict[str, str] = {}
+        inject_context(child_context)
+        return await host.embed(
+            list(invoke.embed.inputs), trace_context=child_context, timeout_s=timeout_s
+        )

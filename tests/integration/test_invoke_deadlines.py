@@ -1,0 +1,137 @@
+"""Deadlines and cancellation end to end: client -> control plane -> scheduler -> worker stream.
+
+The worker here is a scripted stream (a real gRPC client of WorkerGateway.Connect) that loads
+whatever it is told to and then never answers invocations, so the tests decide how each call
+ends: the client's deadline, or the client going away.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from gantry.common.auth import auth_metadata
+from gantry.common.grpc_server import insecure_channel
+from gantry.common.status import error_info_of
+from gantry.controlplane.domain.transitions import DeploymentState
+from gantry.controlplane.persistence import deployments
+from gantry.v1 import control_plane_pb2 as cp
+from gantry.v1 import inference_pb2 as inf
+from gantry.v1 import scheduler_pb2, scheduler_pb2_grpc
+from tests.integration.harness import Harness, running_gantry, wait_for
+from tests.integration.scripted_worker import ScriptedWorker
+
+
+@pytest.fixture
+async def serving(
+    sqlite_url: str, tmp_path: Path, tiny_model_dir: Path
+) -> AsyncIterator[tuple[Harness, ScriptedWorker]]:
+    root = tmp_path / "artifacts"
+    root.mkdir()
+    async with running_gantry(sqlite_url, root) as harness:
+        worker = ScriptedWorker()
+        await worker.start(harness.channel, await harness.register_node("scripted"))
+        artifact = await harness.register_model(tiny_model_dir, "tiny")
+        deployment = await harness.deploy(artifact.artifact_set_id, "tiny")
+        await harness.wait_deployment(
+            deployment.deployment_id, cp.DEPLOYMENT_STATE_READY, timeout=20
+        )
+        worker.deployment_id = deployment.deployment_id
+        try:
+            yield harness, worker
+        finally:
+            await worker.stop()
+
+
+async def _queue_snapshot(harness: Harness) -> scheduler_pb2.QueueSnapshot:
+    token = harness.scheduler_token
+    async with insecure_channel(f"127.0.0.1:{harness.scheduler_server.port}") as channel:
+        return await scheduler_pb2_grpc.SchedulerStub(channel).GetQueueSnapshot(
+            scheduler_pb2.GetQueueSnapshotRequest(), metadata=auth_metadata(token)
+        )
+
+
+async def test_a_two_second_client_deadline_ends_in_two_seconds_and_cancels_on_the_worker(
+    serving: tuple[Harness, ScriptedWorker],
+):
+    harness, worker = serving
+    started = time.monotonic()
+    call = harness.inference.Embed(
+        inf.EmbedRequest(capability="tiny", inputs=["slow"]),
+        metadata=harness.client_md,
+        timeout=2.0,
+    )
+    invoke = await asyncio.wait_for(worker.invokes.get(), timeout=5)
+    # The worker is told what remains of the client's budget, not a server default.
+    # (gRPC rounds the propagated timeout up a little.)
+    assert 0 < invoke.timeout.ToNanoseconds() <= 2_100_000_000
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await call
+    elapsed = time.monotonic() - started
+    assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert 1.5 < elapsed < 5.0, f"the call ended after {elapsed:.1f}s"
+    cancel = await asyncio.wait_for(worker.cancels.get(), timeout=5)
+    assert cancel.request_id == invoke.request_id
+
+
+async def test_a_client_that_goes_away_is_cancelled_on_the_worker_and_not_counted_as_infra(
+    serving: tuple[Harness, ScriptedWorker],
+):
+    harness, worker = serving
+    call = harness.inference.Embed(
+        inf.EmbedRequest(capability="tiny", inputs=["abandoned"]), metadata=harness.client_md
+    )
+    invoke = await asyncio.wait_for(worker.invokes.get(), timeout=5)
+    call.cancel()
+    cancel = await asyncio.wait_for(worker.cancels.get(), timeout=5)
+    assert cancel.request_id == invoke.request_id
+    latest: list[scheduler_pb2.QueueSnapshot] = []
+
+    async def scheduler_heard_the_cancel() -> bool:
+        latest[:] = [await _queue_snapshot(harness)]
+        return latest[0].cancelled_total == 1
+
+    await wait_for(
+        scheduler_heard_the_cancel, timeout=10, what="a CANCELLED WorkFinished", last=latest
+    )
+    snapshot = latest[0]
+    assert snapshot.infra_failures_total == 0 and snapshot.in_flight == 0
+    assert all(r.infra_failures == 0 for r in snapshot.residencies)
+
+
+async def test_an_unknown_capability_is_not_found(serving: tuple[Harness, ScriptedWorker]):
+    harness, _ = serving
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await harness.inference.Embed(
+            inf.EmbedRequest(capability="nobody-serves-this", inputs=["x"]),
+            metadata=harness.client_md,
+        )
+    assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+    assert error_info_of(caught.value).reason == "NOT_FOUND"  # type: ignore[union-attr]
+
+
+async def test_a_degraded_deployment_is_still_routed(serving: tuple[Harness, ScriptedWorker]):
+    harness, worker = serving
+    database = harness.control_plane.database
+    async with database.transaction() as session:
+        deployment = await deployments.get_deployment(session, worker.deployment_id)
+        await deployments.set_deployment_state(
+            session, deployment, DeploymentState.DEGRADED, now=dt.datetime.now(dt.UTC)
+        )
+    call = harness.inference.Embed(
+        inf.EmbedRequest(capability="tiny", inputs=["still served"]),
+        metadata=harness.client_md,
+        timeout=10,
+    )
+    invoke = await asyncio.wait_for(worker.invokes.get(), timeout=5)
+    assert invoke.deployment_id == worker.deployment_id
+    call.cancel()
+    assert (await asyncio.wait_for(worker.cancels.get(), timeout=5)).request_id == (
+        invoke.request_id
+    )

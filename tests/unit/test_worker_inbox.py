@@ -1,0 +1,49 @@
+"""The model host's inbox: bounded work, control frames always accepted, cancels remembered."""
+
+from __future__ import annotations
+
+import queue
+
+import pytest
+
+from gantry.v1 import model_host_pb2, worker_gateway_pb2
+from gantry.worker.model_host.inbox import ChannelClosed, Inbox, Queued
+
+
+def _embed(request_id: int) -> Queued:
+    request = model_host_pb2.HostRequest(
+        request_id=request_id, embed=worker_gateway_pb2.EmbedPayload(inputs=["x"])
+    )
+    return Queued(request, None)
+
+
+def test_work_past_the_limit_is_refused_but_shutdown_is_not() -> None:
+    inbox = Inbox(limit=2)
+    assert inbox.offer(_embed(1))
+    assert inbox.offer(_embed(2))
+    assert not inbox.offer(_embed(3))
+    shutdown = Queued(model_host_pb2.HostRequest(shutdown=model_host_pb2.Shutdown()), None)
+    assert inbox.offer(shutdown)
+    taken = inbox.get(timeout=0)
+    assert isinstance(taken, Queued) and taken.request.request_id == 1
+    assert inbox.offer(_embed(4))  # taking one freed a slot
+
+
+def test_cancelled_requests_are_remembered_once() -> None:
+    inbox = Inbox(limit=2)
+    inbox.cancel(7)
+    assert inbox.take_cancelled(7)
+    assert not inbox.take_cancelled(7)
+    assert not inbox.take_cancelled(8)
+
+
+def test_expiry_and_channel_close() -> None:
+    expiring = Queued(_embed(1).request, expires_at=10.0)
+    assert not expiring.expired(9.9)
+    assert expiring.expired(10.0)
+    assert not _embed(2).expired(1e9)
+    inbox = Inbox(limit=1)
+    inbox.close()
+    assert isinstance(inbox.get(timeout=0), ChannelClosed)
+    with pytest.raises(queue.Empty):
+        inbox.get(timeout=0)

@@ -1,0 +1,118 @@
+"""Worker job queues: FIFO per deployment, CancelJob sends nothing, an unload overtakes loads."""
+
+from __future__ import annotations
+
+import asyncio
+
+from gantry.v1 import worker_gateway_pb2 as wg
+from gantry.worker.jobs import DeploymentJobQueues
+
+
+def _load(job_id: str, deployment_id: str) -> wg.JobAssignment:
+    return wg.JobAssignment(job_id=job_id, load=wg.LoadSpec(deployment_id=deployment_id))
+
+
+def _unload(job_id: str, deployment_id: str) -> wg.JobAssignment:
+    return wg.JobAssignment(job_id=job_id, unload=wg.UnloadSpec(deployment_id=deployment_id))
+
+
+class _Recorder:
+    """Runs each job until the test releases it, and records starts, cancels and results."""
+
+    def __init__(self) -> None:
+        self.started: list[str] = []
+        self.cancelled: list[str] = []
+        self.results: list[wg.JobResult] = []
+        self.release: dict[str, asyncio.Event] = {}
+
+    async def run(self, assignment: wg.JobAssignment) -> wg.JobResult:
+        self.started.append(assignment.job_id)
+        gate = self.release.setdefault(assignment.job_id, asyncio.Event())
+        try:
+            await gate.wait()
+        except asyncio.CancelledError:
+            self.cancelled.append(assignment.job_id)
+            raise
+        return wg.JobResult(job_id=assignment.job_id, unload=wg.UnloadEvidence())
+
+    def finish(self, job_id: str) -> None:
+        self.release.setdefault(job_id, asyncio.Event()).set()
+
+    def result_ids(self) -> list[str]:
+        return [result.job_id for result in self.results]
+
+
+async def _settle() -> None:
+    """Let every ready task run (the queues hop through a few tasks per job)."""
+    for _ in range(50):
+        await asyncio.sleep(0)
+
+
+async def test_jobs_of_different_deployments_run_in_parallel() -> None:
+    recorder = _Recorder()
+    queues = DeploymentJobQueues(run=recorder.run, emit=recorder.results.append)
+    queues.submit(_load("a1", "dep-a"))
+    queues.submit(_load("b1", "dep-b"))
+    await _settle()
+    assert recorder.started == ["a1", "b1"]
+    assert queues.active_job_ids() == ["a1", "b1"]
+    recorder.finish("b1")
+    await _settle()
+    assert recorder.result_ids() == ["b1"]
+    recorder.finish("a1")
+    await _settle()
+    assert recorder.result_ids() == ["b1", "a1"]
+    await queues.close()
+
+
+async def test_fifo_within_one_deployment() -> None:
+    recorder = _Recorder()
+    queues = DeploymentJobQueues(run=recorder.run, emit=recorder.results.append)
+    for job_id in ("h1", "h2", "h3"):
+        queues.submit(wg.JobAssignment(job_id=job_id, health=wg.HealthSpec(deployment_id="dep-a")))
+    await _settle()
+    assert recorder.started == ["h1"]
+    recorder.finish("h1")
+    await _settle()
+    assert recorder.started == ["h1", "h2"]
+    recorder.finish("h2")
+    recorder.finish("h3")
+    await _settle()
+    assert recorder.result_ids() == ["h1", "h2", "h3"]
+    await queues.close()
+
+
+async def test_cancelled_job_sends_no_result_queued_or_running() -> None:
+    recorder = _Recorder()
+    queues = DeploymentJobQueues(run=recorder.run, emit=recorder.results.append)
+    queues.submit(_load("running", "dep-a"))
+    queues.submit(wg.JobAssignment(job_id="queued", health=wg.HealthSpec(deployment_id="dep-a")))
+    await _settle()
+    assert queues.cancel("queued")
+    assert queues.cancel("running")
+    assert not queues.cancel("unknown")
+    await _settle()
+    assert recorder.cancelled == ["running"]
+    assert recorder.results == []
+    assert queues.active_job_ids() == []
+
+
+async def test_unload_overtakes_running_and_queued_loads_which_fail_explicitly() -> None:
+    recorder = _Recorder()
+    queues = DeploymentJobQueues(run=recorder.run, emit=recorder.results.append)
+    queues.submit(_load("load-1", "dep-a"))
+    await _settle()
+    queues.submit(_load("load-2", "dep-a"))
+    queues.submit(_unload("unload", "dep-a"))
+    await _settle()
+    assert recorder.cancelled == ["load-1"]
+    assert recorder.started == ["load-1", "unload"]
+    failures = {r.job_id: r.failure.reason for r in recorder.results}
+    assert failures == {
+        "load-2": "INVALID_STATE_TRANSITION",
+        "load-1": "INVALID_STATE_TRANSITION",
+    }
+    recorder.finish("unload")
+    await _settle()
+    assert recorder.results[-1].WhichOneof("outcome") == "unload"
+    await queues.close()

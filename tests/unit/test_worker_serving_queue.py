@@ -1,0 +1,83 @@
+"""The child's serving loop never runs work that expired or was cancelled while queued."""
+
+from __future__ import annotations
+
+import io
+import time
+
+import numpy as np
+
+from gantry.v1 import model_host_pb2, worker_gateway_pb2
+from gantry.worker.model_host.framing import read_frame
+from gantry.worker.model_host.inbox import Inbox, Queued, ResponseWriter
+from gantry.worker.model_host.serving import EmbedServer, ServingSettings
+
+
+class _CountingEncoder:
+    def __init__(self) -> None:
+        self.encoded: list[list[str]] = []
+
+    def encode(self, inputs: list[str], **_: object) -> np.ndarray:
+        self.encoded.append(list(inputs))
+        return np.ones((len(inputs), 4), dtype="<f4")
+
+
+def _embed(request_id: int, text: str, *, expires_at: float | None = None) -> Queued:
+    request = model_host_pb2.HostRequest(
+        request_id=request_id, embed=worker_gateway_pb2.EmbedPayload(inputs=[text])
+    )
+    return Queued(request, expires_at)
+
+
+def _answers(stream: io.BytesIO) -> dict[int, model_host_pb2.HostResponse]:
+    stream.seek(0)
+    answers = {}
+    while (payload := read_frame(stream)) is not None:
+        response = model_host_pb2.HostResponse.FromString(payload)
+        answers[response.request_id] = response
+    return answers
+
+
+def test_expired_and_cancelled_requests_are_not_run_and_the_rest_are() -> None:
+    inbox = Inbox(limit=8)
+    stream = io.BytesIO()
+    encoder = _CountingEncoder()
+    server = EmbedServer(
+        encoder=encoder,
+        settings=ServingSettings(normalize=False, max_batch_inputs=8, test_hooks=False),
+        inbox=inbox,
+        responses=ResponseWriter(stream),
+        expected_dim=4,
+    )
+    inbox.offer(_embed(1, "expired", expires_at=time.monotonic() - 1))
+    inbox.offer(_embed(2, "cancelled"))
+    inbox.cancel(2)
+    inbox.offer(_embed(3, "wanted", expires_at=time.monotonic() + 60))
+    inbox.offer(
+        Queued(model_host_pb2.HostRequest(request_id=4, health=model_host_pb2.HealthCheck()), None)
+    )
+    inbox.offer(Queued(model_host_pb2.HostRequest(shutdown=model_host_pb2.Shutdown()), None))
+    assert server.serve() == 0
+
+    answers = _answers(stream)
+    assert answers[1].failure.reason == "DEADLINE_EXCEEDED"
+    assert 2 not in answers  # its caller is gone: nobody to answer
+    assert answers[3].embed.count == 1
+    assert answers[4].health.model.status == worker_gateway_pb2.HEALTH_STATUS_OK
+    assert [text for batch in encoder.encoded for text in batch] == [
+        "wanted",
+        "Gantry model host health probe.",
+    ]
+
+
+def test_health_probe_of_the_wrong_width_fails_the_model_layer() -> None:
+    server = EmbedServer(
+        encoder=_CountingEncoder(),
+        settings=ServingSettings(normalize=False, max_batch_inputs=8, test_hooks=False),
+        inbox=Inbox(limit=1),
+        responses=ResponseWriter(io.BytesIO()),
+        expected_dim=32,
+    )
+    layer = server.probe_model()
+    assert layer.status == worker_gateway_pb2.HEALTH_STATUS_FAILED
+    assert "width 4 != loaded dimension 32" in layer.detail
