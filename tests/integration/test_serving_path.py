@@ -369,3 +369,36 @@ async def test_worker_restart_reloads_its_deployment_under_a_new_generation(
         inf.EmbedRequest(capability="restart", inputs=["again"]), metadata=gantry.client_md
     )
     assert len(response.vectors) == 1
+
+
+async def test_deep_health_on_demand_reports_each_layer(gantry: Harness, tiny_model_dir: Path):
+    deployment_id = await _serving(gantry, tiny_model_dir, "healthy")
+    response = await gantry.operator.CheckDeploymentHealth(
+        cp.CheckDeploymentHealthRequest(deployment_id=deployment_id), metadata=gantry.op_md
+    )
+    assert [job.job_type for job in response.jobs] == [cp.SERVING_JOB_TYPE_HEALTH]
+    latest: list[cp.ServingJob] = []
+
+    async def done() -> bool:
+        latest[:] = [
+            await gantry.operator.GetServingJob(
+                cp.GetServingJobRequest(job_id=response.jobs[0].job_id), metadata=gantry.op_md
+            )
+        ]
+        return latest[0].state == cp.SERVING_JOB_STATE_SUCCEEDED
+
+    await wait_for(done, what="the HEALTH job settled", last=latest)
+    report = latest[0].health
+    assert report.process.status == wg.HEALTH_STATUS_OK
+    assert report.runtime.status == wg.HEALTH_STATUS_OK
+    assert report.model.status == wg.HEALTH_STATUS_OK  # a real forward pass
+    # Nothing resident: a typed refusal, not an empty answer.
+    await gantry.operator.UnloadDeployment(
+        cp.UnloadDeploymentRequest(deployment_id=deployment_id), metadata=gantry.op_md
+    )
+    await gantry.wait_deployment(deployment_id, cp.DEPLOYMENT_STATE_UNLOADED)
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await gantry.operator.CheckDeploymentHealth(
+            cp.CheckDeploymentHealthRequest(deployment_id=deployment_id), metadata=gantry.op_md
+        )
+    assert error_info_of(caught.value).reason == "DEPLOYMENT_NOT_READY"  # type: ignore[union-attr]

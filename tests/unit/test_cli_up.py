@@ -162,7 +162,8 @@ def test_up_names_the_role_and_its_log_when_a_service_never_serves(tmp_path: Pat
         f"127.0.0.1:{free_port()}",
         crashing,
         "--startup-timeout",
-        "2",
+        # Long enough for the first crash to be reported even on a loaded machine.
+        "5",
     )
     _, stderr = process.communicate(timeout=30)
     assert process.returncode == 1

@@ -10,7 +10,7 @@ from google.protobuf import json_format, timestamp_pb2
 
 from gantry.common.manifest import ManifestEntry
 from gantry.controlplane.persistence import models
-from gantry.v1 import common_pb2, control_plane_pb2
+from gantry.v1 import common_pb2, control_plane_pb2, worker_gateway_pb2
 
 
 def timestamp(value: dt.datetime | None) -> timestamp_pb2.Timestamp | None:
@@ -135,4 +135,9 @@ def serving_job(row: models.ServingJob) -> control_plane_pb2.ServingJob:
         message.failure.CopyFrom(
             common_pb2.Failure(reason=row.failure_reason, message=row.failure_message)
         )
+    if "health" in row.result:
+        evidence = json_format.ParseDict(
+            row.result["health"], worker_gateway_pb2.HealthEvidence(), ignore_unknown_fields=True
+        )
+        message.health.CopyFrom(evidence.report)
     return message

@@ -17,6 +17,7 @@ from google.protobuf import json_format
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gantry.common.clock import Clock
+from gantry.common.errors import GantryError
 from gantry.controlplane.announcer import Announcer, scheduler_node, scheduler_residency
 from gantry.controlplane.domain.transitions import (
     DeploymentState,
@@ -31,7 +32,7 @@ from gantry.controlplane.job_pump import JobPump
 from gantry.controlplane.persistence import audit, deployments, jobs, nodes
 from gantry.controlplane.persistence.database import Database
 from gantry.controlplane.persistence.jobs import ResultCommit
-from gantry.controlplane.persistence.models import Deployment, Residency
+from gantry.controlplane.persistence.models import Deployment, Residency, ServingJob
 from gantry.controlplane.placement import Placer
 from gantry.controlplane.route_cache import RouteCache
 from gantry.controlplane.scheduler_link import SchedulerLink
@@ -127,6 +128,45 @@ class DeploymentLifecycle:
         for node_id in {r.node_id for r in changed}:
             await self.pump.dispatch(node_id)
         return row
+
+    async def check_health(self, deployment_id: str, *, actor: str) -> list[ServingJob]:
+        """One deep HEALTH job per RESIDENT residency whose worker is connected."""
+        now = self._clock.now()
+        created: list[ServingJob] = []
+        async with self._database.transaction() as session:
+            await deployments.get_deployment(session, deployment_id)
+            for residency in await deployments.residencies_of(session, deployment_id):
+                if residency.state != ResidencyState.RESIDENT:
+                    continue
+                if self._hub.get(residency.node_id) is None:
+                    continue
+                created.append(
+                    await jobs.create_job(
+                        session,
+                        job_type=JobType.HEALTH,
+                        deployment_id=deployment_id,
+                        node_id=residency.node_id,
+                        residency_id=residency.residency_id,
+                        now=now,
+                    )
+                )
+            if not created:
+                raise GantryError(
+                    "DEPLOYMENT_NOT_READY",
+                    f"deployment {deployment_id} has no resident residency on a connected node",
+                    deployment_id=deployment_id,
+                )
+            await audit.record_event(
+                session,
+                actor=actor,
+                action="deployment.check_health",
+                subject_kind="deployment",
+                subject_id=deployment_id,
+                now=now,
+            )
+        for node_id in sorted({job.node_id for job in created}):
+            await self.pump.dispatch(node_id)
+        return created
 
     async def _node_connected(self, session: AsyncSession, node_id: str) -> bool:
         return (await nodes.get_node(session, node_id)).state in (

@@ -137,6 +137,17 @@ class ControlPlaneService(control_plane_pb2_grpc.ControlPlaneServicer):
             jobs=[convert.serving_job(r) for r in items], next_page_token=next_token
         )
 
+    async def CheckDeploymentHealth(
+        self, request: cp.CheckDeploymentHealthRequest, context: grpc.aio.ServicerContext
+    ) -> cp.CheckDeploymentHealthResponse:
+        deployment_id = parse_id(request.deployment_id, field="deployment_id")
+        created = await self._lifecycle.check_health(
+            deployment_id, actor=current_principal().subject
+        )
+        async with self._database.transaction() as session:
+            rows = [await jobs.get_job(session, job.job_id) for job in created]
+        return cp.CheckDeploymentHealthResponse(jobs=[convert.serving_job(r) for r in rows])
+
     async def CheckInvariants(
         self, request: cp.CheckInvariantsRequest, context: grpc.aio.ServicerContext
     ) -> cp.InvariantReport:
