@@ -99,3 +99,35 @@ async def test_grpcurl_lists_services_and_embeds_with_the_api_key(minilm: Harnes
     )
     assert embedded["dim"] == 384
     assert len(embedded["vectors"][0]["values"]) == 384
+
+
+async def test_grpcurl_checks_invariants_and_bad_node_ids_get_a_typed_error(minilm: Harness):
+    operator = f"authorization: Bearer {minilm.operator_token}"
+    report = json.loads(
+        await _run_grpcurl(
+            "-plaintext", "-H", operator, minilm.address, "gantry.v1.ControlPlane/CheckInvariants"
+        )
+    )
+    assert report["all_hold"] is True, report
+    assert {i["name"] for i in report["invariants"]} == {
+        "no_orphan_serving_work",
+        "one_resident_per_deployment_node_generation",
+        "ready_deployment_has_connected_resident",
+        "no_lease_held_by_fenced_generation",
+    }
+    process = await asyncio.create_subprocess_exec(
+        _grpcurl(),
+        "-plaintext",
+        "-H",
+        operator,
+        "-d",
+        json.dumps({"node_id": "not-a-node"}),
+        minilm.address,
+        "gantry.v1.ControlPlane/DisableNode",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    _, stderr = await asyncio.wait_for(process.communicate(), 60)
+    assert process.returncode != 0
+    assert "InvalidArgument" in stderr.decode()
+    assert "Traceback" not in stderr.decode()
