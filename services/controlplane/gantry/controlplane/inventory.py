@@ -128,7 +128,7 @@ async def _apply(
             ResidencyState.LOADING,
             now=now,
             pid=0,
-            restart_count=max(held.restart_count, row.restart_count + 1),
+            restart_count=held.restart_count,  # the worker counts; each report repeats it
             last_failure_reason=reason,
             last_failure_message=held.failure_message,
         )

@@ -19,7 +19,10 @@ async def settle_deployment(session: AsyncSession, deployment_id: str, *, now: d
     reason, message = "", ""
     for residency in await deployments.residencies_of(session, deployment_id):
         node = await nodes.get_node(session, residency.node_id)
-        restarting = residency.state == ResidencyState.LOADING and residency.restart_count > 0
+        # LOADING after losing its host (a crash is recorded), not a first load.
+        restarting = residency.state == ResidencyState.LOADING and bool(
+            residency.restart_count or residency.last_failure_reason
+        )
         health.append(
             ResidencyHealth(
                 state=ResidencyState(residency.state),
