@@ -125,7 +125,9 @@ async def main() -> int:
             f"clients via Gantry: {rate:7.1f} sentences/s = {rate / direct_rate:.2f} of direct "
             "(target >= 0.85)"
         )
-    return 0
+    from tests.bench.leak import bench_from_env  # GANTRY_BENCH_LEAK_CYCLES (default 100, 0 skips)
+
+    return await bench_from_env()
 
 
 if __name__ == "__main__":

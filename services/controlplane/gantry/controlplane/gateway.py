@@ -21,9 +21,11 @@ from google.protobuf import duration_pb2, json_format
 from gantry.common.auth import current_principal
 from gantry.common.clock import Clock
 from gantry.common.errors import GantryError
+from gantry.controlplane.inventory import Reconciled
 from gantry.controlplane.lifecycle import DeploymentLifecycle
 from gantry.controlplane.persistence import jobs, nodes
 from gantry.controlplane.persistence.database import Database
+from gantry.controlplane.persistence.transitions import retry_on_conflict
 from gantry.controlplane.reconciler import Reconciler
 from gantry.controlplane.settle import settle_node_deployments
 from gantry.controlplane.worker_sessions import WorkerHub, WorkerStream
@@ -242,8 +244,10 @@ class WorkerGatewayService(worker_gateway_pb2_grpc.WorkerGatewayServicer):
 
     async def _job_result(self, stream: WorkerStream, result: wg.JobResult) -> None:
         try:
-            await self._lifecycle.apply_result(
-                node_id=stream.node_id, generation=stream.generation, result=result
+            await retry_on_conflict(
+                lambda: self._lifecycle.apply_result(
+                    node_id=stream.node_id, generation=stream.generation, result=result
+                )
             )
         except GantryError as error:
             log.warning("job result %s refused: %s", result.job_id, error)
@@ -253,14 +257,25 @@ class WorkerGatewayService(worker_gateway_pb2_grpc.WorkerGatewayServicer):
         self._reconciler.wake()  # a failed load may need placing elsewhere
 
     async def _inventory(self, stream: WorkerStream, inventory: wg.Inventory) -> None:
-        now = self._clock.now()
-        async with self._database.transaction() as db:
-            reconciled = await self._lifecycle.reconcile_node(
-                db,
-                node_id=stream.node_id,
-                generation=stream.generation,
-                inventory=inventory,
-                now=now,
+        async def reconcile() -> Reconciled:
+            async with self._database.transaction() as db:
+                return await self._lifecycle.reconcile_node(
+                    db,
+                    node_id=stream.node_id,
+                    generation=stream.generation,
+                    inventory=inventory,
+                    now=self._clock.now(),
+                )
+
+        reconciled = await retry_on_conflict(reconcile)
+        if reconciled.unwanted:
+            # Only a Hello's Welcome tells a worker to unload what no record accounts for; mid-
+            # stream this is rare (a load that outlived its record) and is reported, not guessed.
+            log.warning(
+                "node %s holds deployments no record on it accounts for: %s (unloaded on its "
+                "next connect)",
+                stream.node_id,
+                ", ".join(reconciled.unwanted),
             )
         self._lifecycle.announce(reconciled.changed)
         if reconciled.queued_jobs:

@@ -69,12 +69,9 @@ class DeploymentLifecycle:
 
     # ---- operator actions ---------------------------------------------------------------------
 
-    async def place(self, deployment: Deployment, *, replicas: int | None = None) -> None:
-        """Place the deployment's replicas (or `replicas` more) and send their LOAD jobs."""
-        node_ids = await self.placer.place(
-            deployment.deployment_id,
-            replicas=deployment.replicas if replicas is None else replicas,
-        )
+    async def place(self, deployment: Deployment) -> None:
+        """Place the replicas the deployment lacks and send their LOAD jobs."""
+        node_ids = await self.placer.place(deployment.deployment_id)
         for node_id in node_ids:
             await self.pump.dispatch(node_id)
 

@@ -6,6 +6,7 @@ its reason: the reconciler asks again when nodes or capacity change. It never FA
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import logging
 
@@ -16,8 +17,13 @@ from gantry.common.errors import GantryError
 from gantry.controlplane import convert
 from gantry.controlplane.announcer import Announcer
 from gantry.controlplane.domain.deployment_health import LIVE_STATES
-from gantry.controlplane.domain.transitions import DeploymentState, JobType, ResidencyState
-from gantry.controlplane.persistence import deployments, jobs
+from gantry.controlplane.domain.transitions import (
+    DeploymentState,
+    JobType,
+    NodeState,
+    ResidencyState,
+)
+from gantry.controlplane.persistence import deployments, jobs, nodes
 from gantry.controlplane.persistence.database import Database
 from gantry.controlplane.persistence.models import Deployment, Residency
 from gantry.controlplane.scheduler_link import SchedulerLink
@@ -41,6 +47,17 @@ async def queue_load(
     )
 
 
+async def missing_replicas(session: AsyncSession, deployment: Deployment) -> int:
+    """Wanted replicas minus the placed ones (not COLD, on a node that is not disabled)."""
+    placed = 0
+    for residency in await deployments.residencies_of(session, deployment.deployment_id):
+        if residency.state == ResidencyState.COLD:
+            continue
+        if (await nodes.get_node(session, residency.node_id)).state != NodeState.DISABLED:
+            placed += 1
+    return max(0, deployment.replicas - placed)
+
+
 class Placer:
     def __init__(
         self,
@@ -54,11 +71,23 @@ class Placer:
         self._scheduler = scheduler
         self._announcer = announcer
         self._clock = clock
+        self._lock = asyncio.Lock()
 
-    async def place(self, deployment_id: str, *, replicas: int) -> list[str]:
-        """Place up to `replicas` more residencies; returns the nodes that got a LOAD job."""
+    async def place(self, deployment_id: str) -> list[str]:
+        """Place the replicas the deployment lacks; returns the nodes that got a LOAD job.
+
+        One placement at a time in this process (the operator's create and the reconciler may
+        both try; placements are rare, so one lock costs nothing), and the count of what is
+        missing is taken again inside the writing transaction, so two attempts never place more
+        replicas than wanted.
+        """
+        async with self._lock:
+            return await self._place(deployment_id)
+
+    async def _place(self, deployment_id: str) -> list[str]:
         async with self._database.transaction() as session:
             deployment = await deployments.get_deployment(session, deployment_id)
+            replicas = await missing_replicas(session, deployment)
         if deployment.state not in LIVE_STATES or replicas <= 0:
             return []
         adapter = convert.adapter_from_json(deployment.adapter).adapter
@@ -75,6 +104,7 @@ class Placer:
             row = await deployments.get_deployment(session, deployment_id)
             if row.state not in LIVE_STATES:
                 return []  # unloaded while the scheduler answered
+            node_ids = node_ids[: await missing_replicas(session, row)]
             for node_id in node_ids:
                 residency = await deployments.create_residency(
                     session, deployment_id=deployment_id, node_id=node_id, now=now

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import functools
 import logging
 from dataclasses import dataclass
 
@@ -30,6 +31,8 @@ from gantry.controlplane.lifecycle import DeploymentLifecycle
 from gantry.controlplane.persistence import audit, deployments, jobs, nodes
 from gantry.controlplane.persistence.database import Database
 from gantry.controlplane.persistence.models import Residency
+from gantry.controlplane.persistence.transitions import retry_on_conflict
+from gantry.controlplane.placement import missing_replicas
 from gantry.controlplane.settle import settle_deployment, settle_node_deployments
 from gantry.controlplane.worker_sessions import WorkerHub
 
@@ -95,6 +98,9 @@ class Reconciler:
                 await self.reconcile_once()
             except asyncio.CancelledError:
                 raise
+            except GantryError as error:
+                # Typically a race another writer won; the next pass starts from fresh rows.
+                log.warning("reconciler pass stopped early: %s", error)
             except Exception:
                 # One bad pass must not end the loop: the next one starts from the database.
                 log.exception("reconciler pass failed")
@@ -211,27 +217,31 @@ class Reconciler:
     # ---- 4. placement -------------------------------------------------------------------------
 
     async def _place_missing_replicas(self) -> set[str]:
-        wanted: dict[str, int] = {}
+        wanted: set[str] = set()
         async with self._database.transaction() as session:
             for deployment in await deployments.deployments_in_states(session, LIVE_STATES):
                 if deployment.load_failure_count >= MAX_LOAD_ATTEMPTS:
                     continue
-                placed = 0
-                for residency in await deployments.residencies_of(
-                    session, deployment.deployment_id
-                ):
-                    node = await nodes.get_node(session, residency.node_id)
-                    if residency.state != ResidencyState.COLD and node.state != NodeState.DISABLED:
-                        placed += 1
-                if placed < deployment.replicas:
-                    wanted[deployment.deployment_id] = deployment.replicas - placed
-        self._placements.forget_except(set(wanted))
+                if await missing_replicas(session, deployment):
+                    wanted.add(deployment.deployment_id)
+        self._placements.forget_except(wanted)
         dispatch: set[str] = set()
-        for deployment_id, missing in wanted.items():
+        for deployment_id in sorted(wanted):
             if not self._placements.due(deployment_id):
                 continue
-            node_ids = await self._lifecycle.placer.place(deployment_id, replicas=missing)
-            if len(node_ids) < missing:
+            try:
+                node_ids = await retry_on_conflict(
+                    functools.partial(self._lifecycle.placer.place, deployment_id)
+                )
+            except GantryError as error:
+                # One deployment's trouble must not stop the others; its backoff grows.
+                log.warning("placing deployment %s failed: %s", deployment_id, error)
+                self._placements.failed(deployment_id)
+                continue
+            async with self._database.transaction() as session:
+                deployment = await deployments.get_deployment(session, deployment_id)
+                still_missing = await missing_replicas(session, deployment)
+            if still_missing:
                 self._placements.failed(deployment_id)
             else:
                 self._placements.succeeded(deployment_id)

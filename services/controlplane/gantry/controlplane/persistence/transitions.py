@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 from sqlalchemy import update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gantry.common.errors import GantryError
 from gantry.controlplane.domain.transitions import check_transition
+
+T = TypeVar("T")
 
 
 async def compare_and_set(
@@ -42,4 +45,21 @@ async def compare_and_set(
             machine=machine,
             expected=expected,
             target=target,
+            conflict="true",
         )
+
+
+def lost_a_race(error: GantryError) -> bool:
+    """True for a compare-and-set another writer won (worth a retry on fresh rows)."""
+    return error.reason == "INVALID_STATE_TRANSITION" and error.metadata.get("conflict") == "true"
+
+
+async def retry_on_conflict(attempt: Callable[[], Awaitable[T]], *, attempts: int = 3) -> T:
+    """Run a unit of work again (a new transaction, fresh rows) when it lost a race."""
+    for remaining in range(attempts - 1, -1, -1):
+        try:
+            return await attempt()
+        except GantryError as error:
+            if not lost_a_race(error) or remaining == 0:
+                raise
+    raise AssertionError("unreachable")
