@@ -135,3 +135,47 @@ async def test_a_degraded_deployment_is_still_routed(serving: tuple[Harness, Scr
     assert (await asyncio.wait_for(worker.cancels.get(), timeout=5)).request_id == (
         invoke.request_id
     )
+
+
+async def test_an_oversize_embed_gets_a_typed_error_and_the_worker_stream_stays_up(
+    serving: tuple[Harness, ScriptedWorker],
+):
+    harness, worker = serving
+    big = ["x" * 9000] * 1000  # 9 MB of text: under the receive limit, over the request limit
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await harness.inference.Embed(
+            inf.EmbedRequest(capability="tiny", inputs=big), metadata=harness.client_md
+        )
+    info = error_info_of(caught.value)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert info is not None and info.reason == "INVALID_PAYLOAD"
+    assert info.metadata["limit_bytes"] == str(8 * 1024 * 1024)
+    assert worker.invokes.empty() and not worker.ended.is_set()
+    call = harness.inference.Embed(
+        inf.EmbedRequest(capability="tiny", inputs=["small"]),
+        metadata=harness.client_md,
+        timeout=10,
+    )
+    invoke = await asyncio.wait_for(worker.invokes.get(), timeout=5)
+    assert list(invoke.embed.inputs) == ["small"]
+    call.cancel()
+
+
+async def test_operator_requests_over_their_limits_are_refused_and_nothing_is_stored(
+    serving: tuple[Harness, ScriptedWorker],
+):
+    harness, _ = serving
+    too_many = {f"k{i}": "v" for i in range(65)}
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await harness.operator.RegisterNode(
+            cp.RegisterNodeRequest(name="labelled", labels=too_many), metadata=harness.op_md
+        )
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error_info_of(caught.value).metadata["limit"] == "64"  # type: ignore[union-attr]
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await harness.operator.CreateApiKey(
+            cp.CreateApiKeyRequest(tenant_id="t", name="n" * 201), metadata=harness.op_md
+        )
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    nodes = await harness.operator.ListNodes(cp.ListNodesRequest(), metadata=harness.op_md)
+    assert "labelled" not in {n.name for n in nodes.nodes}

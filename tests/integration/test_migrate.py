@@ -195,3 +195,19 @@ async def test_migrate_explains_a_database_it_cannot_reach(tmp_path: Path) -> No
         result.stderr.strip()
         == f"error: the directory {tmp_path}/no for the database does not exist"
     )
+
+
+async def test_migrate_creates_the_sqlite_file_private_and_refuses_a_planted_symlink(
+    tmp_path: Path,
+):
+    from gantry.controlplane.persistence.database import migrate_database
+
+    database = tmp_path / "private.db"
+    await migrate_database(f"sqlite+aiosqlite:///{database}")
+    assert database.stat().st_mode & 0o777 == 0o600
+    target = tmp_path / "elsewhere.db"
+    planted = tmp_path / "planted.db"
+    planted.symlink_to(target)
+    with pytest.raises(DatabaseNotInitialised):
+        await migrate_database(f"sqlite+aiosqlite:///{planted}")
+    assert not target.exists()

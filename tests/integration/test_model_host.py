@@ -114,6 +114,9 @@ async def test_host_embeds_like_the_model_in_process_alone_and_concurrently_then
             host.ready.runtime_versions
         )
         assert host.ready.runtime_versions["device"] == "cpu"
+        # Whatever this kernel allows, the host says what it reached and why.
+        assert host.ready.isolation in {"NONE", "LANDLOCK_FS", "LANDLOCK_FS_NET"}
+        assert host.ready.isolation_reason
         assert _pids_titled("gantry model-host dep-embed") == [host.pid]
 
         sentences = ["hello world", "the quick brown fox jumps over the lazy dog"]

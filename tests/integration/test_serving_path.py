@@ -182,7 +182,7 @@ async def test_extra_file_in_artifact_directory_is_a_mismatch(
     assert "extra smuggled.py" in failed.last_failure.message
 
 
-async def test_wrong_secrets_are_unauthenticated(gantry: Harness):
+async def test_wrong_secrets_are_unauthenticated_and_wrong_roles_denied(gantry: Harness):
     wrong_operator = gantry.operator_token[:-4] + "AAAA"
     assert await _code_and_reason(
         gantry.operator.ListNodes(cp.ListNodesRequest(), metadata=auth_metadata(wrong_operator))
@@ -191,13 +191,19 @@ async def test_wrong_secrets_are_unauthenticated(gantry: Harness):
         grpc.StatusCode.UNAUTHENTICATED,
         "UNAUTHENTICATED",
     )
-    # A client key is not an operator token, and the other way round.
+    # A genuine client key is known but not allowed on operator calls, and the other way round;
+    # a forged key of the other kind is not known at all.
     assert await _code_and_reason(
         gantry.operator.ListNodes(cp.ListNodesRequest(), metadata=gantry.client_md)
-    ) == (grpc.StatusCode.UNAUTHENTICATED, "UNAUTHENTICATED")
+    ) == (grpc.StatusCode.PERMISSION_DENIED, "PERMISSION_DENIED")
     assert await _code_and_reason(
         gantry.inference.Embed(
             inf.EmbedRequest(capability="x", inputs=["x"]), metadata=gantry.op_md
+        )
+    ) == (grpc.StatusCode.PERMISSION_DENIED, "PERMISSION_DENIED")
+    assert await _code_and_reason(
+        gantry.operator.ListNodes(
+            cp.ListNodesRequest(), metadata=auth_metadata(gantry.api_key[:-4] + "AAAA")
         )
     ) == (grpc.StatusCode.UNAUTHENTICATED, "UNAUTHENTICATED")
 

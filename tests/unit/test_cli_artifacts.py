@@ -1,4 +1,4 @@
-"""Artifact locations under the root, the hard-linked copy, hashing to a manifest."""
+"""Artifact locations under the root, the hard-linked copy, gating and hashing to a manifest."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ import pytest
 
 from gantry.cli.artifacts import artifact_location, hash_directory, place_copy
 from gantry.cli.errors import CliError
+from gantry.common.errors import GantryError
+from tests.fixtures.hostile_artifacts import BY_KIND, HOSTILE_KINDS, write_hostile_artifact
 
 
 @pytest.fixture
@@ -70,12 +72,30 @@ def test_hash_directory_builds_the_manifest_and_reports_progress(
 ) -> None:
     model = tmp_path / "model"
     (model / "sub").mkdir(parents=True)
-    (model / "weights.bin").write_bytes(b"\x00" * 3000)
+    (model / "weights.safetensors").write_bytes(b"\x00" * 3000)
     (model / "sub" / "vocab.txt").write_text("hello")
     entries = hash_directory(model)
     assert [(e.path, e.size_bytes) for e in entries] == [
         ("sub/vocab.txt", 5),
-        ("weights.bin", 3000),
+        ("weights.safetensors", 3000),
     ]
     assert entries[1].sha256 == hashlib.sha256(b"\x00" * 3000).hexdigest()
     assert "100%" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("kind", HOSTILE_KINDS)
+def test_hash_directory_gates_before_hashing_anything(
+    tmp_path: Path, kind: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = write_hostile_artifact(tmp_path / "model", kind)
+    with pytest.raises(GantryError) as caught:
+        hash_directory(model)
+    assert caught.value.reason == BY_KIND[kind].reason
+    assert caught.value.metadata["file"] == BY_KIND[kind].offending
+    assert "hashing" not in capsys.readouterr().err  # refused before the progress bar started
+
+
+def test_hash_directory_takes_pickle_only_when_allowed(tmp_path: Path) -> None:
+    model = write_hostile_artifact(tmp_path / "model", "pickle-weights")
+    paths = [e.path for e in hash_directory(model, allow_pickle=True)]
+    assert "pytorch_model.bin" in paths

@@ -26,6 +26,9 @@ COMPOSE = DEPLOY / "compose.yaml"
 SERVICES = ("controlplane", "scheduler", "worker")
 NO_ML_SERVICES = ("controlplane", "scheduler")
 GRPC_PORTS = {"controlplane": 50051, "scheduler": 50052}
+# The gRPC ports are TLS, which the kubelet's gRPC probe cannot speak: each server also answers
+# plaintext grpc.health.v1 (and nothing else) on its health port (`--health-listen`).
+HEALTH_PORTS = {"controlplane": 50061, "scheduler": 50062}
 ML_NAMES = frozenset({"torch", "transformers", "sentence-transformers"})
 APP_UID = 10001
 # A password written into a URL (`scheme://user:password@host`): never in a manifest.
@@ -713,7 +716,7 @@ def test_k8s_worker_daemonset(docs: list[tuple[str, dict[str, Any]]]) -> None:
 def test_k8s_grpc_services(docs: list[tuple[str, dict[str, Any]]], service: str) -> None:
     port = GRPC_PORTS[service]
     deployment = by_kind_name(docs, "Deployment", f"gantry-{service}")
-    assert grpc_probe_problems(service, deployment, port) == []
+    assert grpc_probe_problems(service, deployment, HEALTH_PORTS[service]) == []
     svc = by_kind_name(docs, "Service", f"gantry-{service}")
     assert [p["port"] for p in svc["spec"]["ports"]] == [port]
     template_labels = deployment["spec"]["template"]["metadata"]["labels"]
@@ -784,6 +787,103 @@ def test_kustomization_lists_exactly_the_manifests() -> None:
     assert missing == []
     unlisted = sorted({p.name for p in k8s_files()} - set(resources))
     assert unlisted == []
+
+
+# ---------------------------------------------------------------------------------------------
+# TLS: every gRPC channel, with certificates and keys mounted from Secrets
+# ---------------------------------------------------------------------------------------------
+
+# Per service: the TLS options that must name a file, and whether the server demands mTLS.
+TLS_OPTIONS = {
+    "controlplane": (
+        "--tls-cert",
+        "--tls-key",
+        "--scheduler-tls-ca",
+        "--scheduler-tls-cert",
+        "--scheduler-tls-key",
+    ),
+    "scheduler": ("--tls-cert", "--tls-key", "--tls-client-ca"),
+    "worker": ("--tls-ca",),
+}
+
+
+def k8s_tls_problems(service: str, doc: dict[str, Any]) -> Problems:
+    """Each TLS option names a file on a read-only mount of a Secret volume."""
+    spec = pod_spec(doc) or {}
+    container = next(c for c in spec["containers"] if c["name"] == service)
+    volumes = {v["name"]: v for v in spec.get("volumes") or []}
+    mounts = container.get("volumeMounts") or []
+    problems: Problems = []
+    for option in TLS_OPTIONS[service]:
+        path = option_value(container.get("args") or [], option)
+        if path is None:
+            problems.append(f"{service}: no {option}")
+            continue
+        mount = next((m for m in mounts if path.startswith(m["mountPath"].rstrip("/") + "/")), None)
+        if mount is None or "secret" not in volumes.get(mount["name"], {}):
+            problems.append(f"{service}: {option} {path} is not on a Secret mount")
+        elif mount.get("readOnly") is not True:
+            problems.append(f"{service}: {option} {path} is on a writable mount")
+    return problems
+
+
+def compose_tls_problems(doc: dict[str, Any], service: str) -> Problems:
+    """Each TLS option names a compose secret mounted into that service."""
+    entry = doc["services"][service]
+    targets = {
+        f"/run/secrets/{s}"
+        if isinstance(s, str)
+        else f"/run/secrets/{s.get('target', s['source'])}"
+        for s in entry.get("secrets") or []
+    }
+    problems: Problems = []
+    for option in TLS_OPTIONS[service]:
+        path = option_value(entry.get("command") or [], option)
+        if path is None:
+            problems.append(f"{service}: no {option}")
+        elif path not in targets:
+            problems.append(f"{service}: {option} {path} is not one of its secrets")
+    return problems
+
+
+@pytest.mark.parametrize("service", SERVICES)
+def test_k8s_channels_use_tls_from_secret_mounts(
+    docs: list[tuple[str, dict[str, Any]]], service: str
+) -> None:
+    kind = "DaemonSet" if service == "worker" else "Deployment"
+    assert k8s_tls_problems(service, by_kind_name(docs, kind, f"gantry-{service}")) == []
+
+
+@pytest.mark.parametrize("service", SERVICES)
+def test_compose_channels_use_tls_from_secrets(compose: dict[str, Any], service: str) -> None:
+    assert compose_tls_problems(compose, service) == []
+
+
+def test_compose_health_checks_reach_the_plaintext_health_listener(
+    compose: dict[str, Any],
+) -> None:
+    for service in NO_ML_SERVICES:
+        entry = compose["services"][service]
+        listen = option_value(entry["command"], "--health-listen")
+        assert listen is not None and listen.startswith("127.0.0.1:"), service
+        assert entry["environment"]["GANTRY_HEALTH_TARGET"] == listen
+    # The comment that once promised a TLS option that did not exist.
+    assert "(enable TLS)" not in COMPOSE.read_text()
+
+
+def test_tls_checks_reject_plaintext_and_certificates_outside_secrets(
+    docs: list[tuple[str, dict[str, Any]]], compose: dict[str, Any]
+) -> None:
+    doc = next(yaml.safe_load_all((K8S / "scheduler.yaml").read_text()))
+    container = doc["spec"]["template"]["spec"]["containers"][0]
+    args = container["args"]
+    args[args.index("--tls-key") + 1] = "/tmp/tls.key"
+    del args[args.index("--tls-client-ca") : args.index("--tls-client-ca") + 2]
+    problems = " | ".join(k8s_tls_problems("scheduler", doc))
+    assert "no --tls-client-ca" in problems and "/tmp/tls.key is not on a Secret" in problems
+    worker = compose["services"]["worker"]
+    plaintext = {**compose, "services": {"worker": {**worker, "secrets": ["node_credential"]}}}
+    assert "is not one of its secrets" in " | ".join(compose_tls_problems(plaintext, "worker"))
 
 
 # ---------------------------------------------------------------------------------------------

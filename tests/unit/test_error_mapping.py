@@ -107,3 +107,19 @@ def test_failure_round_trip_keeps_reason_class_and_metadata():
     assert failure.failure_class == FailureClass.INFRA.value
     back = GantryError.from_failure(failure)
     assert (back.reason, back.message, back.metadata) == ("RUNTIME_CRASHED", "gone", {"pid": "12"})
+
+
+def test_a_failure_reaches_a_client_as_its_reason_and_a_short_first_line():
+    from gantry.v1 import common_pb2
+
+    failure = common_pb2.Failure(
+        reason="RUNTIME_CRASHED",
+        message="model host exited with signal SIGKILL; stderr tail:\nsecret=/etc/token\nmore",
+        metadata={"pid": "12"},
+    )
+    error = GantryError.for_client(failure)
+    assert error.reason == "RUNTIME_CRASHED"
+    assert error.message == "model host exited with signal SIGKILL"
+    assert "secret" not in error.message and error.metadata == {"pid": "12"}
+    long = GantryError.for_client(common_pb2.Failure(reason="INVOKE_FAILED", message="x" * 1000))
+    assert len(long.message) <= 300

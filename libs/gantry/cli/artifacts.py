@@ -1,4 +1,4 @@
-"""Local artifact work: a directory's location under the artifact root, copying, hashing."""
+"""Local artifact work: a directory's location under the artifact root, copying, gating, hashing."""
 
 from __future__ import annotations
 
@@ -9,7 +9,12 @@ from pathlib import Path
 from gantry.cli.errors import CliError
 from gantry.cli.progress import ProgressBar
 from gantry.common.errors import GantryError
-from gantry.common.manifest import build_manifest, check_relative_path, total_size
+from gantry.common.manifest import (
+    build_manifest,
+    check_relative_path,
+    gate_directory,
+    total_size,
+)
 from gantry.v1 import common_pb2
 
 
@@ -36,8 +41,15 @@ def artifact_location(directory: Path, artifact_root: Path) -> str:
         raise CliError(exc.message) from None
 
 
-def hash_directory(directory: Path, *, label: str = "hashing") -> list[common_pb2.ManifestEntry]:
-    """The manifest of every file under a directory, with a progress bar on stderr."""
+def hash_directory(
+    directory: Path, *, label: str = "hashing", allow_pickle: bool = False
+) -> list[common_pb2.ManifestEntry]:
+    """The manifest of every file under a directory, with a progress bar on stderr.
+
+    The static artifact gate runs first (it reads config files only, so it is quick): a directory
+    no worker would load is refused before gigabytes are hashed or anything is registered.
+    """
+    gate_directory(directory, allow_pickle=allow_pickle)
     bar = ProgressBar(f"{label} {directory.name}", total_size(directory))
     entries = build_manifest(directory, bar.advance)
     bar.finish()

@@ -1,14 +1,17 @@
-"""Channels to the control plane, the bearer-token metadata, and paging through list RPCs."""
+"""Channels to the control plane (TLS when configured), bearer-token metadata, paging."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+import argparse
+import os
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import grpc
 
 from gantry.cli.state import StatePaths, read_secret
+from gantry.common.tls import ClientTls, client_tls_from
 
 ADDRESS_ENV = "GANTRY_ADDRESS"
 DEFAULT_ADDRESS = "127.0.0.1:50051"
@@ -23,8 +26,25 @@ def bearer(token: str) -> Metadata:
     return (("authorization", f"Bearer {token}"),)
 
 
-def open_channel(address: str) -> grpc.Channel:
-    return grpc.insecure_channel(address)
+def open_channel(address: str, tls: ClientTls | None = None) -> grpc.Channel:
+    if tls is None:
+        return grpc.insecure_channel(address)
+    return grpc.secure_channel(address, tls.credentials(), options=tls.channel_options())
+
+
+def local_tls(paths: StatePaths) -> ClientTls | None:
+    """The CA of a `gantry up --tls` serving this state directory."""
+    if not (paths.tls_enabled.exists() and paths.tls_ca.exists()):
+        return None
+    return ClientTls(ca_file=paths.tls_ca)
+
+
+def command_tls(
+    args: argparse.Namespace, paths: StatePaths, env: Mapping[str, str] | None = None
+) -> ClientTls | None:
+    """--tls-* flags, else GANTRY_TLS_* variables, else the local `gantry up --tls` CA."""
+    explicit = client_tls_from(args, env=os.environ if env is None else env)
+    return explicit if explicit is not None else local_tls(paths)
 
 
 def paged(
@@ -55,6 +75,10 @@ class CommandContext:
 
     address: str
     paths: StatePaths
+    tls: ClientTls | None = None
+
+    def open_channel(self) -> grpc.Channel:
+        return open_channel(self.address, self.tls)
 
     def operator_metadata(self) -> Metadata:
         return bearer(read_secret(self.paths.operator_token, what="operator token"))

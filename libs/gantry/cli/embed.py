@@ -7,7 +7,7 @@ import array
 import json
 import sys
 
-from gantry.cli.connection import CommandContext, open_channel
+from gantry.cli.connection import CommandContext
 from gantry.v1 import inference_pb2, inference_pb2_grpc
 
 # The first call may wait for a model host to come back; allow more than an operator call.
@@ -41,7 +41,7 @@ def embed(context: CommandContext, args: argparse.Namespace) -> int:
         request.deployment_id = args.deployment_id
     else:
         request.capability = args.capability
-    with open_channel(context.address) as channel:
+    with context.open_channel() as channel:
         response = inference_pb2_grpc.InferenceStub(channel).Embed(
             request, metadata=metadata, timeout=EMBED_TIMEOUT_S
         )

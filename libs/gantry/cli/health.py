@@ -1,4 +1,4 @@
-"""Waiting for a service to answer grpc.health.v1 SERVING."""
+"""Waiting for a service to answer grpc.health.v1 SERVING (over TLS when given)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,13 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from gantry.cli.connection import open_channel
 from gantry.cli.errors import CliError
+from gantry.common.tls import ClientTls
 
 
-def is_serving(address: str, *, timeout_s: float = 1.0) -> bool:
-    with grpc.insecure_channel(address) as channel:
+def is_serving(address: str, *, timeout_s: float = 1.0, tls: ClientTls | None = None) -> bool:
+    with open_channel(address, tls) as channel:
         try:
             response = health_pb2_grpc.HealthStub(channel).Check(
                 health_pb2.HealthCheckRequest(service=""), timeout=timeout_s
@@ -40,10 +42,11 @@ def wait_until_serving(
     timeout_s: float,
     interval_s: float = 0.25,
     monotonic: Callable[[], float] = time.monotonic,
+    tls: ClientTls | None = None,
 ) -> None:
     """Return once the service reports SERVING; fail naming the role and its log otherwise."""
     deadline = monotonic() + timeout_s
-    with grpc.insecure_channel(address) as channel:
+    with open_channel(address, tls) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         while True:
             try:

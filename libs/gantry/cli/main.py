@@ -11,15 +11,23 @@ from pathlib import Path
 import grpc
 
 from gantry.cli import embed, operator_commands
-from gantry.cli.connection import ADDRESS_ENV, DEFAULT_ADDRESS, CommandContext
+from gantry.cli.connection import ADDRESS_ENV, DEFAULT_ADDRESS, CommandContext, command_tls
 from gantry.cli.errors import CliError, format_gantry_error, format_rpc_error
 from gantry.cli.migrate import migrate
 from gantry.cli.roles import ROLE_HELP, ROLES, run_role
 from gantry.cli.state import DEFAULT_STATE_DIR, STATE_DIR_ENV, StatePaths
 from gantry.common.errors import GantryError
+from gantry.common.tls import TlsSettingsError, add_client_tls_arguments
 
 Handler = Callable[[CommandContext, argparse.Namespace], int]
-_GLOBAL_OPTIONS = ("--address", "--state-dir")
+_GLOBAL_OPTIONS = (
+    "--address",
+    "--state-dir",
+    "--tls-ca",
+    "--tls-cert",
+    "--tls-key",
+    "--tls-server-name",
+)
 
 
 def _up(context: CommandContext, args: argparse.Namespace) -> int:
@@ -32,6 +40,7 @@ def _up(context: CommandContext, args: argparse.Namespace) -> int:
             scheduler_address=args.scheduler_address,
             startup_timeout_s=args.startup_timeout,
             ready_timeout_s=args.ready_timeout,
+            tls=args.tls,
         )
     )
 
@@ -50,13 +59,19 @@ def _global_options() -> argparse.ArgumentParser:
         default=argparse.SUPPRESS,
         help=f"local state directory (env {STATE_DIR_ENV}, default {DEFAULT_STATE_DIR})",
     )
+    # Without any of these, commands use <state>/tls/ca.pem while `gantry up --tls` serves.
+    add_client_tls_arguments(options, peer="the control plane", default=argparse.SUPPRESS)
     return options
 
 
 def build_parser() -> argparse.ArgumentParser:
     options = _global_options()
+    # No abbreviations: `up --tls` would otherwise be ambiguous with the global --tls-* options.
     parser = argparse.ArgumentParser(
-        prog="gantry", description="Gantry: a runtime plane for ML models.", parents=[options]
+        prog="gantry",
+        description="Gantry: a runtime plane for ML models.",
+        parents=[options],
+        allow_abbrev=False,
     )
     commands = parser.add_subparsers(title="commands", metavar="COMMAND")
 
@@ -74,6 +89,11 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--scheduler-address", default="127.0.0.1:50052", metavar="HOST:PORT")
     up.add_argument("--startup-timeout", type=float, default=60.0, metavar="SECONDS")
     up.add_argument("--ready-timeout", type=float, default=300.0, metavar="SECONDS")
+    up.add_argument(
+        "--tls",
+        action="store_true",
+        help="serve TLS with a local CA under <state>/tls/ (mTLS between the services)",
+    )
 
     migrate_parser = command(
         "migrate", migrate, "create or upgrade the control plane's database schema"
@@ -157,14 +177,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         if handler is None:
             getattr(args, "help_parser", parser).print_help(sys.stderr)
             return 2
-        return int(
-            handler(CommandContext(address=address, paths=StatePaths(Path(state_dir))), args)
-        )
+        paths = StatePaths(Path(state_dir))
+        context = CommandContext(address=address, paths=paths, tls=command_tls(args, paths))
+        return int(handler(context, args))
     except grpc.RpcError as exc:
         print(format_rpc_error(exc, address=address), file=sys.stderr)
     except GantryError as exc:
         print(format_gantry_error(exc), file=sys.stderr)
-    except CliError as exc:
+    except (CliError, TlsSettingsError) as exc:
         print(f"error: {exc}", file=sys.stderr)
     except OSError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from gantry.cli.artifacts import artifact_location, hash_directory
-from gantry.cli.connection import DEFAULT_TIMEOUT_S, CommandContext, open_channel, paged
+from gantry.cli.connection import DEFAULT_TIMEOUT_S, CommandContext, paged
 from gantry.cli.tables import enum_label, format_bytes, format_timestamp, render_table
 from gantry.v1 import common_pb2, control_plane_pb2, control_plane_pb2_grpc
 
@@ -25,7 +25,7 @@ def _residency_state(state: int) -> str:
 
 def nodes(context: CommandContext, args: argparse.Namespace) -> int:
     metadata = context.operator_metadata()
-    with open_channel(context.address) as channel:
+    with context.open_channel() as channel:
         stub = control_plane_pb2_grpc.ControlPlaneStub(channel)
         found = list(
             paged(
@@ -56,7 +56,7 @@ def artifacts_register(context: CommandContext, args: argparse.Namespace) -> int
     name = args.name or directory.resolve().name
     metadata = context.operator_metadata()  # before hashing: a missing token should fail fast
     manifest = hash_directory(directory.resolve())
-    with open_channel(context.address) as channel:
+    with context.open_channel() as channel:
         registered = control_plane_pb2_grpc.ControlPlaneStub(channel).RegisterArtifactSet(
             control_plane_pb2.RegisterArtifactSetRequest(
                 name=name, location=location, manifest=manifest
@@ -75,7 +75,7 @@ def artifacts_register(context: CommandContext, args: argparse.Namespace) -> int
 
 def artifacts_list(context: CommandContext, args: argparse.Namespace) -> int:
     metadata = context.operator_metadata()
-    with open_channel(context.address) as channel:
+    with context.open_channel() as channel:
         stub = control_plane_pb2_grpc.ControlPlaneStub(channel)
         found = list(
             paged(
@@ -102,7 +102,7 @@ def artifacts_list(context: CommandContext, args: argparse.Namespace) -> int:
 
 def deployments(context: CommandContext, args: argparse.Namespace) -> int:
     metadata = context.operator_metadata()
-    with open_channel(context.address) as channel:
+    with context.open_channel() as channel:
         stub = control_plane_pb2_grpc.ControlPlaneStub(channel)
         found = list(
             paged(
@@ -136,7 +136,7 @@ def deploy(context: CommandContext, args: argparse.Namespace) -> int:
         ),
         replicas=args.replicas,
     )
-    with open_channel(context.address) as channel:
+    with context.open_channel() as channel:
         deployment = control_plane_pb2_grpc.ControlPlaneStub(channel).CreateDeployment(
             request, metadata=metadata, timeout=DEFAULT_TIMEOUT_S
         )
@@ -149,7 +149,7 @@ def deploy(context: CommandContext, args: argparse.Namespace) -> int:
 
 def unload(context: CommandContext, args: argparse.Namespace) -> int:
     metadata = context.operator_metadata()
-    with open_channel(context.address) as channel:
+    with context.open_channel() as channel:
         deployment = control_plane_pb2_grpc.ControlPlaneStub(channel).UnloadDeployment(
             control_plane_pb2.UnloadDeploymentRequest(deployment_id=args.deployment_id),
             metadata=metadata,

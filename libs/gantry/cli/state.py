@@ -50,6 +50,24 @@ class StatePaths:
         return self.root / "logs"
 
     @property
+    def tls(self) -> Path:
+        """`gantry up --tls`: the local CA and every certificate it issued."""
+        return self.root / "tls"
+
+    @property
+    def tls_ca(self) -> Path:
+        return self.tls / "ca.pem"
+
+    @property
+    def tls_enabled(self) -> Path:
+        """Present while the last `gantry up` served TLS: CLI commands then dial with tls_ca."""
+        return self.tls / "enabled"
+
+    def tls_files(self, name: str) -> tuple[Path, Path]:
+        """(certificate, private key) issued to `name` by the local CA."""
+        return self.tls / f"{name}.pem", self.tls / f"{name}.key"
+
+    @property
     def lock(self) -> Path:
         return self.root / "up.lock"
 
@@ -66,7 +84,9 @@ class StatePaths:
 def write_secret(path: Path, value: str) -> None:
     """Write atomically, mode 0600: a reader never sees a half-written or world-readable secret."""
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    temporary.unlink(missing_ok=True)  # a leftover of a crashed write (never followed: below)
+    # O_EXCL|O_NOFOLLOW: a file or symlink planted at the temporary name is refused, not written.
+    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     try:
         with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
             handle.write(value + "\n")

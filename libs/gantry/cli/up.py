@@ -23,6 +23,7 @@ from gantry.cli.roles import SUPERVISOR_PID_ENV
 from gantry.cli.state import DEFAULT_STATE_DIR, StatePaths, ensure_secret, read_secret
 from gantry.cli.supervisor import ChildSpec, Supervisor, describe_exit
 from gantry.common.ids import new_id
+from gantry.common.tls import ClientTls, create_local_ca, issue
 from gantry.common.tokens import OPERATOR_TOKEN, SERVICE_TOKEN, mint_token
 from gantry.v1 import control_plane_pb2_grpc
 
@@ -33,6 +34,12 @@ _OFFLINE_ENV = {
     "HF_HUB_DISABLE_PROGRESS_BARS": "1",
     "TOKENIZERS_PARALLELISM": "false",
 }
+# `up` decides each child's TLS by its flags: TLS settings from the caller's environment (meant
+# for CLI commands against another Gantry) must not switch a local service to TLS or away.
+_TLS_ENV_PREFIXES = ("GANTRY_TLS_", "GANTRY_SCHEDULER_TLS_")
+# What `gantry up --tls` issues from its CA: servers, then clients (mTLS between services).
+TLS_SERVERS = ("controlplane", "scheduler")
+TLS_CLIENTS = ("scheduler-link",)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -42,6 +49,7 @@ class UpSettings:
     scheduler_address: str
     startup_timeout_s: float
     ready_timeout_s: float
+    tls: bool = False  # a local CA under <state>/tls/; plaintext on loopback otherwise
 
 
 def say(line: str) -> None:
@@ -62,14 +70,75 @@ def migrate_argv(paths: StatePaths) -> list[str]:
 
 
 def _child_env() -> dict[str, str]:
-    env = {**_OFFLINE_ENV, **os.environ, SUPERVISOR_PID_ENV: str(os.getpid())}
+    inherited = {k: v for k, v in os.environ.items() if not k.startswith(_TLS_ENV_PREFIXES)}
+    env = {**_OFFLINE_ENV, **inherited, SUPERVISOR_PID_ENV: str(os.getpid())}
     env.setdefault("PYTHONUNBUFFERED", "1")  # logs that show what happened up to a crash
     return env
+
+
+def _host(address: str) -> str:
+    host = address.rpartition(":")[0] if ":" in address else address
+    return host.removeprefix("[").removesuffix("]")
+
+
+def prepare_tls(settings: UpSettings) -> None:
+    """The local CA (made once, kept) and fresh certificates for this run's addresses.
+
+    Leaf certificates are issued on every start, so a changed --address is always covered; the
+    CA stays, so a `ca.pem` copied elsewhere keeps working.
+    """
+    paths = settings.paths
+    if not (paths.tls_ca.exists() and (paths.tls / "ca.key").exists()):
+        create_local_ca(paths.tls)
+        say(f"created a local CA at {_shown(paths.tls_ca)}")
+    wildcard = {"", "0.0.0.0", "::"}
+    hosts = [_host(a) for a in (settings.address, settings.scheduler_address)]
+    sans = [host for host in hosts if host not in wildcard]
+    for name in TLS_SERVERS:
+        issue(paths.tls, name, sans)
+    for name in TLS_CLIENTS:
+        issue(paths.tls, name, client=True)
+    paths.tls_enabled.write_text("served by `gantry up --tls`\n", encoding="utf-8")
+
+
+def up_client_tls(settings: UpSettings) -> ClientTls | None:
+    """How `up` itself (like the CLI afterwards) dials the control plane: trusting the local CA."""
+    return ClientTls(ca_file=settings.paths.tls_ca) if settings.tls else None
+
+
+def _tls_arguments(settings: UpSettings) -> dict[str, list[str]]:
+    if not settings.tls:
+        return {"scheduler": [], "controlplane": [], "worker": []}
+    paths = settings.paths
+
+    def files(name: str) -> tuple[str, str]:
+        cert, key = paths.tls_files(name)
+        return str(cert.resolve()), str(key.resolve())
+
+    ca = str(paths.tls_ca.resolve())
+    scheduler_cert, scheduler_key = files("scheduler")
+    controlplane_cert, controlplane_key = files("controlplane")
+    link_cert, link_key = files("scheduler-link")
+    return {
+        # Only the control plane calls the scheduler: no certificate from this CA, no call.
+        "scheduler": [
+            "--tls-cert", scheduler_cert, "--tls-key", scheduler_key, "--tls-client-ca", ca,
+        ],
+        # One port for workers, operators and clients, each proving who it is by its bearer
+        # secret over TLS; no client certificates, so `grpcurl -cacert` works as printed.
+        "controlplane": [
+            "--tls-cert", controlplane_cert, "--tls-key", controlplane_key,
+            "--scheduler-tls-ca", ca,
+            "--scheduler-tls-cert", link_cert, "--scheduler-tls-key", link_key,
+        ],
+        "worker": ["--tls-ca", ca],
+    }  # fmt: skip
 
 
 def child_specs(settings: UpSettings) -> dict[str, ChildSpec]:
     paths = settings.paths
     env = _child_env()
+    tls_arguments = _tls_arguments(settings)
     arguments = {
         "scheduler": [
             "--listen", settings.scheduler_address,
@@ -91,7 +160,10 @@ def child_specs(settings: UpSettings) -> dict[str, ChildSpec]:
     }  # fmt: skip
     return {
         role: ChildSpec(
-            name=role, argv=role_argv(role, args), log_path=paths.log_file(role), env=env
+            name=role,
+            argv=role_argv(role, [*args, *tls_arguments[role]]),
+            log_path=paths.log_file(role),
+            env=env,
         )
         for role, args in arguments.items()
     }
@@ -150,7 +222,14 @@ def run_up(settings: UpSettings) -> int:
     paths = settings.paths
     paths.create()
     with exclusive_state(paths):
-        if is_serving(settings.address):
+        if settings.tls:
+            prepare_tls(settings)
+        else:
+            # CLI commands on this state directory dial plaintext again.
+            paths.tls_enabled.unlink(missing_ok=True)
+        if is_serving(settings.address) or is_serving(
+            settings.address, tls=up_client_tls(settings)
+        ):
             raise CliError(f"something already serves on {settings.address}; is Gantry running?")
         ensure_secret(paths.scheduler_token, lambda: mint_token(SERVICE_TOKEN, "scheduler"))
         ensure_secret(paths.operator_token, lambda: mint_token(OPERATOR_TOKEN, new_id()))
@@ -206,9 +285,21 @@ def _start(settings: UpSettings, supervisor: Supervisor, spec: ChildSpec, addres
     supervisor.start(spec)
     if address:
         wait_until_serving(
-            address, role=spec.name, log_path=spec.log_path, timeout_s=settings.startup_timeout_s
+            address,
+            role=spec.name,
+            log_path=spec.log_path,
+            timeout_s=settings.startup_timeout_s,
+            tls=_health_tls(settings, spec.name),
         )
         say(f"{spec.name} is serving on {address}")
+
+
+def _health_tls(settings: UpSettings, role: str) -> ClientTls | None:
+    if not settings.tls or role != "scheduler":
+        return up_client_tls(settings)
+    # The scheduler takes only the control plane's link certificate.
+    cert, key = settings.paths.tls_files("scheduler-link")
+    return ClientTls(ca_file=settings.paths.tls_ca, cert_file=cert, key_file=key)
 
 
 def _bring_up(settings: UpSettings, supervisor: Supervisor) -> None:
@@ -220,7 +311,7 @@ def _bring_up(settings: UpSettings, supervisor: Supervisor) -> None:
     _start(settings, supervisor, specs["scheduler"], settings.scheduler_address)
     _start(settings, supervisor, specs["controlplane"], settings.address)
     metadata = bearer(read_secret(paths.operator_token, what="operator token"))
-    with open_channel(settings.address) as channel:
+    with open_channel(settings.address, up_client_tls(settings)) as channel:
         stub = control_plane_pb2_grpc.ControlPlaneStub(channel)
         bootstrap.ensure_node_credential(stub, metadata, paths, say)
         _start(settings, supervisor, specs["worker"], "")  # no port: it dials the control plane
@@ -272,10 +363,13 @@ def banner(settings: UpSettings, deployment_id: str) -> str:
     if paths.root.resolve() != Path(DEFAULT_STATE_DIR).resolve():
         gantry += f" --state-dir {state}"
     grpcurl = _on_path_or_beside_python("grpcurl")
+    # grpcurl trusts the local CA by file; the gantry CLI finds it in the state directory.
+    security = f"-cacert {_shown(paths.tls_ca)}" if settings.tls else "-plaintext"
+    transport = f"TLS, CA {_shown(paths.tls_ca)}" if settings.tls else "plaintext"
     embed_body = '{"capability": "minilm", "inputs": ["Gantry keeps models resident."]}'
     return f"""
 Gantry is up.
-  control plane  {settings.address}  (gantry.v1.ControlPlane, gantry.v1.Inference)
+  control plane  {settings.address}  (gantry.v1.ControlPlane, gantry.v1.Inference; {transport})
   scheduler      {settings.scheduler_address}
   deployment     {deployment_id}  (capability {bootstrap.CAPABILITY}, READY)
   state          {state}/  (gantry.db, operator.token, client.key, node.credential)
@@ -285,8 +379,8 @@ Gantry is up.
 Try:
   {gantry} embed hello
   {gantry} deployments
-  {grpcurl} -plaintext {settings.address} list
-  {grpcurl} -plaintext -H "authorization: Bearer $(cat {_shown(paths.client_key)})" \\
+  {grpcurl} {security} {settings.address} list
+  {grpcurl} {security} -H "authorization: Bearer $(cat {_shown(paths.client_key)})" \\
     -d '{embed_body}' {settings.address} gantry.v1.Inference/Embed
 
 Ctrl-C stops everything.""".lstrip("\n")

@@ -11,6 +11,7 @@ import grpc
 from gantry.v1 import common_pb2
 
 ERROR_DOMAIN = "gantry.dev"
+CLIENT_MESSAGE_LIMIT = 300
 
 
 class FailureClass(enum.Enum):
@@ -102,6 +103,20 @@ class GantryError(Exception):
     def from_failure(cls, failure: common_pb2.Failure) -> GantryError:
         reason = failure.reason if failure.reason in REASONS else "INTERNAL"
         return cls(reason, failure.message or reason, **dict(failure.metadata))
+
+    @classmethod
+    def for_client(cls, failure: common_pb2.Failure) -> GantryError:
+        """Another process's failure as a client may see it: the reason and a short first line.
+
+        A model host's failure message carries its stderr tail (for operators and logs); it must
+        not reach whichever client's request happened to fail.
+        """
+        error = cls.from_failure(failure)
+        first_line = error.message.splitlines()[0] if error.message else error.reason
+        first_line = first_line.split("; stderr tail:")[0]
+        if len(first_line) > CLIENT_MESSAGE_LIMIT:
+            first_line = first_line[: CLIENT_MESSAGE_LIMIT - 1] + "…"
+        return cls(error.reason, first_line, **error.metadata)
 
     def __repr__(self) -> str:
         return f"GantryError({self.reason}: {self.message})"

@@ -1,4 +1,9 @@
-"""`create_server(...)`: every Gantry server, with health, reflection and the one interceptor."""
+"""`create_server(...)`: every Gantry server, with health, reflection and the one interceptor.
+
+With `tls` the port is TLS (mTLS when it names a client CA). An optional `health_listen` is a
+second, plaintext port that serves only grpc.health.v1, for probes that cannot speak TLS (the
+kubelet's gRPC probe, an image HEALTHCHECK); it shares the main server's health states.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +17,7 @@ from grpc_reflection.v1alpha import reflection
 
 from gantry.common.auth import Authenticator
 from gantry.common.interceptors import GantryServerInterceptor
+from gantry.common.tls import ClientTls, ServerTls
 
 # Generous limits: embeddings for large batches exceed gRPC's 4 MiB default.
 MESSAGE_LIMIT_BYTES = 64 * 1024 * 1024
@@ -45,10 +51,14 @@ class RunningServer:
     server: grpc.aio.Server
     port: int
     health: health.aio.HealthServicer
+    health_server: grpc.aio.Server | None = None
+    health_port: int | None = None
 
     async def stop(self, grace: float | None = 2.0) -> None:
         await self.health.enter_graceful_shutdown()
         await self.server.stop(grace)
+        if self.health_server is not None:
+            await self.health_server.stop(grace)
 
 
 async def create_server(
@@ -56,6 +66,8 @@ async def create_server(
     listen: str,
     services: Sequence[ServiceBinding],
     authenticator: Authenticator | None,
+    tls: ServerTls | None = None,
+    health_listen: str | None = None,
 ) -> RunningServer:
     """Bind and start a server; `listen` may use port 0 (tests), the bound port is returned."""
     server = grpc.aio.server(
@@ -74,14 +86,41 @@ async def create_server(
         ],
         server,
     )
-    port = server.add_insecure_port(listen)
+    if tls is None:
+        port = server.add_insecure_port(listen)
+    else:
+        port = server.add_secure_port(listen, tls.credentials())
     if port == 0:
         raise OSError(f"could not bind {listen}")
+    health_server, health_port = None, None
+    if health_listen is not None:
+        health_server = grpc.aio.server(options=SERVER_OPTIONS)
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, health_server)
+        health_port = health_server.add_insecure_port(health_listen)
+        if health_port == 0:
+            raise OSError(f"could not bind {health_listen}")
+        await health_server.start()
     await server.start()
     for name in ["", *names]:
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    return RunningServer(server=server, port=port, health=health_servicer)
+    return RunningServer(
+        server=server,
+        port=port,
+        health=health_servicer,
+        health_server=health_server,
+        health_port=health_port,
+    )
 
 
 def insecure_channel(address: str) -> grpc.aio.Channel:
+    """Plaintext: tests and loopback. Services dial each other through `channel`."""
     return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+
+
+def channel(address: str, tls: ClientTls | None) -> grpc.aio.Channel:
+    """A channel to a Gantry service: TLS with `tls`, plaintext without."""
+    if tls is None:
+        return insecure_channel(address)
+    return grpc.aio.secure_channel(
+        address, tls.credentials(), options=CHANNEL_OPTIONS + tls.channel_options()
+    )

@@ -35,3 +35,8 @@ def new_generation(*, now_ns: int | None = None) -> int:
     generation = (micros << _RANDOM_BITS) | secrets.randbits(_RANDOM_BITS)
     # 63 bits: the value fits a signed BIGINT column in every database we run on.
     return generation & 0x7FFF_FFFF_FFFF_FFFF
+
+
+def generation_micros(generation: int) -> int:
+    """When a generation was drawn (microseconds since the epoch), from its high bits."""
+    return generation >> _RANDOM_BITS

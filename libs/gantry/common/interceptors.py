@@ -14,7 +14,13 @@ from typing import Any
 
 import grpc
 
-from gantry.common.auth import Authenticator, bearer_token, required_role, set_principal
+from gantry.common.auth import (
+    Authenticator,
+    Principal,
+    bearer_token,
+    required_role,
+    set_principal,
+)
 from gantry.common.errors import GantryError
 from gantry.common.status import to_rich_status
 
@@ -32,6 +38,13 @@ def _unexpected(method: str, exc: BaseException) -> GantryError:
 
 
 class GantryServerInterceptor(grpc.aio.ServerInterceptor):
+    """Authenticates before the request body is parsed and wraps every handler shape.
+
+    A call that fails authentication gets a handler without a request deserializer: its bytes are
+    never parsed. Every shape (unary/stream in, unary/stream out) is wrapped; none is passed
+    through unauthenticated.
+    """
+
     def __init__(self, authenticator: Authenticator | None) -> None:
         self._authenticator = authenticator
 
@@ -45,26 +58,29 @@ class GantryServerInterceptor(grpc.aio.ServerInterceptor):
             return handler
         method: str = handler_call_details.method  # type: ignore[attr-defined]
         metadata = handler_call_details.invocation_metadata  # type: ignore[attr-defined]
-        return self._wrap(handler, method, metadata)
+        try:
+            principal = await self._authenticate(method, metadata)
+        except GantryError as error:
+            return _refusal(handler, error)
+        except Exception as exc:
+            return _refusal(handler, _unexpected(method, exc))
+        return self._wrap(handler, method, principal)
 
-    async def _authenticate(self, method: str, metadata: Any) -> None:
+    async def _authenticate(self, method: str, metadata: Any) -> Principal | None:
         if self._authenticator is None:  # a bare server (tests of the interceptor itself)
-            set_principal(None)
-            return
+            return None
         role = required_role(method)
         if role is None:
-            set_principal(None)
-            return
-        token = bearer_token(metadata)
-        set_principal(await self._authenticator.authenticate(role, token))
+            return None
+        return await self._authenticator.authenticate(role, bearer_token(metadata))
 
-    def _wrap(self, handler: grpc.RpcMethodHandler, method: str, metadata: Any) -> Any:
-        if handler.unary_unary is not None:
-            inner_unary = handler.unary_unary
+    def _wrap(self, handler: grpc.RpcMethodHandler, method: str, principal: Any) -> Any:
+        if handler.unary_unary is not None or handler.stream_unary is not None:
+            inner_unary = handler.unary_unary or handler.stream_unary
 
-            async def unary_unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+                set_principal(principal)
                 try:
-                    await self._authenticate(method, metadata)
                     return await inner_unary(request, context)
                 except GantryError as error:
                     await _abort(context, error)
@@ -73,8 +89,13 @@ class GantryServerInterceptor(grpc.aio.ServerInterceptor):
                 except Exception as exc:
                     await _abort(context, _unexpected(method, exc))
 
-            return grpc.unary_unary_rpc_method_handler(
-                unary_unary,
+            unary_factory = (
+                grpc.unary_unary_rpc_method_handler
+                if handler.unary_unary is not None
+                else grpc.stream_unary_rpc_method_handler
+            )
+            return unary_factory(
+                unary,
                 request_deserializer=handler.request_deserializer,
                 response_serializer=handler.response_serializer,
             )
@@ -83,8 +104,8 @@ class GantryServerInterceptor(grpc.aio.ServerInterceptor):
             inner_stream = handler.stream_stream or handler.unary_stream
 
             async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+                set_principal(principal)
                 try:
-                    await self._authenticate(method, metadata)
                     result = inner_stream(request, context)
                     if inspect.isasyncgen(result):
                         async for response in result:
@@ -108,4 +129,24 @@ class GantryServerInterceptor(grpc.aio.ServerInterceptor):
                 request_deserializer=handler.request_deserializer,
                 response_serializer=handler.response_serializer,
             )
-        return handler
+        # A shape this interceptor does not know is refused, never served unauthenticated.
+        return _refusal(handler, GantryError("INTERNAL", f"{method} has an unknown handler shape"))
+
+
+def _refusal(handler: grpc.RpcMethodHandler, error: GantryError) -> Any:
+    """A handler of the same shape that aborts at once, leaving the request bytes unparsed."""
+
+    async def refuse(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        await _abort(context, error)
+
+    async def refuse_stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        await _abort(context, error)
+        yield  # pragma: no cover - abort raises first
+
+    if handler.unary_unary is not None:
+        return grpc.unary_unary_rpc_method_handler(refuse)
+    if handler.stream_unary is not None:
+        return grpc.stream_unary_rpc_method_handler(refuse)
+    if handler.unary_stream is not None:
+        return grpc.unary_stream_rpc_method_handler(refuse_stream)
+    return grpc.stream_stream_rpc_method_handler(refuse_stream)

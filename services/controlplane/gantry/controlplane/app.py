@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from gantry.common import tokens
 from gantry.common.clock import Clock, SystemClock
 from gantry.common.grpc_server import RunningServer, ServiceBinding, create_server
+from gantry.common.tls import ClientTls, ServerTls
 from gantry.controlplane.authn import ControlPlaneAuthenticator
 from gantry.controlplane.gateway import GatewaySettings, WorkerGatewayService
 from gantry.controlplane.inference_service import InferenceService
@@ -35,6 +36,9 @@ class ControlPlaneSettings:
     bootstrap_operator_token: str | None = None
     reconciler: ReconcilerSettings = field(default_factory=ReconcilerSettings)
     lease_seconds: float = DEFAULT_LEASE_SECONDS
+    tls: ServerTls | None = None  # the one port (ControlPlane, Inference, WorkerGateway)
+    health_listen: str | None = None  # plaintext health-only port for probes that lack TLS
+    scheduler_tls: ClientTls | None = None  # the link to the scheduler
     # Tests that drive time by hand run the reconciler's passes themselves.
     run_reconciler: bool = True
 
@@ -47,6 +51,7 @@ class ControlPlane:
     hub: WorkerHub
     lifecycle: DeploymentLifecycle
     reconciler: Reconciler
+    gateway: WorkerGatewayService
 
     @property
     def port(self) -> int:
@@ -55,6 +60,7 @@ class ControlPlane:
     async def stop(self) -> None:
         await self.reconciler.stop()
         await self.server.stop(grace=1.0)
+        await self.gateway.close()  # the streams' last writes, before the database goes
         await self.scheduler.stop()
         await self.database.close()
 
@@ -95,6 +101,7 @@ async def start_control_plane(
         address=settings.scheduler_address,
         service_token=settings.scheduler_token,
         cluster_state=cluster_state,
+        tls=settings.scheduler_tls,
     )
     routes = RouteCache(clock)
     lifecycle = DeploymentLifecycle(
@@ -109,6 +116,15 @@ async def start_control_plane(
     reconciler = Reconciler(
         database=database, hub=hub, lifecycle=lifecycle, clock=clock, settings=settings.reconciler
     )
+    authenticator = ControlPlaneAuthenticator(database, clock)
+    gateway = WorkerGatewayService(
+        database=database,
+        hub=hub,
+        lifecycle=lifecycle,
+        reconciler=reconciler,
+        clock=clock,
+        settings=GatewaySettings(heartbeat_interval_s=settings.reconciler.heartbeat_interval_s),
+    )
     node_admin = NodeAdmin(
         database=database, hub=hub, lifecycle=lifecycle, clock=clock, wake_reconciler=reconciler
     )
@@ -118,7 +134,11 @@ async def start_control_plane(
             ServiceBinding(
                 "gantry.v1.ControlPlane",
                 ControlPlaneService(
-                    database=database, lifecycle=lifecycle, node_admin=node_admin, clock=clock
+                    database=database,
+                    lifecycle=lifecycle,
+                    node_admin=node_admin,
+                    authenticator=authenticator,
+                    clock=clock,
                 ),
                 control_plane_pb2_grpc.add_ControlPlaneServicer_to_server,
             ),
@@ -131,20 +151,13 @@ async def start_control_plane(
             ),
             ServiceBinding(
                 "gantry.v1.WorkerGateway",
-                WorkerGatewayService(
-                    database=database,
-                    hub=hub,
-                    lifecycle=lifecycle,
-                    reconciler=reconciler,
-                    clock=clock,
-                    settings=GatewaySettings(
-                        heartbeat_interval_s=settings.reconciler.heartbeat_interval_s
-                    ),
-                ),
+                gateway,
                 worker_gateway_pb2_grpc.add_WorkerGatewayServicer_to_server,
             ),
         ],
-        authenticator=ControlPlaneAuthenticator(database, clock),
+        authenticator=authenticator,
+        tls=settings.tls,
+        health_listen=settings.health_listen,
     )
     scheduler.start()
     if settings.run_reconciler:
@@ -156,4 +169,5 @@ async def start_control_plane(
         hub=hub,
         lifecycle=lifecycle,
         reconciler=reconciler,
+        gateway=gateway,
     )

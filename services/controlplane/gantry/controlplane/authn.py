@@ -40,6 +40,23 @@ class ControlPlaneAuthenticator:
         kind = _KINDS.get(role)
         parsed = tokens.parse_token(token, kind=kind) if kind else None
         if parsed is None:
+            other = next(
+                (
+                    r
+                    for r, k in _KINDS.items()
+                    if r is not role and tokens.parse_token(token, kind=k)
+                ),
+                None,
+            )
+            if other is not None:
+                # A genuine credential of another role is known but not allowed here; a forged one
+                # is simply not known (the call below raises UNAUTHENTICATED for it).
+                await self.authenticate(other, token)
+                raise GantryError(
+                    "PERMISSION_DENIED",
+                    f"a {other.value} credential cannot make {role.value} calls",
+                    role=role.value,
+                )
             raise GantryError("UNAUTHENTICATED", f"a {role.value} token is required for this call")
         if role is Role.CLIENT:
             return await self._client(token, parsed.token_id)
@@ -59,6 +76,10 @@ class ControlPlaneAuthenticator:
         if not tokens.token_matches(token, stored):
             raise GantryError("UNAUTHENTICATED", f"the {role.value} token does not match")
         return Principal(role=role, subject=subject)
+
+    def forget_api_key(self, api_key_id: str) -> None:
+        """A revoked key must not live on in the cache: the next call reads the database."""
+        self._client_keys.pop(api_key_id, None)
 
     async def _client(self, token: str, api_key_id: str) -> Principal:
         now = self._clock.monotonic()

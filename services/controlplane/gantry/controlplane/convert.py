@@ -141,3 +141,14 @@ def serving_job(row: models.ServingJob) -> control_plane_pb2.ServingJob:
         )
         message.health.CopyFrom(evidence.report)
     return message
+
+
+def api_key(row: models.ApiKey) -> control_plane_pb2.ApiKey:
+    """Ids, names and times only: the key itself is never stored, so it cannot be shown."""
+    return control_plane_pb2.ApiKey(
+        api_key_id=row.api_key_id,
+        tenant_id=row.tenant_id,
+        name=row.name,
+        created_at=timestamp(row.created_at),
+        revoked_at=timestamp(row.revoked_at),
+    )

@@ -21,6 +21,7 @@ from google.protobuf import duration_pb2, json_format
 from gantry.common.auth import current_principal
 from gantry.common.clock import Clock
 from gantry.common.errors import GantryError
+from gantry.common.ids import generation_micros
 from gantry.controlplane.inventory import Reconciled
 from gantry.controlplane.lifecycle import DeploymentLifecycle
 from gantry.controlplane.persistence import jobs, nodes
@@ -34,6 +35,9 @@ from gantry.v1 import worker_gateway_pb2_grpc
 
 log = logging.getLogger(__name__)
 
+# How long a closing stream's writer may take to finish the writes already queued.
+_WRITER_DRAIN_S = 5.0
+
 
 @dataclass(frozen=True, kw_only=True)
 class GatewaySettings:
@@ -41,6 +45,8 @@ class GatewaySettings:
     # Database work waiting per stream; past it the stream is closed (the worker reconnects and
     # resends what was not acknowledged) rather than holding an unbounded backlog.
     write_queue_limit: int = 1024
+    # How far ahead of this control plane's clock a worker's generation may have been drawn.
+    max_clock_skew_s: float = 300.0
 
 
 class WorkerGatewayService(worker_gateway_pb2_grpc.WorkerGatewayServicer):
@@ -60,6 +66,7 @@ class WorkerGatewayService(worker_gateway_pb2_grpc.WorkerGatewayServicer):
         self._reconciler = reconciler
         self._clock = clock
         self._settings = settings
+        self._endings: set[asyncio.Task[None]] = set()
 
     async def Connect(
         self,
@@ -77,33 +84,74 @@ class WorkerGatewayService(worker_gateway_pb2_grpc.WorkerGatewayServicer):
         stream = self._hub.open_stream(node_id=node_id, generation=first.generation)
         welcome = await self._hello(stream, first.hello)
         self._hub.attach(stream)
-        writes: asyncio.Queue[wg.WorkerMessage] = asyncio.Queue(
-            maxsize=self._settings.write_queue_limit
+        writes: asyncio.Queue[wg.WorkerMessage | None] = asyncio.Queue(
+            maxsize=self._settings.write_queue_limit + 1  # + the end marker
         )
-        tasks: list[asyncio.Task[None]] = []
+        reader: asyncio.Task[None] | None = None
+        writer: asyncio.Task[None] | None = None
         try:
             yield wg.ControlMessage(welcome=welcome)
-            tasks.append(asyncio.create_task(self._write(stream, writes), name=f"writes-{node_id}"))
-            tasks.append(
-                asyncio.create_task(
-                    self._read(stream, request_iterator, writes), name=f"read-{node_id}"
-                )
+            writer = asyncio.create_task(self._write(stream, writes), name=f"writes-{node_id}")
+            reader = asyncio.create_task(
+                self._read(stream, request_iterator, writes), name=f"read-{node_id}"
             )
             await self._lifecycle.dispatch_queued(node_id)
             while (message := await stream.outbox.get()) is not None:
                 yield message
         finally:
-            for task in tasks:
-                task.cancel()
-            for task in tasks:
+            # The end runs as its own task, shielded: a handler cancelled by a stopping server
+            # must not cut a database write in half; `close()` waits for every such end.
+            ending = asyncio.create_task(
+                self._end_stream(stream, reader, writer, writes), name=f"end-{node_id}"
+            )
+            self._endings.add(ending)
+            ending.add_done_callback(self._endings.discard)
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.shield(ending)
+
+    async def _end_stream(
+        self,
+        stream: WorkerStream,
+        reader: asyncio.Task[None] | None,
+        writer: asyncio.Task[None] | None,
+        writes: asyncio.Queue[wg.WorkerMessage | None],
+    ) -> None:
+        if reader is not None:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reader
+        if writer is not None:
+            # Finish the writes already queued (results the worker waits to see acknowledged
+            # are resent anyway), then stop; never cancel one mid-transaction unless it hangs.
+            writes.put_nowait(None)
+            try:
+                await asyncio.wait_for(asyncio.shield(writer), _WRITER_DRAIN_S)
+            except TimeoutError:
+                writer.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
-                    await task
-            await self._goodbye(stream)
+                    await writer
+        await self._goodbye(stream)
+
+    async def close(self) -> None:
+        """Wait for every stream's end (its last writes and its goodbye) to finish."""
+        if self._endings:
+            await asyncio.wait(set(self._endings), timeout=_WRITER_DRAIN_S * 2)
 
     async def _hello(self, stream: WorkerStream, hello: wg.Hello) -> wg.Welcome:
         if stream.generation <= 0:
             raise GantryError("INVALID_ARGUMENT", "a worker generation must be positive")
         now = self._clock.now()
+        # A generation carries the time it was drawn. One from the future (beyond the allowed
+        # clock skew) is refused: otherwise a credential holder could send 2**63-1 and fence the
+        # real worker forever, even after the credential is rotated.
+        latest = int((now.timestamp() + self._settings.max_clock_skew_s) * 1_000_000)
+        if generation_micros(stream.generation) > latest:
+            raise GantryError(
+                "INVALID_ARGUMENT",
+                f"generation {stream.generation} was drawn more than "
+                f"{self._settings.max_clock_skew_s:g}s in the future; check the worker's clock",
+                limit_seconds=f"{self._settings.max_clock_skew_s:g}",
+            )
         adapters = sorted({a for env in hello.environments for a in env.adapters})
         inventory = {
             "adapters": adapters,
@@ -157,7 +205,7 @@ class WorkerGatewayService(worker_gateway_pb2_grpc.WorkerGatewayServicer):
         self,
         stream: WorkerStream,
         messages: AsyncIterator[wg.WorkerMessage],
-        writes: asyncio.Queue[wg.WorkerMessage],
+        writes: asyncio.Queue[wg.WorkerMessage | None],
     ) -> None:
         try:
             async for message in messages:
@@ -179,11 +227,10 @@ class WorkerGatewayService(worker_gateway_pb2_grpc.WorkerGatewayServicer):
                 if kind == "invoke_result":
                     stream.resolve_invoke(message.invoke_result)
                 elif kind in ("heartbeat", "job_result", "job_update", "inventory_report"):
-                    try:
-                        writes.put_nowait(message)
-                    except asyncio.QueueFull:
+                    if writes.qsize() >= self._settings.write_queue_limit:
                         log.error("node %s: database writes fell behind; closing", stream.node_id)
                         return
+                    writes.put_nowait(message)
                 else:
                     stream.send(
                         _reject(
@@ -202,9 +249,10 @@ class WorkerGatewayService(worker_gateway_pb2_grpc.WorkerGatewayServicer):
                 GantryError("WORKER_UNAVAILABLE", f"lost the stream to node {stream.node_id}")
             )
 
-    async def _write(self, stream: WorkerStream, writes: asyncio.Queue[wg.WorkerMessage]) -> None:
-        while True:
-            message = await writes.get()
+    async def _write(
+        self, stream: WorkerStream, writes: asyncio.Queue[wg.WorkerMessage | None]
+    ) -> None:
+        while (message := await writes.get()) is not None:
             try:
                 await self._handle(stream, message)
             except GantryError as error:

@@ -29,6 +29,9 @@ _tracer = tracer("gantry.controlplane")
 
 MAX_INPUTS = 1024
 MAX_INPUT_CHARS = 100_000
+# The whole request's text, so the Invoke built from it stays far inside the worker stream's
+# message limit: an oversize call gets a typed error, never a torn-down worker stream.
+MAX_REQUEST_TEXT_BYTES = 8 * 1024 * 1024
 DEFAULT_MAX_INVOKE_SECONDS = 300.0
 ROUTABLE_DEPLOYMENT_STATES = frozenset({DeploymentState.READY, DeploymentState.DEGRADED})
 _OUTCOME_BY_CLASS = {
@@ -43,6 +46,14 @@ def validate_inputs(inputs: list[str]) -> None:
         raise invalid_argument("inputs must hold at least one text", field="inputs")
     if len(inputs) > MAX_INPUTS:
         raise GantryError("INVALID_PAYLOAD", f"at most {MAX_INPUTS} inputs per call")
+    total = sum(len(text.encode("utf-8", errors="surrogatepass")) for text in inputs)
+    if total > MAX_REQUEST_TEXT_BYTES:
+        raise GantryError(
+            "INVALID_PAYLOAD",
+            f"the inputs hold {total} bytes of text; at most {MAX_REQUEST_TEXT_BYTES} per call",
+            field="inputs",
+            limit_bytes=str(MAX_REQUEST_TEXT_BYTES),
+        )
     for index, text in enumerate(inputs):
         if len(text) > MAX_INPUT_CHARS:
             raise GantryError(

@@ -10,6 +10,15 @@ from pathlib import Path
 
 from gantry.common.process import run_until_signalled, setup_logging
 from gantry.common.telemetry import setup_tracing
+from gantry.common.tls import (
+    SCHEDULER_CLIENT_TLS,
+    TlsSettingsError,
+    add_client_tls_arguments,
+    add_server_tls_arguments,
+    client_tls_from,
+    listener_mode,
+    server_tls_from,
+)
 from gantry.controlplane.app import ControlPlaneSettings, start_control_plane
 from gantry.controlplane.lifecycle import DEFAULT_LEASE_SECONDS
 from gantry.controlplane.persistence.database import DatabaseNotInitialised
@@ -24,6 +33,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scheduler-token-file", type=Path, required=True)
     parser.add_argument("--bootstrap-operator-token-file", type=Path)
     parser.add_argument("--artifact-root", type=Path, help="accepted for symmetry; unused here")
+    parser.add_argument(
+        "--health-listen",
+        metavar="HOST:PORT",
+        help="also serve grpc.health.v1 alone, plaintext, here (probes that cannot speak TLS)",
+    )
+    add_server_tls_arguments(parser)
+    add_client_tls_arguments(
+        parser.add_argument_group("TLS to the scheduler (plaintext unless one is given)"),
+        SCHEDULER_CLIENT_TLS,
+        peer="the scheduler",
+    )
     defaults = ReconcilerSettings()
     parser.add_argument(
         "--heartbeat-interval-s",
@@ -58,6 +78,14 @@ def main(argv: list[str] | None = None) -> int:
     ):
         if getattr(args, name) <= 0:
             parser.error(f"--{name.replace('_', '-')} must be positive")
+    try:
+        tls = server_tls_from(args)
+        scheduler_tls = client_tls_from(args, SCHEDULER_CLIENT_TLS)
+        for given in (tls, scheduler_tls):
+            if given is not None:
+                given.credentials()  # every file readable now, not at the first connection
+    except TlsSettingsError as exc:
+        parser.error(str(exc))
     setup_logging("controlplane")
     setup_tracing("gantry-controlplane")
     bootstrap = args.bootstrap_operator_token_file
@@ -73,17 +101,25 @@ def main(argv: list[str] | None = None) -> int:
             absence_grace_s=args.absence_grace_s,
         ),
         lease_seconds=args.lease_seconds,
+        tls=tls,
+        health_listen=args.health_listen,
+        scheduler_tls=scheduler_tls,
     )
 
     async def serve() -> None:
         control_plane = await start_control_plane(settings)
-        logging.getLogger(__name__).info("control plane listening on port %d", control_plane.port)
+        logging.getLogger(__name__).info(
+            "control plane listening on port %d (%s); scheduler link %s",
+            control_plane.port,
+            listener_mode(tls),
+            "plaintext" if scheduler_tls is None else "TLS",
+        )
         await run_until_signalled()
         await control_plane.stop()
 
     try:
         asyncio.run(serve())
-    except DatabaseNotInitialised as exc:
+    except (DatabaseNotInitialised, TlsSettingsError) as exc:
         # An operator's mistake, not a bug: one line that names the fix, no traceback.
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from gantry.common.clock import Clock
+from gantry.common.errors import GantryError
 from gantry.controlplane.domain.transitions import JobType, NodeState, ResidencyState
 from gantry.controlplane.lifecycle import DeploymentLifecycle
 from gantry.controlplane.persistence import audit, deployments, jobs, nodes
@@ -115,3 +116,25 @@ class NodeAdmin:
         self._lifecycle.announcer.node(node, connected)
         self._wake.wake()  # type: ignore[attr-defined]
         return node
+
+    async def rotate_credential(self, node_id: str, *, actor: str) -> tuple[Node, str]:
+        """A new credential, returned once. The old one is refused from now on, and the stream it
+        opened is closed: whoever holds the old credential is cut off at once."""
+        now = self._clock.now()
+        async with self._database.transaction() as session:
+            node = await nodes.get_node(session, node_id)
+            credential = await nodes.rotate_credential(session, node)
+            await audit.record_event(
+                session,
+                actor=actor,
+                action="node.rotate_credential",
+                subject_kind="node",
+                subject_id=node_id,
+                now=now,
+            )
+        stream = self._hub.get(node_id)
+        if stream is not None:
+            stream.close(
+                GantryError("UNAUTHENTICATED", f"the credential of node {node_id} was rotated")
+            )
+        return node, credential

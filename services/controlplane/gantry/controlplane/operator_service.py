@@ -12,6 +12,7 @@ from gantry.common.errors import GantryError, invalid_argument
 from gantry.common.ids import parse_id
 from gantry.common.manifest import check_relative_path, validate_manifest
 from gantry.controlplane import convert
+from gantry.controlplane.authn import ControlPlaneAuthenticator
 from gantry.controlplane.invariants import check_invariants
 from gantry.controlplane.lifecycle import DeploymentLifecycle
 from gantry.controlplane.node_admin import NodeAdmin
@@ -32,8 +33,45 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 SUPPORTED_ADAPTERS = frozenset({"sentence_transformers"})
 
 
+MAX_LABELS = 64
+_LABEL_KEY = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._/-]{0,62})$")
+MAX_LABEL_VALUE_CHARS = 256
+MAX_API_KEY_NAME_CHARS = 200
+MAX_ENVIRONMENT_ID_CHARS = 200
+MAX_BATCH_SIZE = 4096
+MAX_INPUT_LENGTH_TOKENS = 1_000_000
+
+
+def _check_labels(labels: dict[str, str]) -> dict[str, str]:
+    if len(labels) > MAX_LABELS:
+        raise invalid_argument(
+            f"at most {MAX_LABELS} labels", field="labels", limit=str(MAX_LABELS)
+        )
+    for key, value in labels.items():
+        if not _LABEL_KEY.fullmatch(key):
+            raise invalid_argument(
+                f"label key {key[:80]!r} must be 1-63 letters, digits, '.', '_', '/' or '-'",
+                field="labels",
+            )
+        if len(value) > MAX_LABEL_VALUE_CHARS or any(ord(c) < 0x20 for c in value):
+            raise invalid_argument(
+                f"label {key!r} must be at most {MAX_LABEL_VALUE_CHARS} printable characters",
+                field="labels",
+                limit=str(MAX_LABEL_VALUE_CHARS),
+            )
+    return labels
+
+
+def _check_length(value: str, *, field: str, limit: int) -> str:
+    if len(value) > limit:
+        raise invalid_argument(
+            f"{field} must be at most {limit} characters", field=field, limit=str(limit)
+        )
+    return value
+
+
 def _check_name(value: str, *, field: str) -> str:
-    if not _NAME.match(value):
+    if not _NAME.fullmatch(value):
         raise invalid_argument(
             f"{field} must be 1-128 letters, digits, '.', '_' or '-', got {value!r}", field=field
         )
@@ -47,11 +85,13 @@ class ControlPlaneService(control_plane_pb2_grpc.ControlPlaneServicer):
         database: Database,
         lifecycle: DeploymentLifecycle,
         node_admin: NodeAdmin,
+        authenticator: ControlPlaneAuthenticator,
         clock: Clock,
     ) -> None:
         self._database = database
         self._lifecycle = lifecycle
         self._node_admin = node_admin
+        self._authenticator = authenticator
         self._clock = clock
 
     async def RegisterNode(
@@ -61,7 +101,7 @@ class ControlPlaneService(control_plane_pb2_grpc.ControlPlaneServicer):
         now = self._clock.now()
         async with self._database.transaction() as session:
             node, credential = await nodes.register_node(
-                session, name=request.name, labels=dict(request.labels), now=now
+                session, name=request.name, labels=_check_labels(dict(request.labels)), now=now
             )
             await audit.record_event(
                 session,
@@ -225,8 +265,23 @@ class ControlPlaneService(control_plane_pb2_grpc.ControlPlaneServicer):
                 + ", ".join(sorted(SUPPORTED_ADAPTERS)),
                 adapter=adapter.adapter,
             )
-        if adapter.device and not re.match(r"^(cpu|cuda(:\d+)?)$", adapter.device):
+        if adapter.device and not re.fullmatch(r"cpu|cuda(:\d+)?", adapter.device):
             raise invalid_argument(f"device {adapter.device!r} is not cpu or cuda[:N]")
+        _check_length(
+            request.environment_id, field="environment_id", limit=MAX_ENVIRONMENT_ID_CHARS
+        )
+        if adapter.max_batch_size > MAX_BATCH_SIZE:
+            raise invalid_argument(
+                f"adapter.max_batch_size must be at most {MAX_BATCH_SIZE}",
+                field="adapter.max_batch_size",
+                limit=str(MAX_BATCH_SIZE),
+            )
+        if adapter.max_input_length > MAX_INPUT_LENGTH_TOKENS:
+            raise invalid_argument(
+                f"adapter.max_input_length must be at most {MAX_INPUT_LENGTH_TOKENS}",
+                field="adapter.max_input_length",
+                limit=str(MAX_INPUT_LENGTH_TOKENS),
+            )
         replicas = request.replicas or 1
         if replicas > 64:
             raise invalid_argument("replicas must be at most 64")
@@ -284,6 +339,7 @@ class ControlPlaneService(control_plane_pb2_grpc.ControlPlaneServicer):
         self, request: cp.CreateApiKeyRequest, context: grpc.aio.ServicerContext
     ) -> cp.CreateApiKeyResponse:
         tenant_id = _check_name(request.tenant_id, field="tenant_id")
+        _check_length(request.name, field="name", limit=MAX_API_KEY_NAME_CHARS)
         now = self._clock.now()
         async with self._database.transaction() as session:
             row, plain = await credentials.create_api_key(
@@ -301,6 +357,48 @@ class ControlPlaneService(control_plane_pb2_grpc.ControlPlaneServicer):
         return cp.CreateApiKeyResponse(
             api_key_id=row.api_key_id, tenant_id=tenant_id, api_key=plain
         )
+
+    async def RevokeApiKey(
+        self, request: cp.RevokeApiKeyRequest, context: grpc.aio.ServicerContext
+    ) -> cp.ApiKey:
+        api_key_id = parse_id(request.api_key_id, field="api_key_id")
+        now = self._clock.now()
+        async with self._database.transaction() as session:
+            row = await credentials.revoke_api_key(session, api_key_id, now=now)
+            await audit.record_event(
+                session,
+                actor=current_principal().subject,
+                action="api_key.revoke",
+                subject_kind="tenant",
+                subject_id=row.tenant_id,
+                now=now,
+                api_key_id=api_key_id,
+            )
+        self._authenticator.forget_api_key(api_key_id)
+        return convert.api_key(row)
+
+    async def ListApiKeys(
+        self, request: cp.ListApiKeysRequest, context: grpc.aio.ServicerContext
+    ) -> cp.ListApiKeysResponse:
+        page = page_of(request.page_size, request.page_token)
+        tenant_id = _check_name(request.tenant_id, field="tenant_id") if request.tenant_id else ""
+        async with self._database.transaction() as session:
+            rows = await credentials.list_api_keys(
+                session, after=page.after, limit=page.fetch, tenant_id=tenant_id
+            )
+        items, next_token = page.split(rows, key=lambda row: row.api_key_id)
+        return cp.ListApiKeysResponse(
+            api_keys=[convert.api_key(r) for r in items], next_page_token=next_token
+        )
+
+    async def RotateNodeCredential(
+        self, request: cp.RotateNodeCredentialRequest, context: grpc.aio.ServicerContext
+    ) -> cp.RegisterNodeResponse:
+        node_id = parse_id(request.node_id, field="node_id")
+        node, credential = await self._node_admin.rotate_credential(
+            node_id, actor=current_principal().subject
+        )
+        return cp.RegisterNodeResponse(node=convert.node(node), credential=credential)
 
     async def _deployment(self, deployment_id: str) -> cp.Deployment:
         async with self._database.transaction() as session:

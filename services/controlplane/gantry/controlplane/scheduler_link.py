@@ -29,9 +29,10 @@ import grpc
 
 from gantry.common.auth import auth_metadata
 from gantry.common.errors import GantryError
-from gantry.common.grpc_server import insecure_channel
+from gantry.common.grpc_server import channel
 from gantry.common.ids import new_id
 from gantry.common.telemetry import inject_context
+from gantry.common.tls import ClientTls
 from gantry.v1 import scheduler_pb2, scheduler_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -64,8 +65,10 @@ class SchedulerLink:
         outbox_limit: int = DEFAULT_OUTBOX_LIMIT,
         waiters_limit: int = DEFAULT_WAITERS_LIMIT,
         replay_buffer_limit: int = DEFAULT_REPLAY_BUFFER_LIMIT,
+        tls: ClientTls | None = None,
     ) -> None:
         self._address = address
+        self._tls = tls
         self._token = service_token
         self._cluster_state = cluster_state
         self._reconnect_max = reconnect_max_seconds
@@ -209,8 +212,8 @@ class SchedulerLink:
             delay = min(delay * 2, self._reconnect_max)
 
     async def _connect_once(self) -> None:
-        async with insecure_channel(self._address) as channel:
-            stub = scheduler_pb2_grpc.SchedulerStub(channel)
+        async with channel(self._address, self._tls) as scheduler_channel:
+            stub = scheduler_pb2_grpc.SchedulerStub(scheduler_channel)
             self._outbox = self._new_outbox()
             for message in await self._replay():
                 self._outbox.put_nowait(message)

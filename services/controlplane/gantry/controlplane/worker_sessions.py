@@ -223,7 +223,7 @@ class WorkerHub:
         finally:
             stream.forget_invoke(request_id)
         if result.WhichOneof("outcome") == "failure":
-            raise GantryError.from_failure(result.failure)
+            raise GantryError.for_client(result.failure)
         return result.embed
 
 

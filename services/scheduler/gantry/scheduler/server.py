@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 from gantry.common.grpc_server import RunningServer, ServiceBinding, create_server
+from gantry.common.tls import ServerTls
 from gantry.scheduler.auth import ServiceTokenAuthenticator
 from gantry.scheduler.service import SchedulerService, SchedulerSettings
 from gantry.v1 import scheduler_pb2_grpc
 
 
 async def start_scheduler(
-    *, listen: str, service_token: str, settings: SchedulerSettings | None = None
+    *,
+    listen: str,
+    service_token: str,
+    settings: SchedulerSettings | None = None,
+    tls: ServerTls | None = None,
+    health_listen: str | None = None,
 ) -> tuple[RunningServer, SchedulerService]:
     service = SchedulerService(settings)
     server = await create_server(
@@ -20,5 +26,7 @@ async def start_scheduler(
             )
         ],
         authenticator=ServiceTokenAuthenticator(service_token),
+        tls=tls,
+        health_listen=health_listen,
     )
     return server, service

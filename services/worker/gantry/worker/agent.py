@@ -31,11 +31,12 @@ from gantry.common.auth import auth_metadata
 from gantry.common.clock import Clock
 from gantry.common.digests import adapter_digest, environment_fingerprint
 from gantry.common.errors import GantryError
-from gantry.common.grpc_server import insecure_channel
+from gantry.common.grpc_server import channel
 from gantry.common.ids import new_generation
 from gantry.common.manifest import ManifestEntry, verify_artifact
 from gantry.common.status import error_from_rpc
 from gantry.common.telemetry import inject_context, tracer
+from gantry.common.tls import ClientTls
 from gantry.v1 import worker_gateway_pb2 as wg
 from gantry.v1 import worker_gateway_pb2_grpc
 from gantry.worker.crash_policy import RestartPolicy
@@ -44,6 +45,7 @@ from gantry.worker.invocations import DEFAULT_MAX_IN_FLIGHT, Invocations
 from gantry.worker.jobs import DeploymentJobQueues
 from gantry.worker.model_host.environments import resolve_python
 from gantry.worker.model_host.inbox import DEFAULT_INBOX_LIMIT
+from gantry.worker.model_host.landlock import IsolationLevel
 from gantry.worker.model_host.process import DEFAULT_MAX_PENDING, HostLaunchSpec
 from gantry.worker.residents import DEFAULT_MAX_RESIDENTS, HostFactory, ResidentFacts
 from gantry.worker.supervision import SupervisionSettings, Supervisor
@@ -59,6 +61,7 @@ class WorkerSettings:
     artifact_root: Path
     max_residents: int = DEFAULT_MAX_RESIDENTS
     reconnect_max_seconds: float = 10.0
+    tls: ClientTls | None = None  # to the control plane; None: plaintext
     env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
     # Supervision of model hosts: in-place restarts with backoff, crash loops, liveness pings.
     restart_initial_backoff_s: float = 0.5
@@ -73,6 +76,9 @@ class WorkerSettings:
     max_in_flight_invokes: int = DEFAULT_MAX_IN_FLIGHT
     host_max_pending: int = DEFAULT_MAX_PENDING
     host_inbox_limit: int = DEFAULT_INBOX_LIMIT
+    # The least sandbox a model host must reach; below it the load fails
+    # RUNTIME_ENVIRONMENT_UNAVAILABLE.
+    require_isolation: IsolationLevel = IsolationLevel.NONE
 
     def supervision(self) -> SupervisionSettings:
         return SupervisionSettings(
@@ -174,8 +180,8 @@ class WorkerAgent:
     # ---- the stream ---------------------------------------------------------------------------
 
     async def _serve_stream(self) -> None:
-        async with insecure_channel(self.settings.control_plane) as channel:
-            stub = worker_gateway_pb2_grpc.WorkerGatewayStub(channel)
+        async with channel(self.settings.control_plane, self.settings.tls) as gateway_channel:
+            stub = worker_gateway_pb2_grpc.WorkerGatewayStub(gateway_channel)
             self._outbox = self._new_outbox()
             self._send(wg.WorkerMessage(hello=self._hello()))
             call = stub.Connect(self._outgoing(), metadata=auth_metadata(self.settings.credential))
@@ -335,6 +341,7 @@ class WorkerAgent:
                 python_executable=python,
                 max_pending=self.settings.host_max_pending,
                 inbox_limit=self.settings.host_inbox_limit,
+                require_isolation=self.settings.require_isolation,
             )
 
         with _tracer.start_as_current_span(
@@ -359,6 +366,8 @@ class WorkerAgent:
                 bytes_verified=bytes_verified,
                 adapter_digest=facts.adapter_digest,
                 environment_fingerprint=facts.environment_fingerprint,
+                isolation=host.ready.isolation,
+                isolation_reason=host.ready.isolation_reason,
             )
         )
 

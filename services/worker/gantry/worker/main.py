@@ -10,7 +10,9 @@ from pathlib import Path
 
 from gantry.common.process import run_until_signalled, setup_logging
 from gantry.common.telemetry import setup_tracing
+from gantry.common.tls import TlsSettingsError, add_client_tls_arguments, client_tls_from
 from gantry.worker.agent import WorkerAgent, WorkerSettings
+from gantry.worker.model_host.sandbox import REQUIRE_CHOICES
 
 # WorkerSettings fields exposed as flags (--restart-initial-backoff-s, ...), defaults from there.
 _SUPERVISION_ARGUMENTS = {
@@ -34,6 +36,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--credential-file", type=Path, required=True)
     parser.add_argument("--artifact-root", type=Path, required=True)
     parser.add_argument("--max-residents", type=int, default=8)
+    parser.add_argument(
+        "--require-isolation",
+        choices=sorted(REQUIRE_CHOICES),
+        default="none",
+        help="refuse to run a model host sandboxed less than this: fs = Landlock filesystem "
+        "rules, fs-net = also no TCP (default: none)",
+    )
+    add_client_tls_arguments(
+        parser.add_argument_group("TLS to the control plane (plaintext unless one is given)"),
+        peer="the control plane",
+    )
     defaults = WorkerSettings(control_plane="", credential="", artifact_root=Path())
     supervision = parser.add_argument_group("model host supervision")
     for name, help_text in _SUPERVISION_ARGUMENTS.items():
@@ -45,6 +58,12 @@ def main(argv: list[str] | None = None) -> int:
             help=f"{help_text} (default: {default})",
         )
     args = parser.parse_args(argv)
+    try:
+        tls = client_tls_from(args)
+        if tls is not None:
+            tls.credentials()  # every file readable now, not at the first connection
+    except TlsSettingsError as exc:
+        parser.error(str(exc))
     setup_logging("worker")
     setup_tracing("gantry-worker")
     settings = WorkerSettings(
@@ -52,6 +71,8 @@ def main(argv: list[str] | None = None) -> int:
         credential=args.credential_file.read_text().strip(),
         artifact_root=args.artifact_root,
         max_residents=args.max_residents,
+        require_isolation=REQUIRE_CHOICES[args.require_isolation],
+        tls=tls,
         **{name: getattr(args, name) for name in _SUPERVISION_ARGUMENTS},
     )
 

@@ -118,6 +118,10 @@ class Resident:
             resident.next_restart_at.CopyFrom(_timestamp(self.next_restart_at))
         if self.health is not None:
             resident.health.CopyFrom(self.health)
+        if host is not None:
+            # The current host's sandbox: each restart enters its own and may report another.
+            resident.isolation = host.ready.isolation
+            resident.isolation_reason = host.ready.isolation_reason
         return resident
 
 

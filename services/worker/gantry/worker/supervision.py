@@ -26,6 +26,7 @@ from google.protobuf import timestamp_pb2
 
 from gantry.common.clock import Clock, SystemClock
 from gantry.common.errors import GantryError
+from gantry.common.manifest import remove_verified_copy
 from gantry.v1 import common_pb2
 from gantry.v1 import worker_gateway_pb2 as wg
 from gantry.worker.crash_policy import CrashHistory, RestartDecision, RestartPolicy
@@ -350,6 +351,15 @@ class Supervisor:
         raise error
 
     def _forget(self, resident: Resident) -> None:
+        """Custody ended (the child is reaped, or never started): drop the resident and the
+        private verified copy its hosts loaded from (restarts reused it until now)."""
+        if resident.launch is not None:
+            try:
+                remove_verified_copy(resident.launch.model_directory)
+            except (OSError, ValueError) as error:
+                log.warning(
+                    "could not remove the verified copy of %s: %s", resident.deployment_id, error
+                )
         if self.residents.remove(resident):
             self._changed()
 

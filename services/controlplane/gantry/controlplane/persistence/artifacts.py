@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from gantry.common.artifact_gate import gate_manifest_paths
 from gantry.common.errors import not_found
 from gantry.common.ids import new_id
 from gantry.common.manifest import ManifestEntry, manifest_digest
@@ -21,8 +22,16 @@ async def create_artifact_set(
     location: str,
     manifest: Sequence[ManifestEntry],
     now: dt.datetime,
+    allow_pickle: bool = False,
 ) -> ArtifactSet:
-    """Store a validated manifest (the caller validates paths; see gantry.common.manifest)."""
+    """Store a validated manifest (the caller validates paths; see gantry.common.manifest).
+
+    No row ever names a file the static gate refuses by its name alone (executable code, pickle
+    weights without the opt-in): the control plane sees only the manifest, never the bytes, so this
+    is all it can gate; the CLI and the worker gate the directory itself. The digest stored is the
+    v2 (injective) one; rows stored before keep their v1 digest as an opaque identity.
+    """
+    gate_manifest_paths((entry.path for entry in manifest), allow_pickle=allow_pickle)
     row = ArtifactSet(
         artifact_set_id=new_id(),
         name=name,

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Sequence
 
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gantry.common import tokens
+from gantry.common.errors import not_found
 from gantry.common.ids import new_id
 from gantry.controlplane.persistence.models import ApiKey, OperatorToken, Tenant
 
@@ -62,3 +64,28 @@ async def create_api_key(
 
 async def find_api_key(session: AsyncSession, api_key_id: str) -> ApiKey | None:
     return await session.get(ApiKey, api_key_id)
+
+
+async def get_api_key(session: AsyncSession, api_key_id: str) -> ApiKey:
+    row = await session.get(ApiKey, api_key_id)
+    if row is None:
+        raise not_found("API key", api_key_id)
+    return row
+
+
+async def revoke_api_key(session: AsyncSession, api_key_id: str, *, now: dt.datetime) -> ApiKey:
+    """Idempotent: revoking a revoked key keeps its first revocation time."""
+    row = await get_api_key(session, api_key_id)
+    if row.revoked_at is None:
+        row.revoked_at = now
+        await session.flush()
+    return row
+
+
+async def list_api_keys(
+    session: AsyncSession, *, after: str, limit: int, tenant_id: str = ""
+) -> Sequence[ApiKey]:
+    query = select(ApiKey).where(ApiKey.api_key_id > after)
+    if tenant_id:
+        query = query.where(ApiKey.tenant_id == tenant_id)
+    return (await session.scalars(query.order_by(ApiKey.api_key_id).limit(limit))).all()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -146,6 +147,9 @@ class Database:
 async def migrate_database(url: str, *, now: dt.datetime | None = None) -> Installation:
     """What `gantry migrate` does: the schema to the Alembic head, then the installation record
     (created once; later migrations update its revision and version)."""
+    path = sqlite_file(url)
+    if path is not None:
+        _create_private_file(path)
     database = Database.connect(url)
     try:
         revision = await database.migrate()
@@ -158,6 +162,26 @@ async def migrate_database(url: str, *, now: dt.datetime | None = None) -> Insta
             )
     finally:
         await database.close()
+
+
+def _create_private_file(path: Path) -> None:
+    """Create the SQLite file 0600 before SQLite does (it would follow the umask and symlinks).
+
+    O_EXCL|O_NOFOLLOW: a symlink planted at the database path is refused, never written through.
+    An existing regular file is left as it is (a migration of an existing database).
+    """
+    try:
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    except FileNotFoundError:
+        return  # no such directory: connecting reports it, with the URL
+    except FileExistsError:
+        if path.is_symlink():
+            raise DatabaseNotInitialised(
+                f"the database path {path} is a symlink; refusing it"
+            ) from None
+        return
+    os.close(descriptor)
+    os.chmod(path, 0o600)  # the mode given to open is filtered by the umask
 
 
 def alembic_config(connection: Connection | None = None) -> Config:

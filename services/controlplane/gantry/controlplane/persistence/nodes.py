@@ -172,3 +172,11 @@ async def set_node_state(
         session, Node, node.node_id, machine="node", expected=node.state, target=target, **values
     )
     await session.refresh(node)
+
+
+async def rotate_credential(session: AsyncSession, node: Node) -> str:
+    """A new credential for the node; only its hash is kept, the old one no longer matches."""
+    credential = tokens.mint_token(tokens.NODE_CREDENTIAL, node.node_id)
+    node.credential_hash = tokens.hash_token(credential)
+    await session.flush()
+    return credential

@@ -1,9 +1,10 @@
 """The model host child process: loads exactly one model and serves it over an inherited socket.
 
-Run as `python -m gantry.worker.model_host.child --deployment-id ID --parent-pid PID
---channel-fd FD [--inbox-limit N]`.
+Run as `python -I -m gantry.worker.model_host.child --deployment-id ID --parent-pid PID
+--channel-fd FD --private-dir DIR [--inbox-limit N]`, in DIR, with an allow-listed environment.
 Only the standard library, protobuf and OpenTelemetry are imported before the process is hardened;
-the ML stack is imported after the offline flags and the network guard are in place.
+the ML stack is imported after the offline flags and the network guard are in place, and the model
+is read only after the process has entered its sandbox (`sandbox.enter`).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from setproctitle import setproctitle
 from gantry.common.errors import GantryError
 from gantry.common.telemetry import extract_context, flush_tracing, setup_tracing, tracer
 from gantry.v1 import model_host_pb2
-from gantry.worker.model_host import hardening
+from gantry.worker.model_host import hardening, sandbox
 from gantry.worker.model_host.environments import OFFLINE_ENVIRONMENT
 from gantry.worker.model_host.framing import FrameError, read_frame, write_frame
 from gantry.worker.model_host.inbox import (
@@ -35,8 +36,12 @@ from gantry.worker.model_host.inbox import (
     ResponseWriter,
     read_requests,
 )
+from gantry.worker.model_host.landlock import Isolation
 from gantry.worker.model_host.proc_facts import rss_bytes_of
-from gantry.worker.model_host.serving import HEALTH_PROBE_TEXT, EmbedServer, ServingSettings
+
+# Not imported here: `serving` (numpy, whose BLAS pool starts threads at import) and the ML stack.
+# Landlock binds only the thread that asks among those already running, so the process must still
+# be single-threaded when it enters the sandbox; `sandbox.enter` refuses otherwise.
 
 logger = logging.getLogger("gantry.model_host")
 
@@ -54,6 +59,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--deployment-id", required=True)
     parser.add_argument("--parent-pid", type=int, required=True)
     parser.add_argument("--channel-fd", type=int, required=True)
+    parser.add_argument("--private-dir", type=Path, required=True)
     parser.add_argument("--inbox-limit", type=int, default=DEFAULT_INBOX_LIMIT)
     return parser.parse_args(argv)
 
@@ -91,6 +97,8 @@ def _load_model(load: model_host_pb2.HostLoad) -> Any:
 def _health_check(model: Any, normalize: bool) -> int:
     """A real forward pass: one probe sentence must give one finite row of the model's width."""
     import numpy as np
+
+    from gantry.worker.model_host.serving import HEALTH_PROBE_TEXT
 
     try:
         probe = model.encode(
@@ -134,10 +142,28 @@ def _runtime_versions(model: Any) -> dict[str, str]:
     }
 
 
+def _enter_sandbox(load: model_host_pb2.HostLoad, private_dir: Path) -> Isolation:
+    """Confine this process before the model is read; refuse when below what the worker needs."""
+    isolation = sandbox.enter(
+        model_directory=Path(load.model_directory),
+        private_dir=private_dir,
+        device=load.adapter.device or "cpu",
+    )
+    logger.info("isolation %s: %s", isolation.level.name, isolation.reason)
+    try:
+        required = sandbox.parse_required(load.require_isolation)
+    except ValueError as exc:
+        raise GantryError("RUNTIME_ENVIRONMENT_UNAVAILABLE", str(exc)) from exc
+    refusal = sandbox.shortfall(required, isolation)
+    if refusal is not None:
+        raise refusal
+    return isolation
+
+
 def _load_and_report(
-    request: model_host_pb2.HostRequest, responses: BinaryIO
+    request: model_host_pb2.HostRequest, responses: BinaryIO, private_dir: Path
 ) -> tuple[Any, model_host_pb2.HostReady] | None:
-    """Load, health-check and answer the load request; None after answering a failure."""
+    """Sandbox, load, health-check and answer the load request; None after answering a failure."""
     load = request.load
     started = time.monotonic()
     with tracer("gantry.model_host").start_as_current_span(
@@ -146,6 +172,7 @@ def _load_and_report(
         attributes={"gantry.deployment_id": load.deployment_id},
     ):
         try:
+            isolation = _enter_sandbox(load, private_dir)
             model = _load_model(load)
             dim = _health_check(model, load.adapter.normalize)
             ready = model_host_pb2.HostReady(
@@ -154,6 +181,8 @@ def _load_and_report(
                 dim=dim,
                 rss_bytes=_rss_bytes(),
                 runtime_versions=_runtime_versions(model),
+                isolation=isolation.level.name,
+                isolation_reason=isolation.reason,
             )
         except Exception as exc:
             error = (
@@ -202,12 +231,14 @@ def main(argv: list[str] | None = None) -> int:
         logger.error("the first frame must be a load request")
         return EXIT_PROTOCOL_ERROR
 
-    loaded = _load_and_report(first, responses)
+    loaded = _load_and_report(first, responses, args.private_dir)
     if loaded is None:
         flush_tracing()
         return EXIT_LOAD_FAILED
     model, ready = loaded
     logger.info("ready: dim=%d load_seconds=%.2f", ready.dim, ready.load_seconds)
+
+    from gantry.worker.model_host.serving import EmbedServer, ServingSettings
 
     inbox = Inbox(limit=args.inbox_limit)
     writer = ResponseWriter(responses)

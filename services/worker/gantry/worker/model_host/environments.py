@@ -1,4 +1,5 @@
-"""A model host's runtime environment: the Python executable per environment id, offline flags."""
+"""A model host's runtime environment: the Python executable per environment id, and the
+allow-listed process environment it starts with (offline flags forced, nothing else inherited)."""
 
 from __future__ import annotations
 
@@ -21,8 +22,45 @@ OFFLINE_ENVIRONMENT: Mapping[str, str] = {
     "HF_HUB_OFFLINE": "1",
     "TRANSFORMERS_OFFLINE": "1",
     "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+    "HF_DATASETS_OFFLINE": "1",
     "TOKENIZERS_PARALLELISM": "false",
 }
+
+# A minimal PATH: the host runs no tools of its own; `platform` may still ask `uname`.
+HOST_PATH = "/usr/local/bin:/usr/bin:/bin"
+
+# The only variables a model host inherits from the worker, and only when set there. Everything
+# else (credentials, tokens, cloud keys, proxy settings, PYTHON* and LD_PRELOAD) stays behind:
+# the host runs model-supplied data and must hold nothing worth stealing.
+INHERITED_ENVIRONMENT: Mapping[str, str] = {
+    "OMP_NUM_THREADS": "the operator's CPU thread budget for torch's OpenMP pool",
+    "MKL_NUM_THREADS": "the same budget for MKL",
+    "LANG": "text decoding in tokenizers and logs",
+    "LC_ALL": "text decoding in tokenizers and logs",
+    "LD_LIBRARY_PATH": "where GPU images keep the driver's libraries (libcuda)",
+    "CUDA_VISIBLE_DEVICES": "which accelerators this worker may use",
+    "GANTRY_TRACE_FILE": "where the host appends its spans (tests and local runs)",
+    "GANTRY_MODEL_HOST_TEST_HOOKS": "enables the test-only magic inputs (see serving.py)",
+}
+
+
+def host_environment(
+    worker_environment: Mapping[str, str], *, private_dir: Path, scratch_dir: Path
+) -> dict[str, str]:
+    """The complete environment of a model host: allow-listed, private home, offline flags."""
+    environment = {
+        name: worker_environment[name]
+        for name in INHERITED_ENVIRONMENT
+        if name in worker_environment
+    }
+    environment.update(
+        PATH=HOST_PATH,
+        # Libraries that cache under ~ or $TMPDIR write into the host's own directory.
+        HOME=str(private_dir),
+        TMPDIR=str(scratch_dir),
+    )
+    environment.update(OFFLINE_ENVIRONMENT)
+    return environment
 
 
 def _unavailable(environment_id: str, message: str) -> GantryError:

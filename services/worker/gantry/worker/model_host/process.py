@@ -7,8 +7,10 @@ import contextlib
 import itertools
 import logging
 import os
+import shutil
 import signal
 import socket
+import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,9 +19,11 @@ from google.protobuf.message import DecodeError
 
 from gantry.common.errors import GantryError
 from gantry.v1 import common_pb2, model_host_pb2, worker_gateway_pb2
-from gantry.worker.model_host.environments import OFFLINE_ENVIRONMENT
+from gantry.worker.model_host import sandbox
+from gantry.worker.model_host.environments import host_environment
 from gantry.worker.model_host.framing import FrameError, read_frame_async, write_frame_async
 from gantry.worker.model_host.inbox import DEFAULT_INBOX_LIMIT
+from gantry.worker.model_host.landlock import Isolation, IsolationLevel
 from gantry.worker.model_host.proc_facts import process_start_ticks, rss_bytes_of
 from gantry.worker.model_host.stderr_tail import StderrTail
 
@@ -43,7 +47,10 @@ class HostLaunchSpec:
     model_directory: Path
     adapter: common_pb2.AdapterSettings
     python_executable: str
+    # Overrides of the worker's environment; the host still gets only the allow-listed names.
     env: Mapping[str, str] = field(default_factory=dict)
+    # Below this the host refuses to load (RUNTIME_ENVIRONMENT_UNAVAILABLE).
+    require_isolation: IsolationLevel = IsolationLevel.NONE
     load_timeout_s: float = 300.0
     # Requests awaiting an answer in the parent, and frames queued in the child: both bounded,
     # answered QUEUE_FULL beyond.
@@ -79,8 +86,10 @@ class ModelHost:
         writer: asyncio.StreamWriter,
         stderr: StderrTail,
         on_exit: OnExit | None,
+        private_dir: Path | None = None,
     ) -> None:
         self._spec = spec
+        self._private_dir = private_dir
         self._process = process
         self._reader = reader
         self._writer = writer
@@ -114,10 +123,17 @@ class ModelHost:
         it dies or times out first, RUNTIME_ENVIRONMENT_UNAVAILABLE when it cannot be spawned. The
         child never outlives a failed or cancelled start.
         """
+        # A fresh 0700 directory per host: its cwd, HOME and scratch, the only place it may write.
+        private_dir = Path(tempfile.mkdtemp(prefix=f"gantry-host-{spec.deployment_id}-"))
+        scratch_dir = private_dir / "tmp"
+        scratch_dir.mkdir(mode=0o700)
         parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             process = await asyncio.create_subprocess_exec(
                 spec.python_executable,
+                # Isolated: no PYTHON* variables, no user site, and neither the cwd nor a script
+                # directory on sys.path, so nothing planted next to the worker is imported.
+                "-I",
                 "-m",
                 CHILD_MODULE,
                 "--deployment-id",
@@ -126,16 +142,22 @@ class ModelHost:
                 str(os.getpid()),
                 "--channel-fd",
                 str(child_end.fileno()),
+                "--private-dir",
+                str(private_dir),
                 "--inbox-limit",
                 str(spec.inbox_limit),
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.DEVNULL,
                 stderr=asyncio.subprocess.PIPE,
                 pass_fds=(child_end.fileno(),),
-                env={**os.environ, **spec.env, **OFFLINE_ENVIRONMENT},
+                cwd=private_dir,
+                env=host_environment(
+                    {**os.environ, **spec.env}, private_dir=private_dir, scratch_dir=scratch_dir
+                ),
             )
         except OSError as exc:
             parent_end.close()
+            shutil.rmtree(private_dir, ignore_errors=True)
             raise GantryError(
                 "RUNTIME_ENVIRONMENT_UNAVAILABLE",
                 f"cannot start a model host with {spec.python_executable!r}: {exc}",
@@ -159,6 +181,7 @@ class ModelHost:
             writer=writer,
             stderr=stderr,
             on_exit=on_exit,
+            private_dir=private_dir,
         )
         try:
             async with asyncio.timeout(spec.load_timeout_s):
@@ -171,6 +194,16 @@ class ModelHost:
                     f"{spec.load_timeout_s:g}s"
                 ) from exc
             raise
+        refusal = sandbox.shortfall(spec.require_isolation, host.isolation)
+        if refusal is not None:
+            # A child that ignored the requirement (an older one in another environment).
+            await host.stop(grace_s=_SHUTDOWN_SEND_S)
+            raise GantryError(
+                refusal.reason,
+                refusal.message,
+                **refusal.metadata,
+                deployment_id=spec.deployment_id,
+            )
         host._response_task = asyncio.create_task(
             host._dispatch_responses(), name=f"model-host-responses-{spec.deployment_id}"
         )
@@ -178,11 +211,13 @@ class ModelHost:
             host._watch_exit(), name=f"model-host-exit-{spec.deployment_id}"
         )
         logger.info(
-            "model host %s ready: pid=%d dim=%d load_seconds=%.2f",
+            "model host %s ready: pid=%d dim=%d load_seconds=%.2f isolation=%s (%s)",
             spec.deployment_id,
             host.pid,
             host.ready.dim,
             host.ready.load_seconds,
+            host.ready.isolation or "NONE",
+            host.ready.isolation_reason,
         )
         return host
 
@@ -296,6 +331,20 @@ class ModelHost:
     def ready(self) -> model_host_pb2.HostReady:
         assert self._ready is not None, "ModelHost is only handed out once ready"
         return self._ready
+
+    @property
+    def isolation(self) -> Isolation:
+        """The sandbox the child reported; NONE when it did not say (a host that predates it)."""
+        ready = self.ready
+        try:
+            level = IsolationLevel[ready.isolation] if ready.isolation else IsolationLevel.NONE
+        except KeyError:
+            return Isolation(
+                level=IsolationLevel.NONE,
+                reason=f"the host reported an unknown isolation {ready.isolation!r}",
+            )
+        reason = ready.isolation_reason or "the host did not report its isolation"
+        return Isolation(level=level, reason=reason)
 
     @property
     def pid(self) -> int:
@@ -414,6 +463,7 @@ class ModelHost:
                     deployment_id=spec.deployment_id,
                     model_directory=str(spec.model_directory),
                     adapter=spec.adapter,
+                    require_isolation=spec.require_isolation.name,
                 ),
             )
         )
@@ -482,6 +532,13 @@ class ModelHost:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
         await self._stderr.settle()
+        self._remove_private_dir()
+
+    def _remove_private_dir(self) -> None:
+        # Only once reaped: a child still running may be writing there.
+        if self._private_dir is not None and self._process.returncode is not None:
+            shutil.rmtree(self._private_dir, ignore_errors=True)
+            self._private_dir = None
 
     def _confirmed_gone(self) -> bool:
         if self._process.returncode is None:

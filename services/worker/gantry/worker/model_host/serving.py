@@ -6,13 +6,17 @@ timeout passed while it was queued, or that its caller cancelled, is never run.
 
 from __future__ import annotations
 
+import _socket
 import collections
+import errno
+import json
 import logging
 import os
 import queue
+import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -40,6 +44,44 @@ TEST_HOOK_HANG_INPUT = "__gantry_test_hook__:hang"
 TEST_HOOK_FAIL_INPUT = "__gantry_test_hook__:fail"
 TEST_HOOK_SLOW_INPUT = "__gantry_test_hook__:slow"
 TEST_HOOK_SLOW_S = 1.5
+# `<prefix><path>:<port>`: from inside the host, try to read `path` and to open a TCP connection to
+# 127.0.0.1:`port` below the Python-level guard; the forward pass fails with a JSON report
+# (`TEST_HOOK_PROBE_MARKER` then the JSON) of both outcomes, the cwd, environment and sys.path.
+TEST_HOOK_PROBE_SANDBOX_PREFIX = "__gantry_test_hook__:probe-sandbox:"
+TEST_HOOK_PROBE_MARKER = "sandbox probe: "
+
+
+def _attempt(action: Callable[[], object]) -> str:
+    try:
+        action()
+    except OSError as exc:
+        return f"denied {errno.errorcode.get(exc.errno or 0, exc.errno)}"
+    return "allowed"
+
+
+def _probe_sandbox(path: str, port: int) -> dict[str, object]:
+    def read() -> object:
+        with open(path, "rb") as handle:
+            return handle.read()
+
+    def connect() -> None:
+        # `_socket` directly: the kernel's answer, not the Python-level guard's.
+        probe = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
+        try:
+            probe.settimeout(5)
+            probe.connect(("127.0.0.1", port))
+        finally:
+            probe.close()
+
+    return {
+        "read": _attempt(read),
+        "connect": _attempt(connect),
+        "cwd": os.getcwd(),
+        # Not /proc/<pid>/environ: setproctitle reuses that memory for the process title.
+        "environ": dict(os.environ),
+        "sys_path": list(sys.path),
+        "isolated_flag": sys.flags.isolated,
+    }
 
 
 class Encoder(Protocol):
@@ -276,6 +318,11 @@ class EmbedServer:
             time.sleep(TEST_HOOK_SLOW_S)
         if TEST_HOOK_FAIL_INPUT in inputs:
             raise RuntimeError("test hook: forced forward pass failure")
+        for text in inputs:
+            if text.startswith(TEST_HOOK_PROBE_SANDBOX_PREFIX):
+                path, _, port = text.removeprefix(TEST_HOOK_PROBE_SANDBOX_PREFIX).rpartition(":")
+                report = json.dumps(_probe_sandbox(path, int(port)), sort_keys=True)
+                raise RuntimeError(f"{TEST_HOOK_PROBE_MARKER}{report}")
 
     def _answer_vectors(
         self, request: model_host_pb2.HostRequest, span: trace.Span, vectors: np.ndarray

@@ -1,0 +1,148 @@
+"""The static artifact gate end to end: the CLI refuses before registering, the control plane
+refuses what a manifest shows, the worker refuses what only the bytes show, before any child."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+import gantry.common.manifest as manifest_module
+from gantry.cli.main import main as gantry_cli
+from gantry.common.manifest import build_manifest, manifest_digest
+from gantry.common.status import error_info_of
+from gantry.v1 import common_pb2
+from gantry.v1 import control_plane_pb2 as cp
+from tests.fixtures.hostile_artifacts import (
+    BY_KIND,
+    HOSTILE,
+    HOSTILE_KINDS,
+    write_hostile_artifact,
+)
+from tests.integration.harness import Harness, running_gantry
+
+
+@pytest.fixture
+async def gantry(
+    sqlite_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[Harness]:
+    # The worker's private verified copies land under this test's directory, not the shared /tmp.
+    monkeypatch.setattr(manifest_module, "default_verified_root", lambda: tmp_path / "verified")
+    root = tmp_path / "artifacts"
+    root.mkdir()
+    async with running_gantry(sqlite_url, root) as harness:
+        yield harness
+
+
+async def _cli_register(harness: Harness, state: Path, directory: Path) -> int:
+    state.mkdir(exist_ok=True)
+    (state / "operator.token").write_text(harness.operator_token + "\n")
+    argv = [
+        "--address",
+        harness.address,
+        "--state-dir",
+        str(state),
+        "artifacts",
+        "register",
+        str(directory),
+        "--artifact-root",
+        str(harness.artifact_root),
+    ]
+    # The CLI is blocking gRPC; the servers share this event loop, so it runs in a thread.
+    return await asyncio.to_thread(gantry_cli, argv)
+
+
+async def _registered(harness: Harness) -> list[cp.ArtifactSet]:
+    listed = await harness.operator.ListArtifactSets(
+        cp.ListArtifactSetsRequest(page_size=100), metadata=harness.op_md
+    )
+    return list(listed.artifact_sets)
+
+
+async def test_cli_register_refuses_every_hostile_directory_and_registers_the_tiny_model(
+    gantry: Harness, tmp_path: Path, tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]
+):
+    for kind in HOSTILE_KINDS:
+        directory = write_hostile_artifact(gantry.artifact_root / kind, kind)
+        assert await _cli_register(gantry, tmp_path / "state", directory) == 1, kind
+        err = capsys.readouterr().err
+        assert BY_KIND[kind].reason in err and BY_KIND[kind].offending in err, err
+    assert await _registered(gantry) == []
+
+    shutil.copytree(tiny_model_dir, gantry.artifact_root / "tiny")
+    assert await _cli_register(gantry, tmp_path / "state", gantry.artifact_root / "tiny") == 0
+    [registered] = await _registered(gantry)
+    expected = manifest_digest(build_manifest(gantry.artifact_root / "tiny"))
+    assert registered.manifest_digest == expected  # the v2 digest, recomputed by the server
+    assert f"manifest_digest  {expected}" in capsys.readouterr().out
+
+
+def _manifest_naming(path: str) -> list[common_pb2.ManifestEntry]:
+    return [
+        common_pb2.ManifestEntry(path="config.json", size_bytes=2, sha256="a" * 64),
+        common_pb2.ManifestEntry(path=path, size_bytes=5, sha256="b" * 64),
+    ]
+
+
+@pytest.mark.parametrize("hostile", [h for h in HOSTILE if h.by_name], ids=lambda h: h.kind)
+async def test_register_artifact_set_refuses_what_the_manifest_shows(gantry: Harness, hostile):  # type: ignore[no-untyped-def]
+    request = cp.RegisterArtifactSetRequest(
+        name="hostile",
+        location="hostile",
+        manifest=_manifest_naming(hostile.offending.replace("\\n", "\n")),
+    )
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await gantry.operator.RegisterArtifactSet(request, metadata=gantry.op_md)
+    info = error_info_of(caught.value)
+    assert info is not None and info.reason == hostile.reason
+    expected_code = {
+        "RUNTIME_INCOMPATIBLE": grpc.StatusCode.FAILED_PRECONDITION,
+        "ARTIFACT_PATH_INVALID": grpc.StatusCode.INVALID_ARGUMENT,
+    }[hostile.reason]
+    assert caught.value.code() == expected_code
+    named = info.metadata.get("file") or info.metadata.get("path")
+    assert named == hostile.offending
+    assert await _registered(gantry) == []
+
+
+async def test_register_artifact_set_refuses_an_oversized_manifest_naming_the_limit(
+    gantry: Harness,
+):
+    request = cp.RegisterArtifactSetRequest(
+        name="huge",
+        location="huge",
+        manifest=[
+            common_pb2.ManifestEntry(path=f"f{i}", size_bytes=1, sha256="a" * 64)
+            for i in range(manifest_module.MAX_MANIFEST_ENTRIES + 1)
+        ],
+    )
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await gantry.operator.RegisterArtifactSet(request, metadata=gantry.op_md)
+    info = error_info_of(caught.value)
+    assert info is not None and info.reason == "INVALID_ARGUMENT"
+    assert info.metadata["limit"] == str(manifest_module.MAX_MANIFEST_ENTRIES)
+
+
+async def test_an_auto_map_the_control_plane_cannot_see_is_refused_by_the_worker_before_load(
+    gantry: Harness, tiny_model_dir: Path, tmp_path: Path
+):
+    credential = await gantry.register_node("gate-node")
+    agent = await gantry.start_worker(credential)
+    target = gantry.artifact_root / "remote-code"
+    shutil.copytree(tiny_model_dir, target)
+    config = json.loads((target / "config.json").read_text())
+    config["auto_map"] = {"AutoModel": "modeling_evil.EvilModel"}
+    (target / "config.json").write_text(json.dumps(config))
+    artifact = await gantry.register_model(target, "remote-code")  # manifest only: it passes
+    deployment = await gantry.deploy(artifact.artifact_set_id, "remote-code")
+    failed = await gantry.wait_deployment(deployment.deployment_id, cp.DEPLOYMENT_STATE_FAILED)
+    assert failed.last_failure.reason == "RUNTIME_INCOMPATIBLE"
+    assert "config.json" in failed.last_failure.message
+    assert len(agent.residents) == 0
+    # The refused load left no private copy behind.
+    assert list((tmp_path / "verified").iterdir()) == []

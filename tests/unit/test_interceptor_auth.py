@@ -1,0 +1,78 @@
+"""Authentication happens before the handler, for every handler shape, and fails closed."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import grpc
+import pytest
+
+from gantry.common.auth import Principal, Role, current_principal
+from gantry.common.errors import GantryError
+from gantry.common.grpc_server import insecure_channel
+from gantry.common.interceptors import GantryServerInterceptor
+from gantry.common.status import error_from_rpc
+
+TOKEN = "gop_id_secret"
+
+
+class _OneToken:
+    async def authenticate(self, role: Role, token: str) -> Principal:
+        if token != TOKEN:
+            raise GantryError("UNAUTHENTICATED", "no")
+        return Principal(role=role, subject="someone")
+
+
+@pytest.fixture
+async def served() -> AsyncIterator[tuple[grpc.aio.Channel, list[str]]]:
+    ran: list[str] = []
+
+    async def upload(requests: AsyncIterator[bytes], context: object) -> bytes:
+        async for _ in requests:
+            pass
+        ran.append(current_principal().subject)
+        return b"ok"
+
+    async def echo(request: bytes, context: object) -> bytes:
+        ran.append(current_principal().subject)
+        return request
+
+    server = grpc.aio.server(interceptors=[GantryServerInterceptor(_OneToken())])
+    handlers = {
+        "Upload": grpc.stream_unary_rpc_method_handler(upload),
+        "Echo": grpc.unary_unary_rpc_method_handler(echo),
+    }
+    # A ControlPlane method name, so the operator role is required.
+    server.add_generic_rpc_handlers(
+        [grpc.method_handlers_generic_handler("gantry.v1.ControlPlane", handlers)]
+    )
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    async with insecure_channel(f"127.0.0.1:{port}") as channel:
+        yield channel, ran
+    await server.stop(None)
+
+
+async def _requests() -> AsyncIterator[bytes]:
+    yield b"a"
+    yield b"b"
+
+
+async def test_a_client_streaming_call_needs_a_token(served):
+    channel, ran = served
+    upload = channel.stream_unary("/gantry.v1.ControlPlane/Upload")
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await upload(_requests())
+    assert error_from_rpc(caught.value).reason == "UNAUTHENTICATED"
+    assert ran == []
+    answer = await upload(_requests(), metadata=(("authorization", f"Bearer {TOKEN}"),))
+    assert answer == b"ok" and ran == ["someone"]
+
+
+async def test_a_refused_call_never_reaches_its_handler(served):
+    channel, ran = served
+    echo = channel.unary_unary("/gantry.v1.ControlPlane/Echo")
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await echo(b"\xff\xfe not even protobuf", metadata=(("authorization", "Bearer nope"),))
+    assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert ran == []

@@ -1,0 +1,68 @@
+"""Fuzzing the operator API's validation: any input is accepted or refused with a typed error."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+from gantry.common.errors import GantryError
+from gantry.common.ids import parse_id
+from gantry.controlplane.operator_service import (
+    MAX_LABELS,
+    _check_labels,
+    _check_length,
+    _check_name,
+)
+from gantry.controlplane.paging import page_of
+
+FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def _typed_or_ok(call) -> object:  # type: ignore[no-untyped-def]
+    try:
+        return call()
+    except GantryError as error:
+        assert error.reason in ("INVALID_ARGUMENT", "ARTIFACT_PATH_INVALID"), error
+        return None
+
+
+@FUZZ
+@given(st.text(max_size=300))
+@example("abc\n")  # `$` in a regex matches before a trailing newline: fullmatch or nothing
+def test_names_are_accepted_only_when_well_formed(value: str):
+    accepted = _typed_or_ok(lambda: _check_name(value, field="name"))
+    if accepted is not None:
+        assert 1 <= len(value) <= 128 and value.isascii() and "\n" not in value
+
+
+@FUZZ
+@given(st.text(max_size=80))
+def test_ids_parse_or_are_refused(value: str):
+    _typed_or_ok(lambda: parse_id(value, field="id"))
+
+
+@FUZZ
+@given(st.dictionaries(st.text(max_size=80), st.text(max_size=300), max_size=70))
+@example({"zone\n": "a"})
+def test_labels_within_their_limits_only(labels: dict[str, str]):
+    accepted = _typed_or_ok(lambda: _check_labels(labels))
+    if accepted is not None:
+        assert len(labels) <= MAX_LABELS
+        assert all(len(k) <= 63 and "\n" not in k and len(v) <= 256 for k, v in labels.items())
+
+
+@FUZZ
+@given(st.integers(min_value=-(2**31), max_value=2**31 - 1), st.text(max_size=100))
+def test_paging_arguments_are_bounded_or_refused(page_size: int, page_token: str):
+    page = _typed_or_ok(lambda: page_of(page_size, page_token))
+    if page is not None:
+        assert 1 <= page.size <= 1000  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("limit", [0, 5, 200])
+def test_lengths_are_checked_against_their_limit(limit: int):
+    assert _check_length("a" * limit, field="f", limit=limit) == "a" * limit
+    with pytest.raises(GantryError) as caught:
+        _check_length("a" * (limit + 1), field="f", limit=limit)
+    assert caught.value.metadata["limit"] == str(limit)
