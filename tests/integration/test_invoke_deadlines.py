@@ -141,14 +141,14 @@ async def test_an_oversize_embed_gets_a_typed_error_and_the_worker_stream_stays_
     serving: tuple[Harness, ScriptedWorker],
 ):
     harness, worker = serving
-    big = ["x" * 9000] * 1000  # 9 MB of text: under the receive limit, over the request limit
+    big = ["x" * 9000] * 1000  # 9 MB: under the server's receive limit, over Inference's bound
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await harness.inference.Embed(
             inf.EmbedRequest(capability="tiny", inputs=big), metadata=harness.client_md
         )
     info = error_info_of(caught.value)
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert info is not None and info.reason == "INVALID_PAYLOAD"
+    assert info is not None and info.reason == "INVALID_ARGUMENT"  # refused before parsing
     assert info.metadata["limit_bytes"] == str(8 * 1024 * 1024)
     assert worker.invokes.empty() and not worker.ended.is_set()
     call = harness.inference.Embed(

@@ -9,7 +9,7 @@ import pytest
 
 from gantry.common.auth import Principal, Role, current_principal
 from gantry.common.errors import GantryError
-from gantry.common.grpc_server import insecure_channel
+from gantry.common.grpc_server import SERVER_OPTIONS, insecure_channel
 from gantry.common.interceptors import GantryServerInterceptor
 from gantry.common.status import error_from_rpc
 
@@ -37,7 +37,9 @@ async def served() -> AsyncIterator[tuple[grpc.aio.Channel, list[str]]]:
         ran.append(current_principal().subject)
         return request
 
-    server = grpc.aio.server(interceptors=[GantryServerInterceptor(_OneToken())])
+    server = grpc.aio.server(
+        interceptors=[GantryServerInterceptor(_OneToken())], options=SERVER_OPTIONS
+    )
     handlers = {
         "Upload": grpc.stream_unary_rpc_method_handler(upload),
         "Echo": grpc.unary_unary_rpc_method_handler(echo),
@@ -76,3 +78,49 @@ async def test_a_refused_call_never_reaches_its_handler(served):
         await echo(b"\xff\xfe not even protobuf", metadata=(("authorization", "Bearer nope"),))
     assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
     assert ran == []
+
+
+async def test_service_limits_refuse_oversize_requests_and_excess_calls_before_the_handler():
+    import asyncio
+
+    from gantry.common.interceptors import ServiceLimit
+
+    release, entered = asyncio.Event(), asyncio.Event()
+    ran: list[bytes] = []
+
+    async def hold(request: bytes, context: object) -> bytes:
+        ran.append(request)
+        entered.set()
+        await release.wait()
+        return b"done"
+
+    limits = {"/gantry.v1.Inference/": ServiceLimit(max_request_bytes=100, max_in_flight=1)}
+    server = grpc.aio.server(
+        interceptors=[GantryServerInterceptor(_OneToken(), limits=limits)], options=SERVER_OPTIONS
+    )
+    handlers = {"Hold": grpc.unary_unary_rpc_method_handler(hold)}
+    server.add_generic_rpc_handlers(
+        [grpc.method_handlers_generic_handler("gantry.v1.Inference", handlers)]
+    )
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    metadata = (("authorization", f"Bearer {TOKEN}"),)
+    try:
+        async with insecure_channel(f"127.0.0.1:{port}") as channel:
+            call = channel.unary_unary("/gantry.v1.Inference/Hold")
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await call(b"x" * 101, metadata=metadata, timeout=5)
+            oversize = error_from_rpc(caught.value)
+            assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert oversize.metadata["limit_bytes"] == "100" and ran == []
+            first = asyncio.ensure_future(call(b"first", metadata=metadata))
+            await asyncio.wait_for(entered.wait(), 10)  # the first call is inside its handler
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await call(b"second", metadata=metadata, timeout=5)
+            assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert error_from_rpc(caught.value).metadata["limit"] == "1"
+            release.set()
+            assert await first == b"done"
+            assert await call(b"third", metadata=metadata, timeout=5) == b"done"
+    finally:
+        await server.stop(None)

@@ -9,7 +9,8 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -37,6 +38,86 @@ def _unexpected(method: str, exc: BaseException) -> GantryError:
     return GantryError("INTERNAL", f"internal error in {method} ({type(exc).__name__})")
 
 
+@dataclass(frozen=True, slots=True)
+class ServiceLimit:
+    """Per-service bounds, checked before a handler runs: request size and calls in flight."""
+
+    max_request_bytes: int | None  # None: only the server-wide receive limit applies
+    max_in_flight: int
+
+
+# Sized to the largest legal request of each service. The server-wide receive limit stays high
+# for the worker stream's results; a unary request over its own service's bound is refused
+# before it is parsed.
+DEFAULT_LIMITS: Mapping[str, ServiceLimit] = {
+    "/gantry.v1.Inference/": ServiceLimit(max_request_bytes=8 * 1024 * 1024, max_in_flight=1024),
+    "/gantry.v1.ControlPlane/": ServiceLimit(max_request_bytes=32 * 1024 * 1024, max_in_flight=64),
+    "/gantry.v1.WorkerGateway/": ServiceLimit(max_request_bytes=None, max_in_flight=10_000),
+    "/gantry.v1.Scheduler/": ServiceLimit(max_request_bytes=None, max_in_flight=64),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class _Oversize:
+    """What a bounded deserializer returns instead of parsing a request over its limit."""
+
+    size_bytes: int
+    limit_bytes: int
+
+    def error(self) -> GantryError:
+        return GantryError(
+            "INVALID_ARGUMENT",
+            f"the request is {self.size_bytes} bytes; this service takes at most "
+            f"{self.limit_bytes}",
+            size_bytes=str(self.size_bytes),
+            limit_bytes=str(self.limit_bytes),
+        )
+
+
+def _bounded(deserializer: Callable[[bytes], Any] | None, limit: int | None) -> Any:
+    if limit is None:
+        return deserializer
+
+    def deserialize(raw: bytes) -> Any:
+        if len(raw) > limit:
+            return _Oversize(size_bytes=len(raw), limit_bytes=limit)
+        return deserializer(raw) if deserializer is not None else raw
+
+    return deserialize
+
+
+class _InFlight:
+    """Calls running per service; over the bound a call is refused at once, never queued."""
+
+    def __init__(self, limits: Mapping[str, ServiceLimit]) -> None:
+        self._limits = limits
+        self._counts: dict[str, int] = {}
+
+    def limit_of(self, method: str) -> tuple[str, ServiceLimit] | None:
+        for prefix, limit in self._limits.items():
+            if method.startswith(prefix):
+                return prefix, limit
+        return None
+
+    def enter(self, method: str) -> str | None:
+        found = self.limit_of(method)
+        if found is None:
+            return None
+        prefix, limit = found
+        if self._counts.get(prefix, 0) >= limit.max_in_flight:
+            raise GantryError(
+                "QUEUE_FULL",
+                f"{prefix.strip('/')} has {limit.max_in_flight} calls in flight; try again",
+                limit=str(limit.max_in_flight),
+            )
+        self._counts[prefix] = self._counts.get(prefix, 0) + 1
+        return prefix
+
+    def leave(self, prefix: str | None) -> None:
+        if prefix is not None:
+            self._counts[prefix] -= 1
+
+
 class GantryServerInterceptor(grpc.aio.ServerInterceptor):
     """Authenticates before the request body is parsed and wraps every handler shape.
 
@@ -45,8 +126,14 @@ class GantryServerInterceptor(grpc.aio.ServerInterceptor):
     through unauthenticated.
     """
 
-    def __init__(self, authenticator: Authenticator | None) -> None:
+    def __init__(
+        self,
+        authenticator: Authenticator | None,
+        *,
+        limits: Mapping[str, ServiceLimit] = DEFAULT_LIMITS,
+    ) -> None:
         self._authenticator = authenticator
+        self._in_flight = _InFlight(limits)
 
     async def intercept_service(
         self,
@@ -75,12 +162,18 @@ class GantryServerInterceptor(grpc.aio.ServerInterceptor):
         return await self._authenticator.authenticate(role, bearer_token(metadata))
 
     def _wrap(self, handler: grpc.RpcMethodHandler, method: str, principal: Any) -> Any:
+        found = self._in_flight.limit_of(method)
+        request_limit = found[1].max_request_bytes if found else None
         if handler.unary_unary is not None or handler.stream_unary is not None:
             inner_unary = handler.unary_unary or handler.stream_unary
 
             async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
                 set_principal(principal)
+                slot: str | None = None
                 try:
+                    if isinstance(request, _Oversize):
+                        raise request.error()
+                    slot = self._in_flight.enter(method)
                     return await inner_unary(request, context)
                 except GantryError as error:
                     await _abort(context, error)
@@ -88,6 +181,8 @@ class GantryServerInterceptor(grpc.aio.ServerInterceptor):
                     raise
                 except Exception as exc:
                     await _abort(context, _unexpected(method, exc))
+                finally:
+                    self._in_flight.leave(slot)
 
             unary_factory = (
                 grpc.unary_unary_rpc_method_handler
@@ -96,7 +191,11 @@ class GantryServerInterceptor(grpc.aio.ServerInterceptor):
             )
             return unary_factory(
                 unary,
-                request_deserializer=handler.request_deserializer,
+                request_deserializer=(
+                    _bounded(handler.request_deserializer, request_limit)
+                    if handler.unary_unary is not None
+                    else handler.request_deserializer
+                ),
                 response_serializer=handler.response_serializer,
             )
         if handler.stream_stream is not None or handler.unary_stream is not None:
@@ -105,7 +204,11 @@ class GantryServerInterceptor(grpc.aio.ServerInterceptor):
 
             async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
                 set_principal(principal)
+                slot: str | None = None
                 try:
+                    if isinstance(request, _Oversize):
+                        raise request.error()
+                    slot = self._in_flight.enter(method)
                     result = inner_stream(request, context)
                     if inspect.isasyncgen(result):
                         async for response in result:
@@ -118,6 +221,8 @@ class GantryServerInterceptor(grpc.aio.ServerInterceptor):
                     raise
                 except Exception as exc:
                     await _abort(context, _unexpected(method, exc))
+                finally:
+                    self._in_flight.leave(slot)
 
             factory = (
                 grpc.stream_stream_rpc_method_handler
@@ -126,7 +231,11 @@ class GantryServerInterceptor(grpc.aio.ServerInterceptor):
             )
             return factory(
                 stream,
-                request_deserializer=handler.request_deserializer,
+                request_deserializer=(
+                    handler.request_deserializer
+                    if streaming
+                    else _bounded(handler.request_deserializer, request_limit)
+                ),
                 response_serializer=handler.response_serializer,
             )
         # A shape this interceptor does not know is refused, never served unauthenticated.

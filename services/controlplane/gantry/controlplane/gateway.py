@@ -37,6 +37,8 @@ log = logging.getLogger(__name__)
 
 # How long a closing stream's writer may take to finish the writes already queued.
 _WRITER_DRAIN_S = 5.0
+# On a stream's write queue: run a pump pass for its node (after the Welcome is sent).
+_DISPATCH = wg.WorkerMessage()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -85,7 +87,7 @@ class WorkerGatewayService(worker_gateway_pb2_grpc.WorkerGatewayServicer):
         welcome = await self._hello(stream, first.hello)
         self._hub.attach(stream)
         writes: asyncio.Queue[wg.WorkerMessage | None] = asyncio.Queue(
-            maxsize=self._settings.write_queue_limit + 1  # + the end marker
+            maxsize=self._settings.write_queue_limit + 2  # + the first dispatch and the end marker
         )
         reader: asyncio.Task[None] | None = None
         writer: asyncio.Task[None] | None = None
@@ -95,7 +97,9 @@ class WorkerGatewayService(worker_gateway_pb2_grpc.WorkerGatewayServicer):
             reader = asyncio.create_task(
                 self._read(stream, request_iterator, writes), name=f"read-{node_id}"
             )
-            await self._lifecycle.dispatch_queued(node_id)
+            # The first pump pass runs on the writer too: database work on a stream is never cut
+            # in half by the handler's cancellation (a client going away, a server stopping).
+            writes.put_nowait(_DISPATCH)
             while (message := await stream.outbox.get()) is not None:
                 yield message
         finally:
@@ -254,7 +258,10 @@ class WorkerGatewayService(worker_gateway_pb2_grpc.WorkerGatewayServicer):
     ) -> None:
         while (message := await writes.get()) is not None:
             try:
-                await self._handle(stream, message)
+                if message is _DISPATCH:
+                    await self._lifecycle.dispatch_queued(stream.node_id)
+                else:
+                    await self._handle(stream, message)
             except GantryError as error:
                 log.warning(
                     "node %s: %s refused: %s", stream.node_id, message.WhichOneof("kind"), error
