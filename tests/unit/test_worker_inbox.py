@@ -47,3 +47,14 @@ def test_expiry_and_channel_close() -> None:
     assert isinstance(inbox.get(timeout=0), ChannelClosed)
     with pytest.raises(queue.Empty):
         inbox.get(timeout=0)
+
+
+def test_control_frames_are_bounded_too():
+    from gantry.v1 import model_host_pb2
+    from gantry.worker.model_host.inbox import CONTROL_FRAME_LIMIT, Inbox, Queued
+
+    inbox = Inbox(limit=1)
+    ping = Queued(model_host_pb2.HostRequest(ping=model_host_pb2.Ping()), None)
+    accepted = sum(inbox.offer(ping) for _ in range(CONTROL_FRAME_LIMIT + 5))
+    assert accepted == CONTROL_FRAME_LIMIT + 1  # the idle work slot's room included
+    inbox.close()  # the close marker still fits

@@ -80,11 +80,17 @@ class Queued:
 InboxItem = Queued | ChannelClosed
 
 
+# Control frames (pings, cancels) waiting beside the work: a flood past this is refused.
+CONTROL_FRAME_LIMIT = 1024
+
+
 class Inbox:
     """Frames for the main thread. Work is bounded; cancelled work is dropped when taken."""
 
     def __init__(self, *, limit: int = DEFAULT_INBOX_LIMIT) -> None:
-        self._queue: queue.Queue[InboxItem] = queue.Queue()
+        # Work is bounded by `limit`; control frames (pings, cancels) by the rest, and the one
+        # close marker always has room.
+        self._queue: queue.Queue[InboxItem] = queue.Queue(maxsize=limit + CONTROL_FRAME_LIMIT + 1)
         self._limit = limit
         self._lock = threading.Lock()
         self._queued_work = 0
@@ -98,7 +104,15 @@ class Inbox:
                 if self._queued_work >= self._limit:
                     return False
                 self._queued_work += 1
-        self._queue.put(item)
+        elif self._queue.qsize() >= self._limit + CONTROL_FRAME_LIMIT:
+            return False  # keep room for the close marker
+        try:
+            self._queue.put_nowait(item)
+        except queue.Full:
+            if item.kind in WORK_KINDS:
+                with self._lock:
+                    self._queued_work -= 1
+            return False
         return True
 
     def close(self) -> None:
