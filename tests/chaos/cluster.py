@@ -31,6 +31,7 @@ from gantry.common.status import error_info_of
 from gantry.v1 import common_pb2, inference_pb2, inference_pb2_grpc
 from gantry.v1 import control_plane_pb2 as cp
 from gantry.v1 import control_plane_pb2_grpc as cp_grpc
+from tests.integration.harness import walk_the_gates
 
 CHILD_ENV = {
     "HF_HUB_OFFLINE": "1",
@@ -430,14 +431,12 @@ class Cluster:
             metadata=self.op_md,
             timeout=10,
         )
-        deployment = await self.operator.CreateDeployment(
-            cp.CreateDeploymentRequest(
-                artifact_set_id=artifact.artifact_set_id,
-                capability=capability,
-                adapter=common_pb2.AdapterSettings(adapter="sentence_transformers", device="cpu"),
-            ),
-            metadata=self.op_md,
-            timeout=10,
+        deployment = await walk_the_gates(
+            self.operator,
+            self.op_md,
+            artifact_set_id=artifact.artifact_set_id,
+            capability=capability,
+            adapter=common_pb2.AdapterSettings(adapter="sentence_transformers", device="cpu"),
         )
         self.deployment_ids.append(deployment.deployment_id)
         return deployment.deployment_id

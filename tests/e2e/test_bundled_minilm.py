@@ -114,6 +114,7 @@ async def test_grpcurl_checks_invariants_and_bad_node_ids_get_a_typed_error(mini
         "one_resident_per_deployment_node_generation",
         "ready_deployment_has_connected_resident",
         "no_lease_held_by_fenced_generation",
+        "candidate_only_from_completed_probe",
     }
     process = await asyncio.create_subprocess_exec(
         _grpcurl(),
@@ -131,3 +132,111 @@ async def test_grpcurl_checks_invariants_and_bad_node_ids_get_a_typed_error(mini
     assert process.returncode != 0
     assert "InvalidArgument" in stderr.decode()
     assert "Traceback" not in stderr.decode()
+
+
+async def _grpcurl_json(harness: Harness, method: str, body: dict[str, object]) -> dict:  # type: ignore[type-arg]
+    output = await _run_grpcurl(
+        "-plaintext",
+        "-H",
+        f"authorization: Bearer {harness.operator_token}",
+        "-d",
+        json.dumps(body),
+        harness.address,
+        f"gantry.v1.ControlPlane/{method}",
+    )
+    return json.loads(output) if output.strip() else {}
+
+
+async def _poll(harness: Harness, method: str, body: dict[str, object], done: set[str]) -> dict:  # type: ignore[type-arg]
+    for _ in range(240):
+        record = await _grpcurl_json(harness, method, body)
+        if record.get("state") in done:
+            return record
+        await asyncio.sleep(0.5)
+    raise AssertionError(f"{method} never reached {done}: {record}")
+
+
+async def test_grpcurl_walks_every_gate_as_the_readme_does_and_the_cli_shows_the_evidence(
+    minilm: Harness, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+):
+    [artifact] = (
+        await minilm.operator.ListArtifactSets(cp.ListArtifactSetsRequest(), metadata=minilm.op_md)
+    ).artifact_sets
+    started = await _grpcurl_json(
+        minilm, "AssessCompatibility", {"artifact_set_id": artifact.artifact_set_id}
+    )
+    assessment = await _poll(
+        minilm,
+        "GetAssessment",
+        {"assessment_id": started["assessment_id"]},
+        {"ASSESSMENT_STATE_COMPLETED", "ASSESSMENT_STATE_FAILED"},
+    )
+    assert assessment["compatible"] is True, assessment
+    assert assessment["inspection"]["inspector"] == "sentence_transformers"
+    assert "sentence_transformers" in assessment["inspection"]["adapters"]
+    profile = await _grpcurl_json(
+        minilm,
+        "CreateRuntimeProfile",
+        {
+            "assessment_id": assessment["assessment_id"],
+            "name": "minilm-cpu",
+            "adapter": {"adapter": "sentence_transformers", "device": "cpu"},
+        },
+    )
+    started = await _grpcurl_json(minilm, "StartProbe", {"profile_id": profile["profile_id"]})
+    probe = await _poll(
+        minilm,
+        "GetProbe",
+        {"probe_id": started["probe_id"]},
+        {"PROBE_STATE_COMPLETED", "PROBE_STATE_FAILED", "PROBE_STATE_CANCELLED"},
+    )
+    assert probe["state"] == "PROBE_STATE_COMPLETED", probe
+    evidence = probe["evidence"]
+    assert evidence["output_shape"] == [1, 384] and evidence["output_finite"] is True
+    assert evidence["offline"]["local_files_only"] is True
+    assert "trust_remote_code" not in evidence["offline"]  # false: proto3 JSON omits it
+    assert (
+        int(evidence["memory"]["rss_peak"]["bytes"])
+        >= int(evidence["memory"]["rss_current"]["bytes"])
+        > 0
+    )
+    assert evidence["memory"]["cuda_allocated_after_load"]["unavailable"]  # CPU: said, not zero
+    assert evidence["reclaim"]["reclaimed"] is True and evidence["reclaim"]["reaped"] is True
+    candidate = await _grpcurl_json(
+        minilm, "GetDeploymentCandidate", {"candidate_id": probe["candidate_id"]}
+    )
+    assert candidate["status"] == "CANDIDATE_STATUS_LAB_READY"
+    assert "production" not in candidate  # false until approved
+    approval = await _grpcurl_json(
+        minilm,
+        "ApproveCandidate",
+        {"candidate_id": candidate["candidate_id"], "reason": "reviewed the probe evidence"},
+    )
+    deployment = await _grpcurl_json(
+        minilm,
+        "CreateDeployment",
+        {"approval_id": approval["approval_id"], "capability": "minilm2"},
+    )
+    await minilm.wait_deployment(
+        deployment["deployment_id"], cp.DEPLOYMENT_STATE_READY, timeout=120
+    )
+    binding = await _grpcurl_json(minilm, "GetCapabilityBinding", {"capability": "minilm2"})
+    assert binding["deployment_id"] == deployment["deployment_id"]
+    response = await minilm.inference.Embed(
+        inf.EmbedRequest(capability="minilm2", inputs=[SENTENCE]), metadata=minilm.client_md
+    )
+    assert response.deployment_id == deployment["deployment_id"] and response.dim == 384
+
+    # `gantry probe show` prints the same evidence readably.
+    from gantry.cli.main import main
+
+    (tmp_path / "operator.token").write_text(minilm.operator_token + "\n")
+    arguments = ["--address", minilm.address, "--state-dir", str(tmp_path)]
+    code = await asyncio.to_thread(main, [*arguments, "probe", "show", probe["probe_id"]])
+    shown = capsys.readouterr().out
+    assert code == 0, shown
+    assert "state        COMPLETED" in shown
+    assert "output       shape 1x384, finite" in shown
+    assert "cuda allocated after load" in shown and "UNAVAILABLE" in shown
+    assert "memory reclaimed" in shown
+    assert f"candidate    {candidate['candidate_id']} LAB_READY (production=true)" in shown

@@ -112,11 +112,37 @@ class Harness:
     async def deploy(
         self, artifact_set_id: str, capability: str, **adapter: object
     ) -> control_plane_pb2.Deployment:
+        """A deployment through every gate of the evidence pipeline (see `walk_the_gates`):
+        there is no other way to make one."""
+        adapter.setdefault("adapter", "sentence_transformers")
+        return await walk_the_gates(
+            self.operator,
+            self.op_md,
+            artifact_set_id=artifact_set_id,
+            capability=capability,
+            adapter=common_pb2.AdapterSettings(**adapter),  # type: ignore[arg-type]
+        )
+
+    async def approve(
+        self, artifact_set_id: str, capability: str, **adapter: object
+    ) -> control_plane_pb2.ProductionApproval:
+        """Every gate but the last: a test can then arrange what happens to the deployment's
+        own jobs (lose an assignment, ...) before creating it."""
+        adapter.setdefault("adapter", "sentence_transformers")
+        return await approve_artifact(
+            self.operator,
+            self.op_md,
+            artifact_set_id=artifact_set_id,
+            capability=capability,
+            adapter=common_pb2.AdapterSettings(**adapter),  # type: ignore[arg-type]
+        )
+
+    async def create_deployment(
+        self, approval: control_plane_pb2.ProductionApproval, capability: str
+    ) -> control_plane_pb2.Deployment:
         return await self.operator.CreateDeployment(
             control_plane_pb2.CreateDeploymentRequest(
-                artifact_set_id=artifact_set_id,
-                capability=capability,
-                adapter=common_pb2.AdapterSettings(adapter="sentence_transformers", **adapter),  # type: ignore[arg-type]
+                approval_id=approval.approval_id, capability=capability
             ),
             metadata=self.op_md,
         )
@@ -161,6 +187,97 @@ async def wait_for(
         await asyncio.sleep(0.05)
 
 
+async def walk_the_gates(
+    operator: control_plane_pb2_grpc.ControlPlaneStub,
+    metadata: tuple[tuple[str, str], ...],
+    *,
+    artifact_set_id: str,
+    capability: str,
+    adapter: common_pb2.AdapterSettings | None = None,
+    timeout: float = 180.0,
+) -> control_plane_pb2.Deployment:
+    """Every gate of the evidence pipeline for one artifact set, as an operator walks them:
+    assess, profile, probe, approve, deploy. Fails loudly at the first gate that refuses."""
+    approval = await approve_artifact(
+        operator,
+        metadata,
+        artifact_set_id=artifact_set_id,
+        capability=capability,
+        adapter=adapter,
+        timeout=timeout,
+    )
+    return await operator.CreateDeployment(
+        control_plane_pb2.CreateDeploymentRequest(
+            approval_id=approval.approval_id, capability=capability
+        ),
+        metadata=metadata,
+    )
+
+
+async def approve_artifact(
+    operator: control_plane_pb2_grpc.ControlPlaneStub,
+    metadata: tuple[tuple[str, str], ...],
+    *,
+    artifact_set_id: str,
+    capability: str,
+    adapter: common_pb2.AdapterSettings | None = None,
+    timeout: float = 180.0,
+) -> control_plane_pb2.ProductionApproval:
+    """Every gate up to the approval: assess, profile, probe, approve."""
+    cp = control_plane_pb2
+    assessment = await operator.AssessCompatibility(
+        cp.AssessCompatibilityRequest(artifact_set_id=artifact_set_id), metadata=metadata
+    )
+    latest: list[object] = [assessment]
+
+    async def assessed() -> bool:
+        latest[0] = await operator.GetAssessment(
+            cp.GetAssessmentRequest(assessment_id=assessment.assessment_id), metadata=metadata
+        )
+        return latest[0].state != cp.ASSESSMENT_STATE_PENDING  # type: ignore[attr-defined]
+
+    await wait_for(assessed, timeout=timeout, what="the assessment", last=latest)
+    assessment = latest[0]  # type: ignore[assignment]
+    assert assessment.compatible, f"not compatible: {assessment}"
+    profile = await operator.CreateRuntimeProfile(
+        cp.CreateRuntimeProfileRequest(
+            assessment_id=assessment.assessment_id,
+            name=f"{capability}-profile"[:128],
+            adapter=adapter or common_pb2.AdapterSettings(adapter="sentence_transformers"),
+        ),
+        metadata=metadata,
+    )
+    probe = await operator.StartProbe(
+        cp.StartProbeRequest(profile_id=profile.profile_id), metadata=metadata
+    )
+    ended = (
+        common_pb2.PROBE_STATE_COMPLETED,
+        common_pb2.PROBE_STATE_FAILED,
+        common_pb2.PROBE_STATE_CANCELLED,
+    )
+    latest[0] = probe
+
+    async def probed() -> bool:
+        latest[0] = await operator.GetProbe(
+            cp.GetProbeRequest(probe_id=probe.probe_id), metadata=metadata
+        )
+        return latest[0].state in ended  # type: ignore[attr-defined]
+
+    await wait_for(probed, timeout=timeout, what="the probe", last=latest)
+    probe = latest[0]  # type: ignore[assignment]
+    assert probe.state == common_pb2.PROBE_STATE_COMPLETED, f"probe did not complete: {probe}"
+    candidate = await operator.GetDeploymentCandidate(
+        cp.GetDeploymentCandidateRequest(candidate_id=probe.candidate_id), metadata=metadata
+    )
+    assert candidate.status == cp.CANDIDATE_STATUS_LAB_READY, f"rejected: {candidate}"
+    return await operator.ApproveCandidate(
+        cp.ApproveCandidateRequest(
+            candidate_id=candidate.candidate_id, reason="every gate walked by the test harness"
+        ),
+        metadata=metadata,
+    )
+
+
 @contextlib.asynccontextmanager
 async def running_gantry(
     database_url: str,
@@ -171,6 +288,7 @@ async def running_gantry(
     lease_seconds: float = DEFAULT_LEASE_SECONDS,
     run_reconciler: bool = True,
 ) -> AsyncIterator[Harness]:
+    """Scheduler and control plane in this process."""
     service_token = tokens.mint_token(tokens.SERVICE_TOKEN, "scheduler")
     operator_token = tokens.mint_token(tokens.OPERATOR_TOKEN, new_id())
     scheduler_server, _ = await start_scheduler(listen="127.0.0.1:0", service_token=service_token)

@@ -1,7 +1,9 @@
 """A scripted worker: a real gRPC client of WorkerGateway.Connect whose answers a test decides.
 
 It stands in for a worker agent where a test needs control over what the control plane hears
-(a lost assignment, a failed unload, an inventory of its choosing) without real model hosts.
+(a lost assignment, a failed unload, an inventory of its choosing, an inspection's findings, a
+probe's stages and evidence) without real model hosts. It is a named fake of the worker
+protocol: what it sends is what a worker may send, nothing the control plane could not receive.
 """
 
 from __future__ import annotations
@@ -24,6 +26,65 @@ ENVIRONMENT_FINGERPRINT = environment_fingerprint(ENVIRONMENT)
 
 JobAnswer = Callable[[wg.JobAssignment], wg.JobResult | None]
 
+# The stages a worker reports while it probes, in order (the result then completes the probe).
+PROBE_STAGES = (
+    common_pb2.PROBE_STATE_PREPARING,
+    common_pb2.PROBE_STATE_LOADING,
+    common_pb2.PROBE_STATE_HEALTHCHECKING,
+    common_pb2.PROBE_STATE_READY,
+    common_pb2.PROBE_STATE_UNLOADING,
+)
+
+
+def compatible_inspection() -> wg.Inspection:
+    """A SentenceTransformers embedding model with safetensors weights, as an inspector reads it."""
+    return wg.Inspection(
+        inspector="sentence_transformers",
+        model_type="bert",
+        modalities=["text"],
+        task="embedding",
+        weight_format="safetensors",
+        adapters=["sentence_transformers"],
+        executable=True,
+        details={"hidden_size": "4"},
+    )
+
+
+def healthy_probe_evidence(probe: wg.ProbeSpec) -> wg.ProbeEvidence:
+    """Evidence a healthy probe returns: every check passes; CUDA is absent and says so."""
+    ok = wg.HealthLayer(status=wg.HEALTH_STATUS_OK)
+    return wg.ProbeEvidence(
+        runtime_versions={"python": "3.11", "torch": "scripted", "cuda_available": "false"},
+        environment_id=probe.environment_id or "default",
+        environment_fingerprint=ENVIRONMENT_FINGERPRINT,
+        offline=wg.OfflineEvidence(
+            local_files_only=True,
+            trust_remote_code=False,
+            offline_env={"HF_HUB_OFFLINE": "1"},
+            network_guard=True,
+        ),
+        load_seconds=0.5,
+        first_invoke_seconds=0.05,
+        output_shape=[1, 4],
+        output_finite=True,
+        health=wg.HealthReport(
+            process=ok,
+            runtime=ok,
+            model=ok,
+            capability=wg.HealthLayer(status=wg.HEALTH_STATUS_NOT_CHECKED, detail="NOT_ROUTED"),
+        ),
+        memory=wg.MemoryEvidence(
+            rss_current=common_pb2.Measurement(bytes=200_000_000, source="/proc/pid/status VmRSS"),
+            rss_peak=common_pb2.Measurement(bytes=300_000_000, source="/proc/pid/status VmHWM"),
+            cuda_peak_allocated=common_pb2.Measurement(unavailable="CUDA is not available"),
+        ),
+        reclaim=wg.ReclaimEvidence(
+            pid=5150, process_exited=True, reaped=True, has_exit_code=True, reclaimed=True
+        ),
+        adapter=probe.adapter.adapter,
+        adapter_digest=adapter_digest(probe.adapter),
+    )
+
 
 class ScriptedWorker:
     """Answers loads and unloads by default, holds invocations; every message is recorded."""
@@ -44,6 +105,18 @@ class ScriptedWorker:
         self.drop_next_assignments = 0  # assignments "lost in transit"
         self.answer: JobAnswer = self.default_answer
         self.residents: dict[str, wg.ResidentModel] = {}  # what it reports it holds
+        self.cancelled_jobs: list[str] = []  # CancelJob messages received
+        # The evidence pipeline: what an INSPECT job finds (or its failure), and what a PROBE job
+        # reports (its stages, then its evidence or its failure). `hold_pipeline_jobs` keeps
+        # INSPECT and PROBE assignments unanswered for the test to answer step by step.
+        self.inspection = compatible_inspection()
+        self.inspect_failure: common_pb2.Failure | None = None
+        self.probe_evidence: Callable[[wg.ProbeSpec], wg.ProbeEvidence] = healthy_probe_evidence
+        self.probe_failure: common_pb2.Failure | None = None
+        self.hold_pipeline_jobs = False
+        # Answer every Embed invocation at once (dim 4) instead of queueing it for the test.
+        self.answer_invokes = False
+        self.answered_invokes: list[wg.Invoke] = []
         self._task: asyncio.Task[None] | None = None
         self._next_pid = 4242
 
@@ -109,9 +182,54 @@ class ScriptedWorker:
             result.unload.CopyFrom(
                 wg.UnloadEvidence(pid=resident.pid if resident else 0, process_exited=True)
             )
+        elif spec in ("inspect", "probe"):
+            if self.hold_pipeline_jobs:
+                return None
+            if spec == "probe":
+                for stage in PROBE_STAGES:
+                    self.report_stage(job, stage)
+            return self.pipeline_result(job)
         else:
             return None
         return result
+
+    def pipeline_result(self, job: wg.JobAssignment) -> wg.JobResult:
+        """The scripted result of an INSPECT or PROBE assignment (a failure, if one is set)."""
+        result = wg.JobResult(job_id=job.job_id, lease_token=job.lease_token)
+        if job.WhichOneof("spec") == "inspect":
+            if self.inspect_failure is not None:
+                result.failure.CopyFrom(self.inspect_failure)
+            else:
+                result.inspect.CopyFrom(
+                    wg.InspectEvidence(
+                        inspection=self.inspection,
+                        environment_id=job.inspect.environment_id or "default",
+                        environment_fingerprint=ENVIRONMENT_FINGERPRINT,
+                        files_verified=len(job.inspect.artifact.manifest),
+                    )
+                )
+        elif self.probe_failure is not None:
+            result.failure.CopyFrom(self.probe_failure)
+        else:
+            result.probe.CopyFrom(self.probe_evidence(job.probe))
+        return result
+
+    def report_stage(self, job: wg.JobAssignment, stage: int) -> None:
+        """A JobUpdate naming the probe stage just entered, under the job's lease."""
+        self.send(
+            wg.WorkerMessage(
+                job_update=wg.JobUpdate(
+                    job_id=job.job_id,
+                    lease_token=job.lease_token,
+                    state=wg.JOB_STATE_RUNNING,
+                    probe_state=stage,  # type: ignore[arg-type]
+                )
+            )
+        )
+
+    def finish(self, job: wg.JobAssignment) -> None:
+        """Send the scripted result of a held INSPECT or PROBE assignment."""
+        self.send(wg.WorkerMessage(job_result=self.pipeline_result(job)))
 
     async def _messages(self) -> AsyncIterator[wg.WorkerMessage]:
         while (message := await self.outgoing.get()) is not None:
@@ -140,7 +258,23 @@ class ScriptedWorker:
             if result is not None:
                 self.send(wg.WorkerMessage(job_result=result))
         elif kind == "invoke":
-            self.invokes.put_nowait(message.invoke)
+            if self.answer_invokes and message.invoke.WhichOneof("payload") == "embed":
+                self.answered_invokes.append(message.invoke)
+                count = len(message.invoke.embed.inputs)
+                self.send(
+                    wg.WorkerMessage(
+                        invoke_result=wg.InvokeResult(
+                            request_id=message.invoke.request_id,
+                            embed=wg.EmbedResult(
+                                count=count, dim=4, float32_le=b"\x00\x00\x80\x3f" * 4 * count
+                            ),
+                        )
+                    )
+                )
+            else:
+                self.invokes.put_nowait(message.invoke)
+        elif kind == "cancel_job":
+            self.cancelled_jobs.append(message.cancel_job.job_id)
         elif kind == "cancel_invoke":
             self.cancels.put_nowait(message.cancel_invoke)
         elif kind == "ack":

@@ -128,7 +128,7 @@ async def test_register_artifact_set_refuses_an_oversized_manifest_naming_the_li
     assert info.metadata["limit"] == str(manifest_module.MAX_MANIFEST_ENTRIES)
 
 
-async def test_an_auto_map_the_control_plane_cannot_see_is_refused_by_the_worker_before_load(
+async def test_an_auto_map_the_control_plane_cannot_see_is_found_by_the_workers_inspection(
     gantry: Harness, tiny_model_dir: Path, tmp_path: Path
 ):
     credential = await gantry.register_node("gate-node")
@@ -139,10 +139,35 @@ async def test_an_auto_map_the_control_plane_cannot_see_is_refused_by_the_worker
     config["auto_map"] = {"AutoModel": "modeling_evil.EvilModel"}
     (target / "config.json").write_text(json.dumps(config))
     artifact = await gantry.register_model(target, "remote-code")  # manifest only: it passes
-    deployment = await gantry.deploy(artifact.artifact_set_id, "remote-code")
-    failed = await gantry.wait_deployment(deployment.deployment_id, cp.DEPLOYMENT_STATE_FAILED)
-    assert failed.last_failure.reason == "RUNTIME_INCOMPATIBLE"
-    assert "config.json" in failed.last_failure.message
+    started = await gantry.operator.AssessCompatibility(
+        cp.AssessCompatibilityRequest(artifact_set_id=artifact.artifact_set_id),
+        metadata=gantry.op_md,
+    )
+    assessment = started
+    for _ in range(200):
+        assessment = await gantry.operator.GetAssessment(
+            cp.GetAssessmentRequest(assessment_id=started.assessment_id), metadata=gantry.op_md
+        )
+        if assessment.state != cp.ASSESSMENT_STATE_PENDING:
+            break
+        await asyncio.sleep(0.1)
+    assert assessment.state == cp.ASSESSMENT_STATE_COMPLETED
+    assert not assessment.compatible
+    assert assessment.failure.reason == "RUNTIME_INCOMPATIBLE"
+    findings = [(f.reason, f.path) for f in assessment.inspection.findings]
+    assert ("RUNTIME_INCOMPATIBLE", "config.json") in findings
+    # The gate after it refuses: no profile, so no probe, no approval, no deployment, no load.
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await gantry.operator.CreateRuntimeProfile(
+            cp.CreateRuntimeProfileRequest(
+                assessment_id=assessment.assessment_id,
+                name="remote-code",
+                adapter=common_pb2.AdapterSettings(adapter="sentence_transformers"),
+            ),
+            metadata=gantry.op_md,
+        )
+    info = error_info_of(refused.value)
+    assert info is not None and info.reason == "RUNTIME_INCOMPATIBLE"
     assert len(agent.residents) == 0
-    # The refused load left no private copy behind.
+    # The inspection left no private copy behind.
     assert list((tmp_path / "verified").iterdir()) == []

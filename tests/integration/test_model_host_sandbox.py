@@ -1,7 +1,8 @@
 """The model host's sandbox for real: a child loading the tiny model, probed from inside.
 
-Where this kernel refuses Landlock the probes of what the sandbox denies skip with the kernel's
-exact answer, and the host must have said so (isolation NONE and the reason).
+Where this kernel refuses Landlock or seccomp the probes of what that layer denies skip with the
+kernel's exact answer, and the host must have said so (isolation NONE, no `+SECCOMP_NET`, and the
+reason).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import json
 import os
 import socket
 import stat
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,10 +20,11 @@ import pytest
 
 from gantry.common.errors import GantryError
 from gantry.v1 import common_pb2
-from gantry.worker.model_host import landlock
+from gantry.worker.model_host import landlock, sandbox, seccomp
 from gantry.worker.model_host.environments import INHERITED_ENVIRONMENT, OFFLINE_ENVIRONMENT
 from gantry.worker.model_host.landlock import IsolationLevel
 from gantry.worker.model_host.process import HostLaunchSpec, ModelHost
+from gantry.worker.model_host.sandbox import IsolationRequirement
 from gantry.worker.model_host.serving import (
     TEST_HOOK_PROBE_MARKER,
     TEST_HOOK_PROBE_SANDBOX_PREFIX,
@@ -60,11 +63,88 @@ os.execv({python!r}, [{python!r}] + sys.argv[1:])
 """
 
 
+# Runs the real host (`child.main`) with one change: right after it enters its sandbox, and
+# before it reads the model, it probes the network from inside and fails the load with the report.
+_PROBE_AFTER_SANDBOX = """
+import _socket, ctypes, errno, json, socket, sys
+from gantry.common.errors import GantryError
+from gantry.worker.model_host import child
+
+def attempt(action):
+    try:
+        action()
+    except OSError as exc:
+        return f"{{type(exc).__name__}} {{errno.errorcode.get(exc.errno or 0, exc.errno)}}"
+    return "allowed"
+
+def opens(family, kind):
+    return lambda: _socket.socket(family, kind).close()
+
+def udp_sendto():
+    # `_socket` directly: the kernel's answer, not the Python-level guard's.
+    probe = _socket.socket(_socket.AF_INET, _socket.SOCK_DGRAM)
+    try:
+        probe.sendto(b"exfiltrated", ("127.0.0.1", {udp_port}))
+    finally:
+        probe.close()
+
+def io_uring():
+    params = ctypes.create_string_buffer(120)
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.syscall(425, 8, params) < 0:
+        code = ctypes.get_errno()
+        raise OSError(code, errno.errorcode.get(code, str(code)))
+
+real_enter = child._enter_sandbox
+
+def enter_then_probe(load, private_dir):
+    isolation = real_enter(load, private_dir)
+    report = {{
+        "isolation": isolation.wire,
+        "udp_socket": attempt(opens(_socket.AF_INET, _socket.SOCK_DGRAM)),
+        "udp6_socket": attempt(opens(_socket.AF_INET6, _socket.SOCK_DGRAM)),
+        "udp_sendto": attempt(udp_sendto),
+        "dns": attempt(lambda: socket.getaddrinfo("example.com", 80)),
+        "unix_socket": attempt(opens(_socket.AF_UNIX, _socket.SOCK_STREAM)),
+        "io_uring": attempt(io_uring),
+    }}
+    raise GantryError("LOAD_FAILED", {marker!r} + json.dumps(report))
+
+child._enter_sandbox = enter_then_probe
+sys.exit(child.main(sys.argv[1:]))
+"""
+# An interpreter that runs `_PROBE_AFTER_SANDBOX` with the child's arguments instead of the child.
+_PROBING_PYTHON = """#!{python}
+import os, sys
+arguments = sys.argv[1:]
+child_arguments = arguments[arguments.index("-m") + 2 :]
+os.execv({python!r}, [{python!r}, "-I", "-c", {code!r}, *child_arguments])
+"""
+
+_INSTALL_SECCOMP = """
+from gantry.worker.model_host import seccomp
+print(seccomp.install_socket_filter().reason)
+"""
+
+
 def _kernel_landlock() -> tuple[int | None, str]:
     try:
         return landlock.abi_version(), ""
     except landlock.LandlockUnavailable as exc:
         return None, str(exc)
+
+
+def _kernel_seccomp() -> tuple[bool, str]:
+    """Whether this kernel takes the socket filter, asked of a throwaway process (it stays)."""
+    completed = subprocess.run(
+        [sys.executable, "-I", "-c", _INSTALL_SECCOMP],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    reason = completed.stdout.strip()
+    return reason == seccomp.DESCRIPTION, reason
 
 
 def _spec(model_directory: Path, deployment_id: str, **overrides: object) -> HostLaunchSpec:
@@ -110,18 +190,25 @@ def listening_port() -> Iterator[int]:
         yield listener.getsockname()[1]
 
 
+@pytest.fixture
+def udp_listener() -> Iterator[socket.socket]:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.setblocking(False)
+        yield listener
+
+
 async def test_host_in_its_sandbox_cannot_read_outside_files_or_open_tcp_but_still_embeds(
     tiny_model_dir: Path, secret_file: Path, listening_port: int
 ) -> None:
     abi, refused = _kernel_landlock()
-    required = IsolationLevel.LANDLOCK_FS_NET if abi is not None and abi >= 4 else None
-    host = await ModelHost.start(
-        _spec(
-            tiny_model_dir,
-            "dep-sandbox",
-            require_isolation=required or IsolationLevel.NONE,
-        )
+    filtered, seccomp_reason = _kernel_seccomp()
+    tcp_rules = abi is not None and abi >= 4
+    required = IsolationRequirement(
+        level=IsolationLevel.LANDLOCK_FS_NET if tcp_rules else IsolationLevel.NONE,
+        seccomp_net=filtered,
     )
+    host = await ModelHost.start(_spec(tiny_model_dir, "dep-sandbox", require_isolation=required))
     try:
         report = await _probe(host, secret_file, listening_port)
         result = await host.embed(["hello world"], trace_context={}, timeout_s=30)
@@ -129,19 +216,60 @@ async def test_host_in_its_sandbox_cannot_read_outside_files_or_open_tcp_but_sti
     finally:
         await host.stop()
 
+    reached = sandbox.reported_isolation(host.ready.isolation, host.ready.isolation_reason)
+    assert reached.wire == host.ready.isolation  # a level this worker understands
+    # Each layer is reported as what the kernel did, present or not, with why.
+    assert reached.seccomp_net is filtered
+    if filtered:
+        assert host.ready.isolation.endswith("+SECCOMP_NET")
+        assert report["connect"] == "denied EACCES"  # the socket itself is refused
+    else:
+        assert f"seccomp socket filter not installed: {seccomp_reason}" in reached.reason
     if abi is None:
-        assert host.ready.isolation == "NONE"
+        assert reached.level is IsolationLevel.NONE
         assert host.ready.isolation_reason.startswith("Landlock unavailable: ")
         pytest.skip(f"this kernel refuses Landlock: {refused}")
     # The file is world-readable and the listener is up: only the kernel's sandbox says no.
     assert report["read"] == "denied EACCES"
-    if required is None:
-        assert host.ready.isolation == "LANDLOCK_FS"
+    if not tcp_rules:
+        assert reached.level is IsolationLevel.LANDLOCK_FS
         assert f"ABI {abi}" in host.ready.isolation_reason
         pytest.skip(f"Landlock ABI {abi} has no TCP rules (needs 4)")
-    assert host.ready.isolation == "LANDLOCK_FS_NET"
+    assert reached.level is IsolationLevel.LANDLOCK_FS_NET
     assert host.ready.isolation_reason.startswith(f"Landlock ABI {abi}")
     assert report["connect"] == "denied EACCES"
+
+
+async def test_host_in_its_sandbox_can_send_no_udp_and_resolve_no_name_before_it_reads_the_model(
+    tiny_model_dir: Path, tmp_path: Path, udp_listener: socket.socket
+) -> None:
+    filtered, seccomp_reason = _kernel_seccomp()
+    python = tmp_path / "python-probing-after-sandbox"
+    code = _PROBE_AFTER_SANDBOX.format(
+        udp_port=udp_listener.getsockname()[1], marker=TEST_HOOK_PROBE_MARKER
+    )
+    python.write_text(_PROBING_PYTHON.format(python=sys.executable, code=code))
+    python.chmod(0o755)
+
+    with pytest.raises(GantryError) as probed:
+        await ModelHost.start(_spec(tiny_model_dir, "dep-udp", python_executable=str(python)))
+    message = probed.value.message
+    assert TEST_HOOK_PROBE_MARKER in message, message
+    report = json.loads(message.split(TEST_HOOK_PROBE_MARKER, 1)[1])
+
+    assert report["unix_socket"] == "allowed"  # the host's own channel family still works
+    if not filtered:
+        assert "+SECCOMP_NET" not in report["isolation"]
+        pytest.skip(f"this kernel refuses the seccomp filter: {seccomp_reason}")
+    assert report["isolation"].endswith("+SECCOMP_NET")
+    # The listener is up on loopback: only the filter stops the datagram.
+    assert report["udp_socket"] == "PermissionError EACCES"
+    assert report["udp6_socket"] == "PermissionError EACCES"
+    assert report["udp_sendto"] == "PermissionError EACCES"
+    with pytest.raises(BlockingIOError):
+        udp_listener.recv(64)
+    assert report["dns"] != "allowed"
+    assert report["io_uring"] == "PermissionError EPERM"
 
 
 async def test_host_starts_isolated_in_a_private_dir_without_the_workers_secrets(
@@ -212,7 +340,9 @@ async def test_kernel_refusing_landlock_gives_isolation_none_and_require_fs_net_
         _spec(tiny_model_dir, "dep-unconfined", python_executable=str(python))
     )
     try:
-        assert host.ready.isolation == "NONE"
+        # The seccomp filter is a layer apart: it may still hold where Landlock is refused.
+        assert host.isolation.level is IsolationLevel.NONE
+        assert host.ready.isolation in {"NONE", "NONE+SECCOMP_NET"}
         assert "errno 38 ENOSYS" in host.ready.isolation_reason
         result = await host.embed(["hello world"], trace_context={}, timeout_s=30)
         assert result.count == 1
@@ -225,11 +355,11 @@ async def test_kernel_refusing_landlock_gives_isolation_none_and_require_fs_net_
                 tiny_model_dir,
                 "dep-refused",
                 python_executable=str(python),
-                require_isolation=IsolationLevel.LANDLOCK_FS_NET,
+                require_isolation=sandbox.parse_required("fs-net"),
             )
         )
     assert refused.value.reason == "RUNTIME_ENVIRONMENT_UNAVAILABLE"
-    assert "requires model host isolation LANDLOCK_FS_NET" in refused.value.message
+    assert "requires model host isolation LANDLOCK_FS_NET " in refused.value.message
     assert "reached only NONE" in refused.value.message
     assert "ENOSYS" in refused.value.message
     assert refused.value.metadata["deployment_id"] == "dep-refused"

@@ -135,9 +135,11 @@ async def test_a_lost_assignment_is_redelivered_after_its_lease_expires_with_a_n
     world: World, tiny_model_dir: Path
 ):
     worker = await world.worker("lossy")
-    worker.drop_next_assignments = 1
     artifact = await world.harness.register_model(tiny_model_dir, "lossy")
-    deployment = await world.harness.deploy(artifact.artifact_set_id, "lossy")
+    approval = await world.harness.approve(artifact.artifact_set_id, "lossy")
+    worker.assignments.clear()  # the pipeline's INSPECT and PROBE jobs
+    worker.drop_next_assignments = 1
+    deployment = await world.harness.create_deployment(approval, "lossy")
     await wait_for(lambda: len(worker.assignments) == 1, what="the first (lost) assignment")
     lost = worker.assignments[0]
     await world.live_for(LEASE_SECONDS - 1, {"lossy": worker})
@@ -350,9 +352,11 @@ async def test_a_disabled_node_is_drained_and_its_replica_placed_elsewhere(
 
 async def test_check_invariants_names_an_orphaned_lease(world: World, tiny_model_dir: Path):
     worker = await world.worker("orphaner")
-    worker.drop_next_assignments = 1
     artifact = await world.harness.register_model(tiny_model_dir, "orphan")
-    deployment = await world.harness.deploy(artifact.artifact_set_id, "orphan")
+    approval = await world.harness.approve(artifact.artifact_set_id, "orphan")
+    worker.assignments.clear()  # the pipeline's INSPECT and PROBE jobs
+    worker.drop_next_assignments = 1
+    deployment = await world.harness.create_deployment(approval, "orphan")
     await wait_for(lambda: len(worker.assignments) == 1, what="the lost assignment")
     # Time passes without a reconciler pass: the expired lease is an orphan, by name.
     world.clock.advance(LEASE_SECONDS + 1)

@@ -135,8 +135,12 @@ async def test_an_unplaceable_deployment_stays_pending_then_is_placed_when_a_nod
     gantry: Harness, tiny_model_dir: Path
 ):
     artifact = await gantry.register_model(tiny_model_dir, "idle")
+    # Its gates were walked on a node that has gone since.
+    probing = await gantry.start_worker(await gantry.register_node("probing-node"))
+    approval = await gantry.approve(artifact.artifact_set_id, "idle")
+    await gantry.stop_worker(probing)
     # No worker is connected: the scheduler finds no node, the deployment waits and says why.
-    pending = await gantry.deploy(artifact.artifact_set_id, "idle")
+    pending = await gantry.create_deployment(approval, "idle")
     assert pending.state == cp.DEPLOYMENT_STATE_PENDING
     assert pending.last_failure.reason == "NO_ELIGIBLE_NODE"
     code, reason = await _code_and_reason(
@@ -160,9 +164,11 @@ async def test_a_tampered_artifact_is_refused_before_any_load(
     credential = await gantry.register_node("tamper-node")
     agent = await gantry.start_worker(credential)
     artifact = await gantry.register_model(tiny_model_dir, "tampered")
+    # The bytes change after they passed every gate: the load verifies them again.
+    approval = await gantry.approve(artifact.artifact_set_id, "tampered")
     config = gantry.artifact_root / "tampered" / "config.json"
     config.write_text(config.read_text().replace("}", ', "x": 1}', 1))
-    deployment = await gantry.deploy(artifact.artifact_set_id, "tampered")
+    deployment = await gantry.create_deployment(approval, "tampered")
     failed = await gantry.wait_deployment(deployment.deployment_id, cp.DEPLOYMENT_STATE_FAILED)
     assert failed.last_failure.reason == "ARTIFACT_MISMATCH"
     assert "config.json" in failed.last_failure.message
@@ -175,8 +181,9 @@ async def test_extra_file_in_artifact_directory_is_a_mismatch(
     credential = await gantry.register_node("extra-node")
     await gantry.start_worker(credential)
     artifact = await gantry.register_model(tiny_model_dir, "extra")
+    approval = await gantry.approve(artifact.artifact_set_id, "extra")
     (gantry.artifact_root / "extra" / "smuggled.py").write_text("print('hi')\n")
-    deployment = await gantry.deploy(artifact.artifact_set_id, "extra")
+    deployment = await gantry.create_deployment(approval, "extra")
     failed = await gantry.wait_deployment(deployment.deployment_id, cp.DEPLOYMENT_STATE_FAILED)
     assert failed.last_failure.reason == "ARTIFACT_MISMATCH"
     assert "extra smuggled.py" in failed.last_failure.message
@@ -321,7 +328,7 @@ async def test_operator_inputs_are_validated_and_nothing_is_stored(gantry: Harne
     ) == (grpc.StatusCode.NOT_FOUND, "NOT_FOUND")
     assert await _code_and_reason(
         gantry.operator.CreateDeployment(
-            cp.CreateDeploymentRequest(artifact_set_id=missing, capability="c"),
+            cp.CreateDeploymentRequest(approval_id=missing, capability="c"),
             metadata=gantry.op_md,
         )
     ) == (grpc.StatusCode.NOT_FOUND, "NOT_FOUND")

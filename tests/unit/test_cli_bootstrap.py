@@ -33,6 +33,7 @@ from gantry.v1 import (
     control_plane_pb2_grpc,
     inference_pb2,
     inference_pb2_grpc,
+    worker_gateway_pb2,
 )
 
 OPERATOR_TOKEN = "gop_test_secret"
@@ -59,6 +60,12 @@ class FakeControlPlane(control_plane_pb2_grpc.ControlPlaneServicer):
         self.deployments: list[control_plane_pb2.Deployment] = []
         self.gets: dict[str, int] = {}
         self.calls: list[str] = []
+        self.assessments: list[control_plane_pb2.CompatibilityAssessment] = []
+        self.profiles: list[control_plane_pb2.RuntimeProfile] = []
+        self.probes: list[control_plane_pb2.RuntimeProbe] = []
+        self.candidates: dict[str, control_plane_pb2.DeploymentCandidate] = {}
+        self.approvals: dict[str, control_plane_pb2.ProductionApproval] = {}
+        self.candidate_status = control_plane_pb2.CANDIDATE_STATUS_LAB_READY
 
     def _authorize(self, context: grpc.ServicerContext, method: str) -> None:
         self.calls.append(method)
@@ -108,14 +115,130 @@ class FakeControlPlane(control_plane_pb2_grpc.ControlPlaneServicer):
         page, token = self._page(self.artifact_sets, request)
         return control_plane_pb2.ListArtifactSetsResponse(artifact_sets=page, next_page_token=token)
 
+    # The evidence pipeline's gates: each record advances one state per Get, as a real INSPECT or
+    # PROBE job reports over time.
+    def AssessCompatibility(self, request: Any, context: grpc.ServicerContext) -> Any:
+        self._authorize(context, "AssessCompatibility")
+        with self.lock:
+            assessment = control_plane_pb2.CompatibilityAssessment(
+                assessment_id=f"asm-{len(self.assessments) + 1}",
+                artifact_set_id=request.artifact_set_id,
+                node_id="node-1",
+                state=control_plane_pb2.ASSESSMENT_STATE_PENDING,
+            )
+            self.assessments.append(assessment)
+        return assessment
+
+    def GetAssessment(self, request: Any, context: grpc.ServicerContext) -> Any:
+        self._authorize(context, "GetAssessment")
+        with self.lock:
+            [assessment] = [a for a in self.assessments if a.assessment_id == request.assessment_id]
+            assessment.state = control_plane_pb2.ASSESSMENT_STATE_COMPLETED
+            assessment.compatible = True
+            assessment.inspection.CopyFrom(
+                worker_gateway_pb2.Inspection(
+                    inspector="sentence_transformers",
+                    task="embedding",
+                    weight_format="safetensors",
+                    adapters=["sentence_transformers"],
+                    executable=True,
+                )
+            )
+            return assessment
+
+    def CreateRuntimeProfile(self, request: Any, context: grpc.ServicerContext) -> Any:
+        self._authorize(context, "CreateRuntimeProfile")
+        with self.lock:
+            profile = control_plane_pb2.RuntimeProfile(
+                profile_id=f"prof-{len(self.profiles) + 1}",
+                name=request.name,
+                assessment_id=request.assessment_id,
+                adapter=request.adapter,
+            )
+            self.profiles.append(profile)
+        return profile
+
+    def StartProbe(self, request: Any, context: grpc.ServicerContext) -> Any:
+        self._authorize(context, "StartProbe")
+        with self.lock:
+            probe = control_plane_pb2.RuntimeProbe(
+                probe_id=f"probe-{len(self.probes) + 1}",
+                profile_id=request.profile_id,
+                node_id="node-1",
+                state=common_pb2.PROBE_STATE_QUEUED,
+            )
+            self.probes.append(probe)
+        return probe
+
+    def GetProbe(self, request: Any, context: grpc.ServicerContext) -> Any:
+        self._authorize(context, "GetProbe")
+        with self.lock:
+            [probe] = [p for p in self.probes if p.probe_id == request.probe_id]
+            if probe.state == common_pb2.PROBE_STATE_QUEUED:
+                probe.state = common_pb2.PROBE_STATE_LOADING
+            else:
+                probe.state = common_pb2.PROBE_STATE_COMPLETED
+                probe.candidate_id = f"cand-{probe.probe_id}"
+                self.candidates.setdefault(
+                    probe.candidate_id,
+                    control_plane_pb2.DeploymentCandidate(
+                        candidate_id=probe.candidate_id,
+                        probe_id=probe.probe_id,
+                        profile_id=probe.profile_id,
+                        status=self.candidate_status,
+                        reasons=(
+                            []
+                            if self.candidate_status == control_plane_pb2.CANDIDATE_STATUS_LAB_READY
+                            else ["model health layer FAILED"]
+                        ),
+                    ),
+                )
+            return probe
+
+    def GetDeploymentCandidate(self, request: Any, context: grpc.ServicerContext) -> Any:
+        self._authorize(context, "GetDeploymentCandidate")
+        return self.candidates[request.candidate_id]
+
+    def ApproveCandidate(self, request: Any, context: grpc.ServicerContext) -> Any:
+        self._authorize(context, "ApproveCandidate")
+        with self.lock:
+            candidate = self.candidates[request.candidate_id]
+            approval = control_plane_pb2.ProductionApproval(
+                approval_id=f"appr-{candidate.candidate_id}",
+                candidate_id=candidate.candidate_id,
+                profile_id=candidate.profile_id,
+                approved_by="operator",
+                reason=request.reason,
+            )
+            self.approvals[approval.approval_id] = approval
+        return approval
+
     def CreateDeployment(self, request: Any, context: grpc.ServicerContext) -> Any:
         self._authorize(context, "CreateDeployment")
         with self.lock:
+            if request.approval_id not in self.approvals:
+                context.abort(grpc.StatusCode.FAILED_PRECONDITION, "NOT_APPROVED")
+            approval = self.approvals[request.approval_id]
+            [profile] = [p for p in self.profiles if p.profile_id == approval.profile_id]
+            [assessment] = [a for a in self.assessments if a.assessment_id == profile.assessment_id]
             deployment = control_plane_pb2.Deployment(
                 deployment_id=f"dep-{len(self.deployments) + 1}",
                 capability=request.capability,
-                artifact_set_id=request.artifact_set_id,
-                adapter=request.adapter,
+                artifact_set_id=assessment.artifact_set_id,
+                adapter=profile.adapter,
+                approval_id=approval.approval_id,
+                profile_id=profile.profile_id,
+                state=control_plane_pb2.DEPLOYMENT_STATE_PENDING,
+            )
+            self.deployments.append(deployment)
+        return deployment
+
+    def add_deployment(self, capability: str) -> control_plane_pb2.Deployment:
+        """A deployment record as if created earlier (the tests of waiting need no gates)."""
+        with self.lock:
+            deployment = control_plane_pb2.Deployment(
+                deployment_id=f"dep-{len(self.deployments) + 1}",
+                capability=capability,
                 state=control_plane_pb2.DEPLOYMENT_STATE_PENDING,
             )
             self.deployments.append(deployment)
@@ -270,6 +393,39 @@ def test_the_bundled_model_is_placed_registered_and_deployed_once(
     assert deployment.capability == "minilm"
     assert deployment.adapter.adapter == "sentence_transformers"
     assert deployment.adapter.device == "cpu"
+    # Every gate walked once, in order, and the deployment came from the approval.
+    gates = [
+        call
+        for call in fake.control_plane.calls
+        if call
+        in (
+            "AssessCompatibility",
+            "CreateRuntimeProfile",
+            "StartProbe",
+            "ApproveCandidate",
+            "CreateDeployment",
+        )
+    ]
+    assert gates == [
+        "AssessCompatibility",
+        "CreateRuntimeProfile",
+        "StartProbe",
+        "ApproveCandidate",
+        "CreateDeployment",
+    ]
+    assert deployment.approval_id == "appr-cand-probe-1"
+    assert any("LAB_READY" in line for line in said)
+
+
+def test_a_rejected_candidate_stops_the_walk_before_anything_is_approved(
+    fake: FakeServer, tmp_path: Path, model_dir: Path
+) -> None:
+    fake.control_plane.candidate_status = control_plane_pb2.CANDIDATE_STATUS_REJECTED
+    paths = make_paths(tmp_path)
+    with pytest.raises(CliError, match="REJECTED: model health layer FAILED"):
+        bootstrap.ensure_deployment(fake.stub, METADATA, paths, model_dir, lambda line: None)
+    assert "ApproveCandidate" not in fake.control_plane.calls
+    assert fake.control_plane.deployments == []
 
 
 def test_a_failed_deployment_is_replaced_reusing_the_registered_artifact_set(
@@ -312,9 +468,7 @@ def test_client_key_is_created_once_and_written_0600(fake: FakeServer, tmp_path:
 
 def test_waiting_reports_each_state_until_ready(fake: FakeServer, tmp_path: Path) -> None:
     fake.control_plane.ready_after = 3
-    deployment = fake.stub.CreateDeployment(
-        control_plane_pb2.CreateDeploymentRequest(capability="minilm"), metadata=METADATA
-    )
+    deployment = fake.control_plane.add_deployment("minilm")
     said: list[str] = []
     ready = bootstrap.wait_until_ready(
         fake.stub,
@@ -336,9 +490,7 @@ def test_a_failed_deployment_stops_the_wait_with_its_last_failure(
     fake.control_plane.failure = common_pb2.Failure(
         reason="LOAD_FAILED", message="out of memory", failure_class=common_pb2.FAILURE_CLASS_INFRA
     )
-    deployment = fake.stub.CreateDeployment(
-        control_plane_pb2.CreateDeploymentRequest(capability="minilm"), metadata=METADATA
-    )
+    deployment = fake.control_plane.add_deployment("minilm")
     with pytest.raises(CliError, match=r"is FAILED \(LOAD_FAILED: out of memory\); see .*worker"):
         bootstrap.wait_until_ready(
             fake.stub,

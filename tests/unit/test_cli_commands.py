@@ -80,13 +80,37 @@ def test_artifacts_register_refuses_a_directory_outside_the_root(
     assert "RegisterArtifactSet" not in fake.control_plane.calls
 
 
-def test_deploy_deployments_and_unload(
+def test_every_gate_from_the_cli_then_deploy_deployments_and_unload(
     fake: FakeServer, state: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert gantry(fake, state, "deploy", "as-9", "--capability", "bge") == 0
-    assert capsys.readouterr().out.strip() == "deployment dep-1 (bge): PENDING"
+    assert gantry(fake, state, "assess", "as-9") == 0
+    out = capsys.readouterr().out
+    assert "state        COMPLETED" in out
+    assert "adapters     sentence_transformers" in out
+
+    assert gantry(fake, state, "profile", "asm-1", "--name", "bge-cpu", "--normalize") == 0
+    out = capsys.readouterr().out
+    assert "profile      prof-1" in out
+    assert "sentence_transformers on cpu (normalize=true" in out
+
+    assert gantry(fake, state, "probe", "prof-1", "--wait-timeout", "30") == 0
+    captured = capsys.readouterr()
+    assert "probe probe-1: LOADING" in captured.err  # each stage is said while waiting
+    assert "candidate    cand-probe-1 LAB_READY (production=false)" in captured.out
+
+    assert gantry(fake, state, "probe", "show", "probe-1") == 0
+    assert "state        COMPLETED" in capsys.readouterr().out
+
+    assert gantry(fake, state, "approve", "cand-probe-1", "--reason", "reviewed") == 0
+    assert "approval     appr-cand-probe-1" in capsys.readouterr().out
+
+    assert gantry(fake, state, "deploy", "appr-cand-probe-1", "--capability", "bge") == 0
+    assert capsys.readouterr().out.strip() == (
+        "deployment dep-1 (bge, not bound yet: serves once it is READY): PENDING"
+    )
     [created] = fake.control_plane.deployments
     assert created.adapter.adapter == "sentence_transformers"
+    assert created.approval_id == "appr-cand-probe-1"
     created.residencies.add(node_id="node-7", state=common_pb2.RESIDENCY_STATE_RESIDENT)
 
     assert gantry(fake, state, "deployments") == 0
@@ -96,6 +120,14 @@ def test_deploy_deployments_and_unload(
 
     assert gantry(fake, state, "unload", "dep-1") == 0
     assert capsys.readouterr().out.strip() == "deployment dep-1: UNLOADING"
+
+
+def test_deploy_without_an_approval_is_refused_with_the_reason(
+    fake: FakeServer, state: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert gantry(fake, state, "deploy", "no-such-approval", "--capability", "bge") == 1
+    assert "NOT_APPROVED" in capsys.readouterr().err
+    assert fake.control_plane.deployments == []
 
 
 def test_embed_prints_dim_and_leading_values_or_json(

@@ -14,6 +14,8 @@ import pytest
 
 from gantry.common.errors import REASONS
 from gantry.controlplane import convert
+from gantry.controlplane.domain.pipeline_states import AssessmentState, CandidateStatus
+from gantry.controlplane.domain.probe_transitions import ProbeState
 from gantry.controlplane.domain.transitions import (
     DeploymentState,
     JobState,
@@ -33,6 +35,9 @@ TWINS: list[tuple[type[enum.StrEnum], Any, str]] = [
     (JobType, control_plane_pb2.ServingJobType, "SERVING_JOB_TYPE_"),
     (JobState, worker_gateway_pb2.JobState, "JOB_STATE_"),
     (JobType, worker_gateway_pb2.JobType, "JOB_TYPE_"),
+    (ProbeState, common_pb2.ProbeState, "PROBE_STATE_"),
+    (AssessmentState, control_plane_pb2.AssessmentState, "ASSESSMENT_STATE_"),
+    (CandidateStatus, control_plane_pb2.CandidateStatus, "CANDIDATE_STATUS_"),
 ]
 
 # The reasons CONTRACTS.md lists, copied here so the test runs where the design docs are absent;
@@ -155,3 +160,54 @@ def test_the_copied_reasons_equal_contracts_md() -> None:
     if not CONTRACTS_MD.exists():
         pytest.skip(f"the design documents are not at {CONTRACTS_MD}")
     assert contracts_reasons(CONTRACTS_MD.read_text(encoding="utf-8")) == CONTRACT_REASONS
+
+
+@pytest.mark.parametrize("state", list(ProbeState))
+def test_probe_rows_convert_with_their_state(state: ProbeState) -> None:
+    row = models.RuntimeProbe(
+        probe_id="p",
+        profile_id="f",
+        node_id="n",
+        state=state.value,
+        evidence={},
+        attempt_count=0,
+        created_at=NOW,
+        updated_at=NOW,
+    )
+    assert _state_of(convert.probe(row), common_pb2.ProbeState, "PROBE_STATE_") == state
+
+
+@pytest.mark.parametrize("state", list(AssessmentState))
+def test_assessment_rows_convert_with_their_state(state: AssessmentState) -> None:
+    row = models.CompatibilityAssessment(
+        assessment_id="a",
+        artifact_set_id="s",
+        node_id="n",
+        environment_id="",
+        state=state.value,
+        compatible=False,
+        inspection={},
+        environment_fingerprint="",
+        failure_reason="",
+        failure_message="",
+        created_at=NOW,
+    )
+    message = convert.assessment(row)
+    assert _state_of(message, control_plane_pb2.AssessmentState, "ASSESSMENT_STATE_") == state
+
+
+@pytest.mark.parametrize("status", list(CandidateStatus))
+def test_candidate_rows_convert_with_their_status(status: CandidateStatus) -> None:
+    row = models.DeploymentCandidate(
+        candidate_id="c",
+        probe_id="p",
+        profile_id="f",
+        artifact_set_id="s",
+        status=status.value,
+        production=False,
+        reasons=[],
+        created_at=NOW,
+    )
+    message = convert.candidate(row)
+    wire = control_plane_pb2.CandidateStatus.Name(message.status)
+    assert wire.removeprefix("CANDIDATE_STATUS_") == status

@@ -8,8 +8,8 @@ from gantry.common.clock import ManualClock
 from gantry.v1 import common_pb2, model_host_pb2
 from gantry.worker.agent import WorkerSettings
 from gantry.worker.crash_policy import CrashHistory, RestartPolicy
-from gantry.worker.model_host.landlock import IsolationLevel
 from gantry.worker.model_host.process import HostLaunchSpec
+from gantry.worker.model_host.sandbox import IsolationRequirement
 from gantry.worker.residents import RESIDENT, Resident, ResidentFacts
 
 FACTS = ResidentFacts(
@@ -28,8 +28,9 @@ class SandboxedHost:
     ready = model_host_pb2.HostReady(
         pid=4242,
         dim=8,
-        isolation="LANDLOCK_FS_NET",
-        isolation_reason="Landlock ABI 7: filesystem allow-list, TCP bind and connect denied",
+        isolation="LANDLOCK_FS_NET+SECCOMP_NET",
+        isolation_reason="Landlock ABI 7: filesystem allow-list, TCP bind and connect denied; "
+        "seccomp: sockets other than AF_UNIX and AF_NETLINK denied (UDP included)",
     )
 
     def rss_bytes(self) -> int:
@@ -51,7 +52,7 @@ def test_the_inventory_reports_the_current_hosts_isolation_and_why() -> None:
 
     reported = resident.to_proto()
 
-    assert reported.isolation == "LANDLOCK_FS_NET"
+    assert reported.isolation == "LANDLOCK_FS_NET+SECCOMP_NET"
     assert reported.isolation_reason.startswith("Landlock ABI 7")
 
 
@@ -62,11 +63,12 @@ def test_a_resident_without_a_host_reports_no_isolation() -> None:
 
 def test_workers_require_nothing_unless_told_and_hosts_inherit_that() -> None:
     settings = WorkerSettings(control_plane="", credential="", artifact_root=Path())
-    assert settings.require_isolation is IsolationLevel.NONE
+    assert settings.require_isolation == IsolationRequirement()
     spec = HostLaunchSpec(
         deployment_id="d",
         model_directory=Path("/m"),
         adapter=common_pb2.AdapterSettings(),
         python_executable="/usr/bin/python3",
     )
-    assert spec.require_isolation is IsolationLevel.NONE
+    assert spec.require_isolation == IsolationRequirement()
+    assert spec.require_isolation.wire == "NONE"

@@ -8,13 +8,13 @@ from hypothesis import strategies as st
 
 from gantry.common.errors import GantryError
 from gantry.common.ids import parse_id
-from gantry.controlplane.operator_service import (
+from gantry.controlplane.paging import page_of
+from gantry.controlplane.validation import (
     MAX_LABELS,
     _check_labels,
     _check_length,
     _check_name,
 )
-from gantry.controlplane.paging import page_of
 
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

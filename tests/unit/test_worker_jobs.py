@@ -116,3 +116,25 @@ async def test_unload_overtakes_running_and_queued_loads_which_fail_explicitly()
     await _settle()
     assert recorder.results[-1].WhichOneof("outcome") == "unload"
     await queues.close()
+
+
+async def test_inspect_and_probe_jobs_queue_alone_and_are_renewed_like_any_job() -> None:
+    recorder = _Recorder()
+    queues = DeploymentJobQueues(run=recorder.run, emit=recorder.results.append)
+    queues.submit(_load("l1", "dep-a"))
+    queues.submit(wg.JobAssignment(job_id="p1", probe=wg.ProbeSpec(probe_id="probe-1")))
+    queues.submit(wg.JobAssignment(job_id="p2", probe=wg.ProbeSpec(probe_id="probe-2")))
+    queues.submit(wg.JobAssignment(job_id="i1", inspect=wg.InspectSpec(assessment_id="a-1")))
+    await _settle()
+    # None waits behind the deployment's load or behind another probe.
+    assert recorder.started == ["l1", "p1", "p2", "i1"]
+    assert queues.active_job_ids() == ["i1", "l1", "p1", "p2"]
+    assert queues.cancel("p1")
+    await _settle()
+    assert recorder.cancelled == ["p1"]
+    assert queues.active_job_ids() == ["i1", "l1", "p2"]
+    for job_id in ("l1", "p2", "i1"):
+        recorder.finish(job_id)
+    await _settle()
+    assert sorted(recorder.result_ids()) == ["i1", "l1", "p2"]  # a cancelled probe sends nothing
+    await queues.close()

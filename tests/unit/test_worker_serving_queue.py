@@ -7,19 +7,55 @@ import time
 
 import numpy as np
 
-from gantry.v1 import model_host_pb2, worker_gateway_pb2
+from gantry.v1 import common_pb2, model_host_pb2, worker_gateway_pb2
+from gantry.worker.model_host.adapters.sentence_transformers_embedding import (
+    SentenceTransformersEmbedding,
+)
 from gantry.worker.model_host.framing import read_frame
 from gantry.worker.model_host.inbox import Inbox, Queued, ResponseWriter
-from gantry.worker.model_host.serving import EmbedServer, ServingSettings
+from gantry.worker.model_host.landlock import Isolation, IsolationLevel
+from gantry.worker.model_host.memory_readings import CudaAllocator
+from gantry.worker.model_host.probe_evidence import LoadRecord
+from gantry.worker.model_host.serving import ModelServer, ServingSettings
 
 
 class _CountingEncoder:
+    """Stands in for a SentenceTransformer: every text becomes a row of four ones."""
+
+    device = "cpu"
+
     def __init__(self) -> None:
         self.encoded: list[list[str]] = []
 
     def encode(self, inputs: list[str], **_: object) -> np.ndarray:
         self.encoded.append(list(inputs))
         return np.ones((len(inputs), 4), dtype="<f4")
+
+
+def _server(
+    encoder: _CountingEncoder, *, inbox: Inbox, stream: io.BytesIO, dim: int
+) -> ModelServer:
+    adapter = SentenceTransformersEmbedding()
+    # What `load` would have set from a real model.
+    adapter._model = encoder
+    adapter._dim = dim
+    cpu = CudaAllocator("cpu")
+    unmeasured = common_pb2.Measurement(unavailable="device is cpu")
+    return ModelServer(
+        deployment_id="dep-test",
+        adapter=adapter,
+        record=LoadRecord(
+            isolation=Isolation(level=IsolationLevel.NONE, reason="unit test"),
+            cuda=cpu,
+            cuda_allocated_before_load=unmeasured,
+            cuda_allocated_after_load=unmeasured,
+            cuda_reserved_after_load=unmeasured,
+            first_invoke_seconds=0.0,
+        ),
+        settings=ServingSettings(max_batch_inputs=8, test_hooks=False),
+        inbox=inbox,
+        responses=ResponseWriter(stream),
+    )
 
 
 def _embed(request_id: int, text: str, *, expires_at: float | None = None) -> Queued:
@@ -42,13 +78,7 @@ def test_expired_and_cancelled_requests_are_not_run_and_the_rest_are() -> None:
     inbox = Inbox(limit=8)
     stream = io.BytesIO()
     encoder = _CountingEncoder()
-    server = EmbedServer(
-        encoder=encoder,
-        settings=ServingSettings(normalize=False, max_batch_inputs=8, test_hooks=False),
-        inbox=inbox,
-        responses=ResponseWriter(stream),
-        expected_dim=4,
-    )
+    server = _server(encoder, inbox=inbox, stream=stream, dim=4)
     inbox.offer(_embed(1, "expired", expires_at=time.monotonic() - 1))
     inbox.offer(_embed(2, "cancelled"))
     inbox.cancel(2)
@@ -56,7 +86,9 @@ def test_expired_and_cancelled_requests_are_not_run_and_the_rest_are() -> None:
     inbox.offer(
         Queued(model_host_pb2.HostRequest(request_id=4, health=model_host_pb2.HealthCheck()), None)
     )
-    inbox.offer(Queued(model_host_pb2.HostRequest(shutdown=model_host_pb2.Shutdown()), None))
+    inbox.offer(
+        Queued(model_host_pb2.HostRequest(request_id=5, shutdown=model_host_pb2.Shutdown()), None)
+    )
     assert server.serve() == 0
 
     answers = _answers(stream)
@@ -64,6 +96,8 @@ def test_expired_and_cancelled_requests_are_not_run_and_the_rest_are() -> None:
     assert 2 not in answers  # its caller is gone: nobody to answer
     assert answers[3].embed.count == 1
     assert answers[4].health.model.status == worker_gateway_pb2.HEALTH_STATUS_OK
+    # Shutdown releases the model and says what CUDA holds: nothing to read on a CPU device.
+    assert answers[5].unloaded.cuda_allocated_after_unload.unavailable == "device is cpu"
     assert [text for batch in encoder.encoded for text in batch] == [
         "wanted",
         "Gantry model host health probe.",
@@ -71,13 +105,7 @@ def test_expired_and_cancelled_requests_are_not_run_and_the_rest_are() -> None:
 
 
 def test_health_probe_of_the_wrong_width_fails_the_model_layer() -> None:
-    server = EmbedServer(
-        encoder=_CountingEncoder(),
-        settings=ServingSettings(normalize=False, max_batch_inputs=8, test_hooks=False),
-        inbox=Inbox(limit=1),
-        responses=ResponseWriter(io.BytesIO()),
-        expected_dim=32,
-    )
+    server = _server(_CountingEncoder(), inbox=Inbox(limit=1), stream=io.BytesIO(), dim=32)
     layer = server.probe_model()
     assert layer.status == worker_gateway_pb2.HEALTH_STATUS_FAILED
     assert "width 4 != loaded dimension 32" in layer.detail

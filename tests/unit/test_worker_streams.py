@@ -374,3 +374,29 @@ async def test_a_full_worker_outbox_answers_queue_full(stack: _Stack):
     assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert error_info_of(caught.value).reason == "QUEUE_FULL"  # type: ignore[union-attr]
     assert stack.stream.pending_invokes == {}
+
+
+async def test_an_invoke_too_large_for_the_stream_is_refused_before_it_is_sent() -> None:
+    # A frame over the stream's limit would tear down the node's whole stream: it must become
+    # the caller's typed error, with nothing queued and nothing left pending.
+    hub, stream = _hub()
+    huge = "x" * (16 * 1024 * 1024)
+    with pytest.raises(GantryError) as raised:
+        await hub.invoke_embed(
+            node_id="n1",
+            request_id="r-huge",
+            deployment_id="d1",
+            inputs=[huge] * 5,
+            timeout=5.0,
+            trace_context={},
+            deadline=timestamp_pb2.Timestamp(),
+        )
+    assert raised.value.reason == "INVALID_PAYLOAD"
+    assert raised.value.metadata["limit_bytes"] == str(64 * 1024 * 1024)
+    assert _drain(stream) == []
+    # The stream still carries ordinary work.
+    task = asyncio.ensure_future(_invoke(hub, "r-small", timeout=0.05))
+    await asyncio.sleep(0)
+    assert [m.invoke.request_id for m in _drain(stream)] == ["r-small"]
+    with pytest.raises(GantryError):
+        await task

@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from gantry.cli import pipeline
 from gantry.cli.artifacts import hash_directory, place_copy
 from gantry.cli.connection import Metadata, paged
 from gantry.cli.errors import CliError
@@ -17,6 +18,9 @@ from gantry.v1 import common_pb2, control_plane_pb2, control_plane_pb2_grpc
 MODEL_NAME = "all-minilm-l6-v2"
 CAPABILITY = "minilm"
 TIMEOUT_S = 30.0
+# An assessment or a probe of the bundled model takes seconds; a cold disk or a loaded machine
+# can stretch that, and each wait says what it is waiting for meanwhile.
+GATE_TIMEOUT_S = 300.0
 _GONE = (
     control_plane_pb2.DEPLOYMENT_STATE_FAILED,
     control_plane_pb2.DEPLOYMENT_STATE_UNLOADING,
@@ -118,18 +122,60 @@ def ensure_artifact_set(
 
 
 def ensure_deployment(
-    stub: Stub, metadata: Metadata, paths: StatePaths, model_dir: Path, say: Say
+    stub: Stub,
+    metadata: Metadata,
+    paths: StatePaths,
+    model_dir: Path,
+    say: Say,
+    *,
+    gate_timeout_s: float = GATE_TIMEOUT_S,
 ) -> control_plane_pb2.Deployment:
+    """The bundled model deployed, through every gate of the evidence pipeline, for real:
+    assessed on the local node, profiled, probed in a child that exits, approved, deployed."""
     existing = find_live_deployment(stub, metadata, CAPABILITY)
     if existing is not None:
         say(f"deployment {existing.deployment_id} ({CAPABILITY}) is {deployment_state(existing)}")
         return existing
     artifact_set_id = ensure_artifact_set(stub, metadata, paths, model_dir, say)
+    assessment = pipeline.assess(
+        stub, metadata, artifact_set_id=artifact_set_id, say=say, timeout_s=gate_timeout_s
+    )
+    pipeline.require_compatible(assessment)
+    inspection = assessment.inspection
+    say(
+        f"assessed: {inspection.inspector} {inspection.task or inspection.model_type},"
+        f" {inspection.weight_format} weights, adapters {', '.join(inspection.adapters)}"
+    )
+    profile = stub.CreateRuntimeProfile(
+        control_plane_pb2.CreateRuntimeProfileRequest(
+            assessment_id=assessment.assessment_id,
+            name=f"{MODEL_NAME}-cpu",
+            adapter=common_pb2.AdapterSettings(adapter="sentence_transformers", device="cpu"),
+        ),
+        metadata=metadata,
+        timeout=TIMEOUT_S,
+    )
+    say(f"created runtime profile {profile.profile_id} ({profile.name})")
+    probe = pipeline.run_probe(
+        stub, metadata, profile_id=profile.profile_id, say=say, timeout_s=gate_timeout_s
+    )
+    candidate = pipeline.require_lab_ready(stub, metadata, probe)
+    say(
+        f"candidate {candidate.candidate_id} is LAB_READY"
+        f" (evidence: gantry probe show {probe.probe_id})"
+    )
+    approval = stub.ApproveCandidate(
+        control_plane_pb2.ApproveCandidateRequest(
+            candidate_id=candidate.candidate_id,
+            reason="gantry up: the bundled model passed its probe on this machine",
+        ),
+        metadata=metadata,
+        timeout=TIMEOUT_S,
+    )
+    say(f"approved candidate {candidate.candidate_id} ({approval.approval_id})")
     deployment = stub.CreateDeployment(
         control_plane_pb2.CreateDeploymentRequest(
-            artifact_set_id=artifact_set_id,
-            capability=CAPABILITY,
-            adapter=common_pb2.AdapterSettings(adapter="sentence_transformers", device="cpu"),
+            approval_id=approval.approval_id, capability=CAPABILITY
         ),
         metadata=metadata,
         timeout=TIMEOUT_S,

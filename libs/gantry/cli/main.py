@@ -10,7 +10,7 @@ from pathlib import Path
 
 import grpc
 
-from gantry.cli import embed, operator_commands
+from gantry.cli import embed, operator_commands, pipeline_commands
 from gantry.cli.connection import ADDRESS_ENV, DEFAULT_ADDRESS, CommandContext, command_tls
 from gantry.cli.errors import CliError, format_gantry_error, format_rpc_error
 from gantry.cli.migrate import migrate
@@ -62,6 +62,19 @@ def _global_options() -> argparse.ArgumentParser:
     # Without any of these, commands use <state>/tls/ca.pem while `gantry up --tls` serves.
     add_client_tls_arguments(options, peer="the control plane", default=argparse.SUPPRESS)
     return options
+
+
+def _add_wait_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--no-wait", action="store_true", help="start it and return; do not wait for its result"
+    )
+    parser.add_argument(
+        "--wait-timeout",
+        type=float,
+        default=pipeline_commands.DEFAULT_WAIT_S,
+        metavar="SECONDS",
+        help=f"how long to wait (default {pipeline_commands.DEFAULT_WAIT_S:g})",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -119,17 +132,71 @@ def build_parser() -> argparse.ArgumentParser:
         "--artifact-root",
         help="the servers' artifact root, when not <state-dir>/artifacts",
     )
+    register.add_argument(
+        "--allow-pickle-weights",
+        action="store_true",
+        help="accept pickle-based weight files (audited; a profile must allow loading them too)",
+    )
     listing = artifact_commands.add_parser("list", parents=[options], help="list artifact sets")
     listing.set_defaults(handler=operator_commands.artifacts_list)
 
     command("deployments", operator_commands.deployments, "list deployments and residencies")
 
-    deploy = command("deploy", operator_commands.deploy, "deploy an artifact set")
-    deploy.add_argument("artifact_set_id", metavar="ARTIFACT_SET_ID")
+    assess = command(
+        "assess", pipeline_commands.assess, "inspect an artifact set statically on a node"
+    )
+    assess.add_argument("artifact_set_id", metavar="ARTIFACT_SET_ID")
+    assess.add_argument("--node", metavar="NODE_ID", help="default: any connected node")
+    assess.add_argument("--environment", metavar="ENV_ID", help="default: the worker's default")
+    _add_wait_options(assess)
+
+    profile = command(
+        "profile", pipeline_commands.profile, "create a runtime profile from an assessment"
+    )
+    profile.add_argument("assessment_id", metavar="ASSESSMENT_ID")
+    profile.add_argument("--name", required=True)
+    profile.add_argument(
+        "--adapter",
+        default="sentence_transformers",
+        help="sentence_transformers (embeddings) or sentence_transformers_cross_encoder",
+    )
+    profile.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1 (default cpu)")
+    profile.add_argument("--normalize", action="store_true", help="L2-normalise embeddings")
+    profile.add_argument("--max-batch-size", type=int, default=0, metavar="N")
+    profile.add_argument("--max-input-length", type=int, default=0, metavar="TOKENS")
+    profile.add_argument("--ram-estimate", type=int, default=0, metavar="BYTES")
+    profile.add_argument("--vram-estimate", type=int, default=0, metavar="BYTES")
+    profile.add_argument(
+        "--allow-pickle-weights",
+        action="store_true",
+        help="let this profile load pickle-based weights (recorded in the audit log)",
+    )
+
+    probe = command(
+        "probe",
+        pipeline_commands.probe,
+        "probe a profile (gantry probe PROFILE_ID), or: probe show|cancel PROBE_ID, probe list",
+    )
+    probe.add_argument("words", nargs="+", metavar="PROFILE_ID | show PROBE_ID | list")
+    probe.add_argument("--node", metavar="NODE_ID", help="default: the assessing node")
+    _add_wait_options(probe)
+
+    command("candidates", pipeline_commands.candidates, "list deployment candidates")
+
+    approve = command(
+        "approve", pipeline_commands.approve, "approve a LAB_READY candidate for production"
+    )
+    approve.add_argument("candidate_id", metavar="CANDIDATE_ID")
+    approve.add_argument("--reason", required=True, help="why it may serve (recorded)")
+
+    deploy = command("deploy", operator_commands.deploy, "deploy an approved candidate")
+    deploy.add_argument("approval_id", metavar="APPROVAL_ID")
     deploy.add_argument("--capability", required=True, metavar="NAME")
-    deploy.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1 (default cpu)")
     deploy.add_argument("--replicas", type=int, default=1)
-    deploy.add_argument("--normalize", action="store_true", help="L2-normalise embeddings")
+
+    bind = command("bind", pipeline_commands.bind, "bind a capability to exactly one deployment")
+    bind.add_argument("capability", metavar="CAPABILITY")
+    bind.add_argument("deployment_id", metavar="DEPLOYMENT_ID")
 
     unload = command("unload", operator_commands.unload, "unload a deployment")
     unload.add_argument("deployment_id", metavar="DEPLOYMENT_ID")

@@ -55,11 +55,14 @@ def artifacts_register(context: CommandContext, args: argparse.Namespace) -> int
     location = artifact_location(directory, root)
     name = args.name or directory.resolve().name
     metadata = context.operator_metadata()  # before hashing: a missing token should fail fast
-    manifest = hash_directory(directory.resolve())
+    manifest = hash_directory(directory.resolve(), allow_pickle=args.allow_pickle_weights)
     with context.open_channel() as channel:
         registered = control_plane_pb2_grpc.ControlPlaneStub(channel).RegisterArtifactSet(
             control_plane_pb2.RegisterArtifactSetRequest(
-                name=name, location=location, manifest=manifest
+                name=name,
+                location=location,
+                manifest=manifest,
+                allow_pickle_weights=args.allow_pickle_weights,
             ),
             metadata=metadata,
             timeout=DEFAULT_TIMEOUT_S,
@@ -127,21 +130,19 @@ def deployments(context: CommandContext, args: argparse.Namespace) -> int:
 
 
 def deploy(context: CommandContext, args: argparse.Namespace) -> int:
+    """Deploy an approved candidate: the artifact set, adapter and environment come from the
+    approval's profile, so nothing reaches serving without passing every gate."""
     metadata = context.operator_metadata()
     request = control_plane_pb2.CreateDeploymentRequest(
-        artifact_set_id=args.artifact_set_id,
-        capability=args.capability,
-        adapter=common_pb2.AdapterSettings(
-            adapter="sentence_transformers", device=args.device, normalize=args.normalize
-        ),
-        replicas=args.replicas,
+        approval_id=args.approval_id, capability=args.capability, replicas=args.replicas
     )
     with context.open_channel() as channel:
         deployment = control_plane_pb2_grpc.ControlPlaneStub(channel).CreateDeployment(
             request, metadata=metadata, timeout=DEFAULT_TIMEOUT_S
         )
+    bound = "bound" if deployment.bound else "not bound yet: serves once it is READY"
     print(
-        f"deployment {deployment.deployment_id} ({deployment.capability}):"
+        f"deployment {deployment.deployment_id} ({deployment.capability}, {bound}):"
         f" {_deployment_state(deployment.state)}"
     )
     return 0

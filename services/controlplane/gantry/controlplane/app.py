@@ -10,6 +10,7 @@ from gantry.common.clock import Clock, SystemClock
 from gantry.common.grpc_server import RunningServer, ServiceBinding, create_server
 from gantry.common.tls import ClientTls, ServerTls
 from gantry.controlplane.authn import ControlPlaneAuthenticator
+from gantry.controlplane.evidence_pipeline import EvidencePipeline
 from gantry.controlplane.gateway import GatewaySettings, WorkerGatewayService
 from gantry.controlplane.inference_service import InferenceService
 from gantry.controlplane.lifecycle import DEFAULT_LEASE_SECONDS, DeploymentLifecycle
@@ -19,6 +20,7 @@ from gantry.controlplane.persistence import credentials, nodes
 from gantry.controlplane.persistence.database import Database
 from gantry.controlplane.reconciler import Reconciler, ReconcilerSettings
 from gantry.controlplane.route_cache import RouteCache
+from gantry.controlplane.routing import DeploymentResolver
 from gantry.controlplane.scheduler_link import SchedulerLink
 from gantry.controlplane.settle import settle_node_deployments
 from gantry.controlplane.worker_sessions import WorkerHub
@@ -104,6 +106,7 @@ async def start_control_plane(
         tls=settings.scheduler_tls,
     )
     routes = RouteCache(clock)
+    database.routing_watchers.append(routes)  # a binding that moves is never served stale
     lifecycle = DeploymentLifecycle(
         database=database,
         hub=hub,
@@ -128,6 +131,7 @@ async def start_control_plane(
     node_admin = NodeAdmin(
         database=database, hub=hub, lifecycle=lifecycle, clock=clock, wake_reconciler=reconciler
     )
+    pipeline = EvidencePipeline(database=database, hub=hub, lifecycle=lifecycle, clock=clock)
     server = await create_server(
         listen=settings.listen,
         services=[
@@ -139,13 +143,19 @@ async def start_control_plane(
                     node_admin=node_admin,
                     authenticator=authenticator,
                     clock=clock,
+                    pipeline=pipeline,
                 ),
                 control_plane_pb2_grpc.add_ControlPlaneServicer_to_server,
             ),
             ServiceBinding(
                 "gantry.v1.Inference",
                 InferenceService(
-                    database=database, hub=hub, scheduler=scheduler, routes=routes, clock=clock
+                    database=database,
+                    hub=hub,
+                    scheduler=scheduler,
+                    routes=routes,
+                    clock=clock,
+                    resolver=DeploymentResolver(database=database, routes=routes),
                 ),
                 inference_pb2_grpc.add_InferenceServicer_to_server,
             ),

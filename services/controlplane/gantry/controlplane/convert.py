@@ -8,7 +8,9 @@ from typing import Any
 
 from google.protobuf import json_format, timestamp_pb2
 
+from gantry.common.errors import REASONS
 from gantry.common.manifest import ManifestEntry
+from gantry.controlplane.domain.envelope import profile_envelope
 from gantry.controlplane.persistence import models
 from gantry.v1 import common_pb2, control_plane_pb2, worker_gateway_pb2
 
@@ -96,8 +98,9 @@ def residency(row: models.Residency) -> common_pb2.Residency:
 
 
 def deployment(
-    row: models.Deployment, residencies: Sequence[models.Residency]
+    row: models.Deployment, residencies: Sequence[models.Residency], *, bound: bool = False
 ) -> control_plane_pb2.Deployment:
+    """`bound`: its capability's binding names it as the deployment clients reach."""
     message = control_plane_pb2.Deployment(
         deployment_id=row.deployment_id,
         capability=row.capability,
@@ -109,6 +112,10 @@ def deployment(
         residencies=[residency(r) for r in residencies],
         created_at=timestamp(row.created_at),
         updated_at=timestamp(row.updated_at),
+        approval_id=row.approval_id or "",
+        profile_id=row.profile_id or "",
+        candidate_id=row.candidate_id or "",
+        bound=bound,
     )
     if row.last_failure_reason:
         message.last_failure.CopyFrom(
@@ -121,9 +128,11 @@ def serving_job(row: models.ServingJob) -> control_plane_pb2.ServingJob:
     message = control_plane_pb2.ServingJob(
         job_id=row.job_id,
         job_type=enum_value(control_plane_pb2.ServingJobType, "SERVING_JOB_TYPE_", row.job_type),
-        deployment_id=row.deployment_id,
+        deployment_id=row.deployment_id or "",
         node_id=row.node_id,
-        residency_id=row.residency_id,
+        residency_id=row.residency_id or "",
+        probe_id=row.probe_id or "",
+        assessment_id=row.assessment_id or "",
         state=enum_value(control_plane_pb2.ServingJobState, "SERVING_JOB_STATE_", row.state),
         attempt_count=row.attempt_count,
         generation=row.generation,
@@ -151,4 +160,110 @@ def api_key(row: models.ApiKey) -> control_plane_pb2.ApiKey:
         name=row.name,
         created_at=timestamp(row.created_at),
         revoked_at=timestamp(row.revoked_at),
+    )
+
+
+def _failure(reason: str, message: str) -> common_pb2.Failure | None:
+    if not reason:
+        return None
+    failure = common_pb2.Failure(reason=reason, message=message)
+    spec = REASONS.get(reason)
+    if spec is not None:
+        failure.failure_class = spec.failure_class.value
+    return failure
+
+
+def assessment(row: models.CompatibilityAssessment) -> control_plane_pb2.CompatibilityAssessment:
+    return control_plane_pb2.CompatibilityAssessment(
+        assessment_id=row.assessment_id,
+        artifact_set_id=row.artifact_set_id,
+        node_id=row.node_id,
+        environment_id=row.environment_id,
+        state=enum_value(control_plane_pb2.AssessmentState, "ASSESSMENT_STATE_", row.state),
+        compatible=row.compatible,
+        inspection=json_format.ParseDict(
+            row.inspection or {}, worker_gateway_pb2.Inspection(), ignore_unknown_fields=True
+        ),
+        environment_fingerprint=row.environment_fingerprint,
+        failure=_failure(row.failure_reason, row.failure_message),
+        job_id=row.job_id or "",
+        created_at=timestamp(row.created_at),
+        completed_at=timestamp(row.completed_at),
+    )
+
+
+def runtime_profile(row: models.RuntimeProfile) -> control_plane_pb2.RuntimeProfile:
+    ram_envelope, vram_envelope = profile_envelope(row)
+    return control_plane_pb2.RuntimeProfile(
+        profile_id=row.profile_id,
+        name=row.name,
+        assessment_id=row.assessment_id,
+        artifact_set_id=row.artifact_set_id,
+        environment_id=row.environment_id,
+        adapter=adapter_from_json(row.adapter),
+        ram_estimate_bytes=row.ram_estimate_bytes,
+        vram_estimate_bytes=row.vram_estimate_bytes,
+        ram_envelope_bytes=ram_envelope,
+        vram_envelope_bytes=vram_envelope,
+        created_at=timestamp(row.created_at),
+        created_by=row.created_by,
+    )
+
+
+def probe(row: models.RuntimeProbe) -> control_plane_pb2.RuntimeProbe:
+    message = control_plane_pb2.RuntimeProbe(
+        probe_id=row.probe_id,
+        profile_id=row.profile_id,
+        node_id=row.node_id,
+        state=enum_value(common_pb2.ProbeState, "PROBE_STATE_", row.state),
+        job_id=row.job_id or "",
+        failure=_failure(row.failure_reason, row.failure_message),
+        candidate_id=row.candidate_id or "",
+        attempt_count=row.attempt_count,
+        created_at=timestamp(row.created_at),
+        updated_at=timestamp(row.updated_at),
+        completed_at=timestamp(row.completed_at),
+    )
+    if row.evidence:
+        message.evidence.CopyFrom(
+            json_format.ParseDict(
+                row.evidence, worker_gateway_pb2.ProbeEvidence(), ignore_unknown_fields=True
+            )
+        )
+    return message
+
+
+def candidate(
+    row: models.DeploymentCandidate, approval_id: str = ""
+) -> control_plane_pb2.DeploymentCandidate:
+    return control_plane_pb2.DeploymentCandidate(
+        candidate_id=row.candidate_id,
+        probe_id=row.probe_id,
+        profile_id=row.profile_id,
+        artifact_set_id=row.artifact_set_id,
+        status=enum_value(control_plane_pb2.CandidateStatus, "CANDIDATE_STATUS_", row.status),
+        production=row.production,
+        reasons=list(row.reasons or []),
+        approval_id=approval_id,
+        created_at=timestamp(row.created_at),
+    )
+
+
+def approval(row: models.ProductionApproval) -> control_plane_pb2.ProductionApproval:
+    return control_plane_pb2.ProductionApproval(
+        approval_id=row.approval_id,
+        candidate_id=row.candidate_id,
+        profile_id=row.profile_id,
+        approved_by=row.approved_by,
+        reason=row.reason,
+        created_at=timestamp(row.created_at),
+    )
+
+
+def binding(row: models.CapabilityBinding) -> control_plane_pb2.CapabilityBinding:
+    return control_plane_pb2.CapabilityBinding(
+        capability=row.capability,
+        deployment_id=row.deployment_id or "",
+        pending_deployment_id=row.pending_deployment_id or "",
+        updated_at=timestamp(row.updated_at),
     )

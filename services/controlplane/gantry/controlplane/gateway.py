@@ -23,6 +23,7 @@ from gantry.common.clock import Clock
 from gantry.common.errors import GantryError
 from gantry.common.ids import generation_micros
 from gantry.controlplane.inventory import Reconciled
+from gantry.controlplane.job_handlers import jobs_requeued
 from gantry.controlplane.lifecycle import DeploymentLifecycle
 from gantry.controlplane.persistence import jobs, nodes
 from gantry.controlplane.persistence.database import Database
@@ -173,10 +174,12 @@ class WorkerGatewayService(worker_gateway_pb2_grpc.WorkerGatewayServicer):
                 now=now,
             )
             if previous and stream.generation > previous:
-                # A new worker process: the old one's unfinished jobs go back to the queue.
-                await jobs.release_generation_jobs(
+                # A new worker process: the old one's unfinished jobs go back to the queue (a
+                # probe among them back to QUEUED: its child died with the old process).
+                released = await jobs.release_generation_jobs(
                     db, node_id=node.node_id, generation=previous, now=now
                 )
+                await jobs_requeued(db, released, now=now)
             reconciled = await self._lifecycle.reconcile_node(
                 db,
                 node_id=node.node_id,
@@ -278,7 +281,7 @@ class WorkerGatewayService(worker_gateway_pb2_grpc.WorkerGatewayServicer):
         elif kind == "job_result":
             await self._job_result(stream, message.job_result)
         elif kind == "job_update":
-            log.info("job %s: %s", message.job_update.job_id, message.job_update.progress)
+            await self._job_update(stream, message.job_update)
         elif kind == "inventory_report":
             await self._inventory(stream, message.inventory_report.inventory)
 
@@ -310,6 +313,20 @@ class WorkerGatewayService(worker_gateway_pb2_grpc.WorkerGatewayServicer):
             return
         stream.send(wg.ControlMessage(ack=wg.Ack(job_id=result.job_id)))
         self._reconciler.wake()  # a failed load may need placing elsewhere
+
+    async def _job_update(self, stream: WorkerStream, update: wg.JobUpdate) -> None:
+        """Progress, recorded only from the holder of the job's current lease. A refusal is
+        logged, never answered with a Reject: a Reject is what a worker reads about a result."""
+        if update.progress:
+            log.info("job %s: %s", update.job_id, update.progress)
+        try:
+            await retry_on_conflict(
+                lambda: self._lifecycle.apply_update(
+                    node_id=stream.node_id, generation=stream.generation, update=update
+                )
+            )
+        except GantryError as error:
+            log.warning("job update %s refused: %s", update.job_id, error)
 
     async def _inventory(self, stream: WorkerStream, inventory: wg.Inventory) -> None:
         async def reconcile() -> Reconciled:

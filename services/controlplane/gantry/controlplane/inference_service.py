@@ -1,11 +1,14 @@
-"""Inference.Embed: the front door. Caller's tenant from its key, route via the scheduler."""
+"""Inference.Embed and Inference.Rerank: the front door. Caller's tenant from its key, route via
+the scheduler."""
 
 from __future__ import annotations
 
 import array
 import asyncio
 import datetime as dt
+import math
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import grpc
@@ -14,12 +17,11 @@ from google.protobuf import timestamp_pb2
 from gantry.common.auth import current_principal
 from gantry.common.clock import Clock
 from gantry.common.errors import GantryError, invalid_argument
-from gantry.common.ids import new_id, parse_id
+from gantry.common.ids import new_id
 from gantry.common.telemetry import inject_context, tracer
-from gantry.controlplane.domain.transitions import DeploymentState
-from gantry.controlplane.persistence import deployments
 from gantry.controlplane.persistence.database import Database
 from gantry.controlplane.route_cache import RouteCache
+from gantry.controlplane.routing import DeploymentResolver
 from gantry.controlplane.scheduler_link import SchedulerLink
 from gantry.controlplane.worker_sessions import WorkerHub
 from gantry.v1 import common_pb2, inference_pb2, inference_pb2_grpc, scheduler_pb2
@@ -33,7 +35,6 @@ MAX_INPUT_CHARS = 100_000
 # message limit: an oversize call gets a typed error, never a torn-down worker stream.
 MAX_REQUEST_TEXT_BYTES = 8 * 1024 * 1024
 DEFAULT_MAX_INVOKE_SECONDS = 300.0
-ROUTABLE_DEPLOYMENT_STATES = frozenset({DeploymentState.READY, DeploymentState.DEGRADED})
 _OUTCOME_BY_CLASS = {
     common_pb2.FAILURE_CLASS_INFRA: scheduler_pb2.WORK_OUTCOME_INFRA_FAILURE,
     common_pb2.FAILURE_CLASS_REQUEST: scheduler_pb2.WORK_OUTCOME_REQUEST_FAILURE,
@@ -59,6 +60,44 @@ def validate_inputs(inputs: list[str]) -> None:
             raise GantryError(
                 "INVALID_PAYLOAD", f"input {index} is longer than {MAX_INPUT_CHARS} characters"
             )
+
+
+def validate_rerank(query: str, documents: list[str]) -> None:
+    """The same bounds as Embed's inputs: the documents count, each text, the whole request."""
+    if not query:
+        raise invalid_argument("query must not be empty", field="query")
+    if len(query) > MAX_INPUT_CHARS:
+        raise GantryError(
+            "INVALID_PAYLOAD", f"the query is longer than {MAX_INPUT_CHARS} characters"
+        )
+    if not documents:
+        raise invalid_argument("documents must hold at least one text", field="documents")
+    if len(documents) > MAX_INPUTS:
+        raise GantryError("INVALID_PAYLOAD", f"at most {MAX_INPUTS} documents per call")
+    total = sum(len(text.encode("utf-8", errors="surrogatepass")) for text in (query, *documents))
+    if total > MAX_REQUEST_TEXT_BYTES:
+        raise GantryError(
+            "INVALID_PAYLOAD",
+            f"the query and documents hold {total} bytes of text; at most "
+            f"{MAX_REQUEST_TEXT_BYTES} per call",
+            field="documents",
+            limit_bytes=str(MAX_REQUEST_TEXT_BYTES),
+        )
+    for index, text in enumerate(documents):
+        if len(text) > MAX_INPUT_CHARS:
+            raise GantryError(
+                "INVALID_PAYLOAD", f"document {index} is longer than {MAX_INPUT_CHARS} characters"
+            )
+
+
+def ranked(scores: Sequence[float], top_n: int) -> list[inference_pb2.RankedDocument]:
+    """Documents by score, highest first, ties by lower index; the first `top_n` (0 = all)."""
+    if any(not math.isfinite(score) for score in scores):
+        raise GantryError("INVOKE_FAILED", "the worker returned a non-finite rerank score")
+    order = sorted(range(len(scores)), key=lambda index: (-scores[index], index))
+    if top_n:
+        order = order[:top_n]
+    return [inference_pb2.RankedDocument(index=index, score=scores[index]) for index in order]
 
 
 def vectors(
@@ -132,6 +171,7 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
         routes: RouteCache,
         clock: Clock,
         settings: InferenceSettings | None = None,
+        resolver: DeploymentResolver | None = None,
     ) -> None:
         self._database = database
         self._routes = routes
@@ -139,6 +179,7 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
         self._scheduler = scheduler
         self._clock = clock
         self._settings = settings or InferenceSettings()
+        self._resolver = resolver or DeploymentResolver(database=database, routes=routes)
 
     async def Embed(
         self, request: inference_pb2.EmbedRequest, context: grpc.aio.ServicerContext
@@ -154,13 +195,14 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
         ) as span:
             deployment_id = await self._resolve(request)
             span.set_attribute("gantry.deployment_id", deployment_id)
-            node_id, result = await self._invoke(
+            node_id, outcome = await self._invoke(
                 tenant_id=tenant_id,
                 deployment_id=deployment_id,
                 request=request,
-                inputs=inputs,
+                payload=wg.EmbedPayload(inputs=inputs),
                 budget=budget,
             )
+            result = outcome.embed
             encoding = request.encoding or inference_pb2.VECTOR_ENCODING_FLOAT_LIST
             return inference_pb2.EmbedResponse(
                 vectors=vectors(result, encoding),
@@ -170,15 +212,45 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
                 encoding=encoding,
             )
 
+    async def Rerank(
+        self, request: inference_pb2.RerankRequest, context: grpc.aio.ServicerContext
+    ) -> inference_pb2.RerankResponse:
+        tenant_id = current_principal().subject
+        documents = list(request.documents)
+        validate_rerank(request.query, documents)
+        budget = CallBudget.of(
+            context.time_remaining(), max_seconds=self._settings.max_invoke_seconds
+        )
+        with _tracer.start_as_current_span(
+            "controlplane.rerank",
+            attributes={"gantry.tenant_id": tenant_id, "gantry.document_count": len(documents)},
+        ) as span:
+            deployment_id = await self._resolve(request)
+            span.set_attribute("gantry.deployment_id", deployment_id)
+            # Whether the deployment's adapter reranks is its model host's to say: a rerank sent
+            # to an embedding deployment comes back INVALID_PAYLOAD, as the client's error.
+            node_id, outcome = await self._invoke(
+                tenant_id=tenant_id,
+                deployment_id=deployment_id,
+                request=request,
+                payload=wg.RerankPayload(query=request.query, documents=documents),
+                budget=budget,
+            )
+            return inference_pb2.RerankResponse(
+                results=ranked(list(outcome.rerank.scores), request.top_n),
+                deployment_id=deployment_id,
+                node_id=node_id,
+            )
+
     async def _invoke(
         self,
         *,
         tenant_id: str,
         deployment_id: str,
-        request: inference_pb2.EmbedRequest,
-        inputs: list[str],
+        request: inference_pb2.EmbedRequest | inference_pb2.RerankRequest,
+        payload: wg.EmbedPayload | wg.RerankPayload,
         budget: CallBudget,
-    ) -> tuple[str, wg.EmbedResult]:
+    ) -> tuple[str, wg.InvokeResult]:
         """Dispatch through the scheduler and invoke on the chosen worker, within the budget.
 
         Once the work is submitted the scheduler hears exactly one WorkFinished for it, whatever
@@ -211,11 +283,11 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
                 inject_context(trace_context)
                 wall_deadline = timestamp_pb2.Timestamp()
                 wall_deadline.FromDatetime(self._clock.now() + dt.timedelta(seconds=budget.seconds))
-                result = await self._hub.invoke_embed(
+                result = await self._hub.invoke(
                     node_id=dispatch.node_id,
                     request_id=work_id,
                     deployment_id=deployment_id,
-                    inputs=inputs,
+                    payload=payload,
                     timeout=max(0.0, deadline_at - loop.time()),
                     trace_context=trace_context,
                     deadline=wall_deadline,
@@ -236,35 +308,11 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
             if not refused:
                 self._scheduler.work_finished(work_id, work_outcome(error, budget))
 
-    async def _resolve(self, request: inference_pb2.EmbedRequest) -> str:
+    async def _resolve(
+        self, request: inference_pb2.EmbedRequest | inference_pb2.RerankRequest
+    ) -> str:
         """capability | deployment_id -> a routable deployment, or a typed reason why not.
 
-        READY and DEGRADED deployments are routable (a degraded one still has residents; the
-        scheduler picks only RESIDENT residencies and answers DEPLOYMENT_NOT_READY if none is).
+        By capability the binding alone decides (routing.py): never another deployment.
         """
-        target = request.WhichOneof("target")
-        if target == "capability" and (cached := self._routes.get(request.capability)):
-            return cached
-        async with self._database.transaction() as session:
-            if target == "deployment_id":
-                deployment_id = parse_id(request.deployment_id, field="deployment_id")
-                candidates = [await deployments.get_deployment(session, deployment_id)]
-                name = f"deployment {deployment_id}"
-            elif target == "capability" and request.capability:
-                candidates = list(
-                    await deployments.deployments_for_capability(session, request.capability)
-                )
-                name = f"capability {request.capability!r}"
-                if not candidates:
-                    raise GantryError(
-                        "NOT_FOUND", f"no deployment serves {name}", capability=request.capability
-                    )
-            else:
-                raise invalid_argument("set capability or deployment_id", field="target")
-        for deployment in candidates:
-            if deployment.state in ROUTABLE_DEPLOYMENT_STATES:
-                if target == "capability":
-                    self._routes.put(request.capability, deployment.deployment_id)
-                return deployment.deployment_id
-        states = ", ".join(sorted({d.state for d in candidates}))
-        raise GantryError("DEPLOYMENT_NOT_READY", f"{name} has no routable deployment ({states})")
+        return await self._resolver.resolve(request)

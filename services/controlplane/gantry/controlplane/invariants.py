@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from gantry.controlplane.domain.pipeline_states import AssessmentState
+from gantry.controlplane.domain.probe_transitions import TERMINAL_PROBE_STATES, ProbeState
 from gantry.controlplane.domain.transitions import (
     DeploymentState,
     JobState,
@@ -15,7 +17,12 @@ from gantry.controlplane.domain.transitions import (
     NodeState,
     ResidencyState,
 )
-from gantry.controlplane.persistence import deployments, jobs, nodes
+from gantry.controlplane.persistence import candidates, deployments, jobs, nodes, probes
+from gantry.controlplane.persistence.models import (
+    CompatibilityAssessment,
+    RuntimeProbe,
+    ServingJob,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,8 +48,15 @@ async def check_invariants(session: AsyncSession, *, now: dt.datetime) -> list[I
             if job.lease_expires_at is not None and job.lease_expires_at < now:
                 orphans.append(f"job:{job.job_id}")
         elif job.state == JobState.QUEUED:
-            residency = residency_by_id.get(job.residency_id)
             node = node_rows.get(job.node_id)
+            if job.job_type in jobs.PIPELINE_JOB_TYPES:
+                # An inspection or probe job waits only for work still wanted, on a usable node.
+                if not await _pipeline_work_open(session, job) or (
+                    node is not None and node.state == NodeState.DISABLED
+                ):
+                    orphans.append(f"job:{job.job_id}")
+                continue
+            residency = residency_by_id.get(job.residency_id or "")
             if residency is None or residency.state == ResidencyState.COLD:
                 orphans.append(f"job:{job.job_id}")
             elif node is not None and node.state == NodeState.DISABLED:
@@ -87,6 +101,11 @@ async def check_invariants(session: AsyncSession, *, now: dt.datetime) -> list[I
         and (node := node_rows.get(job.node_id)) is not None
         and job.generation != node.generation
     ]
+    early_candidates = []
+    for candidate in await candidates.all_candidates(session):
+        probe = await probes.get_probe(session, candidate.probe_id)
+        if probe.state != ProbeState.COMPLETED or probe.candidate_id != candidate.candidate_id:
+            early_candidates.append(f"candidate:{candidate.candidate_id}")
     return [
         InvariantResult(
             "no_orphan_serving_work",
@@ -109,4 +128,21 @@ async def check_invariants(session: AsyncSession, *, now: dt.datetime) -> list[I
             "no leased job belongs to a generation other than its node's current one",
             tuple(sorted(fenced)),
         ),
+        InvariantResult(
+            "candidate_only_from_completed_probe",
+            "every deployment candidate comes from a COMPLETED probe that names it: no active "
+            "probe is ever shown as a candidate",
+            tuple(sorted(early_candidates)),
+        ),
     ]
+
+
+async def _pipeline_work_open(session: AsyncSession, job: ServingJob) -> bool:
+    """Whether the assessment or probe a pipeline job serves still waits for it."""
+    if job.probe_id:
+        probe = await session.get(RuntimeProbe, job.probe_id)
+        return probe is not None and probe.state not in TERMINAL_PROBE_STATES
+    if job.assessment_id:
+        assessment = await session.get(CompatibilityAssessment, job.assessment_id)
+        return assessment is not None and assessment.state == AssessmentState.PENDING
+    return False

@@ -7,17 +7,27 @@ pipeline's PROBE and INSPECT) registers a handler instead of growing an if/else 
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Protocol
+from collections.abc import Mapping, Sequence
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from gantry.common.errors import REASONS, FailureClass
+from gantry.common.errors import FailureClass
 from gantry.controlplane import convert
-from gantry.controlplane.domain.transitions import DeploymentState, JobType, ResidencyState
-from gantry.controlplane.persistence import artifacts, audit, deployments
-from gantry.controlplane.persistence.models import Deployment, Residency, ServingJob
+from gantry.controlplane.domain.transitions import (
+    DeploymentState,
+    JobState,
+    JobType,
+    ResidencyState,
+)
+from gantry.controlplane.job_context import (
+    DeploymentJobHandler,
+    JobHandler,
+    ResultContext,
+    failure_class,
+)
+from gantry.controlplane.persistence import artifacts, audit, deployments, jobs
+from gantry.controlplane.persistence.models import ServingJob
+from gantry.controlplane.pipeline_jobs import InspectHandler, ProbeHandler
 from gantry.controlplane.settle import settle_deployment
 from gantry.v1 import worker_gateway_pb2 as wg
 
@@ -25,42 +35,14 @@ from gantry.v1 import worker_gateway_pb2 as wg
 MAX_LOAD_ATTEMPTS = 3
 
 
-@dataclass(kw_only=True)
-class ResultContext:
-    session: AsyncSession
-    job: ServingJob
-    deployment: Deployment
-    residency: Residency
-    result: wg.JobResult
-    generation: int
-    now: dt.datetime
-    changed: list[Residency] = field(default_factory=list)
-
-
-class JobHandler(Protocol):
-    job_type: JobType
-    # A disabled node still gets work that takes load off it (unload), never work that adds some.
-    allowed_on_disabled_node: bool
-
-    async def fill(
-        self, session: AsyncSession, job: ServingJob, assignment: wg.JobAssignment
-    ) -> None: ...
-
-    async def apply(self, context: ResultContext) -> None: ...
-
-
-def _failure_class(reason: str) -> FailureClass:
-    spec = REASONS.get(reason)
-    return spec.failure_class if spec is not None else FailureClass.INFRA
-
-
-class LoadHandler:
+class LoadHandler(DeploymentJobHandler):
     job_type = JobType.LOAD
     allowed_on_disabled_node = False
 
     async def fill(
         self, session: AsyncSession, job: ServingJob, assignment: wg.JobAssignment
     ) -> None:
+        assert job.deployment_id is not None  # a deployment job
         deployment = await deployments.get_deployment(session, job.deployment_id)
         artifact = await artifacts.get_artifact_set(session, deployment.artifact_set_id)
         manifest = await artifacts.get_manifest(session, artifact.artifact_set_id)
@@ -117,7 +99,7 @@ class LoadHandler:
         await settle_deployment(context.session, deployment.deployment_id, now=context.now)
         await context.session.refresh(deployment)
         gives_up = (
-            _failure_class(failure.reason) is not FailureClass.INFRA
+            failure_class(failure.reason) is not FailureClass.INFRA
             or deployment.load_failure_count >= MAX_LOAD_ATTEMPTS
         )
         if gives_up and deployment.state in (DeploymentState.PENDING, DeploymentState.LOADING):
@@ -141,7 +123,7 @@ class LoadHandler:
             )
 
 
-class UnloadHandler:
+class UnloadHandler(DeploymentJobHandler):
     job_type = JobType.UNLOAD
     allowed_on_disabled_node = True
 
@@ -149,7 +131,7 @@ class UnloadHandler:
         self, session: AsyncSession, job: ServingJob, assignment: wg.JobAssignment
     ) -> None:
         assignment.job_type = wg.JOB_TYPE_UNLOAD
-        assignment.unload.CopyFrom(wg.UnloadSpec(deployment_id=job.deployment_id))
+        assignment.unload.CopyFrom(wg.UnloadSpec(deployment_id=job.deployment_id or ""))
 
     async def apply(self, context: ResultContext) -> None:
         residency, result = context.residency, context.result
@@ -202,7 +184,7 @@ async def _finish_unloading(context: ResultContext) -> None:
         await settle_deployment(context.session, deployment.deployment_id, now=context.now)
 
 
-class HealthHandler:
+class HealthHandler(DeploymentJobHandler):
     """The result (the layered HealthReport) is kept on the job; serving state is not guessed
     from it: a host that fails a ping is killed and restarted by its worker, which says so."""
 
@@ -214,12 +196,54 @@ class HealthHandler:
     ) -> None:
         assignment.job_type = wg.JOB_TYPE_HEALTH
         # On demand, health is deep: one real forward pass. Cheap pings are the worker's own.
-        assignment.health.CopyFrom(wg.HealthSpec(deployment_id=job.deployment_id, deep=True))
+        assignment.health.CopyFrom(wg.HealthSpec(deployment_id=job.deployment_id or "", deep=True))
 
     async def apply(self, context: ResultContext) -> None:
         return None
 
 
 HANDLERS: Mapping[JobType, JobHandler] = {
-    handler.job_type: handler for handler in (LoadHandler(), UnloadHandler(), HealthHandler())
+    handler.job_type: handler
+    for handler in (
+        LoadHandler(),
+        UnloadHandler(),
+        HealthHandler(),
+        InspectHandler(),
+        ProbeHandler(),
+    )
 }
+
+
+async def jobs_requeued(
+    session: AsyncSession, requeued: Sequence[ServingJob], *, now: dt.datetime
+) -> None:
+    """Tell each job's handler that it went back to QUEUED (a probe goes back to QUEUED too)."""
+    for job in requeued:
+        await HANDLERS[JobType(job.job_type)].requeued(session, job, now=now)
+
+
+async def abandon_pipeline_jobs(
+    session: AsyncSession, node_id: str, *, reason: str, message: str, now: dt.datetime
+) -> list[ServingJob]:
+    """Cancel the node's unfinished INSPECT and PROBE jobs and end what they served (FAILED with
+    the reason). Returns the jobs that were leased, whose worker should hear a CancelJob."""
+    leased: list[ServingJob] = []
+    for job in await jobs.open_pipeline_jobs_on_node(session, node_id):
+        was_leased = job.state != JobState.QUEUED
+        await jobs.cancel_job(session, job, now=now)
+        await HANDLERS[JobType(job.job_type)].abandoned(
+            session, job, reason=reason, message=message, now=now
+        )
+        if was_leased:
+            leased.append(job)
+    return leased
+
+
+__all__ = [
+    "HANDLERS",
+    "MAX_LOAD_ATTEMPTS",
+    "JobHandler",
+    "ResultContext",
+    "abandon_pipeline_jobs",
+    "jobs_requeued",
+]

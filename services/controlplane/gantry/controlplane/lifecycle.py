@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -41,6 +42,8 @@ from gantry.v1 import scheduler_pb2
 from gantry.v1 import worker_gateway_pb2 as wg
 
 DEFAULT_LEASE_SECONDS = 30.0
+
+log = logging.getLogger(__name__)
 
 
 def result_digest(result: wg.JobResult) -> str:
@@ -208,15 +211,51 @@ class DeploymentLifecycle:
             context = ResultContext(
                 session=session,
                 job=job,
-                deployment=await deployments.get_deployment(session, job.deployment_id),
-                residency=await deployments.get_residency(session, job.residency_id),
                 result=result,
                 generation=generation,
                 now=now,
+                # Evidence-pipeline jobs (INSPECT, PROBE) have neither.
+                deployment_row=(
+                    await deployments.get_deployment(session, job.deployment_id)
+                    if job.deployment_id
+                    else None
+                ),
+                residency_row=(
+                    await deployments.get_residency(session, job.residency_id)
+                    if job.residency_id
+                    else None
+                ),
             )
             await HANDLERS[JobType(job.job_type)].apply(context)
         self.announce(context.changed)
         return commit
+
+    async def apply_update(self, *, node_id: str, generation: int, update: wg.JobUpdate) -> None:
+        """A JobUpdate from the holder of the job's current lease (a probe's stage, say).
+
+        Refused (a typed error, nothing committed) when the lease is not current: an expired or
+        cancelled job's worker is not heard.
+        """
+        now = self._clock.now()
+        async with self._database.transaction() as session:
+            job = await jobs.check_current_lease(
+                session,
+                job_id=update.job_id,
+                node_id=node_id,
+                generation=generation,
+                lease_token=update.lease_token,
+            )
+            await HANDLERS[JobType(job.job_type)].progress(session, job, update, now=now)
+
+    def cancel_on_worker(self, job: ServingJob) -> None:
+        """Tell the worker that holds a (now cancelled) job to stop it, if it is connected."""
+        stream = self._hub.get(job.node_id)
+        if stream is None:
+            return  # its worker is away: the cancelled lease refuses whatever it sends later
+        try:
+            stream.send(wg.ControlMessage(cancel_job=wg.CancelJob(job_id=job.job_id)))
+        except GantryError as error:
+            log.warning("could not send CancelJob for %s: %s", job.job_id, error)
 
     # ---- what a worker's inventory says -------------------------------------------------------
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from gantry.common.clock import Clock
 from gantry.common.errors import GantryError
 from gantry.controlplane.domain.transitions import JobType, NodeState, ResidencyState
+from gantry.controlplane.job_handlers import abandon_pipeline_jobs
 from gantry.controlplane.lifecycle import DeploymentLifecycle
 from gantry.controlplane.persistence import audit, deployments, jobs, nodes
 from gantry.controlplane.persistence.database import Database
@@ -31,7 +32,8 @@ class NodeAdmin:
 
     async def disable(self, node_id: str, *, reason: str, actor: str) -> Node:
         """DISABLED: its residencies are unloaded (or COLD when its worker is away), queued loads
-        cancelled, and the reconciler re-places them elsewhere. Its worker is refused on Hello."""
+        cancelled, and the reconciler re-places them elsewhere; its inspections and probes are
+        cancelled and FAIL (NODE_DISABLED). Its worker is refused on Hello."""
         now = self._clock.now()
         connected = self._hub.get(node_id) is not None
         changed: list[Residency] = []
@@ -78,6 +80,14 @@ class NodeAdmin:
                 touched.add(residency.deployment_id)
             for deployment_id in touched:
                 await settle_deployment(session, deployment_id, now=now)
+            # Inspections and probes add work: they end now (FAILED, NODE_DISABLED).
+            stopped = await abandon_pipeline_jobs(
+                session,
+                node_id,
+                reason="NODE_DISABLED",
+                message=f"node {node_id} was disabled",
+                now=now,
+            )
             await audit.record_event(
                 session,
                 actor=actor,
@@ -89,6 +99,8 @@ class NodeAdmin:
             )
         self._lifecycle.announcer.node(node, ())
         self._lifecycle.announce(changed)
+        for job in stopped:
+            self._lifecycle.cancel_on_worker(job)
         if connected:
             await self._lifecycle.dispatch_queued(node_id)
         self._wake.wake()  # type: ignore[attr-defined]

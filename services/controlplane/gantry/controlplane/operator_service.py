@@ -1,10 +1,14 @@
-"""The ControlPlane service: what operators do (register, deploy, unload, inspect)."""
+"""The ControlPlane service: what operators do (register, deploy, unload, inspect).
+
+The evidence pipeline's RPCs and capability bindings are mixed in from pipeline_service.py.
+"""
 
 from __future__ import annotations
 
-import re
+import datetime as dt
 
 import grpc
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from gantry.common.auth import current_principal
 from gantry.common.clock import Clock
@@ -13,6 +17,7 @@ from gantry.common.ids import parse_id
 from gantry.common.manifest import check_relative_path, validate_manifest
 from gantry.controlplane import convert
 from gantry.controlplane.authn import ControlPlaneAuthenticator
+from gantry.controlplane.evidence_pipeline import EvidencePipeline, approved_source
 from gantry.controlplane.invariants import check_invariants
 from gantry.controlplane.lifecycle import DeploymentLifecycle
 from gantry.controlplane.node_admin import NodeAdmin
@@ -20,65 +25,29 @@ from gantry.controlplane.paging import page_of
 from gantry.controlplane.persistence import (
     artifacts,
     audit,
+    bindings,
     credentials,
     deployments,
     jobs,
     nodes,
 )
 from gantry.controlplane.persistence.database import Database
+from gantry.controlplane.persistence.models import Deployment
+from gantry.controlplane.persistence.transitions import retry_on_conflict
+from gantry.controlplane.pipeline_service import EvidencePipelineRpcs
+from gantry.controlplane.validation import (
+    MAX_API_KEY_NAME_CHARS,
+    _check_labels,
+    _check_length,
+    _check_name,
+)
 from gantry.v1 import control_plane_pb2 as cp
 from gantry.v1 import control_plane_pb2_grpc
 
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-SUPPORTED_ADAPTERS = frozenset({"sentence_transformers"})
+MAX_REPLICAS = 64
 
 
-MAX_LABELS = 64
-_LABEL_KEY = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._/-]{0,62})$")
-MAX_LABEL_VALUE_CHARS = 256
-MAX_API_KEY_NAME_CHARS = 200
-MAX_ENVIRONMENT_ID_CHARS = 200
-MAX_BATCH_SIZE = 4096
-MAX_INPUT_LENGTH_TOKENS = 1_000_000
-
-
-def _check_labels(labels: dict[str, str]) -> dict[str, str]:
-    if len(labels) > MAX_LABELS:
-        raise invalid_argument(
-            f"at most {MAX_LABELS} labels", field="labels", limit=str(MAX_LABELS)
-        )
-    for key, value in labels.items():
-        if not _LABEL_KEY.fullmatch(key):
-            raise invalid_argument(
-                f"label key {key[:80]!r} must be 1-63 letters, digits, '.', '_', '/' or '-'",
-                field="labels",
-            )
-        if len(value) > MAX_LABEL_VALUE_CHARS or any(ord(c) < 0x20 for c in value):
-            raise invalid_argument(
-                f"label {key!r} must be at most {MAX_LABEL_VALUE_CHARS} printable characters",
-                field="labels",
-                limit=str(MAX_LABEL_VALUE_CHARS),
-            )
-    return labels
-
-
-def _check_length(value: str, *, field: str, limit: int) -> str:
-    if len(value) > limit:
-        raise invalid_argument(
-            f"{field} must be at most {limit} characters", field=field, limit=str(limit)
-        )
-    return value
-
-
-def _check_name(value: str, *, field: str) -> str:
-    if not _NAME.fullmatch(value):
-        raise invalid_argument(
-            f"{field} must be 1-128 letters, digits, '.', '_' or '-', got {value!r}", field=field
-        )
-    return value
-
-
-class ControlPlaneService(control_plane_pb2_grpc.ControlPlaneServicer):
+class ControlPlaneService(EvidencePipelineRpcs, control_plane_pb2_grpc.ControlPlaneServicer):
     def __init__(
         self,
         *,
@@ -87,12 +56,15 @@ class ControlPlaneService(control_plane_pb2_grpc.ControlPlaneServicer):
         node_admin: NodeAdmin,
         authenticator: ControlPlaneAuthenticator,
         clock: Clock,
+        pipeline: EvidencePipeline,
     ) -> None:
         self._database = database
         self._lifecycle = lifecycle
         self._node_admin = node_admin
         self._authenticator = authenticator
         self._clock = clock
+        self._pipeline = pipeline
+        # In-process only (tests of the legacy path): never a flag or an environment variable.
 
     async def RegisterNode(
         self, request: cp.RegisterNodeRequest, context: grpc.aio.ServicerContext
@@ -217,7 +189,12 @@ class ControlPlaneService(control_plane_pb2_grpc.ControlPlaneServicer):
         now = self._clock.now()
         async with self._database.transaction() as session:
             row = await artifacts.create_artifact_set(
-                session, name=request.name, location=location, manifest=manifest, now=now
+                session,
+                name=request.name,
+                location=location,
+                manifest=manifest,
+                now=now,
+                allow_pickle=request.allow_pickle_weights,
             )
             await audit.record_event(
                 session,
@@ -227,6 +204,8 @@ class ControlPlaneService(control_plane_pb2_grpc.ControlPlaneServicer):
                 subject_id=row.artifact_set_id,
                 now=now,
                 manifest_digest=row.manifest_digest,
+                # Only widens what may be registered: a profile must still allow the load.
+                allow_pickle_weights=str(request.allow_pickle_weights).lower(),
             )
         return convert.artifact_set(row, manifest)
 
@@ -253,62 +232,87 @@ class ControlPlaneService(control_plane_pb2_grpc.ControlPlaneServicer):
     async def CreateDeployment(
         self, request: cp.CreateDeploymentRequest, context: grpc.aio.ServicerContext
     ) -> cp.Deployment:
-        artifact_set_id = parse_id(request.artifact_set_id, field="artifact_set_id")
+        """From an approval only: its profile gives the artifact set, adapter and environment,
+        so nothing reaches serving without passing every gate. The capability is bound to the
+        new deployment in the same transaction: at once if nothing holds it, else as pending
+        until the new one is READY."""
         _check_name(request.capability, field="capability")
-        adapter = request.adapter
-        if not adapter.adapter:
-            adapter.adapter = "sentence_transformers"
-        if adapter.adapter not in SUPPORTED_ADAPTERS:
-            raise GantryError(
-                "RUNTIME_INCOMPATIBLE",
-                f"adapter {adapter.adapter!r} is not supported; supported: "
-                + ", ".join(sorted(SUPPORTED_ADAPTERS)),
-                adapter=adapter.adapter,
-            )
-        if adapter.device and not re.fullmatch(r"cpu|cuda(:\d+)?", adapter.device):
-            raise invalid_argument(f"device {adapter.device!r} is not cpu or cuda[:N]")
-        _check_length(
-            request.environment_id, field="environment_id", limit=MAX_ENVIRONMENT_ID_CHARS
-        )
-        if adapter.max_batch_size > MAX_BATCH_SIZE:
-            raise invalid_argument(
-                f"adapter.max_batch_size must be at most {MAX_BATCH_SIZE}",
-                field="adapter.max_batch_size",
-                limit=str(MAX_BATCH_SIZE),
-            )
-        if adapter.max_input_length > MAX_INPUT_LENGTH_TOKENS:
-            raise invalid_argument(
-                f"adapter.max_input_length must be at most {MAX_INPUT_LENGTH_TOKENS}",
-                field="adapter.max_input_length",
-                limit=str(MAX_INPUT_LENGTH_TOKENS),
-            )
         replicas = request.replicas or 1
-        if replicas > 64:
-            raise invalid_argument("replicas must be at most 64")
-        now = self._clock.now()
-        async with self._database.transaction() as session:
-            await artifacts.get_artifact_set(session, artifact_set_id)
-            row = await deployments.create_deployment(
-                session,
-                capability=request.capability,
-                artifact_set_id=artifact_set_id,
-                adapter=convert.adapter_to_json(adapter),
-                environment_id=request.environment_id,
-                replicas=replicas,
-                now=now,
+        if replicas > MAX_REPLICAS:
+            raise invalid_argument(
+                f"replicas must be at most {MAX_REPLICAS}",
+                field="replicas",
+                limit=str(MAX_REPLICAS),
             )
-            await audit.record_event(
-                session,
-                actor=current_principal().subject,
-                action="deployment.create",
-                subject_kind="deployment",
-                subject_id=row.deployment_id,
-                now=now,
-                capability=row.capability,
+        if not request.approval_id:
+            raise GantryError(
+                "NOT_APPROVED",
+                "a deployment needs the approval_id of an approved LAB_READY candidate "
+                "(AssessCompatibility, CreateRuntimeProfile, StartProbe, ApproveCandidate)",
             )
+        approval_id = parse_id(request.approval_id, field="approval_id")
+        row = await self._create_approved_deployment(request, approval_id, replicas)
+        self._lifecycle.announcer.deployments_changed()
         # A refusal leaves it PENDING with the reason; the reconciler places it when it can.
         await self._lifecycle.place(row)
         return await self._deployment(row.deployment_id)
+
+    async def _create_approved_deployment(
+        self, request: cp.CreateDeploymentRequest, approval_id: str, replicas: int
+    ) -> Deployment:
+        async def attempt() -> Deployment:
+            now = self._clock.now()
+            async with self._database.transaction() as session:
+                source = await approved_source(session, approval_id)
+                profile = source.profile
+                await artifacts.get_artifact_set(session, profile.artifact_set_id)
+                row = await deployments.create_deployment(
+                    session,
+                    capability=request.capability,
+                    artifact_set_id=profile.artifact_set_id,
+                    adapter=dict(profile.adapter),
+                    environment_id=profile.environment_id,
+                    replicas=replicas,
+                    now=now,
+                    approval_id=source.approval.approval_id,
+                    profile_id=profile.profile_id,
+                    candidate_id=source.candidate.candidate_id,
+                )
+                await self._bind_new_deployment(session, row, now=now)
+                await audit.record_event(
+                    session,
+                    actor=current_principal().subject,
+                    action="deployment.create",
+                    subject_kind="deployment",
+                    subject_id=row.deployment_id,
+                    now=now,
+                    capability=row.capability,
+                    approval_id=approval_id,
+                )
+                return row
+
+        return await retry_on_conflict(attempt)
+
+    async def _bind_new_deployment(
+        self, session: AsyncSession, row: Deployment, *, now: dt.datetime
+    ) -> None:
+        binding = await bindings.bind(
+            session,
+            capability=row.capability,
+            deployment_id=row.deployment_id,
+            serves_now=False,  # a new deployment serves nothing yet
+            now=now,
+        )
+        await audit.record_event(
+            session,
+            actor=current_principal().subject,
+            action="capability.bind",
+            subject_kind="capability",
+            subject_id=row.capability,
+            now=now,
+            deployment_id=row.deployment_id,
+            bound_now=str(binding.deployment_id == row.deployment_id),
+        )
 
     async def GetDeployment(
         self, request: cp.GetDeploymentRequest, context: grpc.aio.ServicerContext
@@ -322,8 +326,13 @@ class ControlPlaneService(control_plane_pb2_grpc.ControlPlaneServicer):
         async with self._database.transaction() as session:
             rows = await deployments.list_deployments(session, after=page.after, limit=page.fetch)
             items, next_token = page.split(rows, key=lambda row: row.deployment_id)
+            bound = await bindings.bound_deployment_ids(session, [r.deployment_id for r in items])
             messages = [
-                convert.deployment(r, await deployments.residencies_of(session, r.deployment_id))
+                convert.deployment(
+                    r,
+                    await deployments.residencies_of(session, r.deployment_id),
+                    bound=r.deployment_id in bound,
+                )
                 for r in items
             ]
         return cp.ListDeploymentsResponse(deployments=messages, next_page_token=next_token)
@@ -403,4 +412,9 @@ class ControlPlaneService(control_plane_pb2_grpc.ControlPlaneServicer):
     async def _deployment(self, deployment_id: str) -> cp.Deployment:
         async with self._database.transaction() as session:
             row = await deployments.get_deployment(session, deployment_id)
-            return convert.deployment(row, await deployments.residencies_of(session, deployment_id))
+            bound = await bindings.bound_deployment_ids(session, [deployment_id])
+            return convert.deployment(
+                row,
+                await deployments.residencies_of(session, deployment_id),
+                bound=deployment_id in bound,
+            )

@@ -2,6 +2,10 @@
 
 A refusal (no eligible node, no capacity) is recorded on the deployment, which stays PENDING with
 its reason: the reconciler asks again when nodes or capacity change. It never FAILS for that.
+
+Memory is not counted here yet: the scheduler's placement asks only for the adapter. What a
+deployment should charge once it is, is `profile_envelope(profile)` (domain/envelope.py): the
+larger of the operator's estimate and the probe's measured peak, for RAM and VRAM.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from gantry.common.errors import GantryError
 from gantry.controlplane import convert
 from gantry.controlplane.announcer import Announcer
 from gantry.controlplane.domain.deployment_health import LIVE_STATES
+from gantry.controlplane.domain.envelope import profile_envelope
 from gantry.controlplane.domain.transitions import (
     DeploymentState,
     JobType,
@@ -30,6 +35,8 @@ from gantry.controlplane.scheduler_link import SchedulerLink
 from gantry.controlplane.settle import settle_deployment
 
 log = logging.getLogger(__name__)
+
+__all__ = ["Placer", "missing_replicas", "profile_envelope", "queue_load"]
 
 
 async def queue_load(

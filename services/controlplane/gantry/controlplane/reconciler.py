@@ -4,7 +4,8 @@ Each pass, with time from the injected clock:
 1. expired leases go back to QUEUED (the old token dies; the next lease counts one more attempt);
 2. a CONNECTED node whose last heartbeat is older than the staleness grace is DISCONNECTED and
    its stream closed (a stopped worker no longer holds requests until their deadlines);
-3. a node absent past the longer absence grace loses its residencies (COLD) and their jobs;
+3. a node absent past the longer absence grace loses its residencies (COLD) and their jobs, and
+   its unfinished inspections and probes FAIL (WORKER_UNAVAILABLE);
 4. live deployments with fewer placed replicas than wanted are placed (PENDING ones included),
    with backoff per deployment; a refusal leaves them PENDING with the reason;
 5. UNCERTAIN residencies on a connected node get another UNLOAD, with backoff;
@@ -26,7 +27,11 @@ from gantry.common.errors import GantryError
 from gantry.controlplane.domain.backoff import Backoff
 from gantry.controlplane.domain.deployment_health import LIVE_STATES
 from gantry.controlplane.domain.transitions import JobType, NodeState, ResidencyState
-from gantry.controlplane.job_handlers import MAX_LOAD_ATTEMPTS
+from gantry.controlplane.job_handlers import (
+    MAX_LOAD_ATTEMPTS,
+    abandon_pipeline_jobs,
+    jobs_requeued,
+)
 from gantry.controlplane.lifecycle import DeploymentLifecycle
 from gantry.controlplane.persistence import audit, deployments, jobs, nodes
 from gantry.controlplane.persistence.database import Database
@@ -143,6 +148,7 @@ class Reconciler:
                     job.attempt_count,
                 )
                 await jobs.requeue_job(session, job, now=now)
+            await jobs_requeued(session, expired, now=now)
             return {job.node_id for job in expired}
 
     # ---- 2. and 3. liveness -------------------------------------------------------------------
@@ -184,6 +190,14 @@ class Reconciler:
             for node in absent:
                 if self._hub.get(node.node_id) is not None:
                     continue  # a disabled node whose worker is still connected
+                # Its inspections and probes will not come back: they end as FAILED, never wait.
+                await abandon_pipeline_jobs(
+                    session,
+                    node.node_id,
+                    reason="WORKER_UNAVAILABLE",
+                    message=f"node {node.node_id} absent since {node.last_seen_at}",
+                    now=now,
+                )
                 for residency in await deployments.residencies_on_node(session, node.node_id):
                     if residency.state == ResidencyState.COLD:
                         continue

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from google.protobuf import duration_pb2, timestamp_pb2
 
 from gantry.common.errors import GantryError
+from gantry.common.grpc_server import MESSAGE_LIMIT_BYTES
 from gantry.v1 import worker_gateway_pb2 as wg
 
 log = logging.getLogger(__name__)
@@ -185,28 +186,86 @@ class WorkerHub:
         trace_context: Mapping[str, str],
         deadline: timestamp_pb2.Timestamp,
     ) -> wg.EmbedResult:
+        """Embed `inputs` on the node (see `invoke`)."""
+        result = await self.invoke(
+            node_id=node_id,
+            request_id=request_id,
+            deployment_id=deployment_id,
+            payload=wg.EmbedPayload(inputs=inputs),
+            timeout=timeout,
+            trace_context=trace_context,
+            deadline=deadline,
+        )
+        return result.embed
+
+    async def invoke_rerank(
+        self,
+        *,
+        node_id: str,
+        request_id: str,
+        deployment_id: str,
+        query: str,
+        documents: Sequence[str],
+        timeout: float,
+        trace_context: Mapping[str, str],
+        deadline: timestamp_pb2.Timestamp,
+    ) -> wg.RerankResult:
+        """Score `documents` against `query` on the node (see `invoke`); one score per document."""
+        result = await self.invoke(
+            node_id=node_id,
+            request_id=request_id,
+            deployment_id=deployment_id,
+            payload=wg.RerankPayload(query=query, documents=documents),
+            timeout=timeout,
+            trace_context=trace_context,
+            deadline=deadline,
+        )
+        if len(result.rerank.scores) != len(documents):
+            raise GantryError(
+                "INVOKE_FAILED",
+                f"node {node_id} returned {len(result.rerank.scores)} scores for "
+                f"{len(documents)} documents",
+            )
+        return result.rerank
+
+    async def invoke(
+        self,
+        *,
+        node_id: str,
+        request_id: str,
+        deployment_id: str,
+        payload: wg.EmbedPayload | wg.RerankPayload,
+        timeout: float,
+        trace_context: Mapping[str, str],
+        deadline: timestamp_pb2.Timestamp,
+    ) -> wg.InvokeResult:
         """Send one invocation and wait for its result, at most `timeout` seconds.
 
-        When the wait ends without a result (the timeout, or the caller is cancelled because
-        its client went away) the worker is told to drop the work with a CancelInvoke.
+        Returns a result whose outcome is the payload's kind; a failure is raised as the
+        client may see it. When the wait ends without a result (the timeout, or the caller is
+        cancelled because its client went away) the worker is told to drop the work with a
+        CancelInvoke.
         """
         stream = self.get(node_id)
         if stream is None:
             raise GantryError("WORKER_UNAVAILABLE", f"node {node_id} is not connected")
+        invoke = wg.Invoke(
+            request_id=request_id,
+            deployment_id=deployment_id,
+            deadline=deadline,
+            timeout=_duration(timeout),
+        )
+        if isinstance(payload, wg.EmbedPayload):
+            invoke.embed.CopyFrom(payload)
+            expected = "embed"
+        else:
+            invoke.rerank.CopyFrom(payload)
+            expected = "rerank"
+        message = wg.ControlMessage(trace_context=trace_context, invoke=invoke)
+        check_fits_stream(message)
         future = stream.begin_invoke(request_id)
         try:
-            stream.send(
-                wg.ControlMessage(
-                    trace_context=trace_context,
-                    invoke=wg.Invoke(
-                        request_id=request_id,
-                        deployment_id=deployment_id,
-                        deadline=deadline,
-                        timeout=_duration(timeout),
-                        embed=wg.EmbedPayload(inputs=inputs),
-                    ),
-                )
-            )
+            stream.send(message)
         except GantryError:
             stream.forget_invoke(request_id)
             raise
@@ -222,9 +281,35 @@ class WorkerHub:
             raise
         finally:
             stream.forget_invoke(request_id)
-        if result.WhichOneof("outcome") == "failure":
+        outcome = result.WhichOneof("outcome")
+        if outcome == "failure":
             raise GantryError.for_client(result.failure)
-        return result.embed
+        if outcome != expected:
+            raise GantryError(
+                "INVOKE_FAILED", f"node {node_id} answered a {expected} invocation with {outcome!r}"
+            )
+        return result
+
+
+# What one frame of the worker stream may carry (both ends set it as their receive limit).
+WORKER_STREAM_MESSAGE_LIMIT_BYTES = MESSAGE_LIMIT_BYTES
+
+
+def check_fits_stream(message: wg.ControlMessage) -> None:
+    """Refuse, as the caller's error, a message the worker stream could not carry.
+
+    An oversize frame would not fail alone: gRPC tears down the whole stream, and with it every
+    other caller's work on that node. The inference front door bounds its inputs well below this;
+    the check is where the Invoke is built, so no future payload can slip past it.
+    """
+    size = message.ByteSize()
+    if size > WORKER_STREAM_MESSAGE_LIMIT_BYTES:
+        raise GantryError(
+            "INVALID_PAYLOAD",
+            f"the request becomes a {size}-byte worker message; the stream carries at most "
+            f"{WORKER_STREAM_MESSAGE_LIMIT_BYTES}",
+            limit_bytes=str(WORKER_STREAM_MESSAGE_LIMIT_BYTES),
+        )
 
 
 def _duration(seconds: float) -> duration_pb2.Duration:

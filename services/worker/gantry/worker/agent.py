@@ -17,7 +17,6 @@ import contextlib
 import logging
 import os
 import socket
-import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,25 +28,31 @@ from google.protobuf import timestamp_pb2
 from gantry.common import tokens
 from gantry.common.auth import auth_metadata
 from gantry.common.clock import Clock
-from gantry.common.digests import adapter_digest, environment_fingerprint
+from gantry.common.digests import adapter_digest
 from gantry.common.errors import GantryError
 from gantry.common.grpc_server import channel
 from gantry.common.ids import new_generation
-from gantry.common.manifest import ManifestEntry, verify_artifact
 from gantry.common.status import error_from_rpc
 from gantry.common.telemetry import inject_context, tracer
 from gantry.common.tls import ClientTls
 from gantry.v1 import worker_gateway_pb2 as wg
 from gantry.v1 import worker_gateway_pb2_grpc
+from gantry.worker.artifact_copies import manifest_of, verified_copy
 from gantry.worker.crash_policy import RestartPolicy
-from gantry.worker.environment_facts import default_environment
+from gantry.worker.environment_facts import (
+    DEFAULT_FACTS_TIMEOUT_S,
+    RuntimeEnvironments,
+    normalized_environment_id,
+)
+from gantry.worker.inspect_job import run_inspect
 from gantry.worker.invocations import DEFAULT_MAX_IN_FLIGHT, Invocations
 from gantry.worker.jobs import DeploymentJobQueues
-from gantry.worker.model_host.environments import resolve_python
 from gantry.worker.model_host.inbox import DEFAULT_INBOX_LIMIT
-from gantry.worker.model_host.landlock import IsolationLevel
 from gantry.worker.model_host.process import DEFAULT_MAX_PENDING, HostLaunchSpec
+from gantry.worker.model_host.sandbox import IsolationRequirement
+from gantry.worker.probe_job import ProbeRunner, ProbeSettings
 from gantry.worker.residents import DEFAULT_MAX_RESIDENTS, HostFactory, ResidentFacts
+from gantry.worker.runtime_adapters.registry import runtime_adapter_for
 from gantry.worker.supervision import SupervisionSettings, Supervisor
 
 log = logging.getLogger(__name__)
@@ -78,7 +83,13 @@ class WorkerSettings:
     host_inbox_limit: int = DEFAULT_INBOX_LIMIT
     # The least sandbox a model host must reach; below it the load fails
     # RUNTIME_ENVIRONMENT_UNAVAILABLE.
-    require_isolation: IsolationLevel = IsolationLevel.NONE
+    require_isolation: IsolationRequirement = field(default_factory=IsolationRequirement)
+    # Each environment's facts script (run at start, concurrently) must answer within this.
+    environment_facts_timeout_s: float = DEFAULT_FACTS_TIMEOUT_S
+    # A probe's child: its load, its ProbeCheck, and its exit after Shutdown.
+    probe_load_timeout_s: float = 300.0
+    probe_check_timeout_s: float = 120.0
+    probe_stop_grace_s: float = 10.0
 
     def supervision(self) -> SupervisionSettings:
         return SupervisionSettings(
@@ -125,14 +136,38 @@ class WorkerAgent:
         self.outbox_dropped = 0
         self._outbox: asyncio.Queue[wg.WorkerMessage | None] = self._new_outbox()
         self._unacked: dict[str, wg.JobResult] = {}
-        self._jobs = DeploymentJobQueues(run=self._run_job, emit=self._job_finished)
+        self._jobs = DeploymentJobQueues(run=self.run_job, emit=self._job_finished)
         self._invocations = Invocations(
             supervisor=self.supervisor,
             emit=lambda result: self._send(wg.WorkerMessage(invoke_result=result)),
             max_in_flight=settings.max_in_flight_invokes,
         )
         self._job_handlers: dict[str, Callable[[wg.JobAssignment, wg.JobResult], Awaitable[None]]]
-        self._job_handlers = {"load": self._load, "unload": self._unload, "health": self._health}
+        self._job_handlers = {
+            "load": self._load,
+            "unload": self._unload,
+            "health": self._health,
+            "inspect": self._inspect,
+            "probe": self._probe,
+        }
+        # Capability labels come from the environments that run the models, not this process.
+        self.environments = RuntimeEnvironments(
+            settings.env, timeout_s=settings.environment_facts_timeout_s
+        )
+        # Probe hosts are the probe jobs' own: never residents, never routed, never counted.
+        self.probes = ProbeRunner(
+            ProbeSettings(
+                artifact_root=settings.artifact_root,
+                env=settings.env,
+                require_isolation=settings.require_isolation,
+                max_pending=settings.host_max_pending,
+                inbox_limit=settings.host_inbox_limit,
+                load_timeout_s=settings.probe_load_timeout_s,
+                check_timeout_s=settings.probe_check_timeout_s,
+                stop_grace_s=settings.probe_stop_grace_s,
+            ),
+            environments=self.environments,
+        )
         self._tasks: set[asyncio.Task[None]] = set()
         self._liveness: asyncio.Task[None] | None = None
         self._heartbeat_seconds = 5.0
@@ -144,6 +179,8 @@ class WorkerAgent:
         if self._liveness is None:
             # Supervision runs whether or not the control plane is reachable.
             self._liveness = asyncio.create_task(self.supervisor.run_liveness(), name="liveness")
+        # Hello carries every environment's facts: learn them (concurrently, once) first.
+        await self.environments.collect()
         delay = 0.2
         while True:
             try:
@@ -176,6 +213,11 @@ class WorkerAgent:
         await self._jobs.close()
         await self._invocations.close()
         await self.supervisor.shutdown()
+        await self.environments.close()
+
+    def active_job_ids(self) -> list[str]:
+        """Jobs queued or running here (PROBE and INSPECT included): the leases heartbeats renew."""
+        return self._jobs.active_job_ids()
 
     # ---- the stream ---------------------------------------------------------------------------
 
@@ -223,7 +265,7 @@ class WorkerAgent:
     def _hello(self) -> wg.Hello:
         return wg.Hello(
             inventory=self.residents.inventory(self.generation),
-            environments=[default_environment(sys.executable)],
+            environments=self.environments.listed(),
             agent_version="0.1.0",
             hostname=socket.gethostname(),
         )
@@ -237,7 +279,7 @@ class WorkerAgent:
                 wg.WorkerMessage(
                     heartbeat=wg.Heartbeat(
                         sent_at=sent_at,
-                        active_job_ids=self._jobs.active_job_ids(),
+                        active_job_ids=self.active_job_ids(),
                         resident_count=len(self.residents),
                     )
                 )
@@ -290,7 +332,7 @@ class WorkerAgent:
 
     # ---- jobs ---------------------------------------------------------------------------------
 
-    async def _run_job(self, assignment: wg.JobAssignment) -> wg.JobResult:
+    async def run_job(self, assignment: wg.JobAssignment) -> wg.JobResult:
         """One job to exactly one result; CancelledError (a cancelled job) propagates: no result."""
         result = wg.JobResult(job_id=assignment.job_id, lease_token=assignment.lease_token)
         try:
@@ -304,8 +346,10 @@ class WorkerAgent:
             result.failure.CopyFrom(error.to_failure())
         except Exception as exc:
             log.exception("job %s failed unexpectedly", assignment.job_id)
+            loads = assignment.WhichOneof("spec") in ("load", "probe")
+            reason = "LOAD_FAILED" if loads else "INTERNAL"
             result.failure.CopyFrom(
-                GantryError("LOAD_FAILED", f"{type(exc).__name__}: {exc}").to_failure()
+                GantryError(reason, f"{type(exc).__name__}: {exc}").to_failure()
             )
         return result
 
@@ -315,30 +359,34 @@ class WorkerAgent:
 
     async def _load(self, assignment: wg.JobAssignment, result: wg.JobResult) -> None:
         spec = assignment.load
-        python = resolve_python(spec.environment_id, self.settings.env)
+        # Before anything is admitted or spawned: an adapter the registry does not know is
+        # RUNTIME_INCOMPATIBLE, an environment that cannot run it RUNTIME_ENVIRONMENT_UNAVAILABLE
+        # (both class CONFIG). Verifying and launching still go through supervision's own steps
+        # (it restarts hosts in place under one custody); moving them onto the adapter's
+        # prepare/start, and HEALTH/UNLOAD onto its health/unload, follows in a later change.
+        adapter = runtime_adapter_for(spec.adapter.adapter)
+        runtime = await self.environments.require(spec.environment_id, adapter=adapter.name)
         facts = ResidentFacts(
             artifact_digest=spec.manifest_digest,
-            environment_id=spec.environment_id or "default",
+            environment_id=normalized_environment_id(spec.environment_id),
             adapter_digest=adapter_digest(spec.adapter),
-            environment_fingerprint=environment_fingerprint(default_environment(python)),
+            environment_fingerprint=runtime.fingerprint,
         )
         verified_facts: list[tuple[int, int]] = []
 
         async def prepare() -> HostLaunchSpec:
-            manifest = [
-                ManifestEntry(path=e.path, size_bytes=e.size_bytes, sha256=e.sha256)
-                for e in spec.manifest
-            ]
-            # Hashing gigabytes must not stall the stream: it runs in a thread.
-            verified = await asyncio.to_thread(
-                verify_artifact, self.settings.artifact_root, spec.artifact_location, manifest
+            verified = await verified_copy(
+                self.settings.artifact_root,
+                spec.artifact_location,
+                manifest_of(spec.manifest),
+                allow_pickle=spec.adapter.allow_pickle_weights,
             )
             verified_facts.append((verified.files_verified, verified.bytes_verified))
             return HostLaunchSpec(
                 deployment_id=spec.deployment_id,
                 model_directory=verified.directory,
                 adapter=spec.adapter,
-                python_executable=python,
+                python_executable=runtime.python_executable,
                 max_pending=self.settings.host_max_pending,
                 inbox_limit=self.settings.host_inbox_limit,
                 require_isolation=self.settings.require_isolation,
@@ -370,6 +418,26 @@ class WorkerAgent:
                 isolation_reason=host.ready.isolation_reason,
             )
         )
+
+    async def _inspect(self, assignment: wg.JobAssignment, result: wg.JobResult) -> None:
+        with _tracer.start_as_current_span(
+            "worker.inspect", attributes={"gantry.job_id": assignment.job_id}
+        ):
+            evidence = await run_inspect(
+                assignment.inspect,
+                artifact_root=self.settings.artifact_root,
+                environments=self.environments,
+            )
+        result.inspect.CopyFrom(evidence)
+
+    async def _probe(self, assignment: wg.JobAssignment, result: wg.JobResult) -> None:
+        with _tracer.start_as_current_span(
+            "worker.probe", attributes={"gantry.job_id": assignment.job_id}
+        ):
+            evidence = await self.probes.run(
+                assignment, lambda update: self._send(wg.WorkerMessage(job_update=update))
+            )
+        result.probe.CopyFrom(evidence)
 
     async def _unload(self, assignment: wg.JobAssignment, result: wg.JobResult) -> None:
         result.unload.CopyFrom(await self.supervisor.unload(assignment.unload.deployment_id))

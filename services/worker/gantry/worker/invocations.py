@@ -97,7 +97,7 @@ class Invocations:
             attributes={"gantry.deployment_id": invoke.deployment_id},
         ):
             try:
-                result.embed.CopyFrom(await self._embed(invoke))
+                await self._run(invoke, result)
             except GantryError as error:
                 result.failure.CopyFrom(error.to_failure())
             except Exception as exc:
@@ -108,9 +108,13 @@ class Invocations:
         # A cancelled invoke raised CancelledError above and never gets here: no result.
         self._emit(result)
 
-    async def _embed(self, invoke: wg.Invoke) -> wg.EmbedResult:
-        if invoke.WhichOneof("payload") != "embed":
-            raise GantryError("INVALID_PAYLOAD", "this worker serves embed payloads only")
+    async def _run(self, invoke: wg.Invoke, result: wg.InvokeResult) -> None:
+        """Hand the payload to the deployment's host; its answer goes into `result`."""
+        payload = invoke.WhichOneof("payload")
+        if payload not in ("embed", "rerank"):
+            raise GantryError(
+                "INVALID_PAYLOAD", f"invocation {invoke.request_id} carries no embed or rerank"
+            )
         host = self._supervisor.host_for_invoke(invoke.deployment_id)
         timeout_s = invoke_timeout_s(invoke)
         if timeout_s <= 0:
@@ -119,6 +123,19 @@ class Invocations:
             )
         child_context: dict[str, str] = {}
         inject_context(child_context)
-        return await host.embed(
-            list(invoke.embed.inputs), trace_context=child_context, timeout_s=timeout_s
+        if payload == "embed":
+            result.embed.CopyFrom(
+                await host.embed(
+                    list(invoke.embed.inputs), trace_context=child_context, timeout_s=timeout_s
+                )
+            )
+            return
+        # Whether this host's adapter reranks is the host's to say (INVALID_PAYLOAD if not).
+        result.rerank.CopyFrom(
+            await host.rerank(
+                invoke.rerank.query,
+                list(invoke.rerank.documents),
+                trace_context=child_context,
+                timeout_s=timeout_s,
+            )
         )

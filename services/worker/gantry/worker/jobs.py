@@ -2,9 +2,10 @@
 
 What the control plane can rely on:
 - Jobs for one deployment id run one after another (FIFO); jobs for different ids run in parallel.
+  An INSPECT or PROBE job queues alone (by its assessment or probe id).
 - `CancelJob` cancels a queued or running job and the worker sends **no** JobResult for it: the
-  control plane cancelled it and settles it itself. A LOAD cancelled this way leaves no process
-  (supervision kills and reaps a half-started child before the job ends).
+  control plane cancelled it and settles it itself. A LOAD or PROBE cancelled this way leaves no
+  process (its child is killed and reaped before the job ends).
 - An UNLOAD overtakes the LOADs of its deployment instead of waiting behind them: each such LOAD
   (queued or running) is cancelled the same way and answered with the failure
   INVALID_STATE_TRANSITION ("an unload overtook it") so its lease settles; then the unload runs.
@@ -55,9 +56,15 @@ class _Job:
 
 
 def deployment_of(assignment: wg.JobAssignment) -> str:
+    """The queue a job waits in: its deployment's, or its own assessment's or probe's (INSPECT
+    and PROBE jobs belong to no deployment, so they never wait behind one)."""
     spec = assignment.WhichOneof("spec")
     if spec is None:
         return ""
+    if spec == "inspect":
+        return f"inspect:{assignment.inspect.assessment_id}"
+    if spec == "probe":
+        return f"probe:{assignment.probe.probe_id}"
     deployment_id: str = getattr(assignment, spec).deployment_id
     return deployment_id
 

@@ -8,6 +8,8 @@ import contextlib
 import logging
 from pathlib import Path
 
+from gantry.common.errors import GantryError
+from gantry.common.manifest import sweep_abandoned_verified_roots
 from gantry.common.process import run_until_signalled, setup_logging
 from gantry.common.telemetry import setup_tracing
 from gantry.common.tls import TlsSettingsError, add_client_tls_arguments, client_tls_from
@@ -30,6 +32,27 @@ _SUPERVISION_ARGUMENTS = {
 }
 
 
+log = logging.getLogger(__name__)
+
+
+def reclaim_abandoned_verified_copies() -> None:
+    """Delete the verified copies of workers that died without removing them (SIGKILL, OOM)."""
+    try:
+        sweep = sweep_abandoned_verified_roots()
+    except (OSError, GantryError) as exc:
+        log.warning("could not sweep abandoned verified artifact copies: %s", exc)
+        return
+    log.info(
+        "reclaimed %d verified-copy directories (%d bytes) abandoned by dead workers; "
+        "%d belong to live processes",
+        sweep.directories_removed,
+        sweep.bytes_removed,
+        sweep.directories_kept,
+    )
+    for failure in sweep.failures:
+        log.warning("could not reclaim an abandoned verified-copy directory: %s", failure)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="gantry worker")
     parser.add_argument("--control-plane", default="127.0.0.1:50051")
@@ -41,7 +64,8 @@ def main(argv: list[str] | None = None) -> int:
         choices=sorted(REQUIRE_CHOICES),
         default="none",
         help="refuse to run a model host sandboxed less than this: fs = Landlock filesystem "
-        "rules, fs-net = also no TCP (default: none)",
+        "rules, fs-net = also no TCP, fs-net-seccomp = also no socket but AF_UNIX and AF_NETLINK "
+        "(no UDP or DNS) by a seccomp filter (default: none)",
     )
     add_client_tls_arguments(
         parser.add_argument_group("TLS to the control plane (plaintext unless one is given)"),
@@ -66,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(exc))
     setup_logging("worker")
     setup_tracing("gantry-worker")
+    reclaim_abandoned_verified_copies()
     settings = WorkerSettings(
         control_plane=args.control_plane,
         credential=args.credential_file.read_text().strip(),
@@ -78,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
 
     async def serve() -> int:
         agent = WorkerAgent(settings)
-        logging.getLogger(__name__).info("worker generation %d", agent.generation)
+        log.info("worker generation %d", agent.generation)
         runner = asyncio.create_task(agent.run())
         stopper = asyncio.create_task(run_until_signalled())
         done, _ = await asyncio.wait({runner, stopper}, return_when=asyncio.FIRST_COMPLETED)

@@ -48,6 +48,8 @@ class JobType(enum.StrEnum):
     LOAD = "LOAD"
     UNLOAD = "UNLOAD"
     HEALTH = "HEALTH"
+    INSPECT = "INSPECT"  # the evidence pipeline's jobs: no deployment, no residency
+    PROBE = "PROBE"
 
 
 R, J, D = ResidencyState, JobState, DeploymentState

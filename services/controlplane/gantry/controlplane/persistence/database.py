@@ -11,8 +11,9 @@ import contextlib
 import datetime as dt
 import os
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from alembic import command
 from alembic.config import Config
@@ -69,10 +70,26 @@ def migrate_hint(url: str | URL) -> str:
     return f"run `gantry migrate --database-url {shown_url(url)}`"
 
 
+# Set in a session's `info` by a write that changes which deployment a request reaches (a
+# capability binding moving): the routing watchers hear of it around the commit.
+ROUTING_CHANGED = "gantry.routing_changed"
+
+
+class RoutingWatcher(Protocol):
+    """Something that remembers routes (the route cache) and must not outlive a change of them."""
+
+    def routing_changing(self) -> None:
+        """A transaction that changes routing is about to commit: stop trusting what you hold."""
+
+    def routing_changed(self) -> None:
+        """... it has committed (or rolled back): forget what you hold, trust again."""
+
+
 @dataclass(slots=True)
 class Database:
     engine: AsyncEngine
     sessions: async_sessionmaker[AsyncSession]
+    routing_watchers: list[RoutingWatcher] = field(default_factory=list)
 
     @classmethod
     def connect(cls, url: str) -> Database:
@@ -85,8 +102,21 @@ class Database:
     @contextlib.asynccontextmanager
     async def transaction(self) -> AsyncIterator[AsyncSession]:
         """One unit of work: repository functions flush, this commits (or rolls back on error)."""
-        async with self.sessions() as session, session.begin():
-            yield session
+        async with self.sessions() as session:
+            watched = False
+            try:
+                async with session.begin():
+                    yield session
+                    if session.info.get(ROUTING_CHANGED):
+                        # From before the commit until after it, no cached route is served: a
+                        # request resolved once the commit is visible reads the new binding.
+                        watched = True
+                        for watcher in self.routing_watchers:
+                            watcher.routing_changing()
+            finally:
+                if watched:
+                    for watcher in self.routing_watchers:
+                        watcher.routing_changed()
 
     async def migrate(self) -> str:
         """Create or upgrade the schema to the newest Alembic revision; returns that revision."""

@@ -16,6 +16,7 @@ from gantry.controlplane.domain.transitions import (
     ResidencyState,
     shortest_path,
 )
+from gantry.controlplane.persistence import bindings
 from gantry.controlplane.persistence.models import Deployment, Residency
 from gantry.controlplane.persistence.transitions import compare_and_set
 
@@ -29,7 +30,11 @@ async def create_deployment(
     environment_id: str,
     replicas: int,
     now: dt.datetime,
+    approval_id: str | None = None,
+    profile_id: str | None = None,
+    candidate_id: str | None = None,
 ) -> Deployment:
+    """A PENDING deployment; the gate it passed (approval, profile, candidate) when it has one."""
     row = Deployment(
         deployment_id=new_id(),
         capability=capability,
@@ -42,6 +47,9 @@ async def create_deployment(
         last_failure_message="",
         created_at=now,
         updated_at=now,
+        approval_id=approval_id,
+        profile_id=profile_id,
+        candidate_id=candidate_id,
     )
     session.add(row)
     await session.flush()
@@ -63,18 +71,6 @@ async def list_deployments(
         .where(Deployment.deployment_id > after)
         .order_by(Deployment.deployment_id)
         .limit(limit)
-    )
-    return (await session.scalars(query)).all()
-
-
-async def deployments_for_capability(
-    session: AsyncSession, capability: str
-) -> Sequence[Deployment]:
-    """Newest first: routing prefers the most recent ready deployment of a capability."""
-    query = (
-        select(Deployment)
-        .where(Deployment.capability == capability)
-        .order_by(Deployment.created_at.desc())
     )
     return (await session.scalars(query)).all()
 
@@ -101,6 +97,11 @@ async def set_deployment_state(
         **values,
     )
     await session.refresh(deployment)
+    # Every state a deployment takes is written here, so the capability binding follows it in
+    # the same transaction: a pending deployment takes over exactly when it becomes READY.
+    await bindings.follow_deployment_state(
+        session, deployment_id=deployment.deployment_id, state=target, now=now
+    )
 
 
 async def create_residency(

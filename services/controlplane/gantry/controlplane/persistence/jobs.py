@@ -1,4 +1,7 @@
-"""Serving jobs: typed lifecycle work for one deployment on one node, run under a lease.
+"""Serving jobs: typed work for one node, run under a lease.
+
+A deployment job (LOAD, UNLOAD, HEALTH) names its deployment and residency; an evidence-pipeline
+job (INSPECT, PROBE) names its assessment or probe and neither of those.
 
 Results are idempotent by job id: the same result sent twice is acknowledged twice and committed
 once; a different result for a settled job is a conflict, never an overwrite.
@@ -31,10 +34,12 @@ async def create_job(
     session: AsyncSession,
     *,
     job_type: JobType,
-    deployment_id: str,
     node_id: str,
-    residency_id: str,
     now: dt.datetime,
+    deployment_id: str | None = None,
+    residency_id: str | None = None,
+    probe_id: str | None = None,
+    assessment_id: str | None = None,
 ) -> ServingJob:
     row = ServingJob(
         job_id=new_id(),
@@ -42,6 +47,8 @@ async def create_job(
         deployment_id=deployment_id,
         node_id=node_id,
         residency_id=residency_id,
+        probe_id=probe_id,
+        assessment_id=assessment_id,
         state=JobState.QUEUED,
         lease_token_hash="",
         lease_expires_at=None,
@@ -267,6 +274,19 @@ async def cancel_job(session: AsyncSession, job: ServingJob, *, now: dt.datetime
     await session.refresh(job)
 
 
+PIPELINE_JOB_TYPES = (JobType.INSPECT, JobType.PROBE)
+
+
+async def open_pipeline_jobs_on_node(session: AsyncSession, node_id: str) -> Sequence[ServingJob]:
+    """The node's unfinished INSPECT and PROBE jobs (they hold no residency)."""
+    query = select(ServingJob).where(
+        ServingJob.node_id == node_id,
+        ServingJob.job_type.in_(PIPELINE_JOB_TYPES),
+        ServingJob.state.in_(OPEN_JOB_STATES),
+    )
+    return (await session.scalars(query.order_by(ServingJob.created_at))).all()
+
+
 async def open_jobs(session: AsyncSession) -> Sequence[ServingJob]:
     query = select(ServingJob).where(ServingJob.state.in_(OPEN_JOB_STATES))
     return (await session.scalars(query)).all()
@@ -281,3 +301,37 @@ async def list_jobs(
     if node_id:
         query = query.where(ServingJob.node_id == node_id)
     return (await session.scalars(query.order_by(ServingJob.job_id).limit(limit))).all()
+
+
+async def check_current_lease(
+    session: AsyncSession, *, job_id: str, node_id: str, generation: int, lease_token: str
+) -> ServingJob:
+    """The job, if this node generation holds its current lease and it has not ended.
+
+    What a worker says about a job it no longer holds (an expired lease, a dead generation, a
+    cancelled job) is refused, never committed.
+    """
+    job = await get_job(session, job_id)
+    if job.node_id != node_id or not tokens.token_matches(lease_token, job.lease_token_hash or "-"):
+        raise GantryError("LEASE_TOKEN_INVALID", f"lease token for job {job_id} is not current")
+    if job.generation != generation:
+        raise GantryError("STALE_GENERATION", f"job {job_id} is leased to another generation")
+    if job.state not in LEASED_JOB_STATES:
+        raise GantryError("INVALID_STATE_TRANSITION", f"job {job_id} is {job.state}", job_id=job_id)
+    return job
+
+
+async def mark_running(session: AsyncSession, job: ServingJob, *, now: dt.datetime) -> None:
+    """LEASED -> RUNNING: the worker reported the work started."""
+    if job.state != JobState.LEASED:
+        return
+    await compare_and_set(
+        session,
+        ServingJob,
+        job.job_id,
+        machine="job",
+        expected=JobState.LEASED,
+        target=JobState.RUNNING,
+        updated_at=now,
+    )
+    await session.refresh(job)

@@ -8,6 +8,7 @@ from typing import Any
 from sqlalchemy import (
     JSON,
     BigInteger,
+    Boolean,
     DateTime,
     ForeignKey,
     Index,
@@ -132,6 +133,10 @@ class Deployment(Base):
     load_failure_count: Mapped[int] = mapped_column(Integer, default=0)
     created_at: Mapped[dt.datetime] = mapped_column(Timestamp)
     updated_at: Mapped[dt.datetime] = mapped_column(Timestamp)
+    # The gate it passed. NULL only for a legacy deployment made straight from an artifact set.
+    approval_id: Mapped[str | None] = mapped_column(Id, nullable=True)
+    profile_id: Mapped[str | None] = mapped_column(Id, nullable=True)
+    candidate_id: Mapped[str | None] = mapped_column(Id, nullable=True)
 
 
 class Residency(Base):
@@ -155,12 +160,21 @@ class Residency(Base):
 
 
 class ServingJob(Base):
+    """Work for one node under a lease. A deployment job (LOAD, UNLOAD, HEALTH) names its
+    deployment and residency; a pipeline job names its probe (PROBE) or assessment (INSPECT)."""
+
     __tablename__ = "serving_jobs"
     job_id: Mapped[str] = mapped_column(Id, primary_key=True)
     job_type: Mapped[str] = mapped_column(String(16))
-    deployment_id: Mapped[str] = mapped_column(ForeignKey("deployments.deployment_id"))
+    deployment_id: Mapped[str | None] = mapped_column(
+        ForeignKey("deployments.deployment_id"), nullable=True
+    )
     node_id: Mapped[str] = mapped_column(ForeignKey("nodes.node_id"), index=True)
-    residency_id: Mapped[str] = mapped_column(ForeignKey("residencies.residency_id"))
+    residency_id: Mapped[str | None] = mapped_column(
+        ForeignKey("residencies.residency_id"), nullable=True
+    )
+    probe_id: Mapped[str | None] = mapped_column(Id, nullable=True)
+    assessment_id: Mapped[str | None] = mapped_column(Id, nullable=True)
     state: Mapped[str] = mapped_column(String(16))
     lease_token_hash: Mapped[str] = mapped_column(String(64), default="")
     lease_expires_at: Mapped[dt.datetime | None] = mapped_column(Timestamp, nullable=True)
@@ -173,6 +187,103 @@ class ServingJob(Base):
     failure_reason: Mapped[str] = mapped_column(String(64), default="")
     failure_message: Mapped[str] = mapped_column(Text, default="")
     created_at: Mapped[dt.datetime] = mapped_column(Timestamp)
+    updated_at: Mapped[dt.datetime] = mapped_column(Timestamp)
+
+
+class CompatibilityAssessment(Base):
+    __tablename__ = "assessments"
+    assessment_id: Mapped[str] = mapped_column(Id, primary_key=True)
+    artifact_set_id: Mapped[str] = mapped_column(
+        ForeignKey("artifact_sets.artifact_set_id"), index=True
+    )
+    node_id: Mapped[str] = mapped_column(ForeignKey("nodes.node_id"))
+    environment_id: Mapped[str] = mapped_column(String(200), default="")
+    state: Mapped[str] = mapped_column(String(16))
+    compatible: Mapped[bool] = mapped_column(Boolean, default=False)
+    # The worker's Inspection message as JSON (MessageToDict): read back, never interpreted here.
+    inspection: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    environment_fingerprint: Mapped[str] = mapped_column(String(64), default="")
+    failure_reason: Mapped[str] = mapped_column(String(64), default="")
+    failure_message: Mapped[str] = mapped_column(Text, default="")
+    job_id: Mapped[str | None] = mapped_column(Id, nullable=True)
+    created_at: Mapped[dt.datetime] = mapped_column(Timestamp)
+    completed_at: Mapped[dt.datetime | None] = mapped_column(Timestamp, nullable=True)
+
+
+class RuntimeProfile(Base):
+    """Immutable once created: a probe, a candidate and a deployment all point at one."""
+
+    __tablename__ = "runtime_profiles"
+    profile_id: Mapped[str] = mapped_column(Id, primary_key=True)
+    name: Mapped[str] = mapped_column(String(200))
+    assessment_id: Mapped[str] = mapped_column(ForeignKey("assessments.assessment_id"))
+    artifact_set_id: Mapped[str] = mapped_column(
+        ForeignKey("artifact_sets.artifact_set_id"), index=True
+    )
+    environment_id: Mapped[str] = mapped_column(String(200), default="")
+    adapter: Mapped[dict[str, Any]] = mapped_column(JSON)
+    ram_estimate_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    vram_estimate_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    # The largest peak a completed probe measured (NULL: none measured yet). Not part of the
+    # profile's identity: evidence refines the envelope, it does not change the settings.
+    ram_measured_peak_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    vram_measured_peak_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    created_at: Mapped[dt.datetime] = mapped_column(Timestamp)
+    created_by: Mapped[str] = mapped_column(String(200), default="")
+
+
+class RuntimeProbe(Base):
+    __tablename__ = "probes"
+    probe_id: Mapped[str] = mapped_column(Id, primary_key=True)
+    profile_id: Mapped[str] = mapped_column(ForeignKey("runtime_profiles.profile_id"), index=True)
+    node_id: Mapped[str] = mapped_column(ForeignKey("nodes.node_id"))
+    state: Mapped[str] = mapped_column(String(16))
+    job_id: Mapped[str | None] = mapped_column(Id, nullable=True)
+    # The worker's ProbeEvidence as JSON (MessageToDict).
+    evidence: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    failure_reason: Mapped[str] = mapped_column(String(64), default="")
+    failure_message: Mapped[str] = mapped_column(Text, default="")
+    candidate_id: Mapped[str | None] = mapped_column(Id, nullable=True)
+    attempt_count: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[dt.datetime] = mapped_column(Timestamp)
+    updated_at: Mapped[dt.datetime] = mapped_column(Timestamp)
+    completed_at: Mapped[dt.datetime | None] = mapped_column(Timestamp, nullable=True)
+
+
+class DeploymentCandidate(Base):
+    __tablename__ = "candidates"
+    candidate_id: Mapped[str] = mapped_column(Id, primary_key=True)
+    probe_id: Mapped[str] = mapped_column(ForeignKey("probes.probe_id"), unique=True)
+    profile_id: Mapped[str] = mapped_column(ForeignKey("runtime_profiles.profile_id"), index=True)
+    artifact_set_id: Mapped[str] = mapped_column(ForeignKey("artifact_sets.artifact_set_id"))
+    status: Mapped[str] = mapped_column(String(16))
+    production: Mapped[bool] = mapped_column(Boolean, default=False)
+    reasons: Mapped[list[str]] = mapped_column(JSON, default=list)
+    created_at: Mapped[dt.datetime] = mapped_column(Timestamp)
+
+
+class ProductionApproval(Base):
+    __tablename__ = "approvals"
+    approval_id: Mapped[str] = mapped_column(Id, primary_key=True)
+    candidate_id: Mapped[str] = mapped_column(ForeignKey("candidates.candidate_id"), unique=True)
+    profile_id: Mapped[str] = mapped_column(ForeignKey("runtime_profiles.profile_id"))
+    approved_by: Mapped[str] = mapped_column(String(200))
+    reason: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[dt.datetime] = mapped_column(Timestamp)
+
+
+class CapabilityBinding(Base):
+    """A capability names exactly one deployment; routing reads nothing else."""
+
+    __tablename__ = "capability_bindings"
+    capability: Mapped[str] = mapped_column(String(200), primary_key=True)
+    deployment_id: Mapped[str | None] = mapped_column(
+        ForeignKey("deployments.deployment_id"), nullable=True
+    )
+    # Bound next: takes over, in one transaction, when it becomes READY.
+    pending_deployment_id: Mapped[str | None] = mapped_column(
+        ForeignKey("deployments.deployment_id"), nullable=True
+    )
     updated_at: Mapped[dt.datetime] = mapped_column(Timestamp)
 
 

@@ -2,16 +2,24 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
 from sqlalchemy import update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gantry.common.errors import GantryError
+from gantry.controlplane.domain.pipeline_states import check_assessment_transition
+from gantry.controlplane.domain.probe_transitions import check_probe_transition
 from gantry.controlplane.domain.transitions import check_transition
 
 T = TypeVar("T")
+
+# The evidence pipeline's machines keep their tables in their own domain modules.
+_PIPELINE_CHECKS: Mapping[str, Callable[[str, str], None]] = {
+    "probe": check_probe_transition,
+    "assessment": check_assessment_transition,
+}
 
 
 async def compare_and_set(
@@ -30,7 +38,11 @@ async def compare_and_set(
     no row and raises INVALID_STATE_TRANSITION instead of overwriting.
     """
     if expected != target:
-        check_transition(machine, expected, target)
+        pipeline_check = _PIPELINE_CHECKS.get(machine)
+        if pipeline_check is not None:
+            pipeline_check(expected, target)
+        else:
+            check_transition(machine, expected, target)
     primary_key = next(iter(model.__table__.primary_key.columns))
     result = await session.execute(
         update(model)

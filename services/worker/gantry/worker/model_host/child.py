@@ -12,14 +12,13 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import platform
 import signal
 import socket
 import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import BinaryIO
 
 from google.protobuf.message import DecodeError
 from setproctitle import setproctitle
@@ -28,6 +27,7 @@ from gantry.common.errors import GantryError
 from gantry.common.telemetry import extract_context, flush_tracing, setup_tracing, tracer
 from gantry.v1 import model_host_pb2
 from gantry.worker.model_host import hardening, sandbox
+from gantry.worker.model_host.adapters import ForwardCheck, ModelAdapter, adapter_for
 from gantry.worker.model_host.environments import OFFLINE_ENVIRONMENT
 from gantry.worker.model_host.framing import FrameError, read_frame, write_frame
 from gantry.worker.model_host.inbox import (
@@ -37,17 +37,19 @@ from gantry.worker.model_host.inbox import (
     read_requests,
 )
 from gantry.worker.model_host.landlock import Isolation
+from gantry.worker.model_host.memory_readings import CudaAllocator
+from gantry.worker.model_host.probe_evidence import LoadRecord, run_check
 from gantry.worker.model_host.proc_facts import rss_bytes_of
 
 # Not imported here: `serving` (numpy, whose BLAS pool starts threads at import) and the ML stack.
 # Landlock binds only the thread that asks among those already running, so the process must still
-# be single-threaded when it enters the sandbox; `sandbox.enter` refuses otherwise.
+# be single-threaded when it enters the sandbox (Landlock, then the seccomp socket filter);
+# `sandbox.enter` refuses otherwise.
 
 logger = logging.getLogger("gantry.model_host")
 
 EXIT_LOAD_FAILED = 2
 EXIT_PROTOCOL_ERROR = 3
-SUPPORTED_ADAPTERS = ("", "sentence_transformers")
 
 
 def process_title(deployment_id: str) -> str:
@@ -67,79 +69,19 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
 def _rss_bytes() -> int:
     rss = rss_bytes_of()
     if rss is None:
-        # 0 means "not measured": a peak (ru_maxrss) would claim memory the process may not hold.
-        logger.warning("cannot read /proc/self/statm; reporting rss_bytes 0 (unavailable)")
+        # HostReady.rss_bytes cannot say "unavailable": 0 means "not measured", never a peak
+        # (ru_maxrss or VmHWM would claim memory the process may no longer hold).
+        logger.warning("cannot read VmRSS from /proc/self/status; reporting rss_bytes 0")
         return 0
     return rss
 
 
-def _load_model(load: model_host_pb2.HostLoad) -> Any:
-    if load.adapter.adapter not in SUPPORTED_ADAPTERS:
-        raise GantryError("LOAD_FAILED", f"unsupported adapter {load.adapter.adapter!r}")
-    model_directory = Path(load.model_directory)
-    if not model_directory.is_dir():
-        raise GantryError("LOAD_FAILED", f"model directory {str(model_directory)!r} does not exist")
-    # Imported here, after the offline flags and the network guard, never at module import.
-    from sentence_transformers import SentenceTransformer
-
-    model = SentenceTransformer(
-        str(model_directory),
-        device=load.adapter.device or "cpu",
-        local_files_only=True,
-        trust_remote_code=False,
-    )
-    if load.adapter.max_input_length:
-        model.max_seq_length = load.adapter.max_input_length
-    model.eval()
-    return model
-
-
-def _health_check(model: Any, normalize: bool) -> int:
-    """A real forward pass: one probe sentence must give one finite row of the model's width."""
-    import numpy as np
-
-    from gantry.worker.model_host.serving import HEALTH_PROBE_TEXT
-
-    try:
-        probe = model.encode(
-            [HEALTH_PROBE_TEXT],
-            convert_to_numpy=True,
-            normalize_embeddings=normalize,
-            show_progress_bar=False,
-        )
-    except Exception as exc:
-        raise GantryError("HEALTH_FAILED", f"health probe forward pass failed: {exc}") from exc
-    if probe.ndim != 2 or probe.shape[0] != 1 or probe.shape[1] == 0:
-        raise GantryError("HEALTH_FAILED", f"health probe returned shape {probe.shape}")
-    if not np.isfinite(probe).all():
-        raise GantryError("HEALTH_FAILED", "health probe returned non-finite values")
-    expected_dim = model.get_embedding_dimension()
-    if expected_dim and expected_dim != probe.shape[1]:
-        raise GantryError(
-            "HEALTH_FAILED",
-            f"health probe width {probe.shape[1]} != model dimension {expected_dim}",
-        )
-    return int(probe.shape[1])
-
-
-def _runtime_versions(model: Any) -> dict[str, str]:
-    import sentence_transformers
-    import torch
-    import transformers
-
-    device = model.device
-    if device.type == "cuda":
-        device_name = torch.cuda.get_device_name(device)
-    else:
-        device_name = platform.processor() or "cpu"
-    return {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "sentence_transformers": sentence_transformers.__version__,
-        "device": str(device),
-        "device_name": device_name,
-    }
+def _first_forward_pass(adapter: ModelAdapter) -> ForwardCheck:
+    """The load's health check: a real forward pass must give finite output of the right shape."""
+    check = run_check(adapter)
+    if not check.ok:
+        raise GantryError("HEALTH_FAILED", f"health probe at load: {check.problem}")
+    return check
 
 
 def _enter_sandbox(load: model_host_pb2.HostLoad, private_dir: Path) -> Isolation:
@@ -149,7 +91,7 @@ def _enter_sandbox(load: model_host_pb2.HostLoad, private_dir: Path) -> Isolatio
         private_dir=private_dir,
         device=load.adapter.device or "cpu",
     )
-    logger.info("isolation %s: %s", isolation.level.name, isolation.reason)
+    logger.info("isolation %s: %s", isolation.wire, isolation.reason)
     try:
         required = sandbox.parse_required(load.require_isolation)
     except ValueError as exc:
@@ -162,7 +104,7 @@ def _enter_sandbox(load: model_host_pb2.HostLoad, private_dir: Path) -> Isolatio
 
 def _load_and_report(
     request: model_host_pb2.HostRequest, responses: BinaryIO, private_dir: Path
-) -> tuple[Any, model_host_pb2.HostReady] | None:
+) -> tuple[ModelAdapter, LoadRecord, model_host_pb2.HostReady] | None:
     """Sandbox, load, health-check and answer the load request; None after answering a failure."""
     load = request.load
     started = time.monotonic()
@@ -172,16 +114,29 @@ def _load_and_report(
         attributes={"gantry.deployment_id": load.deployment_id},
     ):
         try:
+            adapter = adapter_for(load.adapter.adapter)
             isolation = _enter_sandbox(load, private_dir)
-            model = _load_model(load)
-            dim = _health_check(model, load.adapter.normalize)
+            # Read before the model exists (torch, for a CUDA device, is imported only now).
+            cuda = CudaAllocator(load.adapter.device or "cpu")
+            cuda_before = cuda.allocated()
+            facts = adapter.load(Path(load.model_directory), load.adapter)
+            cuda_after, cuda_reserved = cuda.allocated(), cuda.reserved()
+            check = _first_forward_pass(adapter)
+            record = LoadRecord(
+                isolation=isolation,
+                cuda=cuda,
+                cuda_allocated_before_load=cuda_before,
+                cuda_allocated_after_load=cuda_after,
+                cuda_reserved_after_load=cuda_reserved,
+                first_invoke_seconds=check.seconds,
+            )
             ready = model_host_pb2.HostReady(
                 pid=os.getpid(),
                 load_seconds=time.monotonic() - started,
-                dim=dim,
+                dim=adapter.dim,
                 rss_bytes=_rss_bytes(),
-                runtime_versions=_runtime_versions(model),
-                isolation=isolation.level.name,
+                runtime_versions=facts.versions,
+                isolation=isolation.wire,
                 isolation_reason=isolation.reason,
             )
         except Exception as exc:
@@ -199,7 +154,7 @@ def _load_and_report(
             )
             return None
     write_frame(responses, model_host_pb2.HostResponse(request_id=request.request_id, ready=ready))
-    return model, ready
+    return adapter, record, ready
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -235,10 +190,12 @@ def main(argv: list[str] | None = None) -> int:
     if loaded is None:
         flush_tracing()
         return EXIT_LOAD_FAILED
-    model, ready = loaded
-    logger.info("ready: dim=%d load_seconds=%.2f", ready.dim, ready.load_seconds)
+    adapter, record, ready = loaded
+    logger.info(
+        "ready: adapter=%s dim=%d load_seconds=%.2f", adapter.name, ready.dim, ready.load_seconds
+    )
 
-    from gantry.worker.model_host.serving import EmbedServer, ServingSettings
+    from gantry.worker.model_host.serving import ModelServer, ServingSettings
 
     inbox = Inbox(limit=args.inbox_limit)
     writer = ResponseWriter(responses)
@@ -249,12 +206,13 @@ def main(argv: list[str] | None = None) -> int:
         name="channel-reader",
         daemon=True,
     ).start()
-    server = EmbedServer(
-        encoder=model,
+    server = ModelServer(
+        deployment_id=first.load.deployment_id,
+        adapter=adapter,
+        record=record,
         settings=ServingSettings.from_adapter(first.load.adapter),
         inbox=inbox,
         responses=writer,
-        expected_dim=ready.dim,
     )
     try:
         return server.serve()

@@ -112,6 +112,22 @@ def _checked_executable(executable: str, environment_id: str) -> str:
     return executable
 
 
+def configured_environment_ids(env: Mapping[str, str]) -> list[str]:
+    """Every environment id this worker offers, in resolution order: the mapped ids (inline JSON,
+    then the file) and the default environment. An unreadable map offers only the default one
+    here; resolving any mapped id then fails with the map's problem."""
+    ids: list[str] = []
+    try:
+        for environment_map in _configured_maps(env, DEFAULT_ENVIRONMENT_ID):
+            ids.extend(name for name in environment_map if name and name not in ids)
+    except GantryError:
+        pass
+    if DEFAULT_ENVIRONMENT_ID not in ids:
+        # "" always resolves (GANTRY_PYTHON_EXECUTABLE, else this interpreter): that is "default".
+        ids.append("")
+    return ids
+
+
 def resolve_python(environment_id: str, env: Mapping[str, str]) -> str:
     """The executable for `environment_id`; never falls back to another environment's.
 

@@ -88,17 +88,29 @@ class _PathBeneathAttr(ctypes.Structure):
 
 
 class IsolationLevel(enum.IntEnum):
-    """What the kernel enforces on a model host, weakest first; the name is the wire string."""
+    """What Landlock enforces on a model host, weakest first; the name leads the wire string."""
 
     NONE = 0
     LANDLOCK_FS = 1
     LANDLOCK_FS_NET = 2
 
 
+# Appended to the level's name on the wire when the seccomp socket filter is in place too.
+SECCOMP_NET_SUFFIX = "+SECCOMP_NET"
+
+
 @dataclass(frozen=True, kw_only=True)
 class Isolation:
+    """What the kernel enforces on a model host: the Landlock level, and the seccomp filter."""
+
     level: IsolationLevel
     reason: str
+    seccomp_net: bool = False
+
+    @property
+    def wire(self) -> str:
+        """`LANDLOCK_FS_NET`, `LANDLOCK_FS_NET+SECCOMP_NET`, `NONE+SECCOMP_NET`, ..."""
+        return self.level.name + (SECCOMP_NET_SUFFIX if self.seccomp_net else "")
 
 
 class LandlockUnavailable(Exception):

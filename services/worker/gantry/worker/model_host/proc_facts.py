@@ -1,8 +1,7 @@
-"""Facts about a process read from /proc: its start time (pid reuse) and its current RSS."""
+"""Facts about a process read from /proc: its start time (pid reuse) and its memory."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 
@@ -17,10 +16,30 @@ def process_start_ticks(pid: int) -> str | None:
     return fields_after_name[19] if len(fields_after_name) > 19 else None
 
 
-def rss_bytes_of(pid: int | str = "self") -> int | None:
-    """Current resident set size from /proc/<pid>/statm (never a peak); None when unreadable."""
+def status_bytes(field: str, pid: int | str = "self") -> int | None:
+    """A memory field of /proc/<pid>/status (`VmRSS`, `VmHWM`, ...) in bytes; None if unreadable.
+
+    The kernel writes these lines as `VmRSS:     12345 kB` (kB meaning KiB).
+    """
     try:
-        resident_pages = int(Path(f"/proc/{pid}/statm").read_text().split()[1])
-    except (OSError, IndexError, ValueError):
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
         return None
-    return resident_pages * os.sysconf("SC_PAGE_SIZE")
+    prefix = f"{field}:"
+    for line in status.splitlines():
+        if line.startswith(prefix):
+            parts = line[len(prefix) :].split()
+            if len(parts) == 2 and parts[1] == "kB" and parts[0].isdigit():
+                return int(parts[0]) * 1024
+            return None
+    return None
+
+
+def rss_bytes_of(pid: int | str = "self") -> int | None:
+    """Current resident set size, VmRSS (never the VmHWM peak); None when unreadable."""
+    return status_bytes("VmRSS", pid)
+
+
+def peak_rss_bytes_of(pid: int | str = "self") -> int | None:
+    """The resident set's high-water mark, VmHWM: a peak, to be named as one."""
+    return status_bytes("VmHWM", pid)

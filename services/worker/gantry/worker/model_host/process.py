@@ -23,8 +23,9 @@ from gantry.worker.model_host import sandbox
 from gantry.worker.model_host.environments import host_environment
 from gantry.worker.model_host.framing import FrameError, read_frame_async, write_frame_async
 from gantry.worker.model_host.inbox import DEFAULT_INBOX_LIMIT
-from gantry.worker.model_host.landlock import Isolation, IsolationLevel
+from gantry.worker.model_host.landlock import Isolation
 from gantry.worker.model_host.proc_facts import process_start_ticks, rss_bytes_of
+from gantry.worker.model_host.sandbox import IsolationRequirement
 from gantry.worker.model_host.stderr_tail import StderrTail
 
 logger = logging.getLogger("gantry.worker.model_host")
@@ -50,7 +51,7 @@ class HostLaunchSpec:
     # Overrides of the worker's environment; the host still gets only the allow-listed names.
     env: Mapping[str, str] = field(default_factory=dict)
     # Below this the host refuses to load (RUNTIME_ENVIRONMENT_UNAVAILABLE).
-    require_isolation: IsolationLevel = IsolationLevel.NONE
+    require_isolation: IsolationRequirement = field(default_factory=IsolationRequirement)
     load_timeout_s: float = 300.0
     # Requests awaiting an answer in the parent, and frames queued in the child: both bounded,
     # answered QUEUE_FULL beyond.
@@ -67,6 +68,21 @@ def describe_returncode(returncode: int | None) -> str:
         except ValueError:
             return f"signal {-returncode}"
     return f"exit code {returncode}"
+
+
+def exit_evidence(
+    pid: int, returncode: int | None, *, exited: bool
+) -> worker_gateway_pb2.UnloadEvidence:
+    """What a stop can truthfully say: an exit code only for a process that exited by itself
+    (returncode >= 0), the signal for one a signal ended, neither for one not confirmed gone."""
+    evidence = worker_gateway_pb2.UnloadEvidence(pid=pid, process_exited=exited)
+    if exited and returncode is not None:
+        if returncode >= 0:
+            evidence.has_exit_code = True
+            evidence.exit_code = returncode
+        else:
+            evidence.exit_signal = -returncode
+    return evidence
 
 
 class ModelHost:
@@ -103,6 +119,8 @@ class ModelHost:
         self._stopping = False
         self._unresponsive: GantryError | None = None
         self._evidence: worker_gateway_pb2.UnloadEvidence | None = None
+        # What the child measured after releasing the model, when it answered Shutdown so.
+        self._unloaded: model_host_pb2.HostUnloaded | None = None
         self._cancel_sends: set[asyncio.Task[None]] = set()
         self._response_task: asyncio.Task[None] | None = None
         self._exit_task: asyncio.Task[int] | None = None
@@ -225,7 +243,9 @@ class ModelHost:
         """Ask the child to exit, escalate to SIGTERM then SIGKILL, and report whether it is gone.
 
         `process_exited` is True only when the child was reaped and its pid no longer names it;
-        `exit_code` means something only then. A stop that could not confirm it may be retried.
+        only then is there an exit code (`has_exit_code`, an exit by itself) or the signal that
+        ended it (`exit_signal`). A stop that could not confirm it may be retried. A HostUnloaded
+        the child sent before exiting is kept in `unloaded`.
         """
         if self._evidence is not None and self._evidence.process_exited:
             return self._evidence
@@ -244,23 +264,34 @@ class ModelHost:
                     logger.warning("model host %s ignored SIGTERM; SIGKILL", self.deployment_id)
                     self._kill()
                     await self._exited_within(_KILL_GRACE_S)
+        if self._process.returncode is not None and self._response_task is not None:
+            # The child is gone, so its end of the channel is closed: read what it wrote before
+            # exiting (a HostUnloaded) up to the EOF before closing ours.
+            await asyncio.wait({self._response_task}, timeout=_CHANNEL_CLOSED_GRACE_S)
         await self._close_channel()
         returncode = self._process.returncode
-        exited = self._confirmed_gone()
-        self._evidence = worker_gateway_pb2.UnloadEvidence(
-            pid=self.pid,
-            process_exited=exited,
-            # Only an exit we observed has a code; 0 would claim a clean exit that never happened.
-            exit_code=returncode if exited and returncode is not None else 0,
-        )
+        self._evidence = exit_evidence(self.pid, returncode, exited=self._confirmed_gone())
         logger.info(
             "model host %s stopped: pid=%d %s exited=%s",
             self.deployment_id,
             self.pid,
             describe_returncode(returncode),
-            exited,
+            self._evidence.process_exited,
         )
         return self._evidence
+
+    async def kill(self) -> worker_gateway_pb2.UnloadEvidence:
+        """End the child now (SIGKILL, no Shutdown asked first) and reap it, as `stop` reports:
+        for work its owner cancelled, where waiting for a polite exit helps nobody."""
+        self._stopping = True
+        self._kill()
+        await self._exited_within(_KILL_GRACE_S)
+        return await self.stop(grace_s=0)
+
+    @property
+    def unloaded(self) -> model_host_pb2.HostUnloaded | None:
+        """The child's HostUnloaded answer to Shutdown, if it gave one before exiting."""
+        return self._unloaded
 
     def kill_unresponsive(self, why: str) -> None:
         """The host missed a liveness deadline: fail its callers now and SIGKILL it.
@@ -299,6 +330,37 @@ class ModelHost:
         response = await self._call(request, timeout_s=timeout_s)
         return self._embed_result(response, len(inputs))
 
+    async def rerank(
+        self,
+        query: str,
+        documents: Sequence[str],
+        *,
+        trace_context: Mapping[str, str],
+        timeout_s: float,
+    ) -> worker_gateway_pb2.RerankResult:
+        """Score each document against `query` in the child (a cross-encoder host); one score
+        per document, in their order. Raises GantryError as `embed` does (INVALID_PAYLOAD from
+        a host whose adapter does not rerank)."""
+        if not query or not documents:
+            raise GantryError("INVALID_PAYLOAD", "a rerank request needs a query and documents")
+        request = model_host_pb2.HostRequest(
+            trace_context=dict(trace_context),
+            rerank=worker_gateway_pb2.RerankPayload(query=query, documents=list(documents)),
+        )
+        response = await self._call(request, timeout_s=timeout_s)
+        kind = response.WhichOneof("kind")
+        if kind == "failure":
+            raise GantryError.from_failure(response.failure)
+        if kind != "rerank":
+            raise GantryError("INVOKE_FAILED", f"model host answered a rerank with {kind!r}")
+        if len(response.rerank.scores) != len(documents):
+            raise GantryError(
+                "INVOKE_FAILED",
+                f"model host answered {len(response.rerank.scores)} scores for "
+                f"{len(documents)} documents",
+            )
+        return response.rerank
+
     async def ping(self, *, timeout_s: float) -> model_host_pb2.Pong:
         """Liveness: the child's reader thread answers even mid forward pass. Raises GantryError
         (DEADLINE_EXCEEDED when it did not answer in time, RUNTIME_CRASHED, ...)."""
@@ -319,6 +381,17 @@ class ModelHost:
             raise GantryError("INVOKE_FAILED", f"model host answered a health check with {kind!r}")
         return response.health
 
+    async def probe_check(self, *, timeout_s: float) -> model_host_pb2.ProbeResult:
+        """A probe's evidence from the child: one forward pass, its output and the memory."""
+        request = model_host_pb2.HostRequest(probe_check=model_host_pb2.ProbeCheck())
+        response = await self._call(request, timeout_s=timeout_s)
+        kind = response.WhichOneof("kind")
+        if kind == "failure":
+            raise GantryError.from_failure(response.failure)
+        if kind != "probe":
+            raise GantryError("HEALTH_FAILED", f"model host answered a probe check with {kind!r}")
+        return response.probe
+
     def rss_bytes(self) -> int:
         """Current RSS of the child; 0 only when the process is gone (or /proc is unreadable)."""
         if self._process.returncode is not None:
@@ -335,16 +408,7 @@ class ModelHost:
     @property
     def isolation(self) -> Isolation:
         """The sandbox the child reported; NONE when it did not say (a host that predates it)."""
-        ready = self.ready
-        try:
-            level = IsolationLevel[ready.isolation] if ready.isolation else IsolationLevel.NONE
-        except KeyError:
-            return Isolation(
-                level=IsolationLevel.NONE,
-                reason=f"the host reported an unknown isolation {ready.isolation!r}",
-            )
-        reason = ready.isolation_reason or "the host did not report its isolation"
-        return Isolation(level=level, reason=reason)
+        return sandbox.reported_isolation(self.ready.isolation, self.ready.isolation_reason)
 
     @property
     def pid(self) -> int:
@@ -463,7 +527,7 @@ class ModelHost:
                     deployment_id=spec.deployment_id,
                     model_directory=str(spec.model_directory),
                     adapter=spec.adapter,
-                    require_isolation=spec.require_isolation.name,
+                    require_isolation=spec.require_isolation.wire,
                 ),
             )
         )
@@ -597,6 +661,9 @@ class ModelHost:
         try:
             while (payload := await read_frame_async(self._reader)) is not None:
                 response = model_host_pb2.HostResponse.FromString(payload)
+                if response.WhichOneof("kind") == "unloaded":
+                    self._unloaded = response.unloaded  # answers Shutdown, which nobody awaits
+                    continue
                 future = self._pending.pop(response.request_id, None)
                 # None or done: the caller timed out or was cancelled; the answer has no taker.
                 if future is not None and not future.done():

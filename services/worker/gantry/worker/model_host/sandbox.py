@@ -3,10 +3,12 @@
 The child enters the sandbox after it has read its load request and before it reads one byte of
 the model: from then on it may read and execute the interpreter and its libraries, read the
 verified artifact directory, and write only its private scratch directory; TCP bind and connect
-are refused by the kernel where Landlock's ABI has network rules (>= 4). The Python-level network
-guard in `hardening` stays as defence in depth; it is not a sandbox (`_socket`, native code and
-subprocesses go around it). Where the kernel refuses Landlock the host runs unconfined and says so
-(`NONE` and the errno); a worker that requires more refuses to run it.
+are refused by the kernel where Landlock's ABI has network rules (>= 4), and a seccomp filter
+refuses every socket but AF_UNIX and AF_NETLINK (UDP and DNS included, which Landlock does not
+cover). The Python-level network guard in `hardening` stays as defence in depth; it is not a
+sandbox (`_socket`, native code and subprocesses go around it). Each layer the kernel refuses is
+reported as missing with its errno (`NONE`, no `+SECCOMP_NET`); a worker that requires more
+refuses to run the host.
 """
 
 from __future__ import annotations
@@ -16,19 +18,44 @@ import os
 import platform
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from gantry.common.errors import GantryError
-from gantry.worker.model_host import landlock
-from gantry.worker.model_host.landlock import Isolation, IsolationLevel, PathRule
+from gantry.worker.model_host import landlock, seccomp
+from gantry.worker.model_host.landlock import (
+    SECCOMP_NET_SUFFIX,
+    Isolation,
+    IsolationLevel,
+    PathRule,
+)
 
 TRACE_FILE_ENV = "GANTRY_TRACE_FILE"
 
-# `--require-isolation` values, weakest first.
-REQUIRE_CHOICES: dict[str, IsolationLevel] = {
-    "none": IsolationLevel.NONE,
-    "fs": IsolationLevel.LANDLOCK_FS,
-    "fs-net": IsolationLevel.LANDLOCK_FS_NET,
+
+@dataclass(frozen=True, kw_only=True)
+class IsolationRequirement:
+    """The least isolation a worker accepts: a Landlock level, and whether the seccomp socket
+    filter must be in place too. Met by a host at that level or above that has the filter when
+    it is required; spelled on the wire like the isolation a host reports."""
+
+    level: IsolationLevel = IsolationLevel.NONE
+    seccomp_net: bool = False
+
+    @property
+    def wire(self) -> str:
+        return self.level.name + (SECCOMP_NET_SUFFIX if self.seccomp_net else "")
+
+    def met_by(self, isolation: Isolation) -> bool:
+        return isolation.level >= self.level and (isolation.seccomp_net or not self.seccomp_net)
+
+
+# `--require-isolation` values, weakest first; each one's hosts meet every one before it.
+REQUIRE_CHOICES: dict[str, IsolationRequirement] = {
+    "none": IsolationRequirement(),
+    "fs": IsolationRequirement(level=IsolationLevel.LANDLOCK_FS),
+    "fs-net": IsolationRequirement(level=IsolationLevel.LANDLOCK_FS_NET),
+    "fs-net-seccomp": IsolationRequirement(level=IsolationLevel.LANDLOCK_FS_NET, seccomp_net=True),
 }
 
 # Outside the interpreter and the artifact: what the dynamic loader, glibc, torch's CPU probing
@@ -50,28 +77,51 @@ _CUDA_DEVICES = "/dev/nvidia*"
 _CUDA_READ = ("/proc/driver/nvidia", "/sys/bus/pci", "/sys/devices")
 
 
-def parse_required(value: str) -> IsolationLevel:
-    """A wire or flag spelling (`fs-net`, `LANDLOCK_FS_NET`; empty = none) as a level."""
-    if not value:
-        return IsolationLevel.NONE
-    if value in REQUIRE_CHOICES:
-        return REQUIRE_CHOICES[value]
+def _parse_wire(value: str) -> IsolationRequirement:
+    level_name = value.removesuffix(SECCOMP_NET_SUFFIX)
     try:
-        return IsolationLevel[value]
+        level = IsolationLevel[level_name]
     except KeyError:
         raise ValueError(f"unknown isolation level {value!r}") from None
+    return IsolationRequirement(level=level, seccomp_net=level_name != value)
 
 
-def shortfall(required: IsolationLevel, isolation: Isolation) -> GantryError | None:
-    """RUNTIME_ENVIRONMENT_UNAVAILABLE when `isolation` is below `required`, naming both."""
-    if isolation.level >= required:
+def parse_required(value: str) -> IsolationRequirement:
+    """A flag or wire spelling (`fs-net`, `LANDLOCK_FS_NET+SECCOMP_NET`; empty = none)."""
+    if not value:
+        return IsolationRequirement()
+    if value in REQUIRE_CHOICES:
+        return REQUIRE_CHOICES[value]
+    return _parse_wire(value)
+
+
+def reported_isolation(wire: str, reason: str) -> Isolation:
+    """The isolation a host reported; NONE when it did not say (a host that predates it)."""
+    if not wire:
+        return Isolation(level=IsolationLevel.NONE, reason="the host did not report its isolation")
+    try:
+        reported = _parse_wire(wire)
+    except ValueError:
+        return Isolation(
+            level=IsolationLevel.NONE, reason=f"the host reported an unknown isolation {wire!r}"
+        )
+    return Isolation(
+        level=reported.level,
+        seccomp_net=reported.seccomp_net,
+        reason=reason or "the host did not say why",
+    )
+
+
+def shortfall(required: IsolationRequirement, isolation: Isolation) -> GantryError | None:
+    """RUNTIME_ENVIRONMENT_UNAVAILABLE when `isolation` does not meet `required`, naming both."""
+    if required.met_by(isolation):
         return None
     return GantryError(
         "RUNTIME_ENVIRONMENT_UNAVAILABLE",
-        f"this worker requires model host isolation {required.name} but the host reached only "
-        f"{isolation.level.name}: {isolation.reason}",
-        required_isolation=required.name,
-        isolation=isolation.level.name,
+        f"this worker requires model host isolation {required.wire} but the host reached only "
+        f"{isolation.wire}: {isolation.reason}",
+        required_isolation=required.wire,
+        isolation=isolation.wire,
     )
 
 
@@ -125,17 +175,7 @@ def _running_threads() -> int:
     return len(os.listdir("/proc/self/task"))
 
 
-def enter(*, model_directory: Path, private_dir: Path, device: str) -> Isolation:
-    """Restrict this process for good; the level reached and why (never raises for the kernel)."""
-    # Cached by `platform`, and it runs `uname -p`: ask before exec is confined.
-    platform.processor()
-    threads = _running_threads()
-    if threads != 1:
-        # restrict_self binds only the calling thread among those already running.
-        return Isolation(
-            level=IsolationLevel.NONE,
-            reason=f"{threads} threads were running before the sandbox; it would bind only one",
-        )
+def _enter_landlock(*, model_directory: Path, private_dir: Path, device: str) -> Isolation:
     try:
         rules = sandbox_rules(
             model_directory=model_directory.resolve(), private_dir=private_dir, device=device
@@ -145,3 +185,34 @@ def enter(*, model_directory: Path, private_dir: Path, device: str) -> Isolation
         return Isolation(level=IsolationLevel.NONE, reason=f"Landlock unavailable: {exc}")
     except OSError as exc:
         return Isolation(level=IsolationLevel.NONE, reason=f"sandbox rules not built: {exc}")
+
+
+def enter(*, model_directory: Path, private_dir: Path, device: str) -> Isolation:
+    """Restrict this process for good; what was reached and why (never raises for the kernel).
+
+    Landlock and the seccomp filter are independent layers: either may be refused while the
+    other holds, and the reason names both.
+    """
+    # Cached by `platform`, and it runs `uname -p`: ask before exec is confined.
+    platform.processor()
+    threads = _running_threads()
+    if threads != 1:
+        # restrict_self binds only the calling thread among those already running.
+        return Isolation(
+            level=IsolationLevel.NONE,
+            reason=f"{threads} threads were running before the sandbox; it would bind only one",
+        )
+    confined = _enter_landlock(
+        model_directory=model_directory, private_dir=private_dir, device=device
+    )
+    filtered = seccomp.install_socket_filter()
+    seccomp_reason = (
+        filtered.reason
+        if filtered.installed
+        else f"seccomp socket filter not installed: {filtered.reason}"
+    )
+    return Isolation(
+        level=confined.level,
+        seccomp_net=filtered.installed,
+        reason=f"{confined.reason}; {seccomp_reason}",
+    )

@@ -1,7 +1,9 @@
-"""The model host's serving loop: the main thread micro-batches embeds and runs health probes.
+"""The model host's serving loop: the main thread runs the adapter's requests, one at a time.
 
-Frames arrive through the reader thread's `Inbox` (which answers pings itself). A request whose
-timeout passed while it was queued, or that its caller cancelled, is never run.
+Embeds are micro-batched; reranks, health checks and probe checks run alone. Frames arrive through
+the reader thread's `Inbox` (which answers pings itself). A request whose timeout passed while it
+was queued, or that its caller cancelled, is never run. A request kind the adapter does not serve
+is answered INVALID_PAYLOAD. Shutdown releases the model and answers HostUnloaded before exiting.
 """
 
 from __future__ import annotations
@@ -18,7 +20,6 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
 import numpy as np
 from google.protobuf import timestamp_pb2
@@ -27,15 +28,17 @@ from opentelemetry import trace
 from gantry.common.errors import GantryError
 from gantry.common.telemetry import extract_context, flush_tracing, tracer
 from gantry.v1 import model_host_pb2, worker_gateway_pb2
+from gantry.worker.model_host import probe_evidence
+from gantry.worker.model_host.adapters import ModelAdapter
+from gantry.worker.model_host.adapters.base import DEFAULT_MAX_BATCH_INPUTS
 from gantry.worker.model_host.inbox import ChannelClosed, Inbox, InboxItem, Queued, ResponseWriter
+from gantry.worker.model_host.probe_evidence import LoadRecord
 
 logger = logging.getLogger("gantry.model_host")
 
 # How long the first request of a batch waits for company: long enough to catch concurrent callers,
 # short enough to be invisible next to a forward pass.
 BATCH_WAIT_S = 0.002
-DEFAULT_MAX_BATCH_INPUTS = 32
-HEALTH_PROBE_TEXT = "Gantry model host health probe."
 
 # Test hooks, honoured only when GANTRY_MODEL_HOST_TEST_HOOKS=1: an input equal to one of these
 # makes the forward pass hang (so a test can kill the child mid-request), take a while, or fail.
@@ -84,23 +87,8 @@ def _probe_sandbox(path: str, port: int) -> dict[str, object]:
     }
 
 
-class Encoder(Protocol):
-    """The one call the serving loop makes into the ML runtime (a SentenceTransformer)."""
-
-    def encode(
-        self,
-        inputs: list[str],
-        *,
-        batch_size: int,
-        convert_to_numpy: bool,
-        normalize_embeddings: bool,
-        show_progress_bar: bool,
-    ) -> np.ndarray: ...
-
-
 @dataclass(frozen=True, kw_only=True)
 class ServingSettings:
-    normalize: bool
     max_batch_inputs: int
     test_hooks: bool
 
@@ -108,30 +96,31 @@ class ServingSettings:
     def from_adapter(cls, adapter: object) -> ServingSettings:
         max_batch_size = int(getattr(adapter, "max_batch_size", 0))
         return cls(
-            normalize=bool(getattr(adapter, "normalize", False)),
             max_batch_inputs=max_batch_size or DEFAULT_MAX_BATCH_INPUTS,
             test_hooks=os.environ.get(TEST_HOOKS_ENV) == "1",
         )
 
 
-class EmbedServer:
-    """Answers embed and health requests until Shutdown or channel close; `serve` returns the exit
-    code."""
+class ModelServer:
+    """Answers the adapter's requests, health and probe checks until Shutdown or channel close;
+    `serve` returns the exit code."""
 
     def __init__(
         self,
         *,
-        encoder: Encoder,
+        deployment_id: str,
+        adapter: ModelAdapter,
+        record: LoadRecord,
         settings: ServingSettings,
         inbox: Inbox,
         responses: ResponseWriter,
-        expected_dim: int,
     ) -> None:
-        self._encoder = encoder
+        self._deployment_id = deployment_id
+        self._adapter = adapter
+        self._record = record
         self._settings = settings
         self._inbox = inbox
         self._responses = responses
-        self._expected_dim = expected_dim
         # A frame taken off the inbox that did not fit the current batch; it starts the next one.
         self._carried: collections.deque[InboxItem] = collections.deque()
         self._tracer = tracer("gantry.model_host")
@@ -140,17 +129,22 @@ class EmbedServer:
         while True:
             item = self._carried.popleft() if self._carried else self._inbox.get()
             if isinstance(item, ChannelClosed):
+                # Nobody is left to hear a HostUnloaded; the process's exit releases the model.
                 logger.info("channel closed by the parent; exiting")
                 flush_tracing()
                 return 0
             kind = item.kind
+            request = item.request
             if kind == "shutdown":
-                logger.info("shutdown requested; exiting")
+                logger.info("shutdown requested; releasing the model and exiting")
+                self._unload(request)
                 flush_tracing()
                 return 0
             if not self._still_wanted(item):
                 continue
-            request = item.request
+            if kind in ("embed", "rerank") and kind not in self._adapter.serves:
+                self._answer_failure(request, self._wrong_kind(kind))
+                continue
             if kind == "embed":
                 if not request.embed.inputs:
                     self._answer_failure(
@@ -159,13 +153,29 @@ class EmbedServer:
                     continue
                 self._run_batch(self._collect_batch(request))
                 continue
+            if kind == "rerank":
+                self._run_rerank(request)
+                continue
             if kind == "health":
                 self._answer_health(request)
+                continue
+            if kind == "probe_check":
+                self._answer_probe(request)
                 continue
             # Unknown variants are errors, never ignored (a second load included).
             self._answer_failure(
                 request, GantryError("INVALID_PAYLOAD", f"unexpected model host request {kind!r}")
             )
+
+    def _wrong_kind(self, kind: str) -> GantryError:
+        adapter = self._adapter
+        return GantryError(
+            "INVALID_PAYLOAD",
+            f"deployment {self._deployment_id} runs adapter {adapter.name!r} ({adapter.task}); "
+            f"it cannot answer {kind} requests",
+            deployment_id=self._deployment_id,
+            adapter=adapter.name,
+        )
 
     def _still_wanted(self, item: Queued) -> bool:
         """False (after answering, where someone still listens) for cancelled or expired work."""
@@ -215,6 +225,8 @@ class EmbedServer:
             total_inputs += len(item.request.embed.inputs)
         return batch
 
+    # -- health, probe, unload -------------------------------------------------------------------
+
     def _answer_health(self, request: model_host_pb2.HostRequest) -> None:
         started = time.monotonic()
         model_layer = self.probe_model()
@@ -228,32 +240,34 @@ class EmbedServer:
         )
 
     def probe_model(self) -> worker_gateway_pb2.HealthLayer:
-        """One real forward pass on the probe text: finite, non-empty, the expected width."""
-        ok = worker_gateway_pb2.HEALTH_STATUS_OK
-        failed = worker_gateway_pb2.HEALTH_STATUS_FAILED
-        try:
-            vectors = self._encode([HEALTH_PROBE_TEXT])
-        except Exception as exc:
-            logger.exception("health probe forward pass failed")
-            return worker_gateway_pb2.HealthLayer(
-                status=failed, detail=f"forward pass failed: {type(exc).__name__}: {exc}"
-            )
-        if vectors.shape[0] != 1 or vectors.shape[1] == 0:
-            return worker_gateway_pb2.HealthLayer(
-                status=failed, detail=f"probe returned shape {vectors.shape}"
-            )
-        if not np.isfinite(vectors).all():
-            return worker_gateway_pb2.HealthLayer(
-                status=failed, detail="probe returned non-finite values"
-            )
-        if vectors.shape[1] != self._expected_dim:
-            return worker_gateway_pb2.HealthLayer(
-                status=failed,
-                detail=f"probe width {vectors.shape[1]} != loaded dimension {self._expected_dim}",
-            )
-        return worker_gateway_pb2.HealthLayer(
-            status=ok, detail=f"one finite row of width {vectors.shape[1]}"
+        """One real forward pass on the adapter's probe input: finite, non-empty, expected shape."""
+        check = probe_evidence.run_check(self._adapter)
+        if not check.ok:
+            logger.error("health probe failed: %s", check.problem)
+        return probe_evidence.model_layer(check)
+
+    def _answer_probe(self, request: model_host_pb2.HostRequest) -> None:
+        result = probe_evidence.probe_result(self._adapter, self._record)
+        self._responses.send(
+            model_host_pb2.HostResponse(request_id=request.request_id, probe=result)
         )
+
+    def _unload(self, request: model_host_pb2.HostRequest) -> None:
+        """Release the model, then say what CUDA still holds (the parent may not wait for it)."""
+        try:
+            unloaded = probe_evidence.unloaded(self._adapter, self._record.cuda)
+        except Exception as exc:
+            # The process exits next, which releases everything; the reading says what failed.
+            logger.exception("releasing the model failed")
+            unloaded = model_host_pb2.HostUnloaded()
+            unloaded.cuda_allocated_after_unload.unavailable = (
+                f"releasing the model failed: {type(exc).__name__}: {exc}"
+            )
+        self._responses.send(
+            model_host_pb2.HostResponse(request_id=request.request_id, unloaded=unloaded)
+        )
+
+    # -- embed -----------------------------------------------------------------------------------
 
     def _run_batch(self, batch: list[model_host_pb2.HostRequest]) -> None:
         inputs = [text for request in batch for text in request.embed.inputs]
@@ -297,16 +311,50 @@ class EmbedServer:
     def _encode(self, inputs: list[str]) -> np.ndarray:
         if self._settings.test_hooks:
             self._apply_test_hooks(inputs)
-        vectors = self._encoder.encode(
-            inputs,
-            batch_size=self._settings.max_batch_inputs,
-            convert_to_numpy=True,
-            normalize_embeddings=self._settings.normalize,
-            show_progress_bar=False,
+        return self._adapter.embed(inputs)
+
+    def _answer_vectors(
+        self, request: model_host_pb2.HostRequest, span: trace.Span, vectors: np.ndarray
+    ) -> None:
+        result = worker_gateway_pb2.EmbedResult(
+            count=vectors.shape[0], dim=vectors.shape[1], float32_le=vectors.tobytes(order="C")
         )
-        if vectors.ndim != 2 or vectors.shape[0] != len(inputs):
-            raise RuntimeError(f"encoder returned shape {vectors.shape} for {len(inputs)} inputs")
-        return np.ascontiguousarray(vectors, dtype="<f4")
+        span.end()
+        self._responses.send(
+            model_host_pb2.HostResponse(request_id=request.request_id, embed=result)
+        )
+
+    # -- rerank ----------------------------------------------------------------------------------
+
+    def _run_rerank(self, request: model_host_pb2.HostRequest) -> None:
+        payload = request.rerank
+        if not payload.query or not payload.documents:
+            self._answer_failure(
+                request,
+                GantryError("INVALID_PAYLOAD", "a rerank request needs a query and documents"),
+            )
+            return
+        span = self._tracer.start_span(
+            "model_host.rerank",
+            context=extract_context(request.trace_context),
+            attributes={"gantry.document_count": len(payload.documents)},
+        )
+        try:
+            if self._settings.test_hooks:
+                self._apply_test_hooks([payload.query, *payload.documents])
+            scores = self._adapter.rerank(payload.query, list(payload.documents))
+        except Exception as exc:
+            self._fail(request, span, exc)
+            return
+        span.end()
+        self._responses.send(
+            model_host_pb2.HostResponse(
+                request_id=request.request_id,
+                rerank=worker_gateway_pb2.RerankResult(scores=scores.tolist()),
+            )
+        )
+
+    # -- shared ----------------------------------------------------------------------------------
 
     @staticmethod
     def _apply_test_hooks(inputs: Sequence[str]) -> None:
@@ -324,23 +372,16 @@ class EmbedServer:
                 report = json.dumps(_probe_sandbox(path, int(port)), sort_keys=True)
                 raise RuntimeError(f"{TEST_HOOK_PROBE_MARKER}{report}")
 
-    def _answer_vectors(
-        self, request: model_host_pb2.HostRequest, span: trace.Span, vectors: np.ndarray
-    ) -> None:
-        result = worker_gateway_pb2.EmbedResult(
-            count=vectors.shape[0], dim=vectors.shape[1], float32_le=vectors.tobytes(order="C")
-        )
-        span.end()
-        self._responses.send(
-            model_host_pb2.HostResponse(request_id=request.request_id, embed=result)
-        )
-
     def _fail(self, request: model_host_pb2.HostRequest, span: trace.Span, exc: Exception) -> None:
         logger.exception("forward pass failed for request %d", request.request_id)
         span.record_exception(exc)
         span.set_status(trace.Status(trace.StatusCode.ERROR, str(exc)))
         span.end()
-        error = GantryError("INVOKE_FAILED", f"forward pass failed: {type(exc).__name__}: {exc}")
+        error = (
+            exc
+            if isinstance(exc, GantryError)
+            else GantryError("INVOKE_FAILED", f"forward pass failed: {type(exc).__name__}: {exc}")
+        )
         self._answer_failure(request, error)
 
     def _answer_failure(self, request: model_host_pb2.HostRequest, error: GantryError) -> None:

@@ -1,0 +1,231 @@
+"""The evidence pipeline's commands: assess, profile, probe (start/show/list/cancel), approve,
+candidates, bind. Each walks one gate and prints what it recorded; a refused gate exits 1."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from gantry.cli import pipeline
+from gantry.cli.connection import DEFAULT_TIMEOUT_S, CommandContext, paged
+from gantry.cli.errors import CliError
+from gantry.cli.tables import enum_label, format_bytes, render_table
+from gantry.v1 import common_pb2, control_plane_pb2, control_plane_pb2_grpc
+
+DEFAULT_WAIT_S = 600.0
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def _print(lines: list[str]) -> None:
+    print("\n".join(lines))
+
+
+def assess(context: CommandContext, args: argparse.Namespace) -> int:
+    metadata = context.operator_metadata()
+    with context.open_channel() as channel:
+        stub = control_plane_pb2_grpc.ControlPlaneStub(channel)
+        assessment = pipeline.assess(
+            stub,
+            metadata,
+            artifact_set_id=args.artifact_set_id,
+            node_id=args.node or "",
+            environment_id=args.environment or "",
+            say=_say,
+            timeout_s=args.wait_timeout,
+            wait=not args.no_wait,
+        )
+    _print(pipeline.describe_assessment(assessment))
+    if args.no_wait or assessment.compatible:
+        return 0
+    return 1
+
+
+def profile(context: CommandContext, args: argparse.Namespace) -> int:
+    metadata = context.operator_metadata()
+    request = control_plane_pb2.CreateRuntimeProfileRequest(
+        assessment_id=args.assessment_id,
+        name=args.name,
+        adapter=common_pb2.AdapterSettings(
+            adapter=args.adapter,
+            device=args.device,
+            normalize=args.normalize,
+            max_batch_size=args.max_batch_size,
+            max_input_length=args.max_input_length,
+            allow_pickle_weights=args.allow_pickle_weights,
+        ),
+        ram_estimate_bytes=args.ram_estimate,
+        vram_estimate_bytes=args.vram_estimate,
+    )
+    with context.open_channel() as channel:
+        created = control_plane_pb2_grpc.ControlPlaneStub(channel).CreateRuntimeProfile(
+            request, metadata=metadata, timeout=DEFAULT_TIMEOUT_S
+        )
+    _print(describe_profile(created))
+    return 0
+
+
+def describe_profile(profile: control_plane_pb2.RuntimeProfile) -> list[str]:
+    adapter = profile.adapter
+    return [
+        f"profile      {profile.profile_id}",
+        f"name         {profile.name}",
+        f"assessment   {profile.assessment_id}",
+        f"artifact set {profile.artifact_set_id}",
+        f"environment  {profile.environment_id or 'default'}",
+        f"adapter      {adapter.adapter} on {adapter.device or 'cpu'}"
+        f" (normalize={str(adapter.normalize).lower()},"
+        f" max_batch_size={adapter.max_batch_size or 'default'},"
+        f" max_input_length={adapter.max_input_length or 'default'},"
+        f" allow_pickle_weights={str(adapter.allow_pickle_weights).lower()})",
+        f"envelope     ram {format_bytes(profile.ram_envelope_bytes)}"
+        f" (estimate {format_bytes(profile.ram_estimate_bytes)}),"
+        f" vram {format_bytes(profile.vram_envelope_bytes)}"
+        f" (estimate {format_bytes(profile.vram_estimate_bytes)})",
+    ]
+
+
+def probe(context: CommandContext, args: argparse.Namespace) -> int:
+    """`gantry probe PROFILE_ID`, or `gantry probe show|cancel PROBE_ID`, or `gantry probe list`."""
+    words = list(args.words)
+    action = words.pop(0) if words and words[0] in ("show", "cancel", "list") else "start"
+    if action == "list":
+        if words:
+            raise CliError("usage: gantry probe list")
+        return _probe_list(context)
+    if len(words) != 1:
+        raise CliError(
+            "usage: gantry probe PROFILE_ID | gantry probe show PROBE_ID"
+            " | gantry probe cancel PROBE_ID | gantry probe list"
+        )
+    metadata = context.operator_metadata()
+    with context.open_channel() as channel:
+        stub = control_plane_pb2_grpc.ControlPlaneStub(channel)
+        if action == "show":
+            found = stub.GetProbe(
+                control_plane_pb2.GetProbeRequest(probe_id=words[0]),
+                metadata=metadata,
+                timeout=DEFAULT_TIMEOUT_S,
+            )
+        elif action == "cancel":
+            found = stub.CancelProbe(
+                control_plane_pb2.CancelProbeRequest(probe_id=words[0]),
+                metadata=metadata,
+                timeout=DEFAULT_TIMEOUT_S,
+            )
+        else:
+            found = pipeline.run_probe(
+                stub,
+                metadata,
+                profile_id=words[0],
+                node_id=args.node or "",
+                say=_say,
+                timeout_s=args.wait_timeout,
+                wait=not args.no_wait,
+            )
+        candidate = None
+        if found.candidate_id:
+            candidate = stub.GetDeploymentCandidate(
+                control_plane_pb2.GetDeploymentCandidateRequest(candidate_id=found.candidate_id),
+                metadata=metadata,
+                timeout=DEFAULT_TIMEOUT_S,
+            )
+    _print(pipeline.describe_probe(found, candidate))
+    if action != "start" or args.no_wait:
+        return 0
+    lab_ready = candidate is not None and (
+        candidate.status == control_plane_pb2.CANDIDATE_STATUS_LAB_READY
+    )
+    return 0 if lab_ready else 1
+
+
+def _probe_list(context: CommandContext) -> int:
+    metadata = context.operator_metadata()
+    with context.open_channel() as channel:
+        stub = control_plane_pb2_grpc.ControlPlaneStub(channel)
+        found = list(
+            paged(
+                stub.ListProbes,
+                control_plane_pb2.ListProbesRequest,
+                lambda response: response.probes,
+                metadata=metadata,
+            )
+        )
+    rows = [
+        [p.probe_id, p.profile_id, p.node_id, pipeline.probe_state(p), p.candidate_id or "-"]
+        for p in found
+    ]
+    print(render_table(["ID", "PROFILE", "NODE", "STATE", "CANDIDATE"], rows))
+    return 0
+
+
+def candidates(context: CommandContext, args: argparse.Namespace) -> int:
+    metadata = context.operator_metadata()
+    with context.open_channel() as channel:
+        stub = control_plane_pb2_grpc.ControlPlaneStub(channel)
+        found = list(
+            paged(
+                stub.ListDeploymentCandidates,
+                control_plane_pb2.ListDeploymentCandidatesRequest,
+                lambda response: response.candidates,
+                metadata=metadata,
+            )
+        )
+    rows = [
+        [
+            c.candidate_id,
+            c.profile_id,
+            pipeline.candidate_status(c),
+            "yes" if c.production else "no",
+            c.approval_id or "-",
+        ]
+        for c in found
+    ]
+    print(render_table(["ID", "PROFILE", "STATUS", "PRODUCTION", "APPROVAL"], rows))
+    return 0
+
+
+def approve(context: CommandContext, args: argparse.Namespace) -> int:
+    metadata = context.operator_metadata()
+    with context.open_channel() as channel:
+        approval = control_plane_pb2_grpc.ControlPlaneStub(channel).ApproveCandidate(
+            control_plane_pb2.ApproveCandidateRequest(
+                candidate_id=args.candidate_id, reason=args.reason
+            ),
+            metadata=metadata,
+            timeout=DEFAULT_TIMEOUT_S,
+        )
+    print(f"approval     {approval.approval_id}")
+    print(f"candidate    {approval.candidate_id}")
+    print(f"profile      {approval.profile_id}")
+    print(f"approved by  {approval.approved_by}")
+    print(f"reason       {approval.reason}")
+    return 0
+
+
+def bind(context: CommandContext, args: argparse.Namespace) -> int:
+    metadata = context.operator_metadata()
+    with context.open_channel() as channel:
+        binding = control_plane_pb2_grpc.ControlPlaneStub(channel).BindCapability(
+            control_plane_pb2.BindCapabilityRequest(
+                capability=args.capability, deployment_id=args.deployment_id
+            ),
+            metadata=metadata,
+            timeout=DEFAULT_TIMEOUT_S,
+        )
+    print(describe_binding(binding))
+    return 0
+
+
+def describe_binding(binding: control_plane_pb2.CapabilityBinding) -> str:
+    serving = binding.deployment_id or "nothing yet"
+    line = f"capability {binding.capability} -> {serving}"
+    if binding.pending_deployment_id:
+        line += f" (moves to {binding.pending_deployment_id} when it is READY)"
+    return line
+
+
+def deployment_state_label(state: int) -> str:
+    return enum_label(control_plane_pb2.DeploymentState.Name(state), "DEPLOYMENT_STATE_")

@@ -1,0 +1,86 @@
+"""Which deployment a request reaches: the one its capability's binding names, or the one it names.
+
+Routing by capability reads the binding only: the bound deployment if it is routable (READY or
+DEGRADED), else DEPLOYMENT_NOT_READY, never another deployment of the capability. No binding at
+all is NOT_FOUND. A deployment made without an approval is reached only where this control plane
+allows unapproved deployments (the legacy path kept for tests).
+"""
+
+from __future__ import annotations
+
+from gantry.common.errors import GantryError, invalid_argument
+from gantry.common.ids import parse_id
+from gantry.controlplane.domain.transitions import DeploymentState
+from gantry.controlplane.persistence import bindings, deployments
+from gantry.controlplane.persistence.database import Database
+from gantry.controlplane.persistence.models import Deployment
+from gantry.controlplane.route_cache import RouteCache
+from gantry.v1 import inference_pb2
+
+ROUTABLE_DEPLOYMENT_STATES = frozenset({DeploymentState.READY, DeploymentState.DEGRADED})
+
+
+# The inference requests with the `target` oneof (capability | deployment_id).
+TargetedRequest = inference_pb2.EmbedRequest | inference_pb2.RerankRequest
+
+
+class DeploymentResolver:
+    def __init__(self, *, database: Database, routes: RouteCache) -> None:
+        self._database = database
+        self._routes = routes
+
+    async def resolve(self, request: TargetedRequest) -> str:
+        """capability | deployment_id -> a routable deployment id, or a typed reason why not.
+
+        READY and DEGRADED deployments are routable (a degraded one still has residents; the
+        scheduler picks only RESIDENT residencies and answers DEPLOYMENT_NOT_READY if none is).
+        """
+        target = request.WhichOneof("target")
+        if target == "capability" and request.capability:
+            return await self._by_capability(request.capability)
+        if target == "deployment_id":
+            deployment_id = parse_id(request.deployment_id, field="deployment_id")
+            async with self._database.transaction() as session:
+                deployment = await deployments.get_deployment(session, deployment_id)
+            return self._routable(deployment, name=f"deployment {deployment_id}")
+        raise invalid_argument("set capability or deployment_id", field="target")
+
+    async def _by_capability(self, capability: str) -> str:
+        if cached := self._routes.get(capability):
+            return cached
+        epoch = self._routes.epoch
+        name = f"capability {capability!r}"
+        async with self._database.transaction() as session:
+            binding = await bindings.get_binding(session, capability)
+            if binding is None:
+                raise GantryError(
+                    "NOT_FOUND", f"no deployment is bound to {name}", capability=capability
+                )
+            if binding.deployment_id is None:
+                raise GantryError(
+                    "DEPLOYMENT_NOT_READY",
+                    f"{name} waits for deployment {binding.pending_deployment_id} to be READY",
+                    capability=capability,
+                )
+            deployment = await deployments.get_deployment(session, binding.deployment_id)
+        deployment_id = self._routable(
+            deployment, name=f"{name} (deployment {deployment.deployment_id})"
+        )
+        self._routes.put(capability, deployment_id, epoch=epoch)
+        return deployment_id
+
+    def _routable(self, deployment: Deployment, *, name: str) -> str:
+        if deployment.approval_id is None:
+            # Only a row from before the evidence pipeline (schema 0003) can lack one.
+            raise GantryError(
+                "NOT_APPROVED",
+                f"{name} was made without an approval and is not routed",
+                deployment_id=deployment.deployment_id,
+            )
+        if deployment.state not in ROUTABLE_DEPLOYMENT_STATES:
+            raise GantryError(
+                "DEPLOYMENT_NOT_READY",
+                f"{name} is {deployment.state}",
+                deployment_id=deployment.deployment_id,
+            )
+        return deployment.deployment_id

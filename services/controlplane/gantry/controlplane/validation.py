@@ -1,0 +1,104 @@
+"""Input checks shared by the operator RPCs: names, lengths, labels, adapter settings.
+
+Every refusal is a typed INVALID_ARGUMENT naming the field (and its limit), raised before any
+database work; an adapter no worker can run is RUNTIME_INCOMPATIBLE, never a fallback.
+"""
+
+from __future__ import annotations
+
+import re
+
+from gantry.common.errors import GantryError, invalid_argument
+from gantry.v1 import common_pb2
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+# The adapters a worker can execute in this version (one module per adapter on the worker side).
+SUPPORTED_ADAPTERS = frozenset({"sentence_transformers", "sentence_transformers_cross_encoder"})
+
+MAX_LABELS = 64
+_LABEL_KEY = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._/-]{0,62})$")
+MAX_LABEL_VALUE_CHARS = 256
+MAX_API_KEY_NAME_CHARS = 200
+MAX_ENVIRONMENT_ID_CHARS = 200
+MAX_BATCH_SIZE = 4096
+MAX_INPUT_LENGTH_TOKENS = 1_000_000
+MAX_REASON_CHARS = 1000
+# Byte sizes are stored in signed 64-bit columns.
+MAX_BYTES = 2**63 - 1
+_DEVICE = re.compile(r"cpu|cuda(:\d+)?")
+
+
+def _check_labels(labels: dict[str, str]) -> dict[str, str]:
+    if len(labels) > MAX_LABELS:
+        raise invalid_argument(
+            f"at most {MAX_LABELS} labels", field="labels", limit=str(MAX_LABELS)
+        )
+    for key, value in labels.items():
+        if not _LABEL_KEY.fullmatch(key):
+            raise invalid_argument(
+                f"label key {key[:80]!r} must be 1-63 letters, digits, '.', '_', '/' or '-'",
+                field="labels",
+            )
+        if len(value) > MAX_LABEL_VALUE_CHARS or any(ord(c) < 0x20 for c in value):
+            raise invalid_argument(
+                f"label {key!r} must be at most {MAX_LABEL_VALUE_CHARS} printable characters",
+                field="labels",
+                limit=str(MAX_LABEL_VALUE_CHARS),
+            )
+    return labels
+
+
+def _check_length(value: str, *, field: str, limit: int) -> str:
+    if len(value) > limit:
+        raise invalid_argument(
+            f"{field} must be at most {limit} characters", field=field, limit=str(limit)
+        )
+    return value
+
+
+def _check_name(value: str, *, field: str) -> str:
+    if not _NAME.fullmatch(value):
+        raise invalid_argument(
+            f"{field} must be 1-128 letters, digits, '.', '_' or '-', got {value!r}", field=field
+        )
+    return value
+
+
+def check_bytes(value: int, *, field: str) -> int:
+    if value > MAX_BYTES:
+        raise invalid_argument(
+            f"{field} must be at most {MAX_BYTES}", field=field, limit=str(MAX_BYTES)
+        )
+    return value
+
+
+def check_supported_adapter(name: str) -> str:
+    if name not in SUPPORTED_ADAPTERS:
+        raise GantryError(
+            "RUNTIME_INCOMPATIBLE",
+            f"adapter {name!r} is not supported; supported: "
+            + ", ".join(sorted(SUPPORTED_ADAPTERS)),
+            adapter=name,
+        )
+    return name
+
+
+def check_adapter_settings(adapter: common_pb2.AdapterSettings) -> common_pb2.AdapterSettings:
+    """The settings' own limits (device, batch size, input length); the name is checked apart."""
+    if adapter.device and not _DEVICE.fullmatch(adapter.device):
+        raise invalid_argument(
+            f"device {adapter.device!r} is not cpu or cuda[:N]", field="adapter.device"
+        )
+    if adapter.max_batch_size > MAX_BATCH_SIZE:
+        raise invalid_argument(
+            f"adapter.max_batch_size must be at most {MAX_BATCH_SIZE}",
+            field="adapter.max_batch_size",
+            limit=str(MAX_BATCH_SIZE),
+        )
+    if adapter.max_input_length > MAX_INPUT_LENGTH_TOKENS:
+        raise invalid_argument(
+            f"adapter.max_input_length must be at most {MAX_INPUT_LENGTH_TOKENS}",
+            field="adapter.max_input_length",
+            limit=str(MAX_INPUT_LENGTH_TOKENS),
+        )
+    return adapter

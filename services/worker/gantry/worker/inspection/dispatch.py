@@ -1,0 +1,114 @@
+"""Pick the inspector from the file listing and finish its draft into an Inspection.
+
+The dispatcher adds what holds whatever the layout: the weight format, the static artifact
+gate's refusals as findings (executable code, `auto_map`, foreign module or activation classes;
+`gantry.common.artifact_gate`, the same rules a load enforces), and which adapters can run it in
+the inspected environment: each registered runtime adapter's `inspect_support` says whether it
+runs the layout, the environment's facts whether it can be imported there. An Inspection is
+executable only when an adapter runs its layout, the environment can import that adapter, and no
+finding refuses it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection
+
+from gantry.common.artifact_gate import check_contents, check_path_name
+from gantry.common.errors import GantryError
+from gantry.v1 import worker_gateway_pb2 as wg
+from gantry.worker.inspection import (
+    custom_runner,
+    diffusers,
+    gguf,
+    sentence_transformers,
+    transformers,
+)
+from gantry.worker.inspection.artifact_files import (
+    ENVIRONMENT_UNAVAILABLE,
+    INCOMPATIBLE,
+    ArtifactFiles,
+    Draft,
+    finding,
+)
+from gantry.worker.inspection.weights import weight_format
+from gantry.worker.runtime_adapters.registry import registered_adapters
+
+Inspector = Callable[[ArtifactFiles], Draft]
+
+
+def choose_inspector(files: ArtifactFiles) -> Inspector:
+    """Most specific layout first: a GGUF file or a Diffusers index decides whatever else is
+    there; a declared custom runner wins over the config files it may also hold."""
+    if files.ending(".gguf"):
+        return gguf.inspect
+    if files.has(diffusers.MODEL_INDEX):
+        return diffusers.inspect
+    if files.has(custom_runner.RUNNER_MANIFEST):
+        return custom_runner.inspect
+    if sentence_transformers.recognises(files):
+        return sentence_transformers.inspect
+    if files.has(transformers.CONFIG):
+        return transformers.inspect
+    return custom_runner.unrecognised
+
+
+def gate_findings(files: ArtifactFiles) -> list[wg.InspectionFinding]:
+    """Every refusal of the static gate, one finding per file (pickle is the weights' concern)."""
+    found = []
+    for path in files.paths():
+        try:
+            check_path_name(path, allow_pickle=True)
+            check_contents([path], files.read, allow_pickle=True)
+        except GantryError as error:
+            found.append(finding(error.reason, error.message, path))
+    return found
+
+
+def inspect_artifact(
+    files: ArtifactFiles, *, environment_id: str, environment_adapters: Collection[str]
+) -> wg.Inspection:
+    draft = choose_inspector(files)(files)
+    findings = list(draft.findings)
+    weights, weight_findings = weight_format(files)
+    findings += weight_findings
+    findings += gate_findings(files)
+    inspection = wg.Inspection(
+        inspector=draft.inspector,
+        model_type=draft.model_type,
+        modalities=draft.modalities,
+        task=draft.task,
+        weight_format=weights,
+        details=draft.details,
+    )
+    supporting = [
+        adapter.name
+        for adapter in registered_adapters()
+        if adapter.inspect_support(inspection).supported
+    ]
+    if not supporting:
+        findings.append(
+            finding(
+                INCOMPATIBLE,
+                f"assessed but no adapter executes {draft.inspector} in this issue",
+                draft.key_path,
+            )
+        )
+    refused = any(f.reason == INCOMPATIBLE for f in findings)
+    adapters: list[str] = []
+    if not refused:
+        for adapter in supporting:
+            if adapter in environment_adapters:
+                adapters.append(adapter)
+            else:
+                findings.append(
+                    finding(
+                        ENVIRONMENT_UNAVAILABLE,
+                        f"adapter {adapter!r} cannot be imported in runtime environment "
+                        f"{environment_id!r}",
+                        draft.key_path,
+                    )
+                )
+    inspection.adapters.extend(adapters)
+    inspection.executable = bool(adapters)
+    inspection.findings.extend(findings)
+    return inspection

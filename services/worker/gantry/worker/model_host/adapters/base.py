@@ -1,0 +1,189 @@
+"""What every model host adapter does: load one model, run it, check it, and let it go.
+
+An adapter module imports nothing heavy at import time: the child imports the registry before it
+enters its sandbox, and numpy or torch would start thread pools there (see child.py). The ML stack
+is imported inside `load`, which runs after the sandbox is entered.
+"""
+
+from __future__ import annotations
+
+import abc
+import gc
+import platform
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from gantry.common.errors import GantryError
+from gantry.v1 import common_pb2
+
+if TYPE_CHECKING:
+    import numpy as np
+
+DEFAULT_MAX_BATCH_INPUTS = 32
+HEALTH_PROBE_TEXT = "Gantry model host health probe."
+# The fixed pair a cross-encoder scores for its health check.
+HEALTH_PROBE_QUERY = "Gantry model host health probe."
+HEALTH_PROBE_DOCUMENT = "A model host answers a real forward pass."
+
+
+@dataclass(frozen=True, kw_only=True)
+class ForwardCheck:
+    """One real forward pass on the adapter's fixed probe input, and what it gave."""
+
+    shape: tuple[int, ...]
+    finite: bool
+    seconds: float
+    problem: str | None = None  # None: finite, non-empty and of the expected shape
+    detail: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.problem is None
+
+
+@dataclass(frozen=True, kw_only=True)
+class RuntimeFacts:
+    """What a load established: the output width (0 for a cross-encoder) and the runtime."""
+
+    dim: int
+    device: str
+    versions: dict[str, str]
+
+
+class ModelAdapter(abc.ABC):
+    """One way of running a model in the host. Subclasses set the class attributes below."""
+
+    name: ClassVar[str]
+    task: ClassVar[str]  # "embedding", "reranking"
+    serves: ClassVar[frozenset[str]]  # the HostRequest kinds it answers: "embed", "rerank"
+    # What the adapter passes to the library, recorded as offline evidence (not assumed).
+    local_files_only: ClassVar[bool] = True
+    trust_remote_code: ClassVar[bool] = False
+
+    def __init__(self) -> None:
+        self._model: Any = None
+        self._device = "cpu"
+        self._max_batch_inputs = DEFAULT_MAX_BATCH_INPUTS
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def load(self, model_directory: Path, settings: common_pb2.AdapterSettings) -> RuntimeFacts:
+        """Load the model from local bytes only. Raises GantryError (LOAD_FAILED, ...)."""
+        if not model_directory.is_dir():
+            raise GantryError(
+                "LOAD_FAILED", f"model directory {str(model_directory)!r} does not exist"
+            )
+        self._max_batch_inputs = settings.max_batch_size or DEFAULT_MAX_BATCH_INPUTS
+        self._model = self._load(model_directory, settings)
+        self._model.eval()
+        self._device = str(self._model.device)
+        return RuntimeFacts(dim=self.dim, device=self._device, versions=self.runtime_versions())
+
+    @abc.abstractmethod
+    def _load(self, model_directory: Path, settings: common_pb2.AdapterSettings) -> Any:
+        """Construct the library's model object (with local_files_only, trust_remote_code)."""
+
+    @abc.abstractmethod
+    def health_check(self) -> ForwardCheck:
+        """A real forward pass on a fixed input: finite, non-empty, of the expected shape."""
+
+    def release(self) -> None:
+        """Drop the model and hand its memory back (CUDA's cached blocks included)."""
+        model, self._model = self._model, None
+        del model
+        gc.collect()
+        if self.uses_cuda:
+            import torch
+
+            torch.cuda.synchronize(self._device)
+            torch.cuda.empty_cache()
+
+    # -- requests -------------------------------------------------------------------------------
+
+    def embed(self, inputs: Sequence[str]) -> np.ndarray:
+        raise self.unsupported("embed")
+
+    def rerank(self, query: str, documents: Sequence[str]) -> np.ndarray:
+        raise self.unsupported("rerank")
+
+    def unsupported(self, kind: str) -> GantryError:
+        return GantryError(
+            "INVALID_PAYLOAD",
+            f"adapter {self.name!r} serves {self.task} ({', '.join(sorted(self.serves))} "
+            f"requests); it cannot answer {kind} requests",
+            adapter=self.name,
+        )
+
+    # -- facts ----------------------------------------------------------------------------------
+
+    @property
+    def dim(self) -> int:
+        """The embedding width; 0 for an adapter that does not embed."""
+        return 0
+
+    @property
+    def device(self) -> str:
+        return self._device
+
+    @property
+    def uses_cuda(self) -> bool:
+        return self._device.startswith("cuda")
+
+    @property
+    def max_batch_inputs(self) -> int:
+        return self._max_batch_inputs
+
+    def runtime_versions(self) -> dict[str, str]:
+        import sentence_transformers
+        import torch
+        import transformers
+
+        device = self._model.device
+        versions = {
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "sentence_transformers": sentence_transformers.__version__,
+            "device": str(device),
+        }
+        if device.type == "cuda":
+            versions["device_name"] = torch.cuda.get_device_name(device)
+            versions["cuda_available"] = "true"
+        else:
+            versions["device_name"] = platform.processor() or "cpu"
+            # Not asked on a CPU device: inside the sandbox the GPU nodes are not even visible.
+            versions["cuda_available"] = "not checked (device is cpu)"
+        return versions
+
+    def _require_loaded(self) -> Any:
+        if self._model is None:
+            raise GantryError("INVOKE_FAILED", f"adapter {self.name!r} holds no loaded model")
+        return self._model
+
+
+def check_output(
+    output: np.ndarray, *, expected_shape: tuple[int, ...], seconds: float, healthy: str
+) -> ForwardCheck:
+    """Judge a probe's output: non-empty, finite, and of `expected_shape` (0 = any non-zero).
+
+    `healthy` is the detail of a passing check."""
+    import numpy as np
+
+    shape = tuple(int(size) for size in output.shape)
+    finite = bool(np.isfinite(output).all()) if output.size else False
+    problem: str | None = None
+    if output.size == 0 or len(shape) != len(expected_shape):
+        problem = f"probe returned shape {shape}"
+    elif any(want and want != got for want, got in zip(expected_shape, shape, strict=True)):
+        problem = f"probe returned shape {shape}, expected {expected_shape}"
+    elif not finite:
+        problem = "probe returned non-finite values"
+    return ForwardCheck(
+        shape=shape,
+        finite=finite,
+        seconds=seconds,
+        problem=problem,
+        detail=problem or healthy,
+    )

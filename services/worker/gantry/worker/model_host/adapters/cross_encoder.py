@@ -1,0 +1,77 @@
+"""`sentence_transformers_cross_encoder`: reranking with a sentence-transformers CrossEncoder.
+
+Each document is scored against the query in one forward pass of the pair; the scores come back
+in the documents' order (ordering them is the caller's business). Local bytes only, no remote code.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from gantry.common.errors import GantryError
+from gantry.v1 import common_pb2
+from gantry.worker.model_host.adapters.base import (
+    HEALTH_PROBE_DOCUMENT,
+    HEALTH_PROBE_QUERY,
+    ForwardCheck,
+    ModelAdapter,
+    check_output,
+)
+
+if TYPE_CHECKING:
+    import numpy as np
+
+
+class SentenceTransformersCrossEncoder(ModelAdapter):
+    name = "sentence_transformers_cross_encoder"
+    task = "reranking"
+    serves = frozenset({"rerank"})
+
+    def _load(self, model_directory: Path, settings: common_pb2.AdapterSettings) -> Any:
+        # Imported here, after the offline flags, the network guard and the sandbox.
+        from sentence_transformers import CrossEncoder
+
+        model = CrossEncoder(
+            str(model_directory),
+            device=settings.device or "cpu",
+            local_files_only=self.local_files_only,
+            trust_remote_code=self.trust_remote_code,
+            max_length=settings.max_input_length or None,
+        )
+        if model.num_labels != 1:
+            raise GantryError(
+                "RUNTIME_INCOMPATIBLE",
+                f"the cross-encoder has {model.num_labels} output labels; reranking needs "
+                "exactly one score per query/document pair",
+                adapter=self.name,
+            )
+        return model
+
+    def rerank(self, query: str, documents: Sequence[str]) -> np.ndarray:
+        import numpy as np
+
+        scores = self._require_loaded().predict(
+            [(query, document) for document in documents],
+            batch_size=self.max_batch_inputs,
+            convert_to_numpy=True,
+            show_progress_bar=False,
+        )
+        scores = np.asarray(scores, dtype="<f4")
+        if scores.shape != (len(documents),):
+            raise RuntimeError(
+                f"cross-encoder returned shape {scores.shape} for {len(documents)} documents"
+            )
+        return scores
+
+    def health_check(self) -> ForwardCheck:
+        started = time.monotonic()
+        scores = self.rerank(HEALTH_PROBE_QUERY, [HEALTH_PROBE_DOCUMENT])
+        return check_output(
+            scores,
+            expected_shape=(1,),
+            seconds=time.monotonic() - started,
+            healthy="one finite score for the probe pair",
+        )

@@ -1,0 +1,128 @@
+"""A probe's evidence as the child sees it: a forward pass, its memory, how it stayed offline.
+
+The load path records what can only be read then (the CUDA allocator before the model existed,
+the first forward pass's duration, the sandbox reached); a later ProbeCheck adds a fresh forward
+pass and the memory now. NVML readings are the worker's: the child leaves them unset.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from dataclasses import dataclass
+
+from google.protobuf import timestamp_pb2
+
+from gantry.v1 import common_pb2, model_host_pb2
+from gantry.v1 import worker_gateway_pb2 as wg
+from gantry.worker.model_host import hardening
+from gantry.worker.model_host.adapters import ForwardCheck, ModelAdapter
+from gantry.worker.model_host.landlock import Isolation
+from gantry.worker.model_host.memory_readings import CudaAllocator, rss_current, rss_peak
+
+# The environment variables that keep Hugging Face libraries off the network, as the child sees
+# them (whatever their value: a flag set to "0" is evidence too).
+OFFLINE_ENV_PREFIXES = ("HF_", "TRANSFORMERS_")
+NOT_ROUTED = "NOT_ROUTED"
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoadRecord:
+    """Facts only the load path can take, kept for a later ProbeCheck and Shutdown."""
+
+    isolation: Isolation
+    cuda: CudaAllocator
+    cuda_allocated_before_load: common_pb2.Measurement
+    # Read right after the model is constructed, before its first forward pass.
+    cuda_allocated_after_load: common_pb2.Measurement
+    cuda_reserved_after_load: common_pb2.Measurement
+    first_invoke_seconds: float
+
+
+def network_guard_installed() -> bool:
+    """Whether `hardening.install_network_guard` replaced the socket calls in this process."""
+    return all(
+        getattr(function, "__module__", None) == hardening.__name__
+        for function in (socket.socket.connect, socket.socket.connect_ex, socket.create_connection)
+    )
+
+
+def offline_evidence(adapter: ModelAdapter, isolation: Isolation) -> wg.OfflineEvidence:
+    return wg.OfflineEvidence(
+        local_files_only=adapter.local_files_only,
+        trust_remote_code=adapter.trust_remote_code,
+        offline_env={
+            name: value
+            for name, value in sorted(os.environ.items())
+            if name.startswith(OFFLINE_ENV_PREFIXES)
+        },
+        isolation=isolation.wire,
+        isolation_reason=isolation.reason,
+        network_guard=network_guard_installed(),
+    )
+
+
+def _layer(status: wg.HealthStatus, detail: str) -> wg.HealthLayer:
+    return wg.HealthLayer(status=status, detail=detail)
+
+
+def model_layer(check: ForwardCheck) -> wg.HealthLayer:
+    if check.ok:
+        return _layer(wg.HEALTH_STATUS_OK, check.detail)
+    return _layer(wg.HEALTH_STATUS_FAILED, check.problem or check.detail)
+
+
+def run_check(adapter: ModelAdapter) -> ForwardCheck:
+    """The adapter's health check; a forward pass that raises is a failed check, not a crash."""
+    started = time.monotonic()
+    try:
+        return adapter.health_check()
+    except Exception as exc:
+        problem = f"forward pass failed: {type(exc).__name__}: {exc}"
+        return ForwardCheck(
+            shape=(),
+            finite=False,
+            seconds=time.monotonic() - started,
+            problem=problem,
+            detail=problem,
+        )
+
+
+def probe_result(adapter: ModelAdapter, record: LoadRecord) -> model_host_pb2.ProbeResult:
+    """One real forward pass now, then the memory as it stands after it."""
+    started = time.monotonic()
+    check = run_check(adapter)
+    checked_at = timestamp_pb2.Timestamp()
+    checked_at.GetCurrentTime()
+    health = wg.HealthReport(
+        process=_layer(wg.HEALTH_STATUS_OK, f"pid {os.getpid()} running"),
+        runtime=_layer(wg.HEALTH_STATUS_OK, "answered ProbeCheck over its pipe"),
+        model=model_layer(check),
+        latency_seconds=time.monotonic() - started,
+        checked_at=checked_at,
+        capability=_layer(wg.HEALTH_STATUS_NOT_CHECKED, NOT_ROUTED),
+    )
+    memory = wg.MemoryEvidence(
+        rss_current=rss_current(),
+        rss_peak=rss_peak(),
+        cuda_allocated_before_load=record.cuda_allocated_before_load,
+        cuda_allocated_after_load=record.cuda_allocated_after_load,
+        cuda_reserved_after_load=record.cuda_reserved_after_load,
+        # The allocator's high-water mark since the process started: load and forward passes.
+        cuda_peak_allocated=record.cuda.peak_allocated(),
+    )
+    return model_host_pb2.ProbeResult(
+        health=health,
+        output_shape=list(check.shape),
+        output_finite=check.finite,
+        first_invoke_seconds=record.first_invoke_seconds,
+        memory=memory,
+        offline=offline_evidence(adapter, record.isolation),
+    )
+
+
+def unloaded(adapter: ModelAdapter, cuda: CudaAllocator) -> model_host_pb2.HostUnloaded:
+    """Release the model, then read what the CUDA allocator still holds."""
+    adapter.release()
+    return model_host_pb2.HostUnloaded(cuda_allocated_after_unload=cuda.allocated())

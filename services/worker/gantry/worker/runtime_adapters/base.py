@@ -1,0 +1,176 @@
+"""What every worker-side runtime adapter does, from static inspection to a reclaimed process.
+
+The lifecycle is the same whatever runs the model: `inspect_support` (can it execute what static
+inspection found), `collect_runtime_facts` (can an environment run it), `prepare` (verified bytes
+and a resolved environment), `start`, `probe`, `health`, `stop` and `unload`. Today every adapter
+runs its model in a model-host child (`model_host_runtime`); an adapter that manages an external
+server process must fit the same methods, so what crosses `start`, `health` and `stop` is this
+module's own small dataclasses and the gateway's evidence messages, never a model-host type.
+Adapters are stateless: one instance per adapter serves every job (see `registry`).
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar, Protocol
+
+from gantry.v1 import common_pb2
+from gantry.v1 import worker_gateway_pb2 as wg
+from gantry.v1.model_host_pb2 import ProbeResult
+from gantry.worker.model_host.sandbox import IsolationRequirement
+from gantry.worker.nvml_readings import Nvml
+
+if TYPE_CHECKING:
+    from gantry.worker.environment_facts import RuntimeFacts
+
+
+@dataclass(frozen=True, kw_only=True)
+class Support:
+    """Whether an adapter can execute what static inspection found, and why not when it cannot."""
+
+    adapter: str
+    supported: bool
+    reason: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class AdapterFacts:
+    """What one adapter has in one runtime environment, read from its facts script's answer."""
+
+    adapter: str
+    available: bool
+    modalities: tuple[str, ...] = ()
+    versions: Mapping[str, str] = field(default_factory=dict)  # of the packages it needs
+    reason: str = ""  # why it is unavailable; empty when available
+
+
+class EnvironmentResolver(Protocol):
+    """What `prepare` needs of the worker's environments (`RuntimeEnvironments`)."""
+
+    async def require(self, environment_id: str, *, adapter: str | None = ...) -> RuntimeFacts: ...
+
+
+@dataclass(frozen=True, kw_only=True)
+class PrepareRequest:
+    """The bytes and environment one job asks an adapter to run."""
+
+    environment_id: str
+    settings: common_pb2.AdapterSettings
+    artifact_root: Path
+    artifact_location: str  # relative to artifact_root
+    manifest: Sequence[common_pb2.ManifestEntry]
+    verified_root: Path | None = None  # where the verified copy goes; None: the default
+
+
+@dataclass(frozen=True, kw_only=True)
+class Prepared:
+    """Verified bytes and the environment that will run them. The caller owns `directory` (a
+    private verified copy) and removes it when its job ends (`artifact_copies.discard_copy`)."""
+
+    adapter: str
+    settings: common_pb2.AdapterSettings
+    directory: Path
+    files_verified: int
+    bytes_verified: int
+    python_executable: str
+    environment: wg.RuntimeEnvironment
+
+    @property
+    def fingerprint(self) -> str:
+        return self.environment.fingerprint
+
+
+@dataclass(frozen=True, kw_only=True)
+class StartRequest:
+    """How to start a runtime for prepared bytes: what it is known by, and its bounds."""
+
+    name: str  # the deployment id, or "probe-<id>": what the process is known by
+    load_timeout_s: float
+    max_pending: int  # requests awaiting an answer; QUEUE_FULL beyond
+    inbox_limit: int  # requests queued inside the runtime; QUEUE_FULL beyond
+    require_isolation: IsolationRequirement = field(default_factory=IsolationRequirement)
+    trace_context: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(eq=False, kw_only=True)
+class RunningRuntime:
+    """A started runtime: a loaded model in a process the worker holds custody of. Adapters
+    subclass it to keep their own handle; callers read only these fields."""
+
+    adapter: str
+    pid: int
+    load_seconds: float
+    runtime_versions: Mapping[str, str]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Unloaded:
+    """What an unload established: how the process ended and whether its memory came back."""
+
+    stopped: wg.UnloadEvidence
+    reclaim: wg.ReclaimEvidence
+    # The runtime's own reading after it released the model, or unavailable with the reason.
+    cuda_allocated_after_unload: common_pb2.Measurement
+
+
+class RuntimeAdapter(abc.ABC):
+    """One way of running a model, seen from the worker. Subclasses set the class attributes."""
+
+    name: ClassVar[str]  # as AdapterSettings.adapter names it
+    task: ClassVar[str]  # "embedding", "reranking"
+    modalities: ClassVar[tuple[str, ...]]
+
+    @abc.abstractmethod
+    def inspect_support(self, inspection: wg.Inspection) -> Support:
+        """Whether this adapter executes the layout static inspection found (inspector, task,
+        details), and the reason when not. Pure; never raises for the inspection's content.
+        Refusing findings and the environment are the dispatcher's concern."""
+
+    @abc.abstractmethod
+    def collect_runtime_facts(self, facts: Mapping[str, object]) -> AdapterFacts:
+        """What this adapter has in one environment, from the environment's facts-script answer
+        (a JSON object: `versions`, `adapters`, ...): available or why not, and the versions of
+        the packages it needs. Pure; a malformed answer is unavailable, never an exception."""
+
+    @abc.abstractmethod
+    async def prepare(
+        self, request: PrepareRequest, *, environments: EnvironmentResolver
+    ) -> Prepared:
+        """Resolve the environment (it must be able to run this adapter), then verify the bytes
+        into a private copy. Raises GantryError: RUNTIME_ENVIRONMENT_UNAVAILABLE, ARTIFACT_MISMATCH,
+        ARTIFACT_PATH_INVALID, RUNTIME_INCOMPATIBLE (the static gate refused the bytes). Leaves no
+        copy behind when it raises or is cancelled."""
+
+    @abc.abstractmethod
+    async def start(self, prepared: Prepared, request: StartRequest) -> RunningRuntime:
+        """Start a runtime with the model loaded and health-checked. Raises GantryError:
+        LOAD_FAILED, HEALTH_FAILED, RUNTIME_ENVIRONMENT_UNAVAILABLE (cannot be spawned, or less
+        isolation than required). Nothing it started outlives a failed or cancelled start."""
+
+    @abc.abstractmethod
+    async def probe(self, running: RunningRuntime, *, timeout_s: float) -> ProbeResult:
+        """One real forward pass on the adapter's fixed input, with the runtime's own memory and
+        offline evidence: the probe's measurement. Raises GantryError: HEALTH_FAILED (no answer
+        in time, or not a probe result), RUNTIME_CRASHED (the runtime died)."""
+
+    @abc.abstractmethod
+    async def health(
+        self, running: RunningRuntime, *, deep: bool, timeout_s: float
+    ) -> wg.HealthReport:
+        """The process, runtime and (when `deep`: one real forward pass) model layers. Never
+        raises for the runtime's faults: a failed layer says why."""
+
+    @abc.abstractmethod
+    async def stop(self, running: RunningRuntime, *, grace_s: float) -> wg.UnloadEvidence:
+        """End the process (asked to exit within `grace_s`, killed after; `grace_s <= 0` kills at
+        once) and confirm it gone, killing again a bounded number of times. The evidence says
+        `process_exited=false` when it could not be confirmed; it does not raise for that."""
+
+    @abc.abstractmethod
+    async def unload(self, running: RunningRuntime, *, grace_s: float, nvml: Nvml) -> Unloaded:
+        """Release the model, stop the process and check reclaim: it exited, was reaped, and
+        (where NVML reads) holds no device memory any more. A cancelled unload kills the process
+        before it re-raises."""

@@ -1,0 +1,329 @@
+"""The lifecycle shared by adapters whose model runs inside a model-host child.
+
+Everything here delegates: bytes to `artifact_copies`, environments to `RuntimeEnvironments`,
+the child to `ModelHost` (its stop ladder, probe check, ping), device memory to `nvml_readings`.
+An adapter module adds only what differs: its name, task, modalities, the packages it needs and
+the layouts it supports. Invariant: nothing this module starts outlives a failed, cancelled or
+finished stop: `stop` kills again until the child is confirmed gone or the attempts run out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import ClassVar, Protocol, runtime_checkable
+
+from gantry.common.errors import GantryError
+from gantry.v1 import common_pb2, model_host_pb2
+from gantry.v1 import worker_gateway_pb2 as wg
+from gantry.worker.artifact_copies import manifest_of, verified_copy
+from gantry.worker.model_host.process import HostLaunchSpec, ModelHost
+from gantry.worker.nvml_readings import Nvml
+from gantry.worker.runtime_adapters.base import (
+    AdapterFacts,
+    EnvironmentResolver,
+    Prepared,
+    PrepareRequest,
+    RunningRuntime,
+    RuntimeAdapter,
+    StartRequest,
+    Unloaded,
+)
+
+log = logging.getLogger(__name__)
+
+# A child not confirmed gone after a stop is stopped again (SIGKILL each time) this often.
+_REAP_ATTEMPTS = 3
+OK = wg.HEALTH_STATUS_OK
+FAILED = wg.HEALTH_STATUS_FAILED
+NOT_CHECKED = wg.HEALTH_STATUS_NOT_CHECKED
+
+
+class ProbeHost(Protocol):
+    """What the lifecycle needs of a model host child (`ModelHost`; tests pass wrappers)."""
+
+    @property
+    def pid(self) -> int: ...
+
+    @property
+    def returncode(self) -> int | None: ...
+
+    @property
+    def ready(self) -> model_host_pb2.HostReady: ...
+
+    @property
+    def unloaded(self) -> model_host_pb2.HostUnloaded | None: ...
+
+    async def probe_check(self, *, timeout_s: float) -> model_host_pb2.ProbeResult: ...
+
+    async def stop(self, *, grace_s: float = ...) -> wg.UnloadEvidence: ...
+
+    async def kill(self) -> wg.UnloadEvidence: ...
+
+
+@runtime_checkable
+class _CheckableHost(Protocol):
+    """A host that answers a ping and a model check (`ModelHost`) as well."""
+
+    async def ping(self, *, timeout_s: float) -> model_host_pb2.Pong: ...
+
+    async def check_model(self, *, timeout_s: float) -> wg.HealthReport: ...
+
+
+class ProbeHostFactory(Protocol):
+    async def __call__(
+        self, spec: HostLaunchSpec, *, trace_context: Mapping[str, str] | None = ...
+    ) -> ProbeHost: ...
+
+
+@dataclass(eq=False, kw_only=True)
+class HostRunning(RunningRuntime):
+    """A running model-host child; only this module reads `host`."""
+
+    host: ProbeHost
+
+
+class ModelHostRuntime(RuntimeAdapter):
+    """An adapter whose model a model-host child loads (`model_host/adapters` of the same name)."""
+
+    # Distribution names, as the facts script reports their versions.
+    packages: ClassVar[tuple[str, ...]]
+
+    def __init__(self, *, host_factory: ProbeHostFactory | None = None) -> None:
+        self._host_factory: ProbeHostFactory = host_factory or ModelHost.start
+
+    def launched_by(self, host_factory: ProbeHostFactory) -> ModelHostRuntime:
+        """This adapter starting its children with `host_factory` (a test's wrapper)."""
+        return type(self)(host_factory=host_factory)
+
+    def collect_runtime_facts(self, facts: Mapping[str, object]) -> AdapterFacts:
+        # The facts script proves importability without importing (see environment_facts) and
+        # lists the adapters whose packages it found; this reads its answer for this adapter.
+        listed = facts.get("adapters")
+        versions = facts.get("versions")
+        known = versions if isinstance(versions, dict) else {}
+        found = {package: str(known[package]) for package in self.packages if package in known}
+        if isinstance(listed, list) and self.name in listed:
+            return AdapterFacts(
+                adapter=self.name, available=True, modalities=self.modalities, versions=found
+            )
+        missing = [package for package in self.packages if package not in found]
+        why = (
+            f"missing {', '.join(missing)}"
+            if missing
+            else "the facts script did not find it importable"
+        )
+        return AdapterFacts(
+            adapter=self.name,
+            available=False,
+            modalities=self.modalities,
+            versions=found,
+            reason=f"adapter {self.name!r} needs {', '.join(self.packages)}: {why}",
+        )
+
+    async def prepare(
+        self, request: PrepareRequest, *, environments: EnvironmentResolver
+    ) -> Prepared:
+        runtime = await environments.require(request.environment_id, adapter=self.name)
+        verified = await verified_copy(
+            request.artifact_root,
+            request.artifact_location,
+            manifest_of(request.manifest),
+            allow_pickle=request.settings.allow_pickle_weights,
+            verified_root=request.verified_root,
+        )
+        return Prepared(
+            adapter=self.name,
+            settings=request.settings,
+            directory=verified.directory,
+            files_verified=verified.files_verified,
+            bytes_verified=verified.bytes_verified,
+            python_executable=runtime.python_executable,
+            environment=runtime.environment,
+        )
+
+    async def start(self, prepared: Prepared, request: StartRequest) -> RunningRuntime:
+        launch = HostLaunchSpec(
+            deployment_id=request.name,
+            model_directory=prepared.directory,
+            adapter=prepared.settings,
+            python_executable=prepared.python_executable,
+            require_isolation=request.require_isolation,
+            load_timeout_s=request.load_timeout_s,
+            max_pending=request.max_pending,
+            inbox_limit=request.inbox_limit,
+        )
+        # A failed or cancelled start kills and reaps its child before it raises.
+        host = await self._host_factory(launch, trace_context=dict(request.trace_context))
+        return HostRunning(
+            adapter=self.name,
+            pid=host.pid,
+            load_seconds=host.ready.load_seconds,
+            runtime_versions=dict(host.ready.runtime_versions),
+            host=host,
+        )
+
+    async def probe(
+        self, running: RunningRuntime, *, timeout_s: float
+    ) -> model_host_pb2.ProbeResult:
+        try:
+            return await _host(running).probe_check(timeout_s=timeout_s)
+        except GantryError as error:
+            # No answer in time, or an answer that is not a probe result: the check failed.
+            # A crash stays RUNTIME_CRASHED (its own, more precise reason).
+            if error.reason in ("DEADLINE_EXCEEDED", "INVOKE_FAILED"):
+                raise GantryError(
+                    "HEALTH_FAILED", f"the probe check failed: {error.message}", **error.metadata
+                ) from error
+            raise
+
+    async def health(
+        self, running: RunningRuntime, *, deep: bool, timeout_s: float
+    ) -> wg.HealthReport:
+        # Supervision's liveness checks still call the host directly (they also kill an
+        # unresponsive one); they move here in a later change.
+        host = _host(running)
+        if host.returncode is not None:
+            return _report(
+                process=(FAILED, f"pid {host.pid} exited ({host.returncode})"),
+                runtime=(NOT_CHECKED, "the process is gone"),
+                model=(NOT_CHECKED, "the process is gone"),
+            )
+        process = (OK, f"pid {host.pid} alive")
+        started = time.monotonic()
+        if not isinstance(host, _CheckableHost):
+            return _report(
+                process=process,
+                runtime=(NOT_CHECKED, "this host answers no ping"),
+                model=(NOT_CHECKED, "this host answers no ping"),
+            )
+        try:
+            await host.ping(timeout_s=timeout_s)
+        except GantryError as error:
+            return _report(
+                process=process,
+                runtime=(FAILED, error.message),
+                model=(NOT_CHECKED, "the runtime did not answer, so the model was not run"),
+            )
+        runtime = (OK, f"ping answered in {time.monotonic() - started:.3f}s")
+        if not deep:
+            return _report(
+                process=process,
+                runtime=runtime,
+                model=(NOT_CHECKED, "a liveness ping does not run the model"),
+                since=started,
+            )
+        try:
+            checked = await host.check_model(timeout_s=timeout_s)
+        except GantryError as error:
+            return _report(process=process, runtime=runtime, model=(FAILED, error.message))
+        model = (checked.model.status, checked.model.detail)
+        return _report(process=process, runtime=runtime, model=model, since=started)
+
+    async def stop(self, running: RunningRuntime, *, grace_s: float) -> wg.UnloadEvidence:
+        host = _host(running)
+        stopped = await (host.kill() if grace_s <= 0 else host.stop(grace_s=grace_s))
+        for _ in range(_REAP_ATTEMPTS):
+            if stopped.process_exited:
+                break
+            log.warning("model host %d not confirmed gone; killing it again", host.pid)
+            with contextlib.suppress(Exception):
+                stopped = await host.kill()
+        return stopped
+
+    async def unload(self, running: RunningRuntime, *, grace_s: float, nvml: Nvml) -> Unloaded:
+        # The child releases the model as it handles Shutdown (answering HostUnloaded first).
+        try:
+            stopped = await self.stop(running, grace_s=grace_s)
+        except asyncio.CancelledError:
+            await self.stop(running, grace_s=0)
+            raise
+        host = _host(running)
+        evidence = wg.ProbeEvidence()
+        record_unload(host, stopped, nvml, evidence)
+        return Unloaded(
+            stopped=stopped,
+            reclaim=evidence.reclaim,
+            cuda_allocated_after_unload=evidence.memory.cuda_allocated_after_unload,
+        )
+
+
+def _host(running: RunningRuntime) -> ProbeHost:
+    if not isinstance(running, HostRunning):
+        raise GantryError(
+            "INTERNAL", f"a {running.adapter} runtime is not a model host (pid {running.pid})"
+        )
+    return running.host
+
+
+def record_unload(
+    host: ProbeHost, stopped: wg.UnloadEvidence, nvml: Nvml, evidence: wg.ProbeEvidence
+) -> None:
+    """The after-unload CUDA reading and the reclaim verdict of a stopped child, into
+    `evidence` (its memory readings left unset are said to be unreported, never zero)."""
+    memory = evidence.memory
+    unloaded = host.unloaded
+    if unloaded is not None and unloaded.HasField("cuda_allocated_after_unload"):
+        memory.cuda_allocated_after_unload.CopyFrom(unloaded.cuda_allocated_after_unload)
+    else:
+        memory.cuda_allocated_after_unload.CopyFrom(
+            common_pb2.Measurement(
+                unavailable="the model host sent no HostUnloaded before exiting",
+                source="torch.cuda.memory_allocated",
+            )
+        )
+    fill_unreported(memory)
+    reaped = host.returncode is not None
+    after = nvml.process_usage(host.pid)
+    reclaim = evidence.reclaim
+    reclaim.pid = stopped.pid
+    reclaim.process_exited = stopped.process_exited
+    reclaim.reaped = reaped
+    reclaim.has_exit_code = stopped.has_exit_code
+    reclaim.exit_code = stopped.exit_code
+    reclaim.exit_signal = stopped.exit_signal
+    reclaim.nvml_process_used_after.CopyFrom(after.measurement)
+    device_released = after.listed is not True and (after.listed is False or not nvml.available)
+    reclaim.reclaimed = stopped.process_exited and reaped and device_released
+    if not stopped.process_exited:
+        ended = "was NOT confirmed gone"
+    elif stopped.has_exit_code:
+        ended = f"exited with code {stopped.exit_code}"
+    else:
+        ended = f"was ended by signal {stopped.exit_signal}"
+    if after.listed is True:
+        device = "NVML still lists it holding device memory"
+    elif after.listed is False:
+        device = "NVML lists no device memory for it"
+    else:
+        device = f"device memory not checked ({after.measurement.unavailable})"
+    reclaim.detail = f"pid {stopped.pid} {ended}, {'reaped' if reaped else 'NOT reaped'}; {device}"
+
+
+def fill_unreported(memory: wg.MemoryEvidence) -> None:
+    """A reading the child left unset is unavailable, said so, never a zero."""
+    for descriptor in memory.DESCRIPTOR.fields:
+        measurement = getattr(memory, descriptor.name)
+        if measurement.WhichOneof("value") is None:
+            measurement.unavailable = "not reported by the model host"
+
+
+def _report(
+    *,
+    process: tuple[wg.HealthStatus, str],
+    runtime: tuple[wg.HealthStatus, str],
+    model: tuple[wg.HealthStatus, str],
+    since: float | None = None,
+) -> wg.HealthReport:
+    report = wg.HealthReport(
+        process=wg.HealthLayer(status=process[0], detail=process[1]),
+        runtime=wg.HealthLayer(status=runtime[0], detail=runtime[1]),
+        model=wg.HealthLayer(status=model[0], detail=model[1]),
+        latency_seconds=time.monotonic() - since if since is not None else 0.0,
+    )
+    report.checked_at.GetCurrentTime()
+    return report

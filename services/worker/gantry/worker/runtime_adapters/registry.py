@@ -1,0 +1,46 @@
+"""The worker's runtime adapters by name: chosen here and nowhere else.
+
+An unknown name is RUNTIME_INCOMPATIBLE (class CONFIG), never a fallback to another adapter. The
+empty name is the embedding adapter: deployments created before adapters were named carry none.
+The model host keeps its own registry of the same names (`model_host/adapters`) for the child.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from gantry.common.errors import GantryError
+from gantry.worker.runtime_adapters.base import RuntimeAdapter
+from gantry.worker.runtime_adapters.cross_encoder import SentenceTransformersCrossEncoder
+from gantry.worker.runtime_adapters.sentence_transformers import SentenceTransformersEmbedding
+
+_ADAPTERS: tuple[RuntimeAdapter, ...] = (
+    SentenceTransformersEmbedding(),
+    SentenceTransformersCrossEncoder(),
+)
+RUNTIME_ADAPTERS: Mapping[str, RuntimeAdapter] = {adapter.name: adapter for adapter in _ADAPTERS}
+DEFAULT_ADAPTER = SentenceTransformersEmbedding.name
+
+
+def adapter_name(name: str) -> str:
+    """An empty adapter name means the default one (as the control plane fills it in)."""
+    return name or DEFAULT_ADAPTER
+
+
+def registered_adapters() -> tuple[RuntimeAdapter, ...]:
+    """Every adapter this worker runs, in registration order."""
+    return _ADAPTERS
+
+
+def runtime_adapter_for(name: str) -> RuntimeAdapter:
+    """The adapter `name` (or the default for ""); RUNTIME_INCOMPATIBLE when there is none."""
+    resolved = adapter_name(name)
+    adapter = RUNTIME_ADAPTERS.get(resolved)
+    if adapter is None:
+        raise GantryError(
+            "RUNTIME_INCOMPATIBLE",
+            f"adapter {resolved!r} is not supported; supported: "
+            + ", ".join(sorted(RUNTIME_ADAPTERS)),
+            adapter=resolved,
+        )
+    return adapter

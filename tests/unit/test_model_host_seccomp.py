@@ -1,0 +1,206 @@
+"""The seccomp socket filter: its BPF program run here by a tiny interpreter, then the real thing.
+
+The program is checked by evaluating it, not by its shape alone: a wrong jump offset shows up as
+a wrong verdict. The kernel's answer is then checked in throwaway child processes, which keep the
+filter for good.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import platform
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from gantry.worker.model_host import seccomp
+from gantry.worker.model_host.seccomp import (
+    AARCH64,
+    RET_ALLOW,
+    RET_ERRNO,
+    RET_KILL_PROCESS,
+    X86_64,
+    Arch,
+    Instruction,
+)
+
+AUDIT_ARCH_I386 = 0x40000003
+AF_VSOCK = 40
+X32_SYSCALL_BIT = 0x40000000
+NR_READ = {"x86_64": 0, "aarch64": 63}
+DENIED_SOCKET = RET_ERRNO | errno.EACCES
+
+
+def verdict(program: tuple[Instruction, ...], *, arch: int, nr: int, args: tuple[int, ...]) -> int:
+    """What the kernel's classic-BPF interpreter would return for this struct seccomp_data."""
+    data = struct.pack("<iIQ6Q", nr, arch, 0, *args, *[0] * (6 - len(args)))
+    accumulator, pc = 0, 0
+    for _ in range(len(program)):  # classic BPF only jumps forward
+        op = program[pc]
+        if op.code == 0x20:  # BPF_LD | BPF_W | BPF_ABS
+            (accumulator,) = struct.unpack_from("<I", data, op.k)
+            pc += 1
+        elif op.code == 0x15:  # BPF_JMP | BPF_JEQ | BPF_K
+            pc += 1 + (op.jt if accumulator == op.k else op.jf)
+        elif op.code == 0x45:  # BPF_JMP | BPF_JSET | BPF_K
+            pc += 1 + (op.jt if accumulator & op.k else op.jf)
+        elif op.code == 0x06:  # BPF_RET | BPF_K
+            return op.k
+        else:
+            raise AssertionError(f"unexpected opcode {op.code:#x}")
+    raise AssertionError("the program ran off its end")
+
+
+@pytest.mark.parametrize("arch", [X86_64, AARCH64], ids=lambda arch: arch.name)
+def test_the_first_thing_the_filter_does_is_kill_a_syscall_made_through_another_abi(
+    arch: Arch,
+) -> None:
+    program = seccomp.socket_filter(arch)
+    assert program[:3] == (
+        Instruction(0x20, 0, 0, 4),  # seccomp_data.arch
+        Instruction(0x15, 1, 0, arch.audit_arch),
+        Instruction(0x06, 0, 0, RET_KILL_PROCESS),
+    )
+    other = AARCH64 if arch is X86_64 else X86_64
+    for foreign in (AUDIT_ARCH_I386, other.audit_arch):
+        for nr in (arch.socket_nr, NR_READ[arch.name]):
+            assert verdict(program, arch=foreign, nr=nr, args=(2,)) == RET_KILL_PROCESS
+
+
+@pytest.mark.parametrize(
+    ("family", "expected"),
+    [
+        (socket.AF_INET, DENIED_SOCKET),
+        (socket.AF_INET6, DENIED_SOCKET),
+        (socket.AF_PACKET, DENIED_SOCKET),
+        (AF_VSOCK, DENIED_SOCKET),
+        (0, DENIED_SOCKET),
+        (socket.AF_UNIX, RET_ALLOW),
+        (socket.AF_NETLINK, RET_ALLOW),
+        # socket(2) takes an `int`: the kernel, like the filter, reads only the low word.
+        ((1 << 32) | socket.AF_INET, DENIED_SOCKET),
+        ((0xFFFFFFFF << 32) | socket.AF_UNIX, RET_ALLOW),
+    ],
+)
+@pytest.mark.parametrize("arch", [X86_64, AARCH64], ids=lambda arch: arch.name)
+def test_sockets_of_every_family_but_unix_and_netlink_are_refused_with_eacces(
+    arch: Arch, family: int, expected: int
+) -> None:
+    program = seccomp.socket_filter(arch)
+    assert verdict(program, arch=arch.audit_arch, nr=arch.socket_nr, args=(family, 2, 0)) == (
+        expected
+    )
+
+
+@pytest.mark.parametrize("arch", [X86_64, AARCH64], ids=lambda arch: arch.name)
+def test_io_uring_is_refused_and_every_other_syscall_allowed(arch: Arch) -> None:
+    program = seccomp.socket_filter(arch)
+    native = arch.audit_arch
+    assert verdict(program, arch=native, nr=425, args=(8, 0)) == RET_ERRNO | errno.EPERM
+    for nr in (NR_READ[arch.name], 426, 427, arch.seccomp_nr):
+        assert verdict(program, arch=native, nr=nr, args=(socket.AF_INET,)) == RET_ALLOW
+
+
+def test_x32_syscalls_on_x86_64_are_killed_however_harmless() -> None:
+    program = seccomp.socket_filter(X86_64)
+    for nr in (X32_SYSCALL_BIT | NR_READ["x86_64"], X32_SYSCALL_BIT | X86_64.socket_nr):
+        assert verdict(program, arch=X86_64.audit_arch, nr=nr, args=(1,)) == RET_KILL_PROCESS
+
+
+def test_the_program_encodes_as_an_array_of_eight_byte_sock_filters() -> None:
+    program = seccomp.socket_filter(X86_64)
+    encoded = seccomp.encode(program)
+    assert len(encoded) == 8 * len(program)
+    assert struct.unpack_from("=HBBI", encoded, 8) == (0x15, 1, 0, X86_64.audit_arch)
+
+
+def test_machines_without_a_known_abi_get_no_filter() -> None:
+    assert seccomp.arch_of("x86_64") is X86_64
+    assert seccomp.arch_of("arm64") is AARCH64
+    assert seccomp.arch_of("riscv64") is None
+
+
+# --- the kernel's answer, in child processes that keep the filter --------------------------------
+
+_INSTALL_AND_PROBE = textwrap.dedent(
+    """
+    import ctypes, errno, json, socket
+    from gantry.worker.model_host import seccomp
+    outcome = seccomp.install_socket_filter()
+    def attempt(family, kind):
+        try:
+            socket.socket(family, kind).close()
+        except OSError as exc:
+            return f"{type(exc).__name__} {errno.errorcode[exc.errno]}"
+        return "allowed"
+    libc = ctypes.CDLL(None, use_errno=True)
+    params = ctypes.create_string_buffer(120)  # struct io_uring_params
+    ring = libc.syscall(425, 8, params)
+    print(json.dumps({
+        "installed": outcome.installed,
+        "reason": outcome.reason,
+        "inet_dgram": attempt(socket.AF_INET, socket.SOCK_DGRAM),
+        "inet6_stream": attempt(socket.AF_INET6, socket.SOCK_STREAM),
+        "unix_stream": attempt(socket.AF_UNIX, socket.SOCK_STREAM),
+        "netlink": attempt(socket.AF_NETLINK, socket.SOCK_RAW),
+        "io_uring": "allowed" if ring >= 0 else errno.errorcode[ctypes.get_errno()],
+    }))
+    """
+)
+
+
+def _run_filtered(script: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-I", "-c", script], capture_output=True, text=True, timeout=60
+    )
+
+
+def test_a_filtered_process_opens_unix_sockets_but_no_ip_socket_udp_included() -> None:
+    completed = _run_filtered(_INSTALL_AND_PROBE)
+    assert completed.returncode == 0, completed.stderr
+    outcome = json.loads(completed.stdout)
+    if not outcome["installed"]:
+        pytest.skip(f"seccomp is unavailable here: {outcome['reason']}")
+    assert outcome["reason"] == seccomp.DESCRIPTION
+    assert outcome["inet_dgram"] == "PermissionError EACCES"
+    assert outcome["inet6_stream"] == "PermissionError EACCES"
+    assert outcome["unix_stream"] == "allowed"
+    assert outcome["netlink"] == "allowed"
+    assert outcome["io_uring"] == "EPERM"
+
+
+# Machine code for `mov eax, 20 (i386 getpid); int 0x80; ret`: a syscall through the i386 ABI.
+_I386_SYSCALL = """
+import ctypes, mmap
+page = mmap.mmap(-1, mmap.PAGESIZE, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+page.write(bytes([0xB8, 20, 0, 0, 0, 0xCD, 0x80, 0xC3]))
+address = ctypes.addressof(ctypes.c_char.from_buffer(page))
+ctypes.CFUNCTYPE(ctypes.c_int)(address)()
+"""
+_X32_SYSCALL = f"""
+import ctypes
+ctypes.CDLL(None).syscall({X32_SYSCALL_BIT | 39})  # x32 getpid
+"""
+_INSTALL = """
+from gantry.worker.model_host import seccomp
+assert seccomp.install_socket_filter().installed
+"""
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="i386 and x32 are x86_64's other ABIs")
+@pytest.mark.parametrize("foreign_call", [_I386_SYSCALL, _X32_SYSCALL], ids=["i386", "x32"])
+def test_a_syscall_through_another_abi_kills_the_filtered_process(foreign_call: str) -> None:
+    unfiltered = _run_filtered(foreign_call)
+    if unfiltered.returncode != 0:
+        pytest.skip(f"this kernel refuses the ABI outright ({unfiltered.returncode})")
+    probe = _run_filtered(_INSTALL_AND_PROBE)
+    if not json.loads(probe.stdout)["installed"]:
+        pytest.skip("seccomp is unavailable here")
+    filtered = _run_filtered(_INSTALL + foreign_call)
+    assert filtered.returncode == -signal.SIGSYS, filtered.stderr
