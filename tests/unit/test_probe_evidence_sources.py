@@ -9,7 +9,7 @@ from typing import Any
 
 from gantry.v1 import common_pb2, model_host_pb2
 from gantry.v1 import worker_gateway_pb2 as wg
-from gantry.worker.model_host.process import exit_evidence
+from gantry.worker.model_host.exit_status import exit_evidence
 from gantry.worker.nvml_readings import Nvml
 from gantry.worker.probe_job import record_unload
 

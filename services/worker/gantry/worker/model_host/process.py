@@ -8,7 +8,6 @@ import itertools
 import logging
 import os
 import shutil
-import signal
 import socket
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
@@ -21,6 +20,7 @@ from gantry.common.errors import GantryError
 from gantry.v1 import common_pb2, model_host_pb2, worker_gateway_pb2
 from gantry.worker.model_host import sandbox
 from gantry.worker.model_host.environments import host_environment
+from gantry.worker.model_host.exit_status import describe_returncode, exit_evidence
 from gantry.worker.model_host.framing import FrameError, read_frame_async, write_frame_async
 from gantry.worker.model_host.inbox import DEFAULT_INBOX_LIMIT
 from gantry.worker.model_host.landlock import Isolation
@@ -57,32 +57,6 @@ class HostLaunchSpec:
     # answered QUEUE_FULL beyond.
     max_pending: int = DEFAULT_MAX_PENDING
     inbox_limit: int = DEFAULT_INBOX_LIMIT
-
-
-def describe_returncode(returncode: int | None) -> str:
-    if returncode is None:
-        return "no exit status"
-    if returncode < 0:
-        try:
-            return f"signal {signal.Signals(-returncode).name}"
-        except ValueError:
-            return f"signal {-returncode}"
-    return f"exit code {returncode}"
-
-
-def exit_evidence(
-    pid: int, returncode: int | None, *, exited: bool
-) -> worker_gateway_pb2.UnloadEvidence:
-    """What a stop can truthfully say: an exit code only for a process that exited by itself
-    (returncode >= 0), the signal for one a signal ended, neither for one not confirmed gone."""
-    evidence = worker_gateway_pb2.UnloadEvidence(pid=pid, process_exited=exited)
-    if exited and returncode is not None:
-        if returncode >= 0:
-            evidence.has_exit_code = True
-            evidence.exit_code = returncode
-        else:
-            evidence.exit_signal = -returncode
-    return evidence
 
 
 class ModelHost:

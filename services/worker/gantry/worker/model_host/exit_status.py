@@ -1,0 +1,34 @@
+"""How a model host's end is told: in words for logs, and as UnloadEvidence that claims only
+what was observed (an exit code only for an exit, the signal for a kill, neither if not gone)."""
+
+from __future__ import annotations
+
+import signal
+
+from gantry.v1 import worker_gateway_pb2
+
+
+def describe_returncode(returncode: int | None) -> str:
+    if returncode is None:
+        return "no exit status"
+    if returncode < 0:
+        try:
+            return f"signal {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"signal {-returncode}"
+    return f"exit code {returncode}"
+
+
+def exit_evidence(
+    pid: int, returncode: int | None, *, exited: bool
+) -> worker_gateway_pb2.UnloadEvidence:
+    """What a stop can truthfully say: an exit code only for a process that exited by itself
+    (returncode >= 0), the signal for one a signal ended, neither for one not confirmed gone."""
+    evidence = worker_gateway_pb2.UnloadEvidence(pid=pid, process_exited=exited)
+    if exited and returncode is not None:
+        if returncode >= 0:
+            evidence.has_exit_code = True
+            evidence.exit_code = returncode
+        else:
+            evidence.exit_signal = -returncode
+    return evidence
