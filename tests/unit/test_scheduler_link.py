@@ -20,13 +20,20 @@ from gantry.common.grpc_server import (
 )
 from gantry.controlplane.scheduler_link import LinkPhase, SchedulerLink
 from gantry.scheduler.auth import ServiceTokenAuthenticator
-from gantry.scheduler.policy.cluster import ClusterView, counts_against_health
+from gantry.scheduler.policy.core import CoreSettings, SchedulerCore
+from gantry.scheduler.policy.events import (
+    NodeInfo,
+    ResidencyInfo,
+    WorkRequest,
+)
+from gantry.scheduler.policy.types import Outcome, ResidencyPhase
 from gantry.scheduler.server import start_scheduler
 from gantry.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 
 TOKEN = tokens.mint_token(tokens.SERVICE_TOKEN, "scheduler")
 CONNECTED = common_pb2.NODE_STATE_CONNECTED
-RESIDENT = common_pb2.RESIDENCY_STATE_RESIDENT
+RESIDENT = ResidencyPhase.RESIDENT
+COLD = ResidencyPhase.COLD
 
 
 def _node(node_id: str) -> scheduler_pb2.SchedulerNode:
@@ -37,7 +44,11 @@ def _residency(
     residency_id: str, deployment_id: str, node_id: str
 ) -> scheduler_pb2.SchedulerResidency:
     return scheduler_pb2.SchedulerResidency(
-        residency_id=residency_id, deployment_id=deployment_id, node_id=node_id, state=RESIDENT
+        residency_id=residency_id,
+        deployment_id=deployment_id,
+        node_id=node_id,
+        state=RESIDENT,
+        slots=4,  # room for every call these tests have in flight at once
     )
 
 
@@ -150,17 +161,28 @@ async def test_a_cancelled_call_is_heard_but_never_counts_against_health(
 
 
 def test_only_infra_failures_count_against_a_residency():
-    view = ClusterView()
-    view.upsert_node("n1", state=CONNECTED, adapters=frozenset())
-    view.upsert_residency("r1", deployment_id="d1", node_id="n1", state=RESIDENT)
-    for outcome in scheduler_pb2.WorkOutcome.values():
-        view.start_work(f"w{outcome}", "r1")
-        residency = view.finish_work(f"w{outcome}", outcome)
-        assert residency is not None
-        assert residency.infra_failures == (1 if counts_against_health(outcome) else 0)
-        residency.infra_failures = 0
-    assert not counts_against_health(scheduler_pb2.WORK_OUTCOME_CANCELLED)
-    assert counts_against_health(scheduler_pb2.WORK_OUTCOME_INFRA_FAILURE)
+    core = SchedulerCore(CoreSettings(breaker_threshold=100))
+    core.load_cluster(
+        nodes=[NodeInfo(node_id="n1", connected=True)],
+        residencies=[
+            ResidencyInfo(residency_id="r1", deployment_id="d1", node_id="n1", phase=RESIDENT)
+        ],
+        deployments=[],
+        policies=[],
+        now=0.0,
+    )
+    for outcome in Outcome:
+        work_id = f"w{outcome.value}"
+        core.submit(WorkRequest(work_id, "t", "d1", priority=0, cost=1), 0.0)
+        core.finish(work_id, outcome, 0.0)
+        (residency,) = core.snapshot(0.0).residencies
+        assert residency.infra_failures == (1 if outcome == Outcome.INFRA_FAILURE else 0)
+        core.upsert_residency(
+            ResidencyInfo(residency_id="r1", deployment_id="d1", node_id="n1", phase=COLD), 0.0
+        )
+        core.upsert_residency(
+            ResidencyInfo(residency_id="r1", deployment_id="d1", node_id="n1", phase=RESIDENT), 0.0
+        )
 
 
 class _SilentScheduler(scheduler_pb2_grpc.SchedulerServicer):

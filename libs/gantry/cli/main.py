@@ -10,7 +10,13 @@ from pathlib import Path
 
 import grpc
 
-from gantry.cli import embed, operator_commands, pipeline_commands
+from gantry.cli import (
+    embed,
+    operator_commands,
+    pipeline_commands,
+    queue_commands,
+    tenant_commands,
+)
 from gantry.cli.connection import ADDRESS_ENV, DEFAULT_ADDRESS, CommandContext, command_tls
 from gantry.cli.errors import CliError, format_gantry_error, format_rpc_error
 from gantry.cli.migrate import migrate
@@ -142,6 +148,22 @@ def build_parser() -> argparse.ArgumentParser:
 
     command("deployments", operator_commands.deployments, "list deployments and residencies")
 
+    tenant_commands.add_tenant_arguments(
+        command(
+            "tenants",
+            tenant_commands.tenants_list,
+            "tenants and their scheduling policies: list, show TENANT, set TENANT --weight N ...",
+        ),
+        options,
+    )
+    queue_commands.add_queue_arguments(
+        command(
+            "queue",
+            queue_commands.queue_command,
+            "the scheduler's queue, per-tenant shares, ledger, breakers and autoscale advice",
+        )
+    )
+
     assess = command(
         "assess", pipeline_commands.assess, "inspect an artifact set statically on a node"
     )
@@ -193,6 +215,26 @@ def build_parser() -> argparse.ArgumentParser:
     deploy.add_argument("approval_id", metavar="APPROVAL_ID")
     deploy.add_argument("--capability", required=True, metavar="NAME")
     deploy.add_argument("--replicas", type=int, default=1)
+    deploy.add_argument(
+        "--min-replicas",
+        type=int,
+        default=0,
+        metavar="N",
+        help="autoscale floor (default: replicas)",
+    )
+    deploy.add_argument(
+        "--max-replicas",
+        type=int,
+        default=0,
+        metavar="N",
+        help="autoscale ceiling (default: replicas)",
+    )
+    deploy.add_argument(
+        "--placement",
+        choices=sorted(operator_commands.PLACEMENT_POLICIES),
+        default="bin-pack",
+        help="bin-pack: fill the fullest node that fits; spread: the least loaded node",
+    )
 
     bind = command("bind", pipeline_commands.bind, "bind a capability to exactly one deployment")
     bind.add_argument("capability", metavar="CAPABILITY")

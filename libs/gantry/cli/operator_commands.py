@@ -10,6 +10,12 @@ from gantry.cli.connection import DEFAULT_TIMEOUT_S, CommandContext, paged
 from gantry.cli.tables import enum_label, format_bytes, format_timestamp, render_table
 from gantry.v1 import common_pb2, control_plane_pb2, control_plane_pb2_grpc
 
+# `gantry deploy --placement`: the CLI's spelling of each PlacementPolicy.
+PLACEMENT_POLICIES = {
+    "bin-pack": common_pb2.PLACEMENT_POLICY_BIN_PACK,
+    "spread": common_pb2.PLACEMENT_POLICY_SPREAD,
+}
+
 
 def _node_state(state: int) -> str:
     return enum_label(common_pb2.NodeState.Name(state), "NODE_STATE_")
@@ -134,7 +140,12 @@ def deploy(context: CommandContext, args: argparse.Namespace) -> int:
     approval's profile, so nothing reaches serving without passing every gate."""
     metadata = context.operator_metadata()
     request = control_plane_pb2.CreateDeploymentRequest(
-        approval_id=args.approval_id, capability=args.capability, replicas=args.replicas
+        approval_id=args.approval_id,
+        capability=args.capability,
+        replicas=args.replicas,
+        min_replicas=args.min_replicas,
+        max_replicas=args.max_replicas,
+        placement_policy=PLACEMENT_POLICIES[args.placement],
     )
     with context.open_channel() as channel:
         deployment = control_plane_pb2_grpc.ControlPlaneStub(channel).CreateDeployment(

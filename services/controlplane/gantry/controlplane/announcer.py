@@ -2,23 +2,45 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from gantry.controlplane import convert
-from gantry.controlplane.domain.transitions import NodeState
-from gantry.controlplane.persistence.models import Node, Residency
+from gantry.controlplane.domain.autoscale import ReplicaBounds
+from gantry.controlplane.domain.deployment_requirements import NOTHING_CHARGED, ResidencyCharge
+from gantry.controlplane.domain.node_capabilities import domains_from_json, node_labels
+from gantry.controlplane.domain.transitions import NodeState, ResidencyState
+from gantry.controlplane.persistence.models import Deployment, Node, Residency
+from gantry.controlplane.residency_charges import ChargeBook
 from gantry.controlplane.route_cache import RouteCache
 from gantry.controlplane.scheduler_link import SchedulerLink
 from gantry.v1 import common_pb2, scheduler_pb2
 
 
-def scheduler_residency(row: Residency) -> scheduler_pb2.SchedulerResidency:
+def scheduler_residency(
+    row: Residency, charge: ResidencyCharge
+) -> scheduler_pb2.SchedulerResidency:
+    """A residency with what it charges its node (the scheduler ignores it while COLD)."""
     return scheduler_pb2.SchedulerResidency(
         residency_id=row.residency_id,
         deployment_id=row.deployment_id,
         node_id=row.node_id,
         state=convert.enum_value(common_pb2.ResidencyState, "RESIDENCY_STATE_", row.state),
+        claims=charge.claims(),
+        slots=charge.slots,
+    )
+
+
+def scheduler_deployment(row: Deployment) -> scheduler_pb2.SchedulerDeployment:
+    """What autoscale advice needs: the replicas wanted and the bounds (each explicit)."""
+    bounds = ReplicaBounds.resolve(
+        replicas=row.replicas, min_replicas=row.min_replicas, max_replicas=row.max_replicas
+    )
+    return scheduler_pb2.SchedulerDeployment(
+        deployment_id=row.deployment_id,
+        replicas=row.replicas,
+        min_replicas=bounds.minimum,
+        max_replicas=bounds.maximum,
     )
 
 
@@ -42,6 +64,8 @@ def scheduler_node(
         state=state,
         generation=generation,
         adapters=sorted(inventory.get("adapters", [])),
+        labels=node_labels(inventory),
+        domains=domains_from_json(inventory.get("domains", [])),
     )
 
 
@@ -49,11 +73,31 @@ class Announcer:
     def __init__(self, *, scheduler: SchedulerLink, routes: RouteCache) -> None:
         self._scheduler = scheduler
         self._routes = routes
+        self._charges = ChargeBook()
+        # Called when capacity may have appeared (a node connected, a residency went COLD): the
+        # reconciler then retries refused placements at once instead of after their backoff.
+        self.on_capacity_freed: Callable[[], None] | None = None
+
+    def learn_charges(self, charges: Mapping[str, ResidencyCharge]) -> None:
+        """Charges just read (by placement, by a snapshot): later announcements carry them."""
+        self._charges.learn(charges)
 
     def residencies(self, rows: Sequence[Residency]) -> None:
         self._routes.clear()
         for row in rows:
-            self._scheduler.residency_changed(scheduler_residency(row))
+            charge = self._charges.charge_of(row.deployment_id)
+            if charge is None and row.state != ResidencyState.COLD:
+                # Announced without claims it would release its charge in the ledger: have the
+                # scheduler rebuild from a snapshot instead, which reads the charge with it.
+                self._scheduler.resynchronise(
+                    f"the charge of deployment {row.deployment_id} is not known here yet"
+                )
+                continue
+            self._scheduler.residency_changed(scheduler_residency(row, charge or NOTHING_CHARGED))
+        if self.on_capacity_freed is not None and any(
+            row.state == ResidencyState.COLD for row in rows
+        ):
+            self.on_capacity_freed()
 
     def node(self, row: Node, connected: Collection[str]) -> None:
         self._routes.clear()
@@ -66,6 +110,13 @@ class Announcer:
                 disabled=row.state == NodeState.DISABLED,
             )
         )
+        if self.on_capacity_freed is not None and row.node_id in connected:
+            self.on_capacity_freed()
 
     def deployments_changed(self) -> None:
         self._routes.clear()
+
+    def deployment(self, row: Deployment, *, removed: bool = False) -> None:
+        """A deployment was created, scaled, or (removed) is being unloaded."""
+        self._routes.clear()
+        self._scheduler.deployment_changed(scheduler_deployment(row), removed=removed)

@@ -10,6 +10,7 @@ from gantry.common.clock import Clock, SystemClock
 from gantry.common.grpc_server import RunningServer, ServiceBinding, create_server
 from gantry.common.tls import ClientTls, ServerTls
 from gantry.controlplane.authn import ControlPlaneAuthenticator
+from gantry.controlplane.autoscaler import ScaleAdviceInbox
 from gantry.controlplane.evidence_pipeline import EvidencePipeline
 from gantry.controlplane.gateway import GatewaySettings, WorkerGatewayService
 from gantry.controlplane.inference_service import InferenceService
@@ -99,11 +100,13 @@ async def start_control_plane(
     async def cluster_state():  # type: ignore[no-untyped-def]
         return await lifecycle_holder[0].cluster_state()
 
+    scale_advice = ScaleAdviceInbox()  # the link fills it, the reconciler acts on it
     scheduler = SchedulerLink(
         address=settings.scheduler_address,
         service_token=settings.scheduler_token,
         cluster_state=cluster_state,
         tls=settings.scheduler_tls,
+        on_scale_advice=scale_advice.offer,
     )
     routes = RouteCache(clock)
     database.routing_watchers.append(routes)  # a binding that moves is never served stale
@@ -117,7 +120,12 @@ async def start_control_plane(
     )
     lifecycle_holder.append(lifecycle)
     reconciler = Reconciler(
-        database=database, hub=hub, lifecycle=lifecycle, clock=clock, settings=settings.reconciler
+        database=database,
+        hub=hub,
+        lifecycle=lifecycle,
+        clock=clock,
+        settings=settings.reconciler,
+        scale_advice=scale_advice,
     )
     authenticator = ControlPlaneAuthenticator(database, clock)
     gateway = WorkerGatewayService(
@@ -144,6 +152,7 @@ async def start_control_plane(
                     authenticator=authenticator,
                     clock=clock,
                     pipeline=pipeline,
+                    scheduler=scheduler,
                 ),
                 control_plane_pb2_grpc.add_ControlPlaneServicer_to_server,
             ),

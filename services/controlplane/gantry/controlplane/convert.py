@@ -10,6 +10,7 @@ from google.protobuf import json_format, timestamp_pb2
 
 from gantry.common.errors import REASONS
 from gantry.common.manifest import ManifestEntry
+from gantry.controlplane.domain.autoscale import ReplicaBounds
 from gantry.controlplane.domain.envelope import profile_envelope
 from gantry.controlplane.persistence import models
 from gantry.v1 import common_pb2, control_plane_pb2, worker_gateway_pb2
@@ -101,6 +102,10 @@ def deployment(
     row: models.Deployment, residencies: Sequence[models.Residency], *, bound: bool = False
 ) -> control_plane_pb2.Deployment:
     """`bound`: its capability's binding names it as the deployment clients reach."""
+    # A legacy 0 reads as "= replicas": the message always shows the bounds in force.
+    bounds = ReplicaBounds.resolve(
+        replicas=row.replicas, min_replicas=row.min_replicas, max_replicas=row.max_replicas
+    )
     message = control_plane_pb2.Deployment(
         deployment_id=row.deployment_id,
         capability=row.capability,
@@ -116,6 +121,11 @@ def deployment(
         profile_id=row.profile_id or "",
         candidate_id=row.candidate_id or "",
         bound=bound,
+        min_replicas=bounds.minimum,
+        max_replicas=bounds.maximum,
+        placement_policy=enum_value(
+            common_pb2.PlacementPolicy, "PLACEMENT_POLICY_", row.placement_policy or "BIN_PACK"
+        ),
     )
     if row.last_failure_reason:
         message.last_failure.CopyFrom(

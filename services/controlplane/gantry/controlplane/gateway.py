@@ -22,6 +22,7 @@ from gantry.common.auth import current_principal
 from gantry.common.clock import Clock
 from gantry.common.errors import GantryError
 from gantry.common.ids import generation_micros
+from gantry.controlplane.domain.node_capabilities import domains_to_json
 from gantry.controlplane.inventory import Reconciled
 from gantry.controlplane.job_handlers import jobs_requeued
 from gantry.controlplane.lifecycle import DeploymentLifecycle
@@ -160,6 +161,8 @@ class WorkerGatewayService(worker_gateway_pb2_grpc.WorkerGatewayServicer):
         adapters = sorted({a for env in hello.environments for a in env.adapters})
         inventory = {
             "adapters": adapters,
+            # What the node offers placement: the scheduler's ledger charges these.
+            "domains": domains_to_json(hello.resource_domains),
             "inventory": json_format.MessageToDict(hello.inventory),
             "environments": [json_format.MessageToDict(e) for e in hello.environments],
         }

@@ -19,6 +19,7 @@ from gantry.common.clock import Clock
 from gantry.common.errors import GantryError, invalid_argument
 from gantry.common.ids import new_id
 from gantry.common.telemetry import inject_context, tracer
+from gantry.controlplane.domain.work_cost import embed_cost, rerank_cost
 from gantry.controlplane.persistence.database import Database
 from gantry.controlplane.route_cache import RouteCache
 from gantry.controlplane.routing import DeploymentResolver
@@ -88,6 +89,13 @@ def validate_rerank(query: str, documents: list[str]) -> None:
             raise GantryError(
                 "INVALID_PAYLOAD", f"document {index} is longer than {MAX_INPUT_CHARS} characters"
             )
+
+
+def work_cost(payload: wg.EmbedPayload | wg.RerankPayload) -> int:
+    """The call's cost for the scheduler (domain/work_cost.py): bytes of text, at least 1."""
+    if isinstance(payload, wg.RerankPayload):
+        return rerank_cost(payload.query, payload.documents)
+    return embed_cost(payload.inputs)
 
 
 def ranked(scores: Sequence[float], top_n: int) -> list[inference_pb2.RankedDocument]:
@@ -272,6 +280,9 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
                             priority=request.priority or common_pb2.PRIORITY_INTERACTIVE,
                             deployment_id=deployment_id,
                             capability=request.capability,
+                            cost=work_cost(payload),
+                            # Work still queued past the call's budget has no one to answer.
+                            timeout_seconds=budget.seconds,
                         ),
                         timeout=budget.seconds,
                     )
@@ -306,7 +317,11 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
             raise
         finally:
             if not refused:
-                self._scheduler.work_finished(work_id, work_outcome(error, budget))
+                self._scheduler.work_finished(
+                    work_id,
+                    work_outcome(error, budget),
+                    reason=error.reason if isinstance(error, GantryError) else "",
+                )
 
     async def _resolve(
         self, request: inference_pb2.EmbedRequest | inference_pb2.RerankRequest

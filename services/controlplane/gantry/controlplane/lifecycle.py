@@ -19,7 +19,14 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from gantry.common.clock import Clock
 from gantry.common.errors import GantryError
-from gantry.controlplane.announcer import Announcer, scheduler_node, scheduler_residency
+from gantry.controlplane.announcer import (
+    Announcer,
+    scheduler_deployment,
+    scheduler_node,
+    scheduler_residency,
+)
+from gantry.controlplane.domain.deployment_health import LIVE_STATES
+from gantry.controlplane.domain.tenant_policy_rules import policy_message
 from gantry.controlplane.domain.transitions import (
     DeploymentState,
     JobState,
@@ -30,11 +37,12 @@ from gantry.controlplane.domain.transitions import (
 from gantry.controlplane.inventory import Reconciled, reconcile_inventory
 from gantry.controlplane.job_handlers import HANDLERS, ResultContext
 from gantry.controlplane.job_pump import JobPump
-from gantry.controlplane.persistence import audit, deployments, jobs, nodes
+from gantry.controlplane.persistence import audit, deployments, jobs, nodes, tenants
 from gantry.controlplane.persistence.database import Database
 from gantry.controlplane.persistence.jobs import ResultCommit
 from gantry.controlplane.persistence.models import Deployment, Residency, ServingJob
 from gantry.controlplane.placement import Placer
+from gantry.controlplane.residency_charges import read_charges
 from gantry.controlplane.route_cache import RouteCache
 from gantry.controlplane.scheduler_link import SchedulerLink
 from gantry.controlplane.worker_sessions import WorkerHub
@@ -281,6 +289,14 @@ class DeploymentLifecycle:
         async with self._database.transaction() as session:
             node_rows = await nodes.list_nodes(session, after="", limit=100_000)
             live = await deployments.all_live_residencies(session)
+            live_deployments = await deployments.deployments_in_states(session, LIVE_STATES)
+            policies = await tenants.stored_policies(session)
+            # Every charge a residency may need to be announced with until the next snapshot.
+            charges = await read_charges(
+                session,
+                [r.deployment_id for r in live] + [d.deployment_id for d in live_deployments],
+            )
+        self.announcer.learn_charges(charges)
         connected = set(self._hub.connected_node_ids())
         return scheduler_pb2.ClusterState(
             nodes=[
@@ -293,7 +309,9 @@ class DeploymentLifecycle:
                 )
                 for n in node_rows
             ],
-            residencies=[scheduler_residency(r) for r in live],
+            residencies=[scheduler_residency(r, charges[r.deployment_id]) for r in live],
+            deployments=[scheduler_deployment(d) for d in live_deployments],
+            tenant_policies=[policy_message(p) for p in policies],
         )
 
 

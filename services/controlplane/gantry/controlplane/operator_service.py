@@ -1,6 +1,7 @@
 """The ControlPlane service: what operators do (register, deploy, unload, inspect).
 
-The evidence pipeline's RPCs and capability bindings are mixed in from pipeline_service.py.
+The evidence pipeline's RPCs and capability bindings are mixed in from pipeline_service.py;
+tenant policies and the scheduler's queue snapshot from tenant_service.py.
 """
 
 from __future__ import annotations
@@ -35,19 +36,24 @@ from gantry.controlplane.persistence.database import Database
 from gantry.controlplane.persistence.models import Deployment
 from gantry.controlplane.persistence.transitions import retry_on_conflict
 from gantry.controlplane.pipeline_service import EvidencePipelineRpcs
+from gantry.controlplane.scheduler_link import SchedulerLink
+from gantry.controlplane.tenant_service import TenantPolicyRpcs
 from gantry.controlplane.validation import (
     MAX_API_KEY_NAME_CHARS,
+    ReplicaRequest,
     _check_labels,
     _check_length,
     _check_name,
+    check_placement_policy,
+    check_replicas,
 )
 from gantry.v1 import control_plane_pb2 as cp
 from gantry.v1 import control_plane_pb2_grpc
 
-MAX_REPLICAS = 64
 
-
-class ControlPlaneService(EvidencePipelineRpcs, control_plane_pb2_grpc.ControlPlaneServicer):
+class ControlPlaneService(
+    EvidencePipelineRpcs, TenantPolicyRpcs, control_plane_pb2_grpc.ControlPlaneServicer
+):
     def __init__(
         self,
         *,
@@ -57,6 +63,7 @@ class ControlPlaneService(EvidencePipelineRpcs, control_plane_pb2_grpc.ControlPl
         authenticator: ControlPlaneAuthenticator,
         clock: Clock,
         pipeline: EvidencePipeline,
+        scheduler: SchedulerLink,
     ) -> None:
         self._database = database
         self._lifecycle = lifecycle
@@ -64,6 +71,7 @@ class ControlPlaneService(EvidencePipelineRpcs, control_plane_pb2_grpc.ControlPl
         self._authenticator = authenticator
         self._clock = clock
         self._pipeline = pipeline
+        self._scheduler = scheduler
         # In-process only (tests of the legacy path): never a flag or an environment variable.
 
     async def RegisterNode(
@@ -237,13 +245,12 @@ class ControlPlaneService(EvidencePipelineRpcs, control_plane_pb2_grpc.ControlPl
         new deployment in the same transaction: at once if nothing holds it, else as pending
         until the new one is READY."""
         _check_name(request.capability, field="capability")
-        replicas = request.replicas or 1
-        if replicas > MAX_REPLICAS:
-            raise invalid_argument(
-                f"replicas must be at most {MAX_REPLICAS}",
-                field="replicas",
-                limit=str(MAX_REPLICAS),
-            )
+        replicas = check_replicas(
+            replicas=request.replicas,
+            min_replicas=request.min_replicas,
+            max_replicas=request.max_replicas,
+        )
+        placement_policy = check_placement_policy(request.placement_policy)
         if not request.approval_id:
             raise GantryError(
                 "NOT_APPROVED",
@@ -251,14 +258,21 @@ class ControlPlaneService(EvidencePipelineRpcs, control_plane_pb2_grpc.ControlPl
                 "(AssessCompatibility, CreateRuntimeProfile, StartProbe, ApproveCandidate)",
             )
         approval_id = parse_id(request.approval_id, field="approval_id")
-        row = await self._create_approved_deployment(request, approval_id, replicas)
-        self._lifecycle.announcer.deployments_changed()
+        row = await self._create_approved_deployment(
+            request, approval_id, replicas, placement_policy=placement_policy
+        )
+        self._lifecycle.announcer.deployment(row)
         # A refusal leaves it PENDING with the reason; the reconciler places it when it can.
         await self._lifecycle.place(row)
         return await self._deployment(row.deployment_id)
 
     async def _create_approved_deployment(
-        self, request: cp.CreateDeploymentRequest, approval_id: str, replicas: int
+        self,
+        request: cp.CreateDeploymentRequest,
+        approval_id: str,
+        replicas: ReplicaRequest,
+        *,
+        placement_policy: str,
     ) -> Deployment:
         async def attempt() -> Deployment:
             now = self._clock.now()
@@ -272,7 +286,10 @@ class ControlPlaneService(EvidencePipelineRpcs, control_plane_pb2_grpc.ControlPl
                     artifact_set_id=profile.artifact_set_id,
                     adapter=dict(profile.adapter),
                     environment_id=profile.environment_id,
-                    replicas=replicas,
+                    replicas=replicas.replicas,
+                    min_replicas=replicas.min_replicas,
+                    max_replicas=replicas.max_replicas,
+                    placement_policy=placement_policy,
                     now=now,
                     approval_id=source.approval.approval_id,
                     profile_id=profile.profile_id,
@@ -288,6 +305,10 @@ class ControlPlaneService(EvidencePipelineRpcs, control_plane_pb2_grpc.ControlPl
                     now=now,
                     capability=row.capability,
                     approval_id=approval_id,
+                    replicas=row.replicas,
+                    min_replicas=row.min_replicas,
+                    max_replicas=row.max_replicas,
+                    placement_policy=row.placement_policy,
                 )
                 return row
 
@@ -341,7 +362,9 @@ class ControlPlaneService(EvidencePipelineRpcs, control_plane_pb2_grpc.ControlPl
         self, request: cp.UnloadDeploymentRequest, context: grpc.aio.ServicerContext
     ) -> cp.Deployment:
         deployment_id = parse_id(request.deployment_id, field="deployment_id")
-        await self._lifecycle.unload(deployment_id, actor=current_principal().subject)
+        row = await self._lifecycle.unload(deployment_id, actor=current_principal().subject)
+        # After the commit: the scheduler gives no more advice for it.
+        self._lifecycle.announcer.deployment(row, removed=True)
         return await self._deployment(deployment_id)
 
     async def CreateApiKey(

@@ -1,11 +1,12 @@
 """Placement: ask the scheduler where replicas go, then record residencies and LOAD jobs.
 
-A refusal (no eligible node, no capacity) is recorded on the deployment, which stays PENDING with
-its reason: the reconciler asks again when nodes or capacity change. It never FAILS for that.
+The scheduler is asked with what each replica charges (its profile's envelope: the larger of the
+operator's estimate and the probe's measured peak, for RAM and VRAM), the labels a node must carry
+(`adapter:<name>`, and `device:cuda` for a model on a GPU) and the deployment's placement policy.
 
-Memory is not counted here yet: the scheduler's placement asks only for the adapter. What a
-deployment should charge once it is, is `profile_envelope(profile)` (domain/envelope.py): the
-larger of the operator's estimate and the probe's measured peak, for RAM and VRAM.
+A refusal (no eligible node, no capacity) is recorded on the deployment with each node's reason;
+it stays PENDING and the reconciler asks again with backoff; a node connecting or a residency
+going COLD (capacity that may fit it) makes it due at once. It never FAILS for that.
 """
 
 from __future__ import annotations
@@ -21,6 +22,11 @@ from gantry.common.errors import GantryError
 from gantry.controlplane import convert
 from gantry.controlplane.announcer import Announcer
 from gantry.controlplane.domain.deployment_health import LIVE_STATES
+from gantry.controlplane.domain.deployment_requirements import (
+    placement_policy,
+    refusal_message,
+    required_labels,
+)
 from gantry.controlplane.domain.envelope import profile_envelope
 from gantry.controlplane.domain.transitions import (
     DeploymentState,
@@ -31,7 +37,8 @@ from gantry.controlplane.domain.transitions import (
 from gantry.controlplane.persistence import deployments, jobs, nodes
 from gantry.controlplane.persistence.database import Database
 from gantry.controlplane.persistence.models import Deployment, Residency
-from gantry.controlplane.scheduler_link import SchedulerLink
+from gantry.controlplane.residency_charges import read_charges
+from gantry.controlplane.scheduler_link import PlacementRefused, SchedulerLink
 from gantry.controlplane.settle import settle_deployment
 
 log = logging.getLogger(__name__)
@@ -95,15 +102,27 @@ class Placer:
         async with self._database.transaction() as session:
             deployment = await deployments.get_deployment(session, deployment_id)
             replicas = await missing_replicas(session, deployment)
+            charges = await read_charges(session, [deployment_id])
         if deployment.state not in LIVE_STATES or replicas <= 0:
             return []
-        adapter = convert.adapter_from_json(deployment.adapter).adapter
+        charge = charges[deployment_id]
+        adapter = convert.adapter_from_json(deployment.adapter)
         try:
             node_ids = await self._scheduler.place(
-                deployment_id=deployment_id, replicas=replicas, required_adapter=adapter
+                deployment_id=deployment_id,
+                replicas=replicas,
+                required_adapter=adapter.adapter,
+                claims=charge.claims(),
+                required_labels=required_labels(adapter),
+                policy=placement_policy(deployment.placement_policy),
             )
+        except PlacementRefused as refusal:
+            await self._refused(
+                deployment_id, refusal, refusal_message(refusal.message, refusal.node_refusals)
+            )
+            return []
         except GantryError as error:
-            await self._refused(deployment_id, error)
+            await self._refused(deployment_id, error, error.message)
             return []
         now = self._clock.now()
         changed: list[Residency] = []
@@ -119,11 +138,12 @@ class Placer:
                 await queue_load(session, row, residency, now=now)
                 changed.append(residency)
             await settle_deployment(session, deployment_id, now=now)
+        self._announcer.learn_charges(charges)
         self._announcer.residencies(changed)
         return node_ids
 
-    async def _refused(self, deployment_id: str, error: GantryError) -> None:
-        log.info("deployment %s not placed: %s %s", deployment_id, error.reason, error.message)
+    async def _refused(self, deployment_id: str, error: GantryError, message: str) -> None:
+        log.info("deployment %s not placed: %s %s", deployment_id, error.reason, message)
         async with self._database.transaction() as session:
             row = await deployments.get_deployment(session, deployment_id)
             if row.state == DeploymentState.PENDING:
@@ -133,5 +153,5 @@ class Placer:
                     DeploymentState.PENDING,
                     now=self._clock.now(),
                     failure_reason=error.reason,
-                    failure_message=error.message,
+                    failure_message=message,
                 )

@@ -10,6 +10,8 @@ Each pass, with time from the injected clock:
    with backoff per deployment; a refusal leaves them PENDING with the reason;
 5. UNCERTAIN residencies on a connected node get another UNLOAD, with backoff;
 6. every connected node with queued jobs gets a pump pass.
+Before placement, the latest scale advice per deployment (autoscaler.py) is applied: it moves
+the replicas wanted within the deployment's bounds, and drains any surplus.
 Handlers never sleep or poll: they record facts and `wake()` this loop.
 """
 
@@ -24,6 +26,7 @@ from dataclasses import dataclass
 
 from gantry.common.clock import Clock
 from gantry.common.errors import GantryError
+from gantry.controlplane.autoscaler import Autoscaler, ScaleAdviceInbox
 from gantry.controlplane.domain.backoff import Backoff
 from gantry.controlplane.domain.deployment_health import LIVE_STATES
 from gantry.controlplane.domain.transitions import JobType, NodeState, ResidencyState
@@ -69,6 +72,7 @@ class Reconciler:
         lifecycle: DeploymentLifecycle,
         clock: Clock,
         settings: ReconcilerSettings,
+        scale_advice: ScaleAdviceInbox | None = None,
     ) -> None:
         self._database = database
         self._hub = hub
@@ -82,6 +86,11 @@ class Reconciler:
         self._unloads = Backoff(
             clock, initial_s=settings.retry_initial_s, max_s=settings.retry_max_s
         )
+        # Filled from the scheduler link's reader; new advice wakes the loop.
+        self.scale_advice = scale_advice or ScaleAdviceInbox()
+        self.scale_advice.on_offer = self.wake
+        self._autoscaler = Autoscaler(database=database, hub=hub, lifecycle=lifecycle, clock=clock)
+        lifecycle.announcer.on_capacity_freed = self.capacity_freed
         self._task: asyncio.Task[None] | None = None
         self.passes = 0
 
@@ -95,6 +104,11 @@ class Reconciler:
                 await self._task
 
     def wake(self) -> None:
+        self._wake.set()
+
+    def capacity_freed(self) -> None:
+        """A node connected or a residency went COLD: refused placements are due again now."""
+        self._placements.reset()
         self._wake.set()
 
     async def run(self) -> None:
@@ -127,6 +141,7 @@ class Reconciler:
         dispatch |= await self._expire_leases(now)
         await self._disconnect_stale(now)
         await self._forget_absent(now)
+        dispatch |= await self._apply_scale_advice()
         dispatch |= await self._place_missing_replicas()
         dispatch |= await self._retry_uncertain(now)
         dispatch |= await self._nodes_with_queued_jobs()
@@ -228,7 +243,17 @@ class Reconciler:
         if changed:
             self._lifecycle.announce(changed)
 
-    # ---- 4. placement -------------------------------------------------------------------------
+    # ---- 4. scale advice, then placement ------------------------------------------------------
+
+    async def _apply_scale_advice(self) -> set[str]:
+        dispatch: set[str] = set()
+        for advice in self.scale_advice.take():
+            try:
+                dispatch |= await self._autoscaler.apply(advice)
+            except GantryError as error:
+                # Dropped, not retried: the scheduler advises again while the need lasts.
+                log.warning("scale advice for %s not applied: %s", advice.deployment_id, error)
+        return dispatch
 
     async def _place_missing_replicas(self) -> set[str]:
         wanted: set[str] = set()

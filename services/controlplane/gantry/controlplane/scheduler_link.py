@@ -15,6 +15,9 @@ Everything is bounded and nothing blocks: a request past `waiters_limit` or a fu
 answered QUEUE_FULL; an update that finds the outbox (or the replay buffer) full cannot be dropped
 silently, so the link resynchronises: it ends the stream after what is queued, and the reconnect
 sends a fresh snapshot that holds the update.
+
+Outputs nobody waits for (a breaker that moved, scale advice) go to optional callbacks, called on
+the stream's reader: each must only schedule work (record it, wake a loop), never block.
 """
 
 from __future__ import annotations
@@ -23,7 +26,9 @@ import asyncio
 import contextlib
 import enum
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import TypeVar
 
 import grpc
 
@@ -33,18 +38,31 @@ from gantry.common.grpc_server import channel
 from gantry.common.ids import new_id
 from gantry.common.telemetry import inject_context
 from gantry.common.tls import ClientTls
-from gantry.v1 import scheduler_pb2, scheduler_pb2_grpc
+from gantry.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 
 log = logging.getLogger(__name__)
 
 ClusterStateSource = Callable[[], Awaitable[scheduler_pb2.ClusterState]]
+BreakerListener = Callable[[scheduler_pb2.BreakerChanged], None]
+ScaleAdviceListener = Callable[[scheduler_pb2.ScaleAdvice], None]
 _CLOSE = object()
+_Output = TypeVar("_Output", scheduler_pb2.BreakerChanged, scheduler_pb2.ScaleAdvice)
 
 DEFAULT_OUTBOX_LIMIT = 4096
+MAX_BATCH = 256  # inputs coalesced into one stream message at most
 DEFAULT_WAITERS_LIMIT = 4096
 DEFAULT_REPLAY_BUFFER_LIMIT = 4096
 # Snapshot reads retried when updates overflow the replay buffer while one is being read.
 _MAX_SNAPSHOT_READS = 3
+
+
+class PlacementRefused(GantryError):
+    """A refused PlaceDeployment: the scheduler's reason, and why each node said no."""
+
+    def __init__(self, rejected: scheduler_pb2.Rejected) -> None:
+        refused = GantryError.from_failure(rejected.failure)
+        super().__init__(refused.reason, refused.message, **refused.metadata)
+        self.node_refusals = list(rejected.node_refusals)
 
 
 class LinkPhase(enum.Enum):
@@ -66,8 +84,14 @@ class SchedulerLink:
         waiters_limit: int = DEFAULT_WAITERS_LIMIT,
         replay_buffer_limit: int = DEFAULT_REPLAY_BUFFER_LIMIT,
         tls: ClientTls | None = None,
+        on_breaker_changed: BreakerListener | None = None,
+        on_scale_advice: ScaleAdviceListener | None = None,
     ) -> None:
         self._address = address
+        self._on_breaker_changed = on_breaker_changed
+        self._on_scale_advice = on_scale_advice
+        # Breaker moves heard, by the state entered (BREAKER_STATE_* name): for operators/tests.
+        self.breaker_changes: Counter[str] = Counter()
         self._tls = tls
         self._token = service_token
         self._cluster_state = cluster_state
@@ -114,16 +138,29 @@ class SchedulerLink:
         output = await self._request(work.work_id, message, timeout=timeout)
         return output.dispatch
 
-    def work_finished(self, work_id: str, outcome: scheduler_pb2.WorkOutcome) -> None:
+    def work_finished(
+        self, work_id: str, outcome: scheduler_pb2.WorkOutcome, *, reason: str = ""
+    ) -> None:
         self._send(
             scheduler_pb2.SchedulerInput(
-                work_finished=scheduler_pb2.WorkFinished(work_id=work_id, outcome=outcome)
+                work_finished=scheduler_pb2.WorkFinished(
+                    work_id=work_id, outcome=outcome, reason=reason
+                )
             )
         )
 
     async def place(
-        self, *, deployment_id: str, replicas: int, required_adapter: str, timeout: float = 10.0
+        self,
+        *,
+        deployment_id: str,
+        replicas: int,
+        required_adapter: str,
+        claims: Sequence[common_pb2.ResourceClaim] = (),
+        required_labels: Sequence[str] = (),
+        policy: common_pb2.PlacementPolicy = common_pb2.PLACEMENT_POLICY_BIN_PACK,
+        timeout: float = 10.0,
     ) -> list[str]:
+        """The nodes for up to `replicas` new replicas; a refusal raises `PlacementRefused`."""
         request_id = new_id()
         message = scheduler_pb2.SchedulerInput(
             place_deployment=scheduler_pb2.PlaceDeployment(
@@ -131,6 +168,9 @@ class SchedulerLink:
                 deployment_id=deployment_id,
                 replicas=replicas,
                 required_adapter=required_adapter,
+                claims=claims,
+                required_labels=required_labels,
+                policy=policy,
             )
         )
         output = await self._request(request_id, message, timeout=timeout)
@@ -145,6 +185,44 @@ class SchedulerLink:
                 residency_update=scheduler_pb2.ResidencyUpdate(residency=residency)
             )
         )
+
+    def deployment_changed(
+        self, deployment: scheduler_pb2.SchedulerDeployment, *, removed: bool = False
+    ) -> None:
+        self._send(
+            scheduler_pb2.SchedulerInput(
+                deployment_update=scheduler_pb2.DeploymentUpdate(
+                    deployment=deployment, removed=removed
+                )
+            )
+        )
+
+    def tenant_policies_changed(self, policies: Sequence[common_pb2.TenantPolicy]) -> None:
+        """Stored policies, announced after their commit; the scheduler applies them as upserts."""
+        self._send(
+            scheduler_pb2.SchedulerInput(
+                tenant_policies=scheduler_pb2.TenantPolicies(policies=policies)
+            )
+        )
+
+    async def queue_snapshot(self, *, timeout: float) -> scheduler_pb2.QueueSnapshot:
+        """The scheduler's live queue for operators: a unary call on a channel of its own, so it
+        neither waits behind the stream's outbox nor needs the stream to be up."""
+        try:
+            async with channel(self._address, self._tls) as snapshot_channel:
+                stub = scheduler_pb2_grpc.SchedulerStub(snapshot_channel)
+                return await stub.GetQueueSnapshot(
+                    scheduler_pb2.GetQueueSnapshotRequest(),
+                    metadata=auth_metadata(self._token),
+                    timeout=timeout,
+                )
+        except grpc.aio.AioRpcError as error:
+            raise GantryError(
+                "SCHEDULER_UNAVAILABLE",
+                f"the scheduler at {self._address} did not give its queue snapshot:"
+                f" {error.code().name} {error.details()}",
+                code=error.code().name,
+            ) from None
 
     def _send(self, message: scheduler_pb2.SchedulerInput) -> None:
         """Queue a one-way message (a state update, a finished work). Never blocks or raises."""
@@ -189,6 +267,8 @@ class SchedulerLink:
         finally:
             self._waiters.pop(key, None)
         if output.WhichOneof("kind") == "rejected":
+            if output.rejected.node_refusals:
+                raise PlacementRefused(output.rejected)
             raise GantryError.from_failure(output.rejected.failure)
         return output
 
@@ -241,6 +321,15 @@ class SchedulerLink:
             raise GantryError("QUEUE_FULL", "the replay does not fit the outbox to the scheduler")
         return [scheduler_pb2.SchedulerInput(cluster_state=snapshot), *buffered]
 
+    def resynchronise(self, why: str) -> None:
+        """Have the scheduler rebuild from a snapshot read after this call: for a committed
+        change that cannot be announced as it is (the snapshot then carries it whole)."""
+        if self._phase is LinkPhase.REPLAYING:
+            self._replay_overflowed = True  # the snapshot being read may predate the change
+        elif self._phase is LinkPhase.CONNECTED:
+            self._resync(why)
+        # DISCONNECTED / RESYNCING: the next snapshot is read after this call anyway.
+
     def _new_outbox(self) -> asyncio.Queue[scheduler_pb2.SchedulerInput | object]:
         # One slot past the limit stays free for the close marker of a resync.
         return asyncio.Queue(maxsize=self._outbox_limit + 1)
@@ -261,28 +350,83 @@ class SchedulerLink:
             self._connected.clear()
 
     async def _outgoing(self) -> AsyncIterator[scheduler_pb2.SchedulerInput]:
+        """The outbox, in order. What is already waiting goes as one InputBatch: under load a
+        stream message then costs once for many calls, and an idle link still sends each at once."""
         outbox = self._outbox
         while True:
             message = await outbox.get()
             if message is _CLOSE:
                 return
             assert isinstance(message, scheduler_pb2.SchedulerInput)
-            yield message
+            batch = [message]
+            closing = False
+            while len(batch) < MAX_BATCH and not outbox.empty():
+                more = outbox.get_nowait()
+                if more is _CLOSE:
+                    closing = True
+                    break
+                assert isinstance(more, scheduler_pb2.SchedulerInput)
+                batch.append(more)
+            if len(batch) == 1:
+                yield message
+            else:
+                yield scheduler_pb2.SchedulerInput(batch=scheduler_pb2.InputBatch(inputs=batch))
+            if closing:
+                return
 
     def _resolve(self, output: scheduler_pb2.SchedulerOutput) -> None:
         kind = output.WhichOneof("kind")
+        if kind == "batch":
+            for inner in output.batch.outputs:
+                if inner.WhichOneof("kind") == "batch":
+                    log.error("a nested scheduler output batch was ignored")
+                    continue
+                self._resolve(inner)
+            return
         if kind == "dispatch":
             key = output.dispatch.work_id
         elif kind == "rejected":
             key = output.rejected.work_id
         elif kind == "placement":
             key = output.placement.request_id
+        elif kind == "breaker_changed":
+            self._breaker_changed(output.breaker_changed)
+            return
+        elif kind == "scale_advice":
+            self._notify(self._on_scale_advice, output.scale_advice, kind)
+            return
         else:
             log.error("unknown scheduler output %r", kind)
             return
         future = self._waiters.get(key)
         if future is not None and not future.done():
             future.set_result(output)
+
+    def _breaker_changed(self, change: scheduler_pb2.BreakerChanged) -> None:
+        state = scheduler_pb2.BreakerState.Name(change.state)
+        self.breaker_changes[state] += 1
+        # An opening breaker takes capacity away: worth an operator's attention.
+        opening = change.state == scheduler_pb2.BREAKER_STATE_OPEN
+        level = logging.WARNING if opening else logging.INFO
+        log.log(
+            level,
+            "scheduler breaker %s on node %s%s after %d consecutive failure(s)",
+            state.removeprefix("BREAKER_STATE_"),
+            change.node_id,
+            f" deployment {change.deployment_id}" if change.deployment_id else "",
+            change.consecutive_failures,
+        )
+        self._notify(self._on_breaker_changed, change, "breaker_changed")
+
+    @staticmethod
+    def _notify(listener: Callable[[_Output], None] | None, message: _Output, kind: str) -> None:
+        if listener is None:
+            return
+        try:
+            listener(message)
+        except Exception:
+            # A listener's bug must not end the stream that every request depends on.
+            log.exception("the %s listener failed", kind)
 
     def _fail_waiters(self, why: str) -> None:
         for future in self._waiters.values():

@@ -7,8 +7,10 @@ database work; an adapter no worker can run is RUNTIME_INCOMPATIBLE, never a fal
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 from gantry.common.errors import GantryError, invalid_argument
+from gantry.controlplane.domain.autoscale import PlacementPolicyName
 from gantry.v1 import common_pb2
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -26,6 +28,12 @@ MAX_REASON_CHARS = 1000
 # Byte sizes are stored in signed 64-bit columns.
 MAX_BYTES = 2**63 - 1
 _DEVICE = re.compile(r"cpu|cuda(:\d+)?")
+MAX_REPLICAS = 64
+_PLACEMENT_POLICIES = {
+    common_pb2.PLACEMENT_POLICY_UNSPECIFIED: PlacementPolicyName.BIN_PACK,
+    common_pb2.PLACEMENT_POLICY_BIN_PACK: PlacementPolicyName.BIN_PACK,
+    common_pb2.PLACEMENT_POLICY_SPREAD: PlacementPolicyName.SPREAD,
+}
 
 
 def _check_labels(labels: dict[str, str]) -> dict[str, str]:
@@ -102,3 +110,51 @@ def check_adapter_settings(adapter: common_pb2.AdapterSettings) -> common_pb2.Ad
             limit=str(MAX_INPUT_LENGTH_TOKENS),
         )
     return adapter
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReplicaRequest:
+    """A deployment's replicas and autoscale bounds, each resolved (no 0 left) and checked."""
+
+    replicas: int
+    min_replicas: int
+    max_replicas: int
+
+
+def check_replicas(*, replicas: int, min_replicas: int, max_replicas: int) -> ReplicaRequest:
+    """replicas 0 = 1; a bound 0 = replicas; then min <= replicas <= max <= MAX_REPLICAS."""
+    replicas = replicas or 1
+    resolved = ReplicaRequest(
+        replicas=replicas,
+        min_replicas=min_replicas or replicas,
+        max_replicas=max_replicas or replicas,
+    )
+    for field, value in (("replicas", resolved.replicas), ("max_replicas", resolved.max_replicas)):
+        if value > MAX_REPLICAS:
+            raise invalid_argument(
+                f"{field} must be at most {MAX_REPLICAS}", field=field, limit=str(MAX_REPLICAS)
+            )
+    if resolved.min_replicas > resolved.replicas:
+        raise invalid_argument(
+            f"min_replicas ({resolved.min_replicas}) must be at most replicas "
+            f"({resolved.replicas})",
+            field="min_replicas",
+            limit=str(resolved.replicas),
+        )
+    if resolved.replicas > resolved.max_replicas:
+        raise invalid_argument(
+            f"max_replicas ({resolved.max_replicas}) must be at least replicas "
+            f"({resolved.replicas})",
+            field="max_replicas",
+        )
+    return resolved
+
+
+def check_placement_policy(policy: int) -> PlacementPolicyName:
+    """UNSPECIFIED is BIN_PACK; a value this version does not know is refused, not guessed."""
+    try:
+        return _PLACEMENT_POLICIES[common_pb2.PlacementPolicy.ValueType(policy)]
+    except KeyError:
+        raise invalid_argument(
+            f"placement_policy {policy} is not BIN_PACK or SPREAD", field="placement_policy"
+        ) from None

@@ -16,7 +16,23 @@ from gantry.common.tls import (
     listener_mode,
     server_tls_from,
 )
+from gantry.scheduler.policy.core import CoreSettings
 from gantry.scheduler.server import start_scheduler
+from gantry.scheduler.service import SchedulerSettings
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be above 0, got {text}")
+    return value
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -28,8 +44,57 @@ def main(argv: list[str] | None = None) -> int:
         metavar="HOST:PORT",
         help="also serve grpc.health.v1 alone, plaintext, here (probes that cannot speak TLS)",
     )
+    defaults = CoreSettings()
+    queueing = parser.add_argument_group("queueing and admission")
+    queueing.add_argument(
+        "--global-queue-depth",
+        type=_positive_int,
+        default=defaults.global_queue_depth,
+        help="calls waiting across all tenants; past it QUEUE_FULL (default %(default)s)",
+    )
+    queueing.add_argument(
+        "--tenant-queue-depth",
+        type=_positive_int,
+        default=defaults.tenant_queue_depth,
+        help="a tenant's waiting calls when its policy sets none (default %(default)s)",
+    )
+    queueing.add_argument(
+        "--tenant-concurrency",
+        type=_positive_int,
+        default=defaults.tenant_concurrency,
+        help="a tenant's outstanding calls when its policy sets none (default %(default)s)",
+    )
+    queueing.add_argument(
+        "--aging-s",
+        type=_positive_float,
+        default=defaults.aging_seconds,
+        help="BATCH work waiting this long competes as INTERACTIVE (default %(default)s)",
+    )
+    breakers = parser.add_argument_group("circuit breakers")
+    breakers.add_argument(
+        "--breaker-threshold",
+        type=_positive_int,
+        default=defaults.breaker_threshold,
+        help="consecutive INFRA failures that open a breaker (default %(default)s)",
+    )
+    breakers.add_argument(
+        "--breaker-cooldown-s",
+        type=_positive_float,
+        default=defaults.breaker_cooldown_seconds,
+        help="seconds an open breaker waits before one probe call (default %(default)s)",
+    )
     add_server_tls_arguments(parser)
     args = parser.parse_args(argv)
+    settings = SchedulerSettings(
+        core=CoreSettings(
+            global_queue_depth=args.global_queue_depth,
+            tenant_queue_depth=args.tenant_queue_depth,
+            tenant_concurrency=args.tenant_concurrency,
+            aging_seconds=args.aging_s,
+            breaker_threshold=args.breaker_threshold,
+            breaker_cooldown_seconds=args.breaker_cooldown_s,
+        )
+    )
     try:
         tls = server_tls_from(args)
         if tls is not None:
@@ -42,7 +107,11 @@ def main(argv: list[str] | None = None) -> int:
 
     async def serve() -> None:
         server, _ = await start_scheduler(
-            listen=args.listen, service_token=token, tls=tls, health_listen=args.health_listen
+            listen=args.listen,
+            service_token=token,
+            tls=tls,
+            health_listen=args.health_listen,
+            settings=settings,
         )
         logging.getLogger(__name__).info(
             "scheduler listening on port %d (%s)", server.port, listener_mode(tls)

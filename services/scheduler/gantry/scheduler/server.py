@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from gantry.common.clock import Clock
 from gantry.common.grpc_server import RunningServer, ServiceBinding, create_server
 from gantry.common.tls import ServerTls
 from gantry.scheduler.auth import ServiceTokenAuthenticator
@@ -16,8 +17,9 @@ async def start_scheduler(
     settings: SchedulerSettings | None = None,
     tls: ServerTls | None = None,
     health_listen: str | None = None,
+    clock: Clock | None = None,
 ) -> tuple[RunningServer, SchedulerService]:
-    service = SchedulerService(settings)
+    service = SchedulerService(settings, clock=clock)
     server = await create_server(
         listen=listen,
         services=[

@@ -1,209 +1,235 @@
 """The scheduler's gRPC surface: one Connect stream from the control plane, and snapshots.
 
-The pump is thin: it feeds stream messages to the cluster view and asks the pure routing rules for
-decisions. Nothing here survives a restart that the control plane cannot replay.
-
-There is no outbox: each answer is yielded inline, so a slow reader on the control plane's side
-holds this pump back through gRPC flow control instead of growing a queue here. What is bounded
-is the in-flight work the view tracks: past `max_in_flight` a dispatch is refused QUEUE_FULL.
+The pump is a reader task, the pure core, a ticker and a bounded outbox. The reader feeds each
+input to the core and puts its decisions in the outbox; the ticker feeds the core the time (queued
+deadlines, breaker cooldowns, placement holds, autoscale advice); the response stream drains the
+outbox. Decisions for queued work come later than its input (when a slot frees), so they cannot be
+yielded inline. A full outbox makes the reader wait: the control plane's sends are then held back
+by gRPC flow control, never dropped. Nothing here survives a new stream: the control plane replays
+the cluster state, and every waiter of the old stream was already failed on its side.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections import Counter
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import grpc
 
+from gantry.common.clock import Clock, SystemClock
 from gantry.common.errors import GantryError
 from gantry.common.telemetry import extract_context, inject_context, tracer
-from gantry.scheduler.policy.cluster import ClusterView, ResidencyView
-from gantry.scheduler.policy.routing import Refusal, choose_nodes, choose_residency
-from gantry.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
+from gantry.scheduler import wire
+from gantry.scheduler.policy.core import CoreSettings, Decision, Dispatched, SchedulerCore
+from gantry.scheduler.policy.types import Outcome
+from gantry.v1 import scheduler_pb2, scheduler_pb2_grpc
 
 log = logging.getLogger(__name__)
 _tracer = tracer("gantry.scheduler")
 
-
-DEFAULT_MAX_IN_FLIGHT = 65_536
+DEFAULT_OUTBOX_LIMIT = 4096
+DEFAULT_TICK_SECONDS = 0.1
+MAX_BATCH = 256  # outputs coalesced into one stream message at most
 
 
 @dataclass(frozen=True, kw_only=True)
 class SchedulerSettings:
-    max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
+    core: CoreSettings = field(default_factory=CoreSettings)
+    tick_seconds: float = DEFAULT_TICK_SECONDS  # how late a queued deadline may be noticed
+    outbox_limit: int = DEFAULT_OUTBOX_LIMIT
+
+
+_END = object()
 
 
 class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
-    def __init__(self, settings: SchedulerSettings | None = None) -> None:
+    def __init__(
+        self, settings: SchedulerSettings | None = None, *, clock: Clock | None = None
+    ) -> None:
         self._settings = settings or SchedulerSettings()
-        self._view = ClusterView()
-        self._finished_by_outcome: Counter[int] = Counter()
+        self._clock = clock or SystemClock()
+        self._core = SchedulerCore(self._settings.core)
         self._connected = False
         self._stream_epoch = 0
-        self._dispatched_total = 0
-        self._rejected_total = 0
+        # The caller's trace context of work that has no answer yet (bounded by the core's queue
+        # depth plus its in-flight bound): a dispatch decided later still joins the caller's trace.
+        self._traces: dict[str, dict[str, str]] = {}
+
+    @property
+    def core(self) -> SchedulerCore:
+        return self._core
 
     async def Connect(
         self,
         request_iterator: AsyncIterator[scheduler_pb2.SchedulerInput],
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[scheduler_pb2.SchedulerOutput]:
-        # A new control-plane stream replaces the old one: the view is rebuilt from its snapshot.
+        # A new control-plane stream replaces the old one: the core is rebuilt from its snapshot.
         self._stream_epoch += 1
         epoch = self._stream_epoch
-        self._view.reset()
+        self._core.reset()
+        self._traces.clear()
         self._connected = True
+        outbox: asyncio.Queue[scheduler_pb2.SchedulerOutput | object] = asyncio.Queue(
+            maxsize=self._settings.outbox_limit
+        )
+        failure: list[BaseException] = []
+        reader = asyncio.create_task(self._read(request_iterator, outbox, epoch, failure))
+        ticker = asyncio.create_task(self._tick(outbox, epoch))
         log.info("control plane connected (stream %d)", epoch)
         try:
-            async for message in request_iterator:
-                if epoch != self._stream_epoch:
-                    return
-                output = self._handle(message)
-                if output is not None:
-                    yield output
+            ended = False
+            while not ended:
+                item = await outbox.get()
+                if item is _END:
+                    break
+                assert isinstance(item, scheduler_pb2.SchedulerOutput)
+                # What else is already decided goes in the same stream message (in order).
+                batch = [item]
+                while len(batch) < MAX_BATCH and not outbox.empty():
+                    more = outbox.get_nowait()
+                    if more is _END:
+                        ended = True
+                        break
+                    assert isinstance(more, scheduler_pb2.SchedulerOutput)
+                    batch.append(more)
+                if len(batch) == 1:
+                    yield item
+                else:
+                    yield scheduler_pb2.SchedulerOutput(
+                        batch=scheduler_pb2.OutputBatch(outputs=batch)
+                    )
+            if failure:
+                raise failure[0]
         finally:
+            for task in (reader, ticker):
+                task.cancel()
+            for task in (reader, ticker):
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
             if epoch == self._stream_epoch:
                 self._connected = False
             log.info("control plane stream %d closed", epoch)
 
-    def _handle(
-        self, message: scheduler_pb2.SchedulerInput
-    ) -> scheduler_pb2.SchedulerOutput | None:
+    async def _read(
+        self,
+        request_iterator: AsyncIterator[scheduler_pb2.SchedulerInput],
+        outbox: asyncio.Queue[scheduler_pb2.SchedulerOutput | object],
+        epoch: int,
+        failure: list[BaseException],
+    ) -> None:
+        try:
+            async for message in request_iterator:
+                if epoch != self._stream_epoch:
+                    break  # a newer stream owns the core now
+                for output in self._apply(message):
+                    await outbox.put(output)
+        except GantryError as error:
+            failure.append(error)
+        except grpc.aio.AioRpcError:
+            pass  # the control plane went away; the stream ends
+        # The end marker must get through even when the outbox is full: wait for room.
+        await outbox.put(_END)
+
+    async def _tick(
+        self, outbox: asyncio.Queue[scheduler_pb2.SchedulerOutput | object], epoch: int
+    ) -> None:
+        while epoch == self._stream_epoch:
+            await self._clock.sleep(self._settings.tick_seconds)
+            if epoch != self._stream_epoch:
+                return
+            for output in self._outputs(self._core.tick(self._clock.monotonic())):
+                await outbox.put(output)
+
+    def _apply(self, message: scheduler_pb2.SchedulerInput) -> list[scheduler_pb2.SchedulerOutput]:
+        """One input to the core; the outputs its decisions make, in order."""
+        now = self._clock.monotonic()
         kind = message.WhichOneof("kind")
-        if kind == "cluster_state":
-            self._view.reset()
-            for node in message.cluster_state.nodes:
-                self._apply_node(node)
-            for residency in message.cluster_state.residencies:
-                self._apply_residency(residency)
-            return None
-        if kind == "node_update":
-            self._apply_node(message.node_update.node)
-            return None
-        if kind == "residency_update":
-            self._apply_residency(message.residency_update.residency)
-            return None
-        if kind == "work_finished":
-            finished = message.work_finished
-            self._finished_by_outcome[finished.outcome] += 1
-            self._view.finish_work(finished.work_id, finished.outcome)
-            return None
+        core = self._core
+        decisions: list[Decision]
         if kind == "work_submitted":
-            return self._dispatch(message)
-        if kind == "place_deployment":
-            return self._place(message.place_deployment)
-        raise GantryError("INVALID_ARGUMENT", f"unknown scheduler input {kind!r}")
-
-    def _apply_node(self, node: scheduler_pb2.SchedulerNode) -> None:
-        self._view.upsert_node(node.node_id, state=node.state, adapters=frozenset(node.adapters))
-
-    def _apply_residency(self, residency: scheduler_pb2.SchedulerResidency) -> None:
-        self._view.upsert_residency(
-            residency.residency_id,
-            deployment_id=residency.deployment_id,
-            node_id=residency.node_id,
-            state=residency.state,
-        )
-
-    def _dispatch(self, message: scheduler_pb2.SchedulerInput) -> scheduler_pb2.SchedulerOutput:
-        work = message.work_submitted
-        with _tracer.start_as_current_span(
-            "scheduler.dispatch",
-            context=extract_context(message.trace_context),
-            attributes={"gantry.work_id": work.work_id, "gantry.deployment_id": work.deployment_id},
-        ) as span:
-            decision: ResidencyView | Refusal
-            if len(self._view.assignments) >= self._settings.max_in_flight:
-                decision = Refusal(
-                    "QUEUE_FULL", f"{self._settings.max_in_flight} calls are already in flight"
-                )
+            submitted = message.work_submitted
+            if message.trace_context:
+                self._traces[submitted.work_id] = dict(message.trace_context)
+            decisions = core.submit(wire.work(submitted), now)
+        elif kind == "work_finished":
+            finished = message.work_finished
+            self._traces.pop(finished.work_id, None)
+            # An outcome this scheduler does not know says nothing about health.
+            outcome = (
+                Outcome(finished.outcome)
+                if finished.outcome in _KNOWN_OUTCOMES
+                else Outcome.CANCELLED
+            )
+            decisions = core.finish(finished.work_id, outcome, now, reason=finished.reason)
+        elif kind == "cluster_state":
+            state = message.cluster_state
+            decisions = core.load_cluster(
+                nodes=[wire.node(n) for n in state.nodes],
+                residencies=[wire.residency(r) for r in state.residencies],
+                deployments=[wire.deployment(d) for d in state.deployments],
+                policies=[wire.tenant_policy(p) for p in state.tenant_policies],
+                now=now,
+            )
+        elif kind == "node_update":
+            decisions = core.upsert_node(wire.node(message.node_update.node), now)
+        elif kind == "residency_update":
+            decisions = core.upsert_residency(
+                wire.residency(message.residency_update.residency), now
+            )
+        elif kind == "place_deployment":
+            decisions = [core.place(wire.placement(message.place_deployment), now)]
+        elif kind == "tenant_policies":
+            core.set_policies(wire.tenant_policy(p) for p in message.tenant_policies.policies)
+            decisions = core.tick(now)  # a raised quota or weight may let waiting work go now
+        elif kind == "batch":
+            outputs = []
+            for inner in message.batch.inputs:
+                if inner.WhichOneof("kind") == "batch":
+                    raise GantryError("INVALID_ARGUMENT", "scheduler input batches do not nest")
+                outputs.extend(self._apply(inner))
+            return outputs
+        elif kind == "deployment_update":
+            update = message.deployment_update
+            if update.removed:
+                core.remove_deployment(update.deployment.deployment_id)
             else:
-                decision = choose_residency(self._view, work.deployment_id)
-            output = scheduler_pb2.SchedulerOutput()
-            inject_context(output.trace_context)
-            if isinstance(decision, Refusal):
-                self._rejected_total += 1
-                span.set_attribute("gantry.rejected", decision.reason)
-                output.rejected.CopyFrom(_rejected(work.work_id, decision))
-                return output
-            self._view.start_work(work.work_id, decision.residency_id)
-            self._dispatched_total += 1
-            span.set_attribute("gantry.node_id", decision.node_id)
-            output.dispatch.CopyFrom(
-                scheduler_pb2.Dispatch(
-                    work_id=work.work_id,
-                    residency_id=decision.residency_id,
-                    node_id=decision.node_id,
-                    deployment_id=decision.deployment_id,
-                )
-            )
-            return output
+                core.upsert_deployment(wire.deployment(update.deployment))
+            decisions = []
+        else:
+            raise GantryError("INVALID_ARGUMENT", f"unknown scheduler input {kind!r}")
+        return self._outputs(decisions)
 
-    def _place(self, request: scheduler_pb2.PlaceDeployment) -> scheduler_pb2.SchedulerOutput:
-        decision = choose_nodes(
-            self._view,
-            deployment_id=request.deployment_id,
-            replicas=max(1, request.replicas),
-            required_adapter=request.required_adapter,
-        )
-        if isinstance(decision, Refusal):
-            return scheduler_pb2.SchedulerOutput(rejected=_rejected(request.request_id, decision))
-        return scheduler_pb2.SchedulerOutput(
-            placement=scheduler_pb2.Placement(
-                request_id=request.request_id,
-                deployment_id=request.deployment_id,
-                node_ids=decision,
-            )
-        )
+    def _outputs(self, decisions: list[Decision]) -> list[scheduler_pb2.SchedulerOutput]:
+        outputs = []
+        for decision in decisions:
+            output = wire.output(decision)
+            work_id = getattr(decision, "work_id", None)
+            carrier = self._traces.pop(work_id, None) if work_id else None
+            if isinstance(decision, Dispatched):
+                with _tracer.start_as_current_span(
+                    "scheduler.dispatch",
+                    context=extract_context(carrier or {}),
+                    attributes={
+                        "gantry.work_id": decision.work_id,
+                        "gantry.deployment_id": decision.deployment_id,
+                        "gantry.node_id": decision.node_id,
+                    },
+                ):
+                    inject_context(output.trace_context)
+            outputs.append(output)
+        return outputs
 
     async def GetQueueSnapshot(
         self, request: scheduler_pb2.GetQueueSnapshotRequest, context: grpc.aio.ServicerContext
     ) -> scheduler_pb2.QueueSnapshot:
         await asyncio.sleep(0)
-        return scheduler_pb2.QueueSnapshot(
-            control_plane_connected=self._connected,
-            in_flight=len(self._view.assignments),
-            dispatched_total=self._dispatched_total,
-            rejected_total=self._rejected_total,
-            cancelled_total=self._finished_by_outcome[scheduler_pb2.WORK_OUTCOME_CANCELLED],
-            infra_failures_total=self._finished_by_outcome[
-                scheduler_pb2.WORK_OUTCOME_INFRA_FAILURE
-            ],
-            residencies=[
-                scheduler_pb2.ResidencyLoad(
-                    residency_id=r.residency_id,
-                    deployment_id=r.deployment_id,
-                    node_id=r.node_id,
-                    state=(
-                        common_pb2.RESIDENCY_STATE_RESIDENT
-                        if r.resident
-                        else common_pb2.RESIDENCY_STATE_UNSPECIFIED
-                    ),
-                    in_flight=r.in_flight,
-                    infra_failures=r.infra_failures,
-                )
-                for r in self._view.residencies.values()
-            ],
-            nodes=[
-                scheduler_pb2.SchedulerNode(
-                    node_id=n.node_id,
-                    state=(
-                        common_pb2.NODE_STATE_CONNECTED
-                        if n.connected
-                        else common_pb2.NODE_STATE_DISCONNECTED
-                    ),
-                    adapters=sorted(n.adapters),
-                )
-                for n in self._view.nodes.values()
-            ],
+        return wire.snapshot(
+            self._core.snapshot(self._clock.monotonic()), connected=self._connected
         )
 
 
-def _rejected(work_id: str, refusal: Refusal) -> scheduler_pb2.Rejected:
-    return scheduler_pb2.Rejected(
-        work_id=work_id,
-        failure=GantryError(refusal.reason, refusal.message).to_failure(),
-    )
+_KNOWN_OUTCOMES = frozenset(int(o) for o in Outcome)

@@ -52,6 +52,7 @@ from gantry.worker.model_host.process import DEFAULT_MAX_PENDING, HostLaunchSpec
 from gantry.worker.model_host.sandbox import IsolationRequirement
 from gantry.worker.probe_job import ProbeRunner, ProbeSettings
 from gantry.worker.residents import DEFAULT_MAX_RESIDENTS, HostFactory, ResidentFacts
+from gantry.worker.resource_domains import DeclaredDomain, measure_node_domains
 from gantry.worker.runtime_adapters.registry import runtime_adapter_for
 from gantry.worker.supervision import SupervisionSettings, Supervisor
 
@@ -90,6 +91,9 @@ class WorkerSettings:
     probe_load_timeout_s: float = 300.0
     probe_check_timeout_s: float = 120.0
     probe_stop_grace_s: float = 10.0
+    # What the node offers placement (Hello.resource_domains), validated whole; None: measured
+    # at start (host.ram, and gpuN.vram per GPU NVML reads).
+    resource_domains: tuple[DeclaredDomain, ...] | None = None
 
     def supervision(self) -> SupervisionSettings:
         return SupervisionSettings(
@@ -167,6 +171,15 @@ class WorkerAgent:
                 stop_grace_s=settings.probe_stop_grace_s,
             ),
             environments=self.environments,
+        )
+        self.resource_domains = (
+            settings.resource_domains
+            if settings.resource_domains is not None
+            else measure_node_domains(settings.env)
+        )
+        log.info(
+            "resource domains: %s",
+            ", ".join(d.describe() for d in self.resource_domains) or "none",
         )
         self._tasks: set[asyncio.Task[None]] = set()
         self._liveness: asyncio.Task[None] | None = None
@@ -268,6 +281,7 @@ class WorkerAgent:
             environments=self.environments.listed(),
             agent_version="0.1.0",
             hostname=socket.gethostname(),
+            resource_domains=[domain.to_proto() for domain in self.resource_domains],
         )
 
     async def _heartbeats(self) -> None:

@@ -15,6 +15,12 @@ from gantry.common.telemetry import setup_tracing
 from gantry.common.tls import TlsSettingsError, add_client_tls_arguments, client_tls_from
 from gantry.worker.agent import WorkerAgent, WorkerSettings
 from gantry.worker.model_host.sandbox import REQUIRE_CHOICES
+from gantry.worker.resource_domains import (
+    FLAG,
+    FLAG_FORMAT,
+    ResourceDomainError,
+    parse_declaration,
+)
 
 # WorkerSettings fields exposed as flags (--restart-initial-backoff-s, ...), defaults from there.
 _SUPERVISION_ARGUMENTS = {
@@ -67,6 +73,17 @@ def main(argv: list[str] | None = None) -> int:
         "rules, fs-net = also no TCP, fs-net-seccomp = also no socket but AF_UNIX and AF_NETLINK "
         "(no UDP or DNS) by a seccomp filter (default: none)",
     )
+    parser.add_argument(
+        FLAG,
+        dest="resource_domains",
+        action="append",
+        default=[],
+        metavar=FLAG_FORMAT,
+        help="a resource domain placement may fill, repeatable: KIND ram, vram (named gpuN.vram "
+        "after its GPU) or unified (the node's one pool); CAPACITY and MARGIN as 512MiB, 16GiB, "
+        "1.5GB or bytes, MARGIN also as a percentage of CAPACITY (default 0). Without any: "
+        "host.ram = this machine's memory and gpuN.vram per GPU NVML reads, each less 10%%",
+    )
     add_client_tls_arguments(
         parser.add_argument_group("TLS to the control plane (plaintext unless one is given)"),
         peer="the control plane",
@@ -88,6 +105,11 @@ def main(argv: list[str] | None = None) -> int:
             tls.credentials()  # every file readable now, not at the first connection
     except TlsSettingsError as exc:
         parser.error(str(exc))
+    try:
+        # Refused here, before anything connects: a node must never offer what it cannot hold.
+        declared = parse_declaration(args.resource_domains) if args.resource_domains else None
+    except ResourceDomainError as exc:
+        parser.exit(2, f"{parser.prog}: error: {exc}\n")  # one line: the usage says nothing here
     setup_logging("worker")
     setup_tracing("gantry-worker")
     reclaim_abandoned_verified_copies()
@@ -98,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         max_residents=args.max_residents,
         require_isolation=REQUIRE_CHOICES[args.require_isolation],
         tls=tls,
+        resource_domains=declared,
         **{name: getattr(args, name) for name in _SUPERVISION_ARGUMENTS},
     )
 

@@ -71,6 +71,15 @@ class Nvml:
             self._nvml = None
             self.unavailable_reason = "NVML was closed"
 
+    def device_count(self) -> tuple[int, str]:
+        """(GPUs NVML sees, "") or (0, why it cannot say)."""
+        if self._nvml is None:
+            return 0, self.unavailable_reason
+        try:
+            return int(self._nvml.nvmlDeviceGetCount()), ""
+        except Exception as exc:
+            return 0, f"{type(exc).__name__}: {exc}"
+
     def device_memory(
         self, device: str, visible_devices: str | None
     ) -> tuple[common_pb2.Measurement, common_pb2.Measurement]:

@@ -34,6 +34,10 @@ class Backoff:
     def succeeded(self, key: str) -> None:
         self._keys.pop(key, None)
 
+    def reset(self) -> None:
+        """Every key due now: what they waited for may have changed."""
+        self._keys.clear()
+
     def forget_except(self, keys: set[str]) -> None:
         for key in [k for k in self._keys if k not in keys]:
             del self._keys[key]

@@ -6,10 +6,10 @@ import datetime as dt
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from gantry.common.errors import not_found
+from gantry.common.errors import GantryError, not_found
 from gantry.common.ids import new_id
 from gantry.controlplane.domain.transitions import (
     DeploymentState,
@@ -33,8 +33,14 @@ async def create_deployment(
     approval_id: str | None = None,
     profile_id: str | None = None,
     candidate_id: str | None = None,
+    min_replicas: int | None = None,
+    max_replicas: int | None = None,
+    placement_policy: str = "BIN_PACK",
 ) -> Deployment:
-    """A PENDING deployment; the gate it passed (approval, profile, candidate) when it has one."""
+    """A PENDING deployment; the gate it passed (approval, profile, candidate) when it has one.
+
+    Autoscale bounds not given are `replicas` (no autoscale); they are stored explicit.
+    """
     row = Deployment(
         deployment_id=new_id(),
         capability=capability,
@@ -43,6 +49,9 @@ async def create_deployment(
         environment_id=environment_id,
         state=DeploymentState.PENDING,
         replicas=replicas,
+        min_replicas=replicas if min_replicas is None else min_replicas,
+        max_replicas=replicas if max_replicas is None else max_replicas,
+        placement_policy=placement_policy,
         last_failure_reason="",
         last_failure_message="",
         created_at=now,
@@ -102,6 +111,33 @@ async def set_deployment_state(
     await bindings.follow_deployment_state(
         session, deployment_id=deployment.deployment_id, state=target, now=now
     )
+
+
+async def set_replicas(
+    session: AsyncSession, deployment: Deployment, *, replicas: int, now: dt.datetime
+) -> None:
+    """Compare-and-set on (state, replicas) as read: a concurrent unload or scale loses this
+    (a typed conflict `retry_on_conflict` retries on fresh rows), never overwrites."""
+    result = await session.execute(
+        update(Deployment)
+        .where(
+            Deployment.deployment_id == deployment.deployment_id,
+            Deployment.state == deployment.state,
+            Deployment.replicas == deployment.replicas,
+        )
+        .values(replicas=replicas, updated_at=now)
+        .execution_options(synchronize_session="fetch")
+    )
+    if result.rowcount != 1:  # type: ignore[attr-defined]
+        raise GantryError(
+            "INVALID_STATE_TRANSITION",
+            f"deployment {deployment.deployment_id} changed while its replicas were set",
+            machine="deployment",
+            expected=deployment.state,
+            target=deployment.state,
+            conflict="true",
+        )
+    await session.refresh(deployment)
 
 
 async def create_residency(

@@ -69,6 +69,16 @@ class Tenant(Base):
     __tablename__ = "tenants"
     tenant_id: Mapped[str] = mapped_column(String(128), primary_key=True)
     created_at: Mapped[dt.datetime] = mapped_column(Timestamp)
+    # The scheduling policy (domain/tenant_policy_rules.py): the defaults until an operator
+    # stores one, which sets updated_at (NULL: none stored, so none is pushed to the scheduler).
+    weight: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
+    max_queue_depth: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    max_concurrency: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    budget_units: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    budget_window_seconds: Mapped[int] = mapped_column(Integer, default=60, server_default="60")
+    allowed_priorities: Mapped[list[int]] = mapped_column(JSON, default=list, server_default="[]")
+    updated_at: Mapped[dt.datetime | None] = mapped_column(Timestamp, nullable=True)
+    updated_by: Mapped[str] = mapped_column(String(200), default="", server_default="")
 
 
 class ApiKey(Base):
@@ -127,6 +137,11 @@ class Deployment(Base):
     environment_id: Mapped[str] = mapped_column(String(200), default="")
     state: Mapped[str] = mapped_column(String(32))
     replicas: Mapped[int] = mapped_column(Integer, default=1)
+    # Autoscale bounds around `replicas` (min = max = replicas: no autoscale). Written explicit
+    # by CreateDeployment; a stored 0 still reads as "= replicas" (domain/autoscale.py).
+    min_replicas: Mapped[int] = mapped_column(Integer, default=0)
+    max_replicas: Mapped[int] = mapped_column(Integer, default=0)
+    placement_policy: Mapped[str] = mapped_column(String(16), default="BIN_PACK")
     last_failure_reason: Mapped[str] = mapped_column(String(64), default="")
     last_failure_message: Mapped[str] = mapped_column(Text, default="")
     # Consecutive INFRA-class load failures: past a bound the deployment FAILS instead of retrying.

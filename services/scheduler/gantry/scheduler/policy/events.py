@@ -1,0 +1,133 @@
+"""What goes into the scheduler's core and what comes out of it: plain values, no behaviour."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gantry.scheduler.policy.admission import TenantLoadView
+from gantry.scheduler.policy.autoscale import ScaleAdviceValue
+from gantry.scheduler.policy.breakers import BreakerChange, BreakerView
+from gantry.scheduler.policy.ledger import DomainView
+from gantry.scheduler.policy.placement import NodeRefusal
+from gantry.scheduler.policy.types import BreakerState, Claim, Domain, PlacementPolicy
+
+# ---- inputs -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class NodeInfo:
+    node_id: str
+    connected: bool
+    labels: frozenset[str] = frozenset()
+    domains: tuple[Domain, ...] = ()
+    adapters: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
+class ResidencyInfo:
+    residency_id: str
+    deployment_id: str
+    node_id: str
+    phase: int  # a ResidencyPhase value
+    claims: tuple[Claim, ...] = ()
+    slots: int = 1
+    replaces: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class DeploymentInfo:
+    deployment_id: str
+    replicas: int
+    min_replicas: int
+    max_replicas: int
+
+
+@dataclass(frozen=True, slots=True)
+class WorkRequest:
+    work_id: str
+    tenant_id: str
+    deployment_id: str
+    priority: int  # 0 = the tenant's default
+    cost: int
+    timeout_seconds: float = 0.0  # 0 = no deadline while queued
+
+
+@dataclass(frozen=True, slots=True)
+class PlacementRequest:
+    request_id: str
+    deployment_id: str
+    replicas: int
+    claims: tuple[Claim, ...] = ()
+    required_labels: frozenset[str] = frozenset()
+    policy: PlacementPolicy = PlacementPolicy.BIN_PACK
+
+
+# ---- decisions ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Dispatched:
+    work_id: str
+    residency_id: str
+    node_id: str
+    deployment_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class WorkRejected:
+    work_id: str
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class PlacementMade:
+    request_id: str
+    deployment_id: str
+    node_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class PlacementRefused:
+    request_id: str
+    deployment_id: str
+    reason: str
+    message: str
+    node_refusals: tuple[NodeRefusal, ...]
+
+
+Decision = (
+    Dispatched | WorkRejected | PlacementMade | PlacementRefused | BreakerChange | ScaleAdviceValue
+)
+
+
+# ---- what the core reads back -------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ResidencyLoadView:
+    residency_id: str
+    deployment_id: str
+    node_id: str
+    phase: int
+    in_flight: int
+    slots: int
+    infra_failures: int
+    breaker: BreakerState
+
+
+@dataclass(frozen=True, slots=True)
+class CoreSnapshot:
+    queued: int
+    in_flight: int
+    dispatched_total: int
+    rejected_total: int
+    expired_total: int
+    cancelled_total: int
+    infra_failures_total: int
+    tenants: list[TenantLoadView]
+    ledger: list[DomainView]
+    breakers: list[BreakerView]
+    advice: list[ScaleAdviceValue]
+    residencies: list[ResidencyLoadView]
+    nodes: list[NodeInfo]
