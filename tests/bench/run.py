@@ -129,6 +129,26 @@ async def main() -> int:
             f"clients via Gantry: {rate:7.1f} sentences/s = {rate / direct_rate:.2f} of direct "
             "(target >= 0.85)"
         )
+    # Last: tracing to a file costs every call something, so only this phase turns it on.
+    from tests.bench.stages import breakdown, enable_trace_file
+
+    trace_file = base / "spans.jsonl"
+    enable_trace_file(trace_file)
+    (base / "traced-artifacts").mkdir()
+    async with running_gantry(
+        f"sqlite+aiosqlite:///{base / 'traced.db'}", base / "traced-artifacts"
+    ) as h:
+        await h.start_worker(await h.register_node("bench-traced"))
+        artifact = await h.register_model(Path(model_path), "minilm")
+        deployment = await h.deploy(artifact.artifact_set_id, "minilm")
+        await h.wait_deployment(deployment.deployment_id, cp.DEPLOYMENT_STATE_READY, timeout=180)
+        request = inf.EmbedRequest(capability="minilm", inputs=[SENTENCE])
+        await breakdown(
+            lambda: h.inference.Embed(request, metadata=h.client_md),
+            trace_file=trace_file,
+            iterations=min(ITERATIONS, 100),
+            direct_ms=direct_p50,
+        )
     from tests.bench.leak import bench_from_env  # GANTRY_BENCH_LEAK_CYCLES (default 100, 0 skips)
 
     return await bench_from_env()

@@ -157,8 +157,12 @@ def test_a_cuda_model_with_no_vram_in_its_envelope_claims_ram_only() -> None:
 
 
 def test_slots_are_the_adapters_concurrency_or_the_default() -> None:
-    assert residency_charge(common_pb2.AdapterSettings(), (0, 0)).slots == DEFAULT_SLOTS == 4
-    bounded = residency_charge(common_pb2.AdapterSettings(max_concurrency=9), (0, 0))
+    assert residency_charge(common_pb2.AdapterSettings(), (0, 0)).slots == DEFAULT_SLOTS == 32
+    batched = residency_charge(common_pb2.AdapterSettings(max_batch_size=16), (0, 0))
+    assert batched.slots == 16
+    bounded = residency_charge(
+        common_pb2.AdapterSettings(max_concurrency=9, max_batch_size=16), (0, 0)
+    )
     assert bounded.slots == 9
 
 

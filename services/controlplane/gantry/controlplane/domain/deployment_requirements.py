@@ -14,8 +14,10 @@ from dataclasses import dataclass
 from gantry.controlplane.domain.node_capabilities import DEVICE_CUDA, adapter_label
 from gantry.v1 import common_pb2, scheduler_pb2
 
-# Calls a model host takes at once when its adapter says 0 (AdapterSettings.max_concurrency).
-DEFAULT_SLOTS = 4
+# Calls a model host takes at once when its adapter sets neither max_concurrency nor
+# max_batch_size: the model host's own default batch bound, so a whole batch can form in it
+# (fewer slots would cap its micro-batches and its throughput).
+DEFAULT_SLOTS = 32
 # A refusal recorded on a deployment names this many nodes, then counts the rest.
 REFUSALS_LISTED = 20
 
@@ -65,7 +67,7 @@ def residency_charge(
         ram_bytes=ram_bytes,
         vram_bytes=vram_bytes,
         vram_device=cuda_device(adapter.device),
-        slots=adapter.max_concurrency or DEFAULT_SLOTS,
+        slots=adapter.max_concurrency or adapter.max_batch_size or DEFAULT_SLOTS,
     )
 
 

@@ -1,0 +1,104 @@
+"""Where one Embed's time goes: a per-stage breakdown from the spans every process writes.
+
+Each process (this one: client, control plane, scheduler and worker agent; the model host child)
+appends its spans to one JSON-lines file (GANTRY_TRACE_FILE). One trace per call; the stages are
+the gaps between span boundaries, so they add up to what the client measured. All processes share
+this machine's clock, so cross-process gaps are meaningful to tens of microseconds.
+
+Runs last in `make bench`: it turns tracing on for this process, which the earlier figures must
+not pay for, and a TracerProvider can be set only once per process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import json
+import os
+import statistics
+import time
+from collections import defaultdict
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from gantry.common.telemetry import TRACE_FILE_ENV, setup_tracing
+
+SPANS = ("controlplane.embed", "scheduler.dispatch", "worker.invoke", "model_host.embed")
+
+
+def _seconds(text: str) -> float:
+    return dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+def _traces(path: Path) -> dict[str, dict[str, dict[str, Any]]]:
+    """trace id -> span name -> span, for traces that hold all four spans."""
+    traces: dict[str, dict[str, dict[str, Any]]] = defaultdict(dict)
+    for line in path.read_text().splitlines():
+        span = json.loads(line)
+        if span["name"] in SPANS:
+            traces[span["context"]["trace_id"]][span["name"]] = span
+    return {tid: spans for tid, spans in traces.items() if set(spans) == set(SPANS)}
+
+
+def stages_of(spans: dict[str, dict[str, Any]], client_seconds: float) -> dict[str, float]:
+    """The stages of one call, in milliseconds; they sum to `client_seconds`."""
+    cp, sched, worker, host = (spans[name] for name in SPANS)
+    cp_start, cp_end = _seconds(cp["start_time"]), _seconds(cp["end_time"])
+    dispatched = _seconds(sched["start_time"])
+    w_start, w_end = _seconds(worker["start_time"]), _seconds(worker["end_time"])
+    h_start, h_end = _seconds(host["start_time"]), _seconds(host["end_time"])
+    return {
+        "client <-> control plane (gRPC, auth)": (client_seconds - (cp_end - cp_start)) * 1000,
+        "control plane -> scheduler decision": (dispatched - cp_start) * 1000,
+        "decision -> worker has the invoke": (w_start - dispatched) * 1000,
+        "worker -> model host forward pass": (h_start - w_start) * 1000,
+        "model host embed (the model)": (h_end - h_start) * 1000,
+        "model host -> worker": (w_end - h_end) * 1000,
+        "worker -> control plane answer": (cp_end - w_end) * 1000,
+    }
+
+
+def enable_trace_file(path: Path) -> None:
+    """Every span of this process, the worker agent in it and its model host children, to one
+    file. Call before anything sets a TracerProvider."""
+    os.environ[TRACE_FILE_ENV] = str(path)  # the model host child inherits it
+    setup_tracing("gantry-bench")
+
+
+async def breakdown(
+    call: Callable[[], Awaitable[object]], *, trace_file: Path, iterations: int, direct_ms: float
+) -> None:
+    provider = setup_tracing("gantry-bench")
+    for _ in range(10):  # warm-up, not measured
+        await call()
+    provider.force_flush()
+    skipped = len(_traces(trace_file)) if trace_file.exists() else 0
+    client: list[float] = []
+    for _ in range(iterations):
+        started = time.perf_counter()
+        await call()
+        client.append(time.perf_counter() - started)
+    provider.force_flush()
+    # The child writes synchronously; give the file a moment only if its last span is missing.
+    traces: list[dict[str, dict[str, Any]]] = []
+    for _ in range(50):
+        traces = sorted(
+            _traces(trace_file).values(),
+            key=lambda s: _seconds(s["controlplane.embed"]["start_time"]),
+        )[skipped:]
+        if len(traces) >= iterations:
+            break
+        await asyncio.sleep(0.1)
+    rows = [stages_of(spans, seconds) for spans, seconds in zip(traces, client, strict=False)]
+    if not rows:
+        print("  per-stage breakdown: no complete traces were written")
+        return
+    print(f"per-stage breakdown of one Embed, concurrency 1, medians of {len(rows)} calls:")
+    total = statistics.median(client) * 1000
+    for stage in rows[0]:
+        print(f"  {stage:<44} {statistics.median(r[stage] for r in rows):8.2f} ms")
+    print(
+        f"  {'client total':<44} {total:8.2f} ms   direct encode (baseline) {direct_ms:.2f} ms, "
+        f"overhead {total - direct_ms:.2f} ms"
+    )
