@@ -468,3 +468,28 @@ async def test_the_queue_snapshot_is_the_scheduler_s_own_and_unavailable_without
         "SCHEDULER_UNAVAILABLE",
         "",
     )
+
+
+async def test_a_new_tenant_named_by_several_writers_at_once_is_created_once(
+    gantry: Harness,
+) -> None:
+    """CreateApiKey and SetTenantPolicy both create a tenant on first use: at the same moment,
+    every call succeeds and there is one tenant."""
+    calls = [
+        gantry.operator.CreateApiKey(
+            cp.CreateApiKeyRequest(tenant_id="racer", name=f"key-{i}"), metadata=gantry.op_md
+        )
+        for i in range(3)
+    ] + [
+        gantry.operator.SetTenantPolicy(
+            cp.SetTenantPolicyRequest(policy=common_pb2.TenantPolicy(tenant_id="racer", weight=2)),
+            metadata=gantry.op_md,
+        )
+    ]
+    await asyncio.gather(*calls)
+    policy = await gantry.operator.GetTenantPolicy(
+        cp.GetTenantPolicyRequest(tenant_id="racer"), metadata=gantry.op_md
+    )
+    assert policy.weight == 2
+    listed = await gantry.operator.ListTenants(cp.ListTenantsRequest(), metadata=gantry.op_md)
+    assert [t.tenant_id for t in listed.tenants].count("racer") == 1

@@ -12,6 +12,7 @@ from gantry.common import tokens
 from gantry.common.errors import not_found
 from gantry.common.ids import new_id
 from gantry.controlplane.persistence.models import ApiKey, OperatorToken, Tenant
+from gantry.controlplane.persistence.tenants import insert_tenant_if_absent
 
 
 async def count_operator_tokens(session: AsyncSession) -> int:
@@ -37,9 +38,12 @@ async def find_operator_token(session: AsyncSession, token_id: str) -> OperatorT
 async def ensure_tenant(session: AsyncSession, tenant_id: str, *, now: dt.datetime) -> Tenant:
     tenant = await session.get(Tenant, tenant_id)
     if tenant is None:
-        tenant = Tenant(tenant_id=tenant_id, created_at=now)
-        session.add(tenant)
-        await session.flush()
+        # Another writer (SetTenantPolicy, a concurrent CreateApiKey) may create it at the same
+        # moment: insert-if-absent lets both succeed instead of one failing on the primary key.
+        await insert_tenant_if_absent(session, tenant_id, now=now)
+        tenant = await session.get(Tenant, tenant_id)
+        if tenant is None:  # the insert just ran in this transaction: it cannot be missing
+            raise RuntimeError(f"tenant {tenant_id} vanished after its insert")
     return tenant
 
 

@@ -30,7 +30,7 @@ async def upsert_tenant_policy(
     session: AsyncSession, settings: TenantPolicySettings, *, updated_by: str, now: dt.datetime
 ) -> Tenant:
     """Store the whole policy, creating the tenant if nothing named it before."""
-    await _insert_tenant_if_absent(session, settings.tenant_id, now=now)
+    await insert_tenant_if_absent(session, settings.tenant_id, now=now)
     row = await get_tenant(session, settings.tenant_id)
     row.weight = settings.weight
     row.max_queue_depth = settings.max_queue_depth
@@ -68,7 +68,7 @@ def policy_of(row: Tenant) -> TenantPolicySettings:
     )
 
 
-async def _insert_tenant_if_absent(
+async def insert_tenant_if_absent(
     session: AsyncSession, tenant_id: str, *, now: dt.datetime
 ) -> None:
     # ON CONFLICT DO NOTHING: two operators (or an operator and CreateApiKey) naming a new tenant
