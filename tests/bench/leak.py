@@ -107,6 +107,11 @@ def children_of(pid: int) -> list[tuple[int, str, str]]:
     return found
 
 
+def model_hosts_of(pid: int) -> list[tuple[int, str, str]]:
+    """The worker's children but its warm pool's fork server, which stays by design."""
+    return [child for child in children_of(pid) if not child[2].startswith("gantry fork-server")]
+
+
 def sample(pid: int, cycle: int) -> Sample:
     try:
         return Sample(
@@ -280,11 +285,11 @@ async def measure(cycles: int) -> int:
                     last = time.perf_counter()
             elapsed = time.perf_counter() - measured_started - settled
 
-            leftover = children_of(pid)
+            leftover = model_hosts_of(pid)
             settle_deadline = time.monotonic() + 10
             while leftover and time.monotonic() < settle_deadline:
                 await asyncio.sleep(0.2)
-                leftover = children_of(pid)
+                leftover = model_hosts_of(pid)
             report(cycles, samples, loads, unloads, elapsed, leftover, log)
         ok = True
     except BenchError as exc:
@@ -346,7 +351,7 @@ def report(
         for child_pid, state, cmdline in leftover:
             print(f"    pid {child_pid} state {state}: {cmdline}")
     else:
-        print("  no model host (or other child) left under the worker after the run")
+        print("  no model host left under the worker (its warm pool's fork server stays)")
     text = log.read_text(errors="replace") if log.exists() else ""
     errors = sum(1 for line in text.splitlines() if " ERROR " in line or " CRITICAL " in line)
     tracebacks = text.count("Traceback (most recent call last)")

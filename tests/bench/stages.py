@@ -1,12 +1,13 @@
 """Where one Embed's time goes: a per-stage breakdown from the spans every process writes.
 
-Each process (this one: client, control plane, scheduler and worker agent; the model host child)
-appends its spans to one JSON-lines file (GANTRY_TRACE_FILE). One trace per call; the stages are
-the gaps between span boundaries, so they add up to what the client measured. All processes share
-this machine's clock, so cross-process gaps are meaningful to tens of microseconds.
+Each process of `gantry up` (control plane, scheduler, worker agent, the model host child)
+appends its spans to one JSON-lines file (GANTRY_TRACE_FILE, which they inherit). One trace per
+call; the stages are the gaps between span boundaries plus what the client measured around the
+control plane's span, so they add up to the client's time. All processes share this machine's
+clock, so cross-process gaps are meaningful to tens of microseconds.
 
-Runs last in `make bench`: it turns tracing on for this process, which the earlier figures must
-not pay for, and a TracerProvider can be set only once per process.
+Runs in a `gantry up` of its own: writing spans to a file costs every call something, which the
+other figures must not pay.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import json
-import os
 import statistics
 import time
 from collections import defaultdict
@@ -22,7 +22,8 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from gantry.common.telemetry import TRACE_FILE_ENV, setup_tracing
+# The services export in batches (every 0.5 s); the model host writes each span at once.
+_FLUSH_WAIT_S = 1.5
 
 SPANS = ("controlplane.embed", "scheduler.dispatch", "worker.invoke", "model_host.embed")
 
@@ -59,30 +60,20 @@ def stages_of(spans: dict[str, dict[str, Any]], client_seconds: float) -> dict[s
     }
 
 
-def enable_trace_file(path: Path) -> None:
-    """Every span of this process, the worker agent in it and its model host children, to one
-    file. Call before anything sets a TracerProvider."""
-    os.environ[TRACE_FILE_ENV] = str(path)  # the model host child inherits it
-    setup_tracing("gantry-bench")
-
-
 async def breakdown(
     call: Callable[[], Awaitable[object]], *, trace_file: Path, iterations: int, direct_ms: float
 ) -> None:
-    provider = setup_tracing("gantry-bench")
     for _ in range(10):  # warm-up, not measured
         await call()
-    provider.force_flush()
+    await asyncio.sleep(_FLUSH_WAIT_S)
     skipped = len(_traces(trace_file)) if trace_file.exists() else 0
     client: list[float] = []
     for _ in range(iterations):
         started = time.perf_counter()
         await call()
         client.append(time.perf_counter() - started)
-    provider.force_flush()
-    # The child writes synchronously; give the file a moment only if its last span is missing.
     traces: list[dict[str, dict[str, Any]]] = []
-    for _ in range(50):
+    for _ in range(100):
         traces = sorted(
             _traces(trace_file).values(),
             key=lambda s: _seconds(s["controlplane.embed"]["start_time"]),

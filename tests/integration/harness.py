@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import shutil
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -29,6 +30,19 @@ from gantry.v1 import (
     inference_pb2_grpc,
 )
 from gantry.worker.agent import WorkerAgent, WorkerSettings
+from gantry.worker.model_host.warm_pool import WarmPool
+
+_shared_warm_pool: WarmPool | None = None
+
+
+def shared_warm_pool() -> WarmPool:
+    """One warm pool for every harness worker in this pytest process: its fork server imports
+    torch once, and each test's hosts are forked from it (the servers also die with pytest)."""
+    global _shared_warm_pool
+    if _shared_warm_pool is None:
+        _shared_warm_pool = WarmPool()
+        atexit.register(_shared_warm_pool.close)
+    return _shared_warm_pool
 
 
 @dataclass
@@ -77,7 +91,8 @@ class Harness:
             artifact_root=self.artifact_root,
             **overrides,  # type: ignore[arg-type]
         )
-        agent = WorkerAgent(settings)
+        # A test that turns the warm pool off gets spawned hosts; every other shares the pool.
+        agent = WorkerAgent(settings, warm_pool=shared_warm_pool() if settings.warm_pool else None)
         task = asyncio.create_task(agent.run())
         self.workers.append((agent, task))
         await wait_for(lambda: agent.connected.is_set(), what="worker connected")

@@ -4,7 +4,6 @@ a test chooses, and the refusal helper."""
 
 from __future__ import annotations
 
-import datetime as dt
 from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -164,7 +163,9 @@ class Pipeline:
         now = self.clock.now()
 
         async def recorded() -> bool:
-            return (await self.node(name)).last_seen_at.ToDatetime(dt.UTC) >= now
+            # Heartbeats are kept in memory (liveness.py); `last_seen_at` is flushed in batches.
+            heard = self.harness.control_plane.liveness.last_heard((await self.node(name)).node_id)
+            return heard is not None and heard.heard_at >= now
 
         await wait_for(recorded, what=f"the heartbeat of {name} at {now}")
 

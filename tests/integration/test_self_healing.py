@@ -8,7 +8,6 @@ Both stores run every scenario.
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,7 +53,9 @@ class World:
         now = self.clock.now()
 
         async def recorded() -> bool:
-            return (await self.node(name)).last_seen_at.ToDatetime(dt.UTC) >= now
+            # Heartbeats are kept in memory (liveness.py); `last_seen_at` is flushed in batches.
+            heard = self.harness.control_plane.liveness.last_heard((await self.node(name)).node_id)
+            return heard is not None and heard.heard_at >= now
 
         await wait_for(recorded, what=f"the heartbeat of {name} at {now}")
 

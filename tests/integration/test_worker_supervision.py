@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import functools
 import os
 import signal
 import sys
@@ -17,9 +18,10 @@ from gantry.common.errors import GantryError
 from gantry.v1 import common_pb2
 from gantry.v1 import worker_gateway_pb2 as wg
 from gantry.worker.crash_policy import RestartPolicy
-from gantry.worker.model_host.process import HostLaunchSpec
+from gantry.worker.model_host.process import HostLaunchSpec, ModelHost
 from gantry.worker.residents import LOADING, RESIDENT, Resident, ResidentFacts
 from gantry.worker.supervision import SupervisionSettings, Supervisor
+from tests.integration.harness import shared_warm_pool
 
 FACTS = ResidentFacts(
     artifact_digest="sha256:artifact",
@@ -63,7 +65,13 @@ class _Inventories:
 
 def supervised(settings: SupervisionSettings) -> tuple[Supervisor, _Inventories]:
     inventories = _Inventories()
-    supervisor = Supervisor(settings, on_change=inventories.record)
+    # Hosts forked from the pytest process's warm pool, as a worker's are: restarts then cost a
+    # fork, not a torch import, and custody of forked hosts is what these tests check.
+    supervisor = Supervisor(
+        settings,
+        on_change=inventories.record,
+        host_factory=functools.partial(ModelHost.start, warm_pool=shared_warm_pool()),
+    )
     inventories.supervisor = supervisor
     return supervisor, inventories
 

@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 from gantry.worker.model_host.environments import (
+    HOST_CPU_DEFAULTS,
     HOST_PATH,
     INHERITED_ENVIRONMENT,
     OFFLINE_ENVIRONMENT,
@@ -48,6 +49,7 @@ def test_only_allow_listed_names_pass_and_the_host_gets_its_own_home_path_and_of
         "PATH": HOST_PATH,
         "HOME": "/tmp/gantry-host-x",
         "TMPDIR": "/tmp/gantry-host-x/tmp",
+        "OMP_WAIT_POLICY": "PASSIVE",
         **OFFLINE_ENVIRONMENT,
     }
     assert environment["HF_HUB_OFFLINE"] == "1"  # forced, whatever the worker says
@@ -64,4 +66,24 @@ def test_no_inherited_name_could_carry_a_secret_or_steer_the_interpreter() -> No
 
 def test_an_empty_worker_environment_still_gives_a_complete_host_environment() -> None:
     environment = host_environment({}, private_dir=Path("/p"), scratch_dir=Path("/p/tmp"))
-    assert set(environment) == {"PATH", "HOME", "TMPDIR", *OFFLINE_ENVIRONMENT}
+    assert set(environment) == {"PATH", "HOME", "TMPDIR", *OFFLINE_ENVIRONMENT, *HOST_CPU_DEFAULTS}
+
+
+def test_idle_cpu_threads_sleep_unless_the_operator_chose_otherwise() -> None:
+    private = Path("/p")
+    chosen = host_environment({}, private_dir=private, scratch_dir=private / "tmp")
+    assert chosen["OMP_WAIT_POLICY"] == "PASSIVE"
+    operator = host_environment(
+        {"OMP_WAIT_POLICY": "ACTIVE"}, private_dir=private, scratch_dir=private / "tmp"
+    )
+    assert operator["OMP_WAIT_POLICY"] == "ACTIVE"
+
+
+def test_the_operators_thread_policy_reaches_the_host() -> None:
+    private = Path("/p")
+    chosen = host_environment(
+        {"OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "1"},
+        private_dir=private,
+        scratch_dir=private / "tmp",
+    )
+    assert (chosen["OMP_WAIT_POLICY"], chosen["OMP_NUM_THREADS"]) == ("PASSIVE", "1")

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from gantry.common.clock import ManualClock
+from gantry.common.errors import GantryError
 from gantry.controlplane.route_cache import RouteCache
+from gantry.controlplane.routing import DeploymentResolver
+from gantry.v1 import inference_pb2
 
 
 def test_a_route_expires_after_its_ttl():
@@ -23,3 +28,72 @@ def test_clear_forgets_every_route():
     cache.put("b", "d2")
     cache.clear()
     assert (cache.get("a"), cache.get("b")) == (None, None)
+
+
+class _GatedResolver(DeploymentResolver):
+    """The binding read is held open until the test lets it finish; reads are counted."""
+
+    def __init__(self, routes: RouteCache) -> None:
+        super().__init__(database=None, routes=routes)  # type: ignore[arg-type]
+        self.reads = 0
+        self.gate = asyncio.Event()
+        self.answer: str | Exception = "d1"
+
+    async def _read_binding(self, capability: str, epoch: int) -> str:
+        self.reads += 1
+        await self.gate.wait()
+        if isinstance(self.answer, Exception):
+            raise self.answer
+        self._routes.put(capability, self.answer, epoch=epoch)
+        return self.answer
+
+
+def _request(capability: str = "minilm") -> inference_pb2.EmbedRequest:
+    return inference_pb2.EmbedRequest(capability=capability, inputs=["x"])
+
+
+async def _started(resolver: _GatedResolver, count: int) -> list[asyncio.Task[str]]:
+    tasks = [asyncio.create_task(resolver.resolve(_request())) for _ in range(count)]
+    await asyncio.sleep(0)  # every task reaches the cache miss
+    return tasks
+
+
+async def test_concurrent_misses_of_one_capability_share_one_binding_read():
+    resolver = _GatedResolver(RouteCache(ManualClock()))
+    tasks = await _started(resolver, 10)
+    resolver.gate.set()
+    assert await asyncio.gather(*tasks) == ["d1"] * 10
+    assert resolver.reads == 1
+
+
+async def test_a_caller_arriving_after_a_clear_does_not_join_a_read_started_before_it():
+    routes = RouteCache(ManualClock())
+    resolver = _GatedResolver(routes)
+    early = await _started(resolver, 1)
+    routes.routing_changing()  # a binding move commits: the read in flight may be stale
+    routes.routing_changed()
+    late = await _started(resolver, 1)
+    resolver.gate.set()
+    await asyncio.gather(*early, *late)
+    assert resolver.reads == 2
+
+
+async def test_a_failed_read_answers_everyone_who_waited_on_it():
+    resolver = _GatedResolver(RouteCache(ManualClock()))
+    resolver.answer = GantryError("NOT_FOUND", "no deployment is bound")
+    tasks = await _started(resolver, 3)
+    resolver.gate.set()
+    outcomes = await asyncio.gather(*tasks, return_exceptions=True)
+    assert [getattr(outcome, "reason", None) for outcome in outcomes] == ["NOT_FOUND"] * 3
+    assert resolver.reads == 1
+
+
+async def test_when_the_reading_caller_goes_away_the_others_read_again_and_are_answered():
+    resolver = _GatedResolver(RouteCache(ManualClock()))
+    leader, *followers = await _started(resolver, 3)
+    leader.cancel()
+    await asyncio.sleep(0)
+    resolver.gate.set()
+    assert await asyncio.gather(*followers) == ["d1", "d1"]
+    assert leader.cancelled()
+    assert resolver.reads == 2  # the cancelled read, then one shared by both followers

@@ -12,7 +12,7 @@ from gantry.worker.model_host.adapters.sentence_transformers_embedding import (
     SentenceTransformersEmbedding,
 )
 from gantry.worker.model_host.framing import read_frame
-from gantry.worker.model_host.inbox import Inbox, Queued, ResponseWriter
+from gantry.worker.model_host.inbox import Inbox, InboxItem, Queued, ResponseWriter
 from gantry.worker.model_host.landlock import Isolation, IsolationLevel
 from gantry.worker.model_host.memory_readings import CudaAllocator
 from gantry.worker.model_host.probe_evidence import LoadRecord
@@ -109,3 +109,53 @@ def test_health_probe_of_the_wrong_width_fails_the_model_layer() -> None:
     layer = server.probe_model()
     assert layer.status == worker_gateway_pb2.HEALTH_STATUS_FAILED
     assert "width 4 != loaded dimension 32" in layer.detail
+
+
+class _RecordingInbox(Inbox):
+    """An Inbox that remembers how long each `get` was allowed to wait."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(limit=limit)
+        self.waits: list[float | None] = []
+
+    def get(self, timeout: float | None = None) -> InboxItem:
+        self.waits.append(timeout)
+        return super().get(timeout=timeout)
+
+
+def _shutdown(request_id: int) -> Queued:
+    return Queued(
+        model_host_pb2.HostRequest(request_id=request_id, shutdown=model_host_pb2.Shutdown()), None
+    )
+
+
+def test_embeds_queued_while_the_host_was_busy_run_as_batches_up_to_the_bound() -> None:
+    inbox = Inbox(limit=16)
+    stream = io.BytesIO()
+    encoder = _CountingEncoder()
+    server = _server(encoder, inbox=inbox, stream=stream, dim=4)  # max_batch_inputs=8
+    for request_id in range(1, 12):
+        inbox.offer(_embed(request_id, f"text {request_id}"))
+    inbox.offer(_shutdown(99))
+    assert server.serve() == 0
+
+    assert [len(batch) for batch in encoder.encoded] == [8, 3]
+    answers = _answers(stream)
+    assert all(answers[request_id].embed.count == 1 for request_id in range(1, 12))
+
+
+def test_a_lone_embed_runs_at_once_without_waiting_for_company() -> None:
+    inbox = _RecordingInbox(limit=4)
+    stream = io.BytesIO()
+    encoder = _CountingEncoder()
+    server = _server(encoder, inbox=inbox, stream=stream, dim=4)
+    inbox.offer(_embed(1, "alone"))
+    inbox.offer(_shutdown(2))
+    assert server.serve() == 0
+
+    assert encoder.encoded == [["alone"]]
+    # The first get blocks for work; gathering a batch never waits (timeout 0 = take what is
+    # queued): the shutdown behind it ends that batch and is served next.
+    assert inbox.waits[0] is None
+    assert inbox.waits[1] == 0
+    assert _answers(stream)[1].embed.count == 1

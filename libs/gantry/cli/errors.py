@@ -15,10 +15,12 @@ class CliError(Exception):
 
 def error_reason(error: grpc.RpcError) -> str | None:
     """The ErrorInfo reason from a rich gRPC status; None when the server sent none."""
-    if not isinstance(error, grpc.Call):
+    # AioRpcError (what `gantry bench` sees) is no grpc.Call but has the same code, details and
+    # trailing metadata, which is all from_call reads.
+    if not isinstance(error, grpc.Call | grpc.aio.AioRpcError):
         return None
     try:
-        status = rpc_status.from_call(error)
+        status = rpc_status.from_call(error)  # type: ignore[arg-type]
     except ValueError:
         # A trailer whose code or message disagrees with the call: not trustworthy, ignore it.
         return None

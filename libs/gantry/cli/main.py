@@ -11,6 +11,7 @@ from pathlib import Path
 import grpc
 
 from gantry.cli import (
+    bench_command,
     embed,
     operator_commands,
     pipeline_commands,
@@ -249,6 +250,14 @@ def build_parser() -> argparse.ArgumentParser:
     target.add_argument("--capability", default="minilm")
     target.add_argument("--deployment-id")
     embed_parser.add_argument("--json", action="store_true", help="print every value as JSON")
+
+    bench_command.add_bench_arguments(
+        command(
+            "bench",
+            bench_command.bench,
+            "load a capability or deployment with Embed/Rerank calls; latency, throughput, errors",
+        )
+    )
     return parser
 
 

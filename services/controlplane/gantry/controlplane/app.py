@@ -15,6 +15,7 @@ from gantry.controlplane.evidence_pipeline import EvidencePipeline
 from gantry.controlplane.gateway import GatewaySettings, WorkerGatewayService
 from gantry.controlplane.inference_service import InferenceService
 from gantry.controlplane.lifecycle import DEFAULT_LEASE_SECONDS, DeploymentLifecycle
+from gantry.controlplane.liveness import Liveness
 from gantry.controlplane.node_admin import NodeAdmin
 from gantry.controlplane.operator_service import ControlPlaneService
 from gantry.controlplane.persistence import credentials, nodes
@@ -55,6 +56,7 @@ class ControlPlane:
     lifecycle: DeploymentLifecycle
     reconciler: Reconciler
     gateway: WorkerGatewayService
+    liveness: Liveness  # when each worker stream here was last heard (last_seen_at lags it)
 
     @property
     def port(self) -> int:
@@ -119,12 +121,16 @@ async def start_control_plane(
         lease_seconds=settings.lease_seconds,
     )
     lifecycle_holder.append(lifecycle)
+    # Heartbeats land here (the gateway); the reconciler decides staleness from it and flushes
+    # `last_seen_at` to the database once per heartbeat interval.
+    liveness = Liveness(flush_interval_s=settings.reconciler.heartbeat_interval_s)
     reconciler = Reconciler(
         database=database,
         hub=hub,
         lifecycle=lifecycle,
         clock=clock,
         settings=settings.reconciler,
+        liveness=liveness,
         scale_advice=scale_advice,
     )
     authenticator = ControlPlaneAuthenticator(database, clock)
@@ -135,6 +141,7 @@ async def start_control_plane(
         reconciler=reconciler,
         clock=clock,
         settings=GatewaySettings(heartbeat_interval_s=settings.reconciler.heartbeat_interval_s),
+        liveness=liveness,
     )
     node_admin = NodeAdmin(
         database=database, hub=hub, lifecycle=lifecycle, clock=clock, wake_reconciler=reconciler
@@ -189,4 +196,5 @@ async def start_control_plane(
         lifecycle=lifecycle,
         reconciler=reconciler,
         gateway=gateway,
+        liveness=liveness,
     )

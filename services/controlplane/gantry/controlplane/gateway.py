@@ -2,9 +2,11 @@
 
 Hello binds the stream to one node generation by a single conditional UPDATE (fencing); anything
 from another generation is rejected and nothing from it is committed. Invoke results are resolved
-inline by the reader; everything that writes the database (heartbeats, job results, inventory)
-goes through a bounded per-stream queue to one writer task, so a slow write never delays an
-invoke result behind it. Results are committed idempotently and acknowledged.
+inline by the reader; everything else (heartbeats, job results, inventory) goes through a bounded
+per-stream queue to one writer task, in the order sent, so a slow write never delays an invoke
+result behind it. Results are committed idempotently and acknowledged. A heartbeat refreshes the
+stream's liveness in memory (liveness.py; the reconciler flushes `last_seen_at` in batches) and
+writes the database only to renew the leases of the jobs it names.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from gantry.controlplane.domain.node_capabilities import domains_to_json
 from gantry.controlplane.inventory import Reconciled
 from gantry.controlplane.job_handlers import jobs_requeued
 from gantry.controlplane.lifecycle import DeploymentLifecycle
+from gantry.controlplane.liveness import Liveness
 from gantry.controlplane.persistence import jobs, nodes
 from gantry.controlplane.persistence.database import Database
 from gantry.controlplane.persistence.transitions import retry_on_conflict
@@ -63,8 +66,10 @@ class WorkerGatewayService(worker_gateway_pb2_grpc.WorkerGatewayServicer):
         reconciler: Reconciler,
         clock: Clock,
         settings: GatewaySettings,
+        liveness: Liveness,
     ) -> None:
         self._database = database
+        self._liveness = liveness  # shared with the reconciler, which decides staleness from it
         self._hub = hub
         self._lifecycle = lifecycle
         self._reconciler = reconciler
@@ -191,6 +196,9 @@ class WorkerGatewayService(worker_gateway_pb2_grpc.WorkerGatewayServicer):
                 now=now,
             )
             await settle_node_deployments(db, node.node_id, now=now)
+        # Right after the commit, which wrote `last_seen_at = now`: until this line the row alone
+        # is fresh, from here on the reconciler judges the stream by what it hears.
+        self._liveness.connected(stream.node_id, stream.generation, now, holder=stream)
         self._lifecycle.announcer.node(node, [stream.node_id])
         self._lifecycle.announce(reconciled.changed)
         self._reconciler.wake()
@@ -289,7 +297,16 @@ class WorkerGatewayService(worker_gateway_pb2_grpc.WorkerGatewayServicer):
             await self._inventory(stream, message.inventory_report.inventory)
 
     async def _heartbeat(self, stream: WorkerStream, heartbeat: wg.Heartbeat) -> None:
-        now = self._clock.now()
+        """Note the stream as heard, and renew the leases of the jobs the worker still runs.
+
+        On the writer, so it counts only once the messages sent before it were handled. Only the
+        generation that holds the node refreshes its liveness, and only the one that holds a job
+        renews it (`renew_leases` matches node and generation): a late heartbeat of an old
+        generation changes nothing.
+        """
+        self._liveness.heard(stream.node_id, stream.generation, self._clock.now())
+        if not heartbeat.active_job_ids:
+            return  # no transaction: liveness alone is kept in memory
         async with self._database.transaction() as db:
             await jobs.renew_leases(
                 db,
@@ -297,11 +314,8 @@ class WorkerGatewayService(worker_gateway_pb2_grpc.WorkerGatewayServicer):
                 generation=stream.generation,
                 job_ids=list(heartbeat.active_job_ids),
                 lease_seconds=self._lifecycle.pump.lease_seconds,
-                now=now,
+                now=self._clock.now(),
             )
-            node = await nodes.get_node(db, stream.node_id)
-            if node.generation == stream.generation:
-                node.last_seen_at = now
 
     async def _job_result(self, stream: WorkerStream, result: wg.JobResult) -> None:
         try:
@@ -359,6 +373,7 @@ class WorkerGatewayService(worker_gateway_pb2_grpc.WorkerGatewayServicer):
     async def _goodbye(self, stream: WorkerStream) -> None:
         stream.close(GantryError("WORKER_UNAVAILABLE", f"node {stream.node_id} disconnected"))
         if not self._hub.detach(stream):
+            self._liveness.disconnected(stream.node_id, holder=stream)  # a newer one's is kept
             return  # a newer generation already holds the node
         now = self._clock.now()
         try:
@@ -371,6 +386,9 @@ class WorkerGatewayService(worker_gateway_pb2_grpc.WorkerGatewayServicer):
         except GantryError as error:
             log.warning("could not mark node %s disconnected: %s", stream.node_id, error)
             return
+        finally:
+            # Only now: until the row says DISCONNECTED, staleness is still decided from here.
+            self._liveness.disconnected(stream.node_id, holder=stream)
         self._lifecycle.announcer.node(node, ())
         log.info("node %s (generation %d) disconnected", stream.node_id, stream.generation)
 

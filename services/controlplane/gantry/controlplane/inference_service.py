@@ -3,11 +3,9 @@ the scheduler."""
 
 from __future__ import annotations
 
-import array
 import asyncio
 import datetime as dt
 import math
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -24,6 +22,7 @@ from gantry.controlplane.persistence.database import Database
 from gantry.controlplane.route_cache import RouteCache
 from gantry.controlplane.routing import DeploymentResolver
 from gantry.controlplane.scheduler_link import SchedulerLink
+from gantry.controlplane.vector_wire import vectors_wire
 from gantry.controlplane.worker_sessions import WorkerHub
 from gantry.v1 import common_pb2, inference_pb2, inference_pb2_grpc, scheduler_pb2
 from gantry.v1 import worker_gateway_pb2 as wg
@@ -106,27 +105,6 @@ def ranked(scores: Sequence[float], top_n: int) -> list[inference_pb2.RankedDocu
     if top_n:
         order = order[:top_n]
     return [inference_pb2.RankedDocument(index=index, score=scores[index]) for index in order]
-
-
-def vectors(
-    result: wg.EmbedResult, encoding: inference_pb2.VectorEncoding
-) -> list[inference_pb2.Vector]:
-    row_bytes = result.dim * 4
-    if len(result.float32_le) != row_bytes * result.count:
-        raise GantryError("INVOKE_FAILED", "the worker returned a malformed embedding block")
-    if encoding == inference_pb2.VECTOR_ENCODING_FLOAT32_LE_BYTES:
-        return [
-            inference_pb2.Vector(float32_le=result.float32_le[i * row_bytes : (i + 1) * row_bytes])
-            for i in range(result.count)
-        ]
-    values = array.array("f")
-    values.frombytes(result.float32_le)
-    if sys.byteorder != "little":
-        values.byteswap()
-    return [
-        inference_pb2.Vector(values=values[i * result.dim : (i + 1) * result.dim])
-        for i in range(result.count)
-    ]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -212,13 +190,11 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
             )
             result = outcome.embed
             encoding = request.encoding or inference_pb2.VECTOR_ENCODING_FLOAT_LIST
-            return inference_pb2.EmbedResponse(
-                vectors=vectors(result, encoding),
-                dim=result.dim,
-                deployment_id=deployment_id,
-                node_id=node_id,
-                encoding=encoding,
+            response = inference_pb2.EmbedResponse(
+                dim=result.dim, deployment_id=deployment_id, node_id=node_id, encoding=encoding
             )
+            response.MergeFromString(vectors_wire(result, encoding))
+            return response
 
     async def Rerank(
         self, request: inference_pb2.RerankRequest, context: grpc.aio.ServicerContext

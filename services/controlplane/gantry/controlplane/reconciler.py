@@ -3,7 +3,10 @@
 Each pass, with time from the injected clock:
 1. expired leases go back to QUEUED (the old token dies; the next lease counts one more attempt);
 2. a CONNECTED node whose last heartbeat is older than the staleness grace is DISCONNECTED and
-   its stream closed (a stopped worker no longer holds requests until their deadlines);
+   its stream closed (a stopped worker no longer holds requests until their deadlines). For a
+   stream open on this control plane the last heartbeat is the one in memory (liveness.py),
+   whose `last_seen_at` this loop flushes in batches; the database's `last_seen_at` decides only
+   for nodes with no stream here (another replica's, or none since a restart);
 3. a node absent past the longer absence grace loses its residencies (COLD) and their jobs, and
    its unfinished inspections and probes FAIL (WORKER_UNAVAILABLE);
 4. live deployments with fewer placed replicas than wanted are placed (PENDING ones included),
@@ -36,9 +39,10 @@ from gantry.controlplane.job_handlers import (
     jobs_requeued,
 )
 from gantry.controlplane.lifecycle import DeploymentLifecycle
+from gantry.controlplane.liveness import Heard, Liveness
 from gantry.controlplane.persistence import audit, deployments, jobs, nodes
 from gantry.controlplane.persistence.database import Database
-from gantry.controlplane.persistence.models import Residency
+from gantry.controlplane.persistence.models import Node, Residency
 from gantry.controlplane.persistence.transitions import retry_on_conflict
 from gantry.controlplane.placement import missing_replicas
 from gantry.controlplane.settle import settle_deployment, settle_node_deployments
@@ -72,9 +76,11 @@ class Reconciler:
         lifecycle: DeploymentLifecycle,
         clock: Clock,
         settings: ReconcilerSettings,
+        liveness: Liveness,
         scale_advice: ScaleAdviceInbox | None = None,
     ) -> None:
         self._database = database
+        self._liveness = liveness
         self._hub = hub
         self._lifecycle = lifecycle
         self._clock = clock
@@ -139,6 +145,7 @@ class Reconciler:
         now = self._clock.now()
         dispatch: set[str] = set()
         dispatch |= await self._expire_leases(now)
+        await self._flush_last_seen(now)
         await self._disconnect_stale(now)
         await self._forget_absent(now)
         dispatch |= await self._apply_scale_advice()
@@ -168,16 +175,47 @@ class Reconciler:
 
     # ---- 2. and 3. liveness -------------------------------------------------------------------
 
+    async def _flush_last_seen(self, now: dt.datetime) -> None:
+        """`last_seen_at` of every node heard since the last flush, in one statement, at most once
+        per flush interval (heartbeats themselves never write the database)."""
+        if not self._liveness.flush_due(now):
+            return
+        batch = self._liveness.take_flush(now)
+        if batch is None:
+            return
+        try:
+            async with self._database.transaction() as session:
+                await nodes.record_last_seen(session, batch)
+        except BaseException:
+            self._liveness.flush_failed(batch)  # written with the next flush instead
+            raise
+
     async def _disconnect_stale(self, now: dt.datetime) -> None:
         seen_before = now - dt.timedelta(seconds=self.settings.stale_after_s)
+        silent = {
+            heard.node_id: heard
+            for heard in self._liveness.stale(now, stale_after_s=self.settings.stale_after_s)
+        }
+        stale: list[tuple[Node, Heard | None]] = []
         async with self._database.transaction() as session:
-            stale = await nodes.nodes_in_state(
+            candidates: list[tuple[Node, Heard | None]] = [
+                (await nodes.get_node(session, node_id), heard) for node_id, heard in silent.items()
+            ]
+            for node in await nodes.nodes_in_state(
                 session, NodeState.CONNECTED, seen_before=seen_before
-            )
-            for node in stale:
-                await nodes.set_node_state(session, node, NodeState.DISCONNECTED)
+            ):
+                candidates.append((node, None))
+            for node, heard in candidates:
+                if not _is_stale(node, heard, self._liveness):
+                    continue
+                values = {} if heard is None else {"last_seen_at": _latest(node, heard)}
+                await nodes.set_node_state(session, node, NodeState.DISCONNECTED, **values)
                 await settle_node_deployments(session, node.node_id, now=now)
-        for node in stale:
+                stale.append((node, heard))
+        for node, heard in stale:
+            if heard is not None:
+                # The row now says DISCONNECTED: this stream's liveness is no longer kept here.
+                self._liveness.declared_stale(heard)
             log.warning(
                 "node %s sent no heartbeat since %s: disconnected", node.node_id, node.last_seen_at
             )
@@ -323,3 +361,25 @@ class Reconciler:
                 for job in await jobs.open_jobs(session)
                 if job.state == "QUEUED" and self._hub.get(job.node_id) is not None
             }
+
+
+def _is_stale(node: Node, heard: Heard | None, liveness: Liveness) -> bool:
+    """Whether to disconnect a CONNECTED-looking node now.
+
+    `heard` is set when liveness named the stream silent: it still holds only if the row is that
+    generation's and no heartbeat came in since (the checks in between awaited the database).
+    Without it the row's `last_seen_at` was old, which decides only for a node whose stream is
+    not here: for one that is, that time may merely not be flushed yet.
+    """
+    if node.state != NodeState.CONNECTED:
+        return False  # already disconnected (this pass or a goodbye), or disabled
+    if heard is not None:
+        return node.generation == heard.generation and liveness.last_heard(node.node_id) == heard
+    return not liveness.tracks(node.node_id)
+
+
+def _latest(node: Node, heard: Heard) -> dt.datetime:
+    """The later of the row's `last_seen_at` and the last heartbeat heard here."""
+    if node.last_seen_at is None:
+        return heard.heard_at
+    return max(node.last_seen_at, heard.heard_at)

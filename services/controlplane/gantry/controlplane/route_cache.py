@@ -38,6 +38,11 @@ class RouteCache:
         """Read before looking a binding up; hand it to `put` with the answer."""
         return self._epoch
 
+    def current(self, epoch: int) -> bool:
+        """True when nothing was cleared since `epoch` was read and no change is in flight: an
+        answer being read in `epoch` is as fresh as one read now."""
+        return epoch == self._epoch and not self._changes_in_flight
+
     def get(self, capability: str) -> str | None:
         if self._changes_in_flight:
             return None

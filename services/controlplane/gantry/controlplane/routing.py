@@ -8,6 +8,8 @@ allows unapproved deployments (the legacy path kept for tests).
 
 from __future__ import annotations
 
+import asyncio
+
 from gantry.common.errors import GantryError, invalid_argument
 from gantry.common.ids import parse_id
 from gantry.controlplane.domain.transitions import DeploymentState
@@ -28,6 +30,10 @@ class DeploymentResolver:
     def __init__(self, *, database: Database, routes: RouteCache) -> None:
         self._database = database
         self._routes = routes
+        # capability -> (epoch, the binding read in flight). Concurrent misses share one read
+        # instead of each opening a transaction: when an entry expires under load, every caller
+        # of that capability misses at the same moment.
+        self._reads: dict[str, tuple[int, asyncio.Future[str]]] = {}
 
     async def resolve(self, request: TargetedRequest) -> str:
         """capability | deployment_id -> a routable deployment id, or a typed reason why not.
@@ -46,9 +52,44 @@ class DeploymentResolver:
         raise invalid_argument("set capability or deployment_id", field="target")
 
     async def _by_capability(self, capability: str) -> str:
-        if cached := self._routes.get(capability):
-            return cached
+        while True:
+            if cached := self._routes.get(capability):
+                return cached
+            shared = self._reads.get(capability)
+            # Only a read started in the current epoch may answer: one started before a clear
+            # (or a binding move) could name the old deployment.
+            if shared is None or not self._routes.current(shared[0]):
+                return await self._read_shared(capability)
+            try:
+                return await asyncio.shield(shared[1])
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    raise  # this caller was cancelled
+                # The reader was cancelled, not us: read again.
+
+    async def _read_shared(self, capability: str) -> str:
         epoch = self._routes.epoch
+        future: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        # Followers may be none: mark the outcome retrieved so it is never logged as lost.
+        future.add_done_callback(lambda done: done.cancelled() or done.exception())
+        self._reads[capability] = (epoch, future)
+        try:
+            deployment_id = await self._read_binding(capability, epoch)
+        except asyncio.CancelledError:
+            future.cancel()
+            raise
+        except BaseException as exc:
+            future.set_exception(exc)
+            raise
+        else:
+            future.set_result(deployment_id)
+            return deployment_id
+        finally:
+            if self._reads.get(capability, (None, None))[1] is future:
+                del self._reads[capability]
+
+    async def _read_binding(self, capability: str, epoch: int) -> str:
         name = f"capability {capability!r}"
         async with self._database.transaction() as session:
             binding = await bindings.get_binding(session, capability)

@@ -47,9 +47,16 @@ from gantry.worker.environment_facts import (
 from gantry.worker.inspect_job import run_inspect
 from gantry.worker.invocations import DEFAULT_MAX_IN_FLIGHT, Invocations
 from gantry.worker.jobs import DeploymentJobQueues
+from gantry.worker.model_host.environments import resolve_python
 from gantry.worker.model_host.inbox import DEFAULT_INBOX_LIMIT
-from gantry.worker.model_host.process import DEFAULT_MAX_PENDING, HostLaunchSpec
+from gantry.worker.model_host.process import (
+    DEFAULT_MAX_PENDING,
+    HostLaunchSpec,
+    ModelHost,
+    OnExit,
+)
 from gantry.worker.model_host.sandbox import IsolationRequirement
+from gantry.worker.model_host.warm_pool import WarmPool
 from gantry.worker.probe_job import ProbeRunner, ProbeSettings
 from gantry.worker.residents import DEFAULT_MAX_RESIDENTS, HostFactory, ResidentFacts
 from gantry.worker.resource_domains import DeclaredDomain, measure_node_domains
@@ -94,6 +101,9 @@ class WorkerSettings:
     # What the node offers placement (Hello.resource_domains), validated whole; None: measured
     # at start (host.ram, and gpuN.vram per GPU NVML reads).
     resource_domains: tuple[DeclaredDomain, ...] | None = None
+    # Model hosts forked from a preloaded fork server per environment (imports done, ready in
+    # about a second); False spawns each one as a fresh interpreter (`--no-warm-pool`).
+    warm_pool: bool = True
 
     def supervision(self) -> SupervisionSettings:
         return SupervisionSettings(
@@ -110,6 +120,22 @@ class WorkerSettings:
         )
 
 
+def _pooled_host_factory(warm_pool: WarmPool) -> Callable[..., Coroutine[Any, Any, ModelHost]]:
+    """How this agent starts model hosts, residents and probes alike: forked by its warm pool."""
+
+    async def start(
+        spec: HostLaunchSpec,
+        *,
+        on_exit: OnExit | None = None,
+        trace_context: Mapping[str, str] | None = None,
+    ) -> ModelHost:
+        return await ModelHost.start(
+            spec, on_exit=on_exit, trace_context=trace_context, warm_pool=warm_pool
+        )
+
+    return start
+
+
 class FencedError(Exception):
     """The control plane holds a newer generation of this node: this process must stop."""
 
@@ -122,18 +148,27 @@ class WorkerAgent:
         generation: int | None = None,
         clock: Clock | None = None,
         host_factory: HostFactory | None = None,
+        warm_pool: WarmPool | None = None,
     ) -> None:
+        """`warm_pool`: one shared with other agents (tests), left running at shutdown; without
+        it an agent whose settings ask for a warm pool owns one and stops it at shutdown."""
         parsed = tokens.parse_token(settings.credential, kind=tokens.NODE_CREDENTIAL)
         if parsed is None:
             raise ValueError("the node credential is malformed")
         self.settings = settings
         self.node_id = parsed.token_id
         self.generation = generation if generation is not None else new_generation()
+        self.warm_pool: WarmPool | None = None
+        self._owns_warm_pool = False
+        if settings.warm_pool:
+            self.warm_pool = warm_pool or WarmPool()
+            self._owns_warm_pool = warm_pool is None
+        pooled = _pooled_host_factory(self.warm_pool) if self.warm_pool is not None else None
         self.supervisor = Supervisor(
             settings.supervision(),
             on_change=self._report_inventory,
             clock=clock,
-            host_factory=host_factory,
+            host_factory=host_factory or pooled,
         )
         self.residents = self.supervisor.residents
         self.connected = asyncio.Event()
@@ -171,6 +206,7 @@ class WorkerAgent:
                 stop_grace_s=settings.probe_stop_grace_s,
             ),
             environments=self.environments,
+            host_factory=pooled,
         )
         self.resource_domains = (
             settings.resource_domains
@@ -192,6 +228,7 @@ class WorkerAgent:
         if self._liveness is None:
             # Supervision runs whether or not the control plane is reachable.
             self._liveness = asyncio.create_task(self.supervisor.run_liveness(), name="liveness")
+            self._prewarm()
         # Hello carries every environment's facts: learn them (concurrently, once) first.
         await self.environments.collect()
         delay = 0.2
@@ -227,6 +264,21 @@ class WorkerAgent:
         await self._invocations.close()
         await self.supervisor.shutdown()
         await self.environments.close()
+        if self.warm_pool is not None and self._owns_warm_pool:
+            # The hosts are the worker's own children, stopped above; only the servers remain.
+            await self.warm_pool.aclose()
+
+    def _prewarm(self) -> None:
+        """Start the default environment's fork server now, so the first load finds its imports
+        done (it waits for the server otherwise); other environments start theirs on first use."""
+        if self.warm_pool is None:
+            return
+        try:
+            python = resolve_python("", self.settings.env)
+            # The hosts' environment comes from this process's, as ModelHost.start builds it.
+            self.warm_pool.prewarm(python, os.environ)
+        except GantryError as error:
+            log.warning("warm pool not started ahead of the first load: %s", error.message)
 
     def active_job_ids(self) -> list[str]:
         """Jobs queued or running here (PROBE and INSPECT included): the leases heartbeats renew."""

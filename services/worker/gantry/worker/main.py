@@ -84,6 +84,13 @@ def main(argv: list[str] | None = None) -> int:
         "1.5GB or bytes, MARGIN also as a percentage of CAPACITY (default 0). Without any: "
         "host.ram = this machine's memory and gpuN.vram per GPU NVML reads, each less 10%%",
     )
+    parser.add_argument(
+        "--no-warm-pool",
+        dest="warm_pool",
+        action="store_false",
+        help="spawn every model host as a fresh interpreter that imports torch itself, instead "
+        "of forking it from a preloaded fork server (the default, ready in about a second)",
+    )
     add_client_tls_arguments(
         parser.add_argument_group("TLS to the control plane (plaintext unless one is given)"),
         peer="the control plane",
@@ -121,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         require_isolation=REQUIRE_CHOICES[args.require_isolation],
         tls=tls,
         resource_domains=declared,
+        warm_pool=args.warm_pool,
         **{name: getattr(args, name) for name in _SUPERVISION_ARGUMENTS},
     )
 

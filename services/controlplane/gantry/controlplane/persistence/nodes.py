@@ -13,8 +13,12 @@ from gantry.common import tokens
 from gantry.common.errors import GantryError, not_found
 from gantry.common.ids import new_id
 from gantry.controlplane.domain.transitions import NodeState
+from gantry.controlplane.liveness import SeenBatch
 from gantry.controlplane.persistence.models import Node
 from gantry.controlplane.persistence.transitions import compare_and_set
+
+# Nodes per `record_last_seen` statement: far below SQLite's and PostgreSQL's bind limits.
+LAST_SEEN_CHUNK = 5_000
 
 
 async def register_node(
@@ -163,6 +167,25 @@ async def nodes_in_state(
     if seen_before is not None:
         query = query.where((Node.last_seen_at < seen_before) | (Node.last_seen_at.is_(None)))
     return (await session.scalars(query)).all()
+
+
+async def record_last_seen(session: AsyncSession, batch: SeenBatch) -> None:
+    """Write `last_seen_at = batch.seen_at` for the batch's nodes: one statement per
+    `LAST_SEEN_CHUNK` nodes (a bound on bind parameters that both stores accept).
+
+    A row only moves forward: a flush that lands after a disconnect or a newer generation's Hello
+    wrote a later time changes nothing, so no generation check is needed here.
+    """
+    for start in range(0, len(batch.node_ids), LAST_SEEN_CHUNK):
+        await session.execute(
+            update(Node)
+            .where(
+                Node.node_id.in_(batch.node_ids[start : start + LAST_SEEN_CHUNK]),
+                (Node.last_seen_at.is_(None)) | (Node.last_seen_at < batch.seen_at),
+            )
+            .values(last_seen_at=batch.seen_at)
+            .execution_options(synchronize_session=False)
+        )
 
 
 async def set_node_state(

@@ -5,6 +5,9 @@ Run as `python -I -m gantry.worker.model_host.child --deployment-id ID --parent-
 Only the standard library, protobuf and OpenTelemetry are imported before the process is hardened;
 the ML stack is imported after the offline flags and the network guard are in place, and the model
 is read only after the process has entered its sandbox (`sandbox.enter`).
+
+A host forked by a warm pool's fork server (`fork_server`) has its imports done already and
+enters at `run_host`, the same code from there on.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import socket
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
@@ -157,8 +161,33 @@ def _load_and_report(
     return adapter, record, ready
 
 
+@dataclass(frozen=True, kw_only=True)
+class HostArguments:
+    """What a host is told at start: its command line when spawned, a fork request when forked."""
+
+    deployment_id: str
+    parent_pid: int
+    channel_fd: int
+    private_dir: Path
+    inbox_limit: int = DEFAULT_INBOX_LIMIT
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parse_args(argv)
+    return run_host(
+        HostArguments(
+            deployment_id=args.deployment_id,
+            parent_pid=args.parent_pid,
+            channel_fd=args.channel_fd,
+            private_dir=args.private_dir,
+            inbox_limit=args.inbox_limit,
+        )
+    )
+
+
+def run_host(args: HostArguments) -> int:
+    """Harden, read the load request, load in the sandbox, serve: the host's life after start,
+    the same whether it was spawned (`main`) or forked by a warm pool (`fork_server`)."""
     hardening.die_with_parent(args.parent_pid)
     setproctitle(process_title(args.deployment_id))
     hardening.redirect_stdout_to_stderr()
@@ -167,6 +196,8 @@ def main(argv: list[str] | None = None) -> int:
     hardening.apply_environment(OFFLINE_ENVIRONMENT)
     hardening.install_network_guard()
     logging.basicConfig(
+        # force: a forked host inherits its fork server's logging setup, never its own.
+        force=True,
         stream=sys.stderr,
         level=logging.INFO,
         format=f"%(asctime)s %(levelname)s model-host[{args.deployment_id}] %(name)s: %(message)s",

@@ -1,4 +1,5 @@
-"""The worker's seam to one model host child: spawn, await ready, multiplex embeds, stop, verify."""
+"""The worker's seam to one model host child: start (spawned, or forked by a warm pool), await
+ready, multiplex embeds, stop, verify."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from google.protobuf.message import DecodeError
 
@@ -22,11 +24,15 @@ from gantry.worker.model_host import sandbox
 from gantry.worker.model_host.environments import host_environment
 from gantry.worker.model_host.exit_status import describe_returncode, exit_evidence
 from gantry.worker.model_host.framing import FrameError, read_frame_async, write_frame_async
+from gantry.worker.model_host.host_process import HostProcess, SpawnedProcess
 from gantry.worker.model_host.inbox import DEFAULT_INBOX_LIMIT
 from gantry.worker.model_host.landlock import Isolation
 from gantry.worker.model_host.proc_facts import process_start_ticks, rss_bytes_of
 from gantry.worker.model_host.sandbox import IsolationRequirement
 from gantry.worker.model_host.stderr_tail import StderrTail
+
+if TYPE_CHECKING:
+    from gantry.worker.model_host.warm_pool import WarmPool
 
 logger = logging.getLogger("gantry.worker.model_host")
 
@@ -59,6 +65,40 @@ class HostLaunchSpec:
     inbox_limit: int = DEFAULT_INBOX_LIMIT
 
 
+async def _spawn(
+    spec: HostLaunchSpec,
+    channel: socket.socket,
+    private_dir: Path,
+    environment: Mapping[str, str],
+) -> SpawnedProcess:
+    """The cold path: a fresh interpreter that imports everything itself."""
+    process = await asyncio.create_subprocess_exec(
+        spec.python_executable,
+        # Isolated: no PYTHON* variables, no user site, and neither the cwd nor a script
+        # directory on sys.path, so nothing planted next to the worker is imported.
+        "-I",
+        "-m",
+        CHILD_MODULE,
+        "--deployment-id",
+        spec.deployment_id,
+        "--parent-pid",
+        str(os.getpid()),
+        "--channel-fd",
+        str(channel.fileno()),
+        "--private-dir",
+        str(private_dir),
+        "--inbox-limit",
+        str(spec.inbox_limit),
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+        pass_fds=(channel.fileno(),),
+        cwd=private_dir,
+        env=dict(environment),
+    )
+    return SpawnedProcess(process)
+
+
 class ModelHost:
     """One running model host child. Create with `await ModelHost.start(spec)`.
 
@@ -71,7 +111,7 @@ class ModelHost:
         self,
         *,
         spec: HostLaunchSpec,
-        process: asyncio.subprocess.Process,
+        process: HostProcess,
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
         stderr: StderrTail,
@@ -108,45 +148,40 @@ class ModelHost:
         *,
         on_exit: OnExit | None = None,
         trace_context: Mapping[str, str] | None = None,
+        warm_pool: WarmPool | None = None,
     ) -> ModelHost:
-        """Spawn the child and wait until it has loaded and health-checked the model.
+        """Start the child and wait until it has loaded and health-checked the model.
 
-        Raises GantryError: the child's own failure (LOAD_FAILED, HEALTH_FAILED), LOAD_FAILED when
-        it dies or times out first, RUNTIME_ENVIRONMENT_UNAVAILABLE when it cannot be spawned. The
-        child never outlives a failed or cancelled start.
+        The child is spawned, or forked by `warm_pool` when given (its imports already done);
+        either way this worker is its parent. Raises GantryError: the child's own failure
+        (LOAD_FAILED, HEALTH_FAILED), LOAD_FAILED when it dies or times out first,
+        RUNTIME_ENVIRONMENT_UNAVAILABLE when it cannot be started (a warm pool that cannot fork
+        it never falls back to a spawn). The child never outlives a failed or cancelled start;
+        `load_timeout_s` bounds the whole start, a wait for the warm pool's server included.
         """
+        deadline = asyncio.get_running_loop().time() + spec.load_timeout_s
         # A fresh 0700 directory per host: its cwd, HOME and scratch, the only place it may write.
         private_dir = Path(tempfile.mkdtemp(prefix=f"gantry-host-{spec.deployment_id}-"))
         scratch_dir = private_dir / "tmp"
         scratch_dir.mkdir(mode=0o700)
         parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        environment = host_environment(
+            {**os.environ, **spec.env}, private_dir=private_dir, scratch_dir=scratch_dir
+        )
+        process: HostProcess
         try:
-            process = await asyncio.create_subprocess_exec(
-                spec.python_executable,
-                # Isolated: no PYTHON* variables, no user site, and neither the cwd nor a script
-                # directory on sys.path, so nothing planted next to the worker is imported.
-                "-I",
-                "-m",
-                CHILD_MODULE,
-                "--deployment-id",
-                spec.deployment_id,
-                "--parent-pid",
-                str(os.getpid()),
-                "--channel-fd",
-                str(child_end.fileno()),
-                "--private-dir",
-                str(private_dir),
-                "--inbox-limit",
-                str(spec.inbox_limit),
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.DEVNULL,
-                stderr=asyncio.subprocess.PIPE,
-                pass_fds=(child_end.fileno(),),
-                cwd=private_dir,
-                env=host_environment(
-                    {**os.environ, **spec.env}, private_dir=private_dir, scratch_dir=scratch_dir
-                ),
-            )
+            if warm_pool is not None:
+                process = await warm_pool.fork_host(
+                    python_executable=spec.python_executable,
+                    environment=environment,
+                    deployment_id=spec.deployment_id,
+                    private_dir=private_dir,
+                    inbox_limit=spec.inbox_limit,
+                    channel=child_end,
+                    timeout_s=spec.load_timeout_s,
+                )
+            else:
+                process = await _spawn(spec, child_end, private_dir, environment)
         except OSError as exc:
             parent_end.close()
             shutil.rmtree(private_dir, ignore_errors=True)
@@ -155,15 +190,19 @@ class ModelHost:
                 f"cannot start a model host with {spec.python_executable!r}: {exc}",
                 deployment_id=spec.deployment_id,
             ) from exc
+        except BaseException:
+            parent_end.close()
+            shutil.rmtree(private_dir, ignore_errors=True)
+            raise
         finally:
             # Only the child may hold its end, or we would never see EOF when it dies.
             child_end.close()
-        assert process.stderr is not None
         stderr = StderrTail(process.stderr, spec.deployment_id)
         try:
             reader, writer = await asyncio.open_unix_connection(sock=parent_end)
         except BaseException:
-            process.kill()
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()
             parent_end.close()
             raise
         host = cls(
@@ -176,7 +215,7 @@ class ModelHost:
             private_dir=private_dir,
         )
         try:
-            async with asyncio.timeout(spec.load_timeout_s):
+            async with asyncio.timeout_at(deadline):
                 host._ready = await host._load(trace_context or {})
         except BaseException as exc:
             await host._abandon()

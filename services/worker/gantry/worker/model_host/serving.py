@@ -36,9 +36,6 @@ from gantry.worker.model_host.probe_evidence import LoadRecord
 
 logger = logging.getLogger("gantry.model_host")
 
-# How long the first request of a batch waits for company: long enough to catch concurrent callers,
-# short enough to be invisible next to a forward pass.
-BATCH_WAIT_S = 0.002
 
 # Test hooks, honoured only when GANTRY_MODEL_HOST_TEST_HOOKS=1: an input equal to one of these
 # makes the forward pass hang (so a test can kill the child mid-request), take a while, or fail.
@@ -198,14 +195,17 @@ class ModelServer:
         return True
 
     def _collect_batch(self, first: model_host_pb2.HostRequest) -> list[model_host_pb2.HostRequest]:
+        """`first` and the embeds already queued behind it, up to the batch bound.
+
+        Adaptive, with no timer: an idle host runs a lone request at once (waiting for company
+        would only add latency), and while a forward pass runs, concurrent callers queue up in the
+        inbox and become the next batch. Under load batches fill by themselves.
+        """
         batch = [first]
         total_inputs = len(first.embed.inputs)
-        deadline = time.monotonic() + BATCH_WAIT_S
         while total_inputs < self._settings.max_batch_inputs:
-            remaining = deadline - time.monotonic()
             try:
-                # Past the deadline, still take what is already queued, without waiting.
-                item = self._inbox.get(timeout=remaining if remaining > 0 else 0)
+                item = self._inbox.get(timeout=0)
             except queue.Empty:
                 break
             fits = (

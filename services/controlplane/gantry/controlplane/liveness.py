@@ -1,0 +1,138 @@
+"""Worker liveness in memory: when each stream on this control plane (node + generation) was last
+heard from.
+
+A heartbeat costs a dictionary write here, not a database transaction: with a thousand workers
+that is the difference between most of a core and almost nothing. `last_seen_at` reaches the
+database in batches (`take_flush`: one statement for every node heard since the last flush, all
+written with the earliest of their last heartbeats, a lower bound for each). So for a node with
+a live stream here the row may lag what was heard by up to two flush intervals, and never runs
+ahead of it; staleness of such a node is therefore decided from what was heard (`stale`), never
+from that row. Only the stream's own generation refreshes a record: an older generation's late
+heartbeat is fenced.
+
+Pure: no IO and no clock of its own; the caller passes `now` from its injected clock.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Heard:
+    """A stream (node + generation) last heard from at `heard_at`."""
+
+    node_id: str
+    generation: int
+    heard_at: dt.datetime
+
+
+@dataclass(frozen=True, slots=True)
+class SeenBatch:
+    """Nodes heard since the last flush; every one of them was heard at or after `seen_at`."""
+
+    node_ids: tuple[str, ...]
+    seen_at: dt.datetime
+
+
+@dataclass(slots=True)
+class _Stream:
+    generation: int
+    heard_at: dt.datetime
+    # The stream object itself (opaque here): a worker that reconnects within its generation
+    # opens a second stream, and the first one's end must not forget the second.
+    holder: object
+
+
+class Liveness:
+    """node id -> the generation whose stream is open here and when it was last heard."""
+
+    def __init__(self, *, flush_interval_s: float) -> None:
+        self._streams: dict[str, _Stream] = {}
+        # Heard since the last flush: only these rows are written, the others did not change.
+        self._unflushed: set[str] = set()
+        self._flush_interval = dt.timedelta(seconds=flush_interval_s)
+        self._last_flush: dt.datetime | None = None
+
+    def connected(self, node_id: str, generation: int, now: dt.datetime, *, holder: object) -> None:
+        """`holder`'s Hello was committed (with `last_seen_at = now`, so nothing to flush)."""
+        current = self._streams.get(node_id)
+        if current is not None and current.generation > generation:
+            return  # the database fenced this generation already; never let it displace a newer
+        self._streams[node_id] = _Stream(generation=generation, heard_at=now, holder=holder)
+        self._unflushed.discard(node_id)
+
+    def heard(self, node_id: str, generation: int, now: dt.datetime) -> bool:
+        """A heartbeat; False (and nothing recorded) unless `generation` holds the node here."""
+        stream = self._streams.get(node_id)
+        if stream is None or stream.generation != generation:
+            return False
+        stream.heard_at = max(stream.heard_at, now)
+        self._unflushed.add(node_id)
+        return True
+
+    def disconnected(self, node_id: str, *, holder: object) -> bool:
+        """`holder`'s stream ended; the record of any stream that replaced it is kept."""
+        stream = self._streams.get(node_id)
+        if stream is None or stream.holder is not holder:
+            return False
+        self._drop(node_id)
+        return True
+
+    def declared_stale(self, heard: Heard) -> bool:
+        """The node was disconnected for the silence `heard` describes; forgotten unless a
+        heartbeat or another stream came in since."""
+        if self.last_heard(heard.node_id) != heard:
+            return False
+        self._drop(heard.node_id)
+        return True
+
+    def _drop(self, node_id: str) -> None:
+        del self._streams[node_id]
+        self._unflushed.discard(node_id)
+
+    def tracks(self, node_id: str) -> bool:
+        """Whether this control plane holds the node's stream (and so decides its staleness)."""
+        return node_id in self._streams
+
+    def last_heard(self, node_id: str) -> Heard | None:
+        stream = self._streams.get(node_id)
+        if stream is None:
+            return None
+        return Heard(node_id=node_id, generation=stream.generation, heard_at=stream.heard_at)
+
+    def stale(self, now: dt.datetime, *, stale_after_s: float) -> list[Heard]:
+        """Streams not heard from for longer than `stale_after_s`, oldest first."""
+        heard_before = now - dt.timedelta(seconds=stale_after_s)
+        silent = [
+            Heard(node_id=node_id, generation=stream.generation, heard_at=stream.heard_at)
+            for node_id, stream in self._streams.items()
+            if stream.heard_at < heard_before
+        ]
+        return sorted(silent, key=lambda heard: (heard.heard_at, heard.node_id))
+
+    def flush_due(self, now: dt.datetime) -> bool:
+        """Something was heard since the last flush, and the flush interval has passed."""
+        if not self._unflushed:
+            return False
+        return self._last_flush is None or now - self._last_flush >= self._flush_interval
+
+    def take_flush(self, now: dt.datetime) -> SeenBatch | None:
+        """What to write as `last_seen_at`: every node heard since the last flush (None when
+        there is none). From here on they count as flushed; hand the batch to `flush_failed` if
+        the write does not commit."""
+        heard = {
+            node_id: stream.heard_at
+            for node_id in self._unflushed
+            if (stream := self._streams.get(node_id)) is not None
+        }
+        self._unflushed.clear()
+        self._last_flush = now
+        if not heard:
+            return None
+        return SeenBatch(node_ids=tuple(sorted(heard)), seen_at=min(heard.values()))
+
+    def flush_failed(self, batch: SeenBatch) -> None:
+        """A batch the database did not take: written again with the next flush."""
+        self._unflushed.update(node_id for node_id in batch.node_ids if node_id in self._streams)

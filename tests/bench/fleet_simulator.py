@@ -1,0 +1,164 @@
+"""The fleet bench's simulated workers: many real WorkerGateway.Connect streams on one event loop.
+
+It runs as its own process (`python -m tests.bench.fleet_simulator ADDRESS CREDENTIALS_FILE`)
+so that the control plane's CPU figures never include the simulator's. Each worker is a
+`ScriptedWorker` (the named fake of the worker protocol, no models): a Hello, then a heartbeat
+every interval its Welcome names, starting at a random phase so the fleet's heartbeats spread
+evenly instead of arriving in one burst. Each worker dials its own connection, as a real fleet
+would (a local subchannel pool, so gRPC does not share one TCP connection among them).
+
+Commands, one a line on stdin, each answered by one line on stdout:
+  connect K          connect workers until K are connected
+                       -> `connected K <seconds> failed <workers never welcomed>
+                           refused <Hellos that ended without a Welcome and were tried again>`
+  silence I [I ...]  stop the heartbeats of those workers, keep their streams -> `ok`
+  kill I [I ...]     close those workers' streams -> `ok`
+  stats              -> `heartbeats <sent> cpu <seconds of CPU this process used>`
+  quit               close every stream and exit
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import random
+import resource
+import sys
+import time
+from pathlib import Path
+
+import grpc
+
+from gantry.common.grpc_server import CHANNEL_OPTIONS
+from tests.integration.scripted_worker import ScriptedWorker
+
+# Connects in flight at once: enough to keep the control plane busy, few enough that a Hello
+# never waits out the scripted worker's 10 s Welcome timeout behind the others.
+CONNECT_CONCURRENCY = 16
+CONNECT_ATTEMPTS = 5
+
+
+class SimulatedWorker:
+    def __init__(self, address: str, credential: str) -> None:
+        self.address = address
+        self.credential = credential
+        self.worker = ScriptedWorker()
+        self.channel: grpc.aio.Channel | None = None
+        self.beating: asyncio.Task[None] | None = None
+        self.heartbeats = 0
+        self.refused_hellos = 0  # connects that ended without a Welcome, then tried again
+
+    async def connect(self) -> None:
+        """Dial until welcomed, as a worker agent does: a refused Hello is tried again."""
+        for attempt in range(1, CONNECT_ATTEMPTS + 1):
+            self.channel = grpc.aio.insecure_channel(
+                self.address, options=[*CHANNEL_OPTIONS, ("grpc.use_local_subchannel_pool", 1)]
+            )
+            await self.worker.start(self.channel, self.credential, wait=False)
+            welcomed = asyncio.ensure_future(self.worker.welcomed.wait())
+            ended = asyncio.ensure_future(self.worker.ended.wait())
+            await asyncio.wait({welcomed, ended}, timeout=30, return_when=asyncio.FIRST_COMPLETED)
+            welcomed.cancel()
+            ended.cancel()
+            if self.worker.welcome is not None and not self.worker.ended.is_set():
+                self.beating = asyncio.create_task(self._beat())
+                return
+            self.refused_hellos += 1
+            await self.worker.stop()
+            await self.channel.close()
+            self.worker = ScriptedWorker()
+            await asyncio.sleep(random.uniform(0.5, 1.0) * attempt)
+        raise RuntimeError(f"no Welcome after {CONNECT_ATTEMPTS} attempts")
+
+    async def _beat(self) -> None:
+        assert self.worker.welcome is not None
+        interval = self.worker.welcome.heartbeat_interval.ToNanoseconds() / 1e9
+        await asyncio.sleep(random.uniform(0, interval))
+        while not self.worker.ended.is_set():
+            self.worker.heartbeat()
+            self.heartbeats += 1
+            await asyncio.sleep(interval)
+
+    def silence(self) -> None:
+        if self.beating is not None:
+            self.beating.cancel()
+
+    async def close(self) -> None:
+        self.silence()
+        await self.worker.stop()
+        if self.channel is not None:
+            await self.channel.close()
+
+
+def _cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+async def serve(address: str, credentials: list[str]) -> None:
+    workers = [SimulatedWorker(address, credential) for credential in credentials]
+    connected = 0
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader()
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+
+    def answer(line: str) -> None:
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+
+    gate = asyncio.Semaphore(CONNECT_CONCURRENCY)
+
+    async def connect_one(worker: SimulatedWorker) -> None:
+        async with gate:
+            await worker.connect()
+
+    while line := (await reader.readline()).decode().strip():
+        command, *arguments = line.split()
+        if command == "connect":
+            target = min(int(arguments[0]), len(workers))
+            started = time.perf_counter()
+            outcomes = await asyncio.gather(
+                *(connect_one(w) for w in workers[connected:target]), return_exceptions=True
+            )
+            failed = sum(isinstance(outcome, BaseException) for outcome in outcomes)
+            refused = sum(w.refused_hellos for w in workers[:target])
+            connected = max(connected, target)
+            answer(
+                f"connected {connected} {time.perf_counter() - started:.3f} failed {failed} "
+                f"refused {refused}"
+            )
+        elif command == "silence":
+            for index in arguments:
+                workers[int(index)].silence()
+            answer("ok")
+        elif command == "kill":
+            await asyncio.gather(*(workers[int(index)].close() for index in arguments))
+            answer("ok")
+        elif command == "stats":
+            answer(f"heartbeats {sum(w.heartbeats for w in workers)} cpu {_cpu_seconds():.3f}")
+        elif command == "quit":
+            break
+        else:
+            answer(f"error unknown command {command!r}")
+    for worker in workers[:connected]:
+        worker.silence()
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(
+            asyncio.gather(*(w.close() for w in workers[:connected]), return_exceptions=True), 30
+        )
+
+
+def main() -> None:
+    address, credentials_file = sys.argv[1], sys.argv[2]
+    credentials = json.loads(Path(credentials_file).read_text(encoding="utf-8"))
+    # One connection per worker: a thousand of them need more descriptors than the usual 1024.
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+    asyncio.run(serve(address, credentials))
+
+
+if __name__ == "__main__":
+    main()

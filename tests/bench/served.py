@@ -1,0 +1,152 @@
+"""`gantry up` as an operator runs it (`make run`), in its own processes, for a client in this one.
+
+The serving figures of `make bench` are measured the way the issue measured them: a separate client
+against the scheduler, control plane and worker processes `gantry up` starts (SQLite, one local
+worker, the bundled all-MiniLM-L6-v2 deployed through every gate). The bench process then holds
+only the client and the direct baseline, and each process's CPU can be read on its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import sys
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from gantry.common.auth import auth_metadata
+from gantry.v1 import inference_pb2, inference_pb2_grpc
+
+CAPABILITY = "minilm"  # what `gantry up` deploys (gantry/cli/bootstrap.py)
+ROLES = ("scheduler", "controlplane", "worker")
+READY_TIMEOUT_S = 600.0
+
+
+class ServedError(Exception):
+    """`gantry up` did not come up serving; the message holds its log's tail."""
+
+
+@dataclass(frozen=True)
+class Served:
+    address: str
+    client_md: tuple[tuple[str, str], ...]
+    channel: grpc.aio.Channel
+    pids: dict[str, int]  # role -> pid: scheduler, controlplane, worker, model-host
+    log: Path
+
+    @property
+    def inference(self) -> inference_pb2_grpc.InferenceStub:
+        return inference_pb2_grpc.InferenceStub(self.channel)
+
+
+def _free_address() -> str:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{probe.getsockname()[1]}"
+
+
+def _title(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+            return cmdline.read().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return ""
+
+
+def _descendants(root: int) -> list[int]:
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as stat_file:
+                    stat = stat_file.read()
+            except OSError:
+                continue
+            parents[int(entry)] = int(stat[stat.rindex(")") + 2 :].split()[1])
+    found, frontier = [], [root]
+    while frontier:
+        parent = frontier.pop()
+        children = [pid for pid, ppid in parents.items() if ppid == parent]
+        found.extend(children)
+        frontier.extend(children)
+    return found
+
+
+def _roles(root: int) -> dict[str, int]:
+    """The services by their process titles (`gantry <role>`, `gantry model-host <id>`)."""
+    pids: dict[str, int] = {}
+    for pid in _descendants(root):
+        title = _title(pid)
+        for role in (*ROLES, "model-host"):
+            if title.startswith(f"gantry {role}"):
+                pids.setdefault(role, pid)
+    return pids
+
+
+def _tail(log: Path, lines: int = 40) -> str:
+    try:
+        return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+@contextlib.asynccontextmanager
+async def gantry_up(base: Path, *, env: dict[str, str] | None = None) -> AsyncIterator[Served]:
+    """Start `gantry up` under `base` and yield once an Embed of the bundled model answers."""
+    address, scheduler_address = _free_address(), _free_address()
+    state = base / "state"
+    log = base / "gantry-up.log"
+    log_fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "gantry.cli.main", "--state-dir", str(state),
+            "--address", address, "up", "--scheduler-address", scheduler_address,
+            stdin=asyncio.subprocess.DEVNULL, stdout=log_fd, stderr=log_fd,
+            env={**os.environ, **(env or {})},
+            start_new_session=True,  # its own group: the finally ends everything it started
+        )  # fmt: skip
+    finally:
+        os.close(log_fd)  # the child holds its own copy
+    try:
+        async with grpc.aio.insecure_channel(address) as channel:
+            client_md = await _wait_serving(process, channel, state / "client.key", log)
+            yield Served(address, client_md, channel, _roles(process.pid), log)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            process.send_signal(signal.SIGTERM)  # `gantry up` stops its children in order
+        try:
+            await asyncio.wait_for(process.wait(), 60)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            await process.wait()
+
+
+async def _wait_serving(
+    process: asyncio.subprocess.Process, channel: grpc.aio.Channel, key_file: Path, log: Path
+) -> tuple[tuple[str, str], ...]:
+    stub = inference_pb2_grpc.InferenceStub(channel)
+    request = inference_pb2.EmbedRequest(capability=CAPABILITY, inputs=["ready?"])
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while True:
+        if process.returncode is not None:
+            raise ServedError(f"`gantry up` exited with {process.returncode}:\n{_tail(log)}")
+        if key_file.exists():
+            client_md = auth_metadata(key_file.read_text().strip())
+            try:
+                await stub.Embed(request, metadata=client_md, timeout=30)
+                return client_md
+            except grpc.aio.AioRpcError:
+                pass  # not deployed yet
+        if time.monotonic() > deadline:
+            raise ServedError(
+                f"`gantry up` did not serve within {READY_TIMEOUT_S:g}s:\n{_tail(log)}"
+            )
+        await asyncio.sleep(0.5)
