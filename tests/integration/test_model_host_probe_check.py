@@ -25,7 +25,8 @@ from gantry.v1 import common_pb2, model_host_pb2
 from gantry.v1 import worker_gateway_pb2 as wg
 from gantry.worker.model_host.environments import host_environment
 from gantry.worker.model_host.framing import read_frame, write_frame
-from gantry.worker.model_host.process import CHILD_MODULE, HostLaunchSpec, ModelHost
+from gantry.worker.model_host.host_process import CHILD_MODULE
+from gantry.worker.model_host.process import HostLaunchSpec, ModelHost
 
 EXIT_LOAD_FAILED = 2
 CUDA_FIELDS = (

@@ -27,9 +27,9 @@ from gantry.worker.model_host.process import HostLaunchSpec, ModelHost
 from gantry.worker.model_host.sandbox import IsolationRequirement
 from gantry.worker.model_host.serving import (
     TEST_HOOK_PROBE_MARKER,
-    TEST_HOOK_PROBE_SANDBOX_PREFIX,
     TEST_HOOKS_ENV,
 )
+from tests.integration.sandbox_probe import sandbox_report
 
 WORKER_SECRETS = {
     "GANTRY_OPERATOR_TOKEN": "op_fake_operator_token_value",
@@ -61,7 +61,6 @@ assert libc.prctl(38, 1, 0, 0, 0) == 0, "PR_SET_NO_NEW_PRIVS"
 assert libc.prctl(22, 2, ctypes.byref(fprog), 0, 0) == 0, ctypes.get_errno()
 os.execv({python!r}, [{python!r}] + sys.argv[1:])
 """
-
 
 # Runs the real host (`child.main`) with one change: right after it enters its sandbox, and
 # before it reads the model, it probes the network from inside and fails the load with the report.
@@ -160,19 +159,6 @@ def _spec(model_directory: Path, deployment_id: str, **overrides: object) -> Hos
     return HostLaunchSpec(**fields)  # type: ignore[arg-type]
 
 
-async def _probe(host: ModelHost, path: Path, port: int) -> dict[str, object]:
-    """Run the probe hook inside the host; its report comes back as the forward pass's failure."""
-    with pytest.raises(GantryError) as failure:
-        await host.embed(
-            [f"{TEST_HOOK_PROBE_SANDBOX_PREFIX}{path}:{port}"], trace_context={}, timeout_s=30
-        )
-    message = failure.value.message
-    assert TEST_HOOK_PROBE_MARKER in message, message
-    report = json.loads(message.split(TEST_HOOK_PROBE_MARKER, 1)[1])
-    assert isinstance(report, dict)
-    return report
-
-
 @pytest.fixture
 def secret_file(tmp_path: Path) -> Path:
     secret = tmp_path / "outside" / "node.credential"
@@ -210,7 +196,7 @@ async def test_host_in_its_sandbox_cannot_read_outside_files_or_open_tcp_but_sti
     )
     host = await ModelHost.start(_spec(tiny_model_dir, "dep-sandbox", require_isolation=required))
     try:
-        report = await _probe(host, secret_file, listening_port)
+        report = await sandbox_report(host, secret_file, listening_port)
         result = await host.embed(["hello world"], trace_context={}, timeout_s=30)
         assert (result.count, result.dim) == (1, 32)
     finally:
@@ -291,7 +277,7 @@ async def test_host_starts_isolated_in_a_private_dir_without_the_workers_secrets
     host = await ModelHost.start(_spec(tiny_model_dir, "dep-private"))
     try:
         private_dir = Path(os.readlink(f"/proc/{host.pid}/cwd"))
-        report = await _probe(host, tiny_model_dir / "config.json", 9)
+        report = await sandbox_report(host, tiny_model_dir / "config.json", 9)
     finally:
         await host.stop()
     environment = report["environ"]

@@ -4,7 +4,6 @@ serve, sandboxed and reaped like spawned ones, and a server whose death leaves t
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
 import socket
@@ -22,12 +21,11 @@ from gantry.worker.model_host import landlock
 from gantry.worker.model_host.environments import INHERITED_ENVIRONMENT, OFFLINE_ENVIRONMENT
 from gantry.worker.model_host.process import HostLaunchSpec, ModelHost
 from gantry.worker.model_host.serving import (
-    TEST_HOOK_PROBE_MARKER,
-    TEST_HOOK_PROBE_SANDBOX_PREFIX,
     TEST_HOOKS_ENV,
 )
 from gantry.worker.model_host.warm_pool import ForkServer, WarmPool
 from tests.integration.harness import shared_warm_pool
+from tests.integration.sandbox_probe import sandbox_report
 
 HOST_VARIABLES = set(INHERITED_ENVIRONMENT) | set(OFFLINE_ENVIRONMENT) | {"PATH", "HOME", "TMPDIR"}
 WORKER_SECRET = {"MY_SECRET": "hunter2-fake-secret"}
@@ -79,19 +77,6 @@ async def _wait_until(condition: Callable[[], bool], *, timeout_s: float, what: 
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout_s}s waiting for {what}")
         await asyncio.sleep(0.02)
-
-
-async def _sandbox_report(host: ModelHost, path: Path, port: int) -> dict[str, object]:
-    """Run the serving probe hook inside the host; its report is the forward pass's failure."""
-    with pytest.raises(GantryError) as failure:
-        await host.embed(
-            [f"{TEST_HOOK_PROBE_SANDBOX_PREFIX}{path}:{port}"], trace_context={}, timeout_s=30
-        )
-    message = failure.value.message
-    assert TEST_HOOK_PROBE_MARKER in message, message
-    report = json.loads(message.split(TEST_HOOK_PROBE_MARKER, 1)[1])
-    assert isinstance(report, dict)
-    return report
 
 
 @pytest.fixture
@@ -156,7 +141,7 @@ async def test_forked_host_is_sandboxed_like_a_spawned_one_without_the_workers_s
         host = await ModelHost.start(_spec(tiny_model_dir, f"dep-{how}"), warm_pool=warm_pool)
         try:
             private_dir = Path(os.readlink(f"/proc/{host.pid}/cwd"))
-            reports[how] = await _sandbox_report(host, outside, listening_port)
+            reports[how] = await sandbox_report(host, outside, listening_port)
             reports[how]["private_dir"] = str(private_dir)
             reports[how]["isolation"] = host.ready.isolation
             # The sandbox did not break the host: it still serves.

@@ -11,9 +11,14 @@ import asyncio
 import logging
 import os
 import signal
+import socket
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Protocol
 
 logger = logging.getLogger("gantry.worker.model_host")
+
+CHILD_MODULE = "gantry.worker.model_host.child"
 
 # What `asyncio` reports for a child someone else reaped: its status is lost.
 _STATUS_LOST = 255
@@ -51,6 +56,44 @@ class SpawnedProcess:
         assert process.stderr is not None, "a host's stderr is always a pipe"
         self._process = process
         self._stderr = process.stderr
+
+    @classmethod
+    async def spawn(
+        cls,
+        python_executable: str,
+        *,
+        deployment_id: str,
+        inbox_limit: int,
+        channel: socket.socket,
+        private_dir: Path,
+        environment: Mapping[str, str],
+    ) -> SpawnedProcess:
+        """The cold path: a fresh interpreter that imports everything itself."""
+        process = await asyncio.create_subprocess_exec(
+            python_executable,
+            # Isolated: no PYTHON* variables, no user site, and neither the cwd nor a script
+            # directory on sys.path, so nothing planted next to the worker is imported.
+            "-I",
+            "-m",
+            CHILD_MODULE,
+            "--deployment-id",
+            deployment_id,
+            "--parent-pid",
+            str(os.getpid()),
+            "--channel-fd",
+            str(channel.fileno()),
+            "--private-dir",
+            str(private_dir),
+            "--inbox-limit",
+            str(inbox_limit),
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE,
+            pass_fds=(channel.fileno(),),
+            cwd=private_dir,
+            env=dict(environment),
+        )
+        return cls(process)
 
     @property
     def pid(self) -> int:

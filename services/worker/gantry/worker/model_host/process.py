@@ -36,7 +36,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("gantry.worker.model_host")
 
-CHILD_MODULE = "gantry.worker.model_host.child"
 # Bounds on waits that only collect evidence; none of them delays an answer to a caller.
 _EXIT_AFTER_FAILURE_S = 5.0
 _CHANNEL_CLOSED_GRACE_S = 1.0
@@ -63,40 +62,6 @@ class HostLaunchSpec:
     # answered QUEUE_FULL beyond.
     max_pending: int = DEFAULT_MAX_PENDING
     inbox_limit: int = DEFAULT_INBOX_LIMIT
-
-
-async def _spawn(
-    spec: HostLaunchSpec,
-    channel: socket.socket,
-    private_dir: Path,
-    environment: Mapping[str, str],
-) -> SpawnedProcess:
-    """The cold path: a fresh interpreter that imports everything itself."""
-    process = await asyncio.create_subprocess_exec(
-        spec.python_executable,
-        # Isolated: no PYTHON* variables, no user site, and neither the cwd nor a script
-        # directory on sys.path, so nothing planted next to the worker is imported.
-        "-I",
-        "-m",
-        CHILD_MODULE,
-        "--deployment-id",
-        spec.deployment_id,
-        "--parent-pid",
-        str(os.getpid()),
-        "--channel-fd",
-        str(channel.fileno()),
-        "--private-dir",
-        str(private_dir),
-        "--inbox-limit",
-        str(spec.inbox_limit),
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.PIPE,
-        pass_fds=(channel.fileno(),),
-        cwd=private_dir,
-        env=dict(environment),
-    )
-    return SpawnedProcess(process)
 
 
 class ModelHost:
@@ -181,7 +146,14 @@ class ModelHost:
                     timeout_s=spec.load_timeout_s,
                 )
             else:
-                process = await _spawn(spec, child_end, private_dir, environment)
+                process = await SpawnedProcess.spawn(
+                    spec.python_executable,
+                    deployment_id=spec.deployment_id,
+                    inbox_limit=spec.inbox_limit,
+                    channel=child_end,
+                    private_dir=private_dir,
+                    environment=environment,
+                )
         except OSError as exc:
             parent_end.close()
             shutil.rmtree(private_dir, ignore_errors=True)
