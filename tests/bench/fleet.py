@@ -13,8 +13,14 @@ the time to connect the workers, the fraction of a core and the RSS at 0, 250 an
 the time until ListNodes says DISCONNECTED for workers that stop heartbeating (stream kept open:
 the staleness grace decides) and for workers whose stream closes.
 
+The measured floor under the heartbeat target: the same simulator, with the same N workers and
+CPU windows of the same length, against a bare `grpc.aio` server in this process (Gantry's server
+options, no interceptor, no database) whose Connect answers the Hello with a Welcome naming the
+same heartbeat interval and then reads and drops every message. Its CPU over its own idle (the
+same server with no worker connected) is what gRPC alone costs to receive those heartbeats.
+
 GANTRY_BENCH_FLEET_WORKERS (default 1000; 0 skips), GANTRY_BENCH_FLEET_WINDOW_S (default 30),
-GANTRY_BENCH_FLEET_HEARTBEAT_S (default 5, the production heartbeat interval).
+GANTRY_BENCH_FLEET_HEARTBEAT_S (default: the production heartbeat interval, 3 s).
 """
 
 from __future__ import annotations
@@ -28,18 +34,26 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import grpc
+from google.protobuf import duration_pb2
+
+from gantry.common.grpc_server import SERVER_OPTIONS
 from gantry.controlplane.reconciler import ReconcilerSettings
-from gantry.v1 import common_pb2
+from gantry.v1 import common_pb2, worker_gateway_pb2_grpc
 from gantry.v1 import control_plane_pb2 as cp
+from gantry.v1 import worker_gateway_pb2 as wg
 from tests.bench.summary import Summary
 from tests.integration.harness import Harness, running_gantry
 
 WORKERS = int(os.environ.get("GANTRY_BENCH_FLEET_WORKERS", "1000"))
 WINDOW_S = float(os.environ.get("GANTRY_BENCH_FLEET_WINDOW_S", "30"))
-HEARTBEAT_S = float(os.environ.get("GANTRY_BENCH_FLEET_HEARTBEAT_S", "5"))
+HEARTBEAT_S = float(
+    os.environ.get("GANTRY_BENCH_FLEET_HEARTBEAT_S", str(ReconcilerSettings().heartbeat_interval_s))
+)
 COMMAND = (
     "python -m tests.bench.fleet  (GANTRY_BENCH_FLEET_WORKERS, GANTRY_BENCH_FLEET_WINDOW_S, "
     "GANTRY_BENCH_FLEET_HEARTBEAT_S)"
@@ -58,6 +72,25 @@ class Window:
     simulator_core_fraction: float
     heartbeats_per_s: float
     core_fraction_by_thread_kind: dict[str, float]
+
+
+def per_thousand_over_idle(idle: Window, full: Window) -> float:
+    """The fraction of a core the workers of `full` add over `idle`, scaled to 1,000 workers."""
+    return (full.core_fraction - idle.core_fraction) * 1000 / full.workers
+
+
+@dataclass(frozen=True)
+class Floor:
+    """The bare gRPC server's windows: with no worker connected, then with every one of them."""
+
+    idle: Window
+    full: Window
+    connect_s: float
+    never_welcomed: int
+
+    @property
+    def per_thousand(self) -> float:
+        return per_thousand_over_idle(self.idle, self.full)
 
 
 def process_cpu_seconds(pid: int | str = "self") -> float:
@@ -82,7 +115,7 @@ def cpu_seconds_by_thread_kind() -> dict[str, float]:
         fields = stat[stat.rindex(")") + 2 :].split()
         kind = "event loop" if task.name == main_tid else name
         if kind == Path(sys.executable).name or kind.startswith("python"):
-            kind = "other Python threads (aiosqlite)"
+            kind = "other Python threads (aiosqlite, grpc.aio poller)"
         kinds[kind] = kinds.get(kind, 0.0) + (int(fields[11]) + int(fields[12])) / ticks
     return kinds
 
@@ -180,6 +213,66 @@ async def time_until_disconnected(
     return [seen.get(node_id, float("inf")) for node_id in node_ids]
 
 
+class BareGateway(worker_gateway_pb2_grpc.WorkerGatewayServicer):
+    """WorkerGateway.Connect with no Gantry code at all: what a heartbeat costs gRPC alone.
+
+    It reads the Hello, answers with a Welcome the scripted worker accepts (the interval it
+    heartbeats at is the only field it reads), then reads and drops every message to the end."""
+
+    def __init__(self, heartbeat_s: float) -> None:
+        self.interval = duration_pb2.Duration()
+        self.interval.FromNanoseconds(int(heartbeat_s * 1e9))
+
+    async def Connect(
+        self,
+        request_iterator: AsyncIterator[wg.WorkerMessage],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[wg.ControlMessage]:
+        hello = await anext(aiter(request_iterator), None)
+        if hello is None:
+            return
+        yield wg.ControlMessage(
+            welcome=wg.Welcome(
+                node_id="bare",
+                accepted_generation=hello.generation,
+                heartbeat_interval=self.interval,
+            )
+        )
+        async for _ in request_iterator:
+            pass
+
+
+@contextlib.asynccontextmanager
+async def bare_server() -> AsyncIterator[str]:
+    """A bare gRPC server on 127.0.0.1 (port 0) with Gantry's server options, nothing else."""
+    server = grpc.aio.server(options=SERVER_OPTIONS)
+    worker_gateway_pb2_grpc.add_WorkerGatewayServicer_to_server(BareGateway(HEARTBEAT_S), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        await server.stop(grace=None)
+
+
+async def measure_grpc_floor(credentials_file: Path, workers: int) -> Floor:
+    """The same workers and windows against the bare server: the floor Gantry's figure sits on.
+
+    Its idle is the bare server's own with no worker connected, measured the same way, so the
+    floor is what receiving the heartbeats adds, never what the process spends anyway."""
+    async with bare_server() as address:
+        simulator = await Simulator.start(address, credentials_file)
+        try:
+            idle = await measure_window(simulator, 0)
+            answer = await simulator.ask(f"connect {workers}")
+            # Every worker's heartbeat phase has started before the window opens.
+            await asyncio.sleep(HEARTBEAT_S)
+            full = await measure_window(simulator, workers)
+        finally:
+            await simulator.stop()
+    return Floor(idle=idle, full=full, connect_s=float(answer[2]), never_welcomed=int(answer[4]))
+
+
 def stages(workers: int) -> list[int]:
     return sorted({0, min(250, workers), workers})
 
@@ -237,10 +330,13 @@ async def bench_fleet(summary: Summary | None = None) -> int:
             detection = await _lose_workers(harness, simulator, node_ids, reconciler)
         finally:
             await simulator.stop()
+    # After the control plane has stopped: the bare server has the process to itself.
+    floor = await measure_grpc_floor(credentials_file, WORKERS)
     shutil.rmtree(base, ignore_errors=True)
     _print_figures(windows, connect_s, detection, reconciler)
+    _print_floor(floor, windows)
     if summary is not None:
-        _summarise(summary, windows, detection, reconciler)
+        _summarise(summary, windows, detection, reconciler, floor)
     return 0
 
 
@@ -249,12 +345,13 @@ def _summarise(
     windows: list[Window],
     detection: dict[str, list[float]],
     reconciler: ReconcilerSettings,
+    floor: Floor,
 ) -> None:
     idle, full = windows[0], windows[-1]
     if not full.workers:
         return
     per_thousand = (full.core_fraction - idle.core_fraction) * 1000 / full.workers
-    python_kinds = ("event loop", "other Python threads (aiosqlite)")
+    python_kinds = ("event loop", "other Python threads (aiosqlite, grpc.aio poller)")
 
     def native(window: Window) -> float:  # gRPC's own threads (event_engine, ...)
         return sum(
@@ -271,7 +368,9 @@ def _summarise(
         f"<= {CPU_TARGET:.0%}",
         per_thousand <= CPU_TARGET,
         f"gRPC's own transport threads take {grpc_share:.1%} of it over idle with "
-        f"{full.workers} open streams; no database write per heartbeat remains",
+        f"{full.workers} open streams; no database write per heartbeat remains; measured floor: "
+        f"a bare grpc.aio server receiving the same {floor.full.workers} streams' heartbeats "
+        f"costs {floor.per_thousand:.1%} of a core per 1,000 workers over idle",
     )
     silent = [s for s in detection.get("silent", []) if s != float("inf")]
     worst = max(silent) if silent else float("inf")
@@ -353,6 +452,34 @@ def _print_figures(
             f"  lost-worker detection, {what}: {spread} over {len(seconds)} workers{missed} "
             f"(target <= {DETECTION_TARGET_S:g}s)"
         )
+
+
+def _print_floor(floor: Floor, windows: list[Window]) -> None:
+    full = floor.full
+    if not full.workers:
+        return
+    gantry = per_thousand_over_idle(windows[0], windows[-1])
+    print(
+        f"  gRPC floor: a bare grpc.aio server receiving the same {full.workers} streams' "
+        f"heartbeats: {floor.per_thousand:.1%} of a core per 1,000 workers over idle "
+        f"(Gantry: {gantry:.1%})"
+    )
+    # No database here: what runs on the other Python threads is grpc.aio's completion-queue
+    # poller, which the control plane's figures count beside aiosqlite's threads.
+    names = {
+        "other Python threads (aiosqlite, grpc.aio poller)": "Python threads (grpc.aio poller)"
+    }
+    shares = ", ".join(
+        f"{names.get(kind, kind)} "
+        f"{fraction - floor.idle.core_fraction_by_thread_kind.get(kind, 0.0):+.1%}"
+        for kind, fraction in full.core_fraction_by_thread_kind.items()
+        if fraction >= 0.001
+    )
+    print(
+        f"  gRPC floor: bare server idle {floor.idle.core_fraction:.1%}, "
+        f"{full.heartbeats_per_s:.0f} heartbeats/s, {floor.connect_s:.1f}s to connect "
+        f"({floor.never_welcomed} never welcomed); by thread over its idle: {shares}"
+    )
 
 
 if __name__ == "__main__":

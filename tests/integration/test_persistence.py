@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 
 import pytest
@@ -236,3 +237,33 @@ async def test_generation_fits_the_database_bigint(database: Database):
         )
     async with database.transaction() as session:
         assert (await nodes.get_node(session, node.node_id)).generation == generation
+
+
+
+async def test_sqlite_transactions_take_turns_so_none_sees_another_half_done(sqlite_url: str):
+    """SQLite allows one writer. Twenty transactions that each read a row, wait, and write back
+    what they read plus one: each commits (no "database is locked"), none reads a value another
+    is about to change (no lost update), and a transaction opened inside another in the same task
+    is refused rather than waiting for itself forever."""
+    database = Database.connect(sqlite_url)
+    await database.migrate()
+    try:
+        async with database.transaction() as session:
+            node, _ = await nodes.register_node(session, name="contended", labels={}, now=NOW)
+
+        async def read_then_write() -> None:
+            async with database.transaction() as session:
+                row = await session.get(Node, node.node_id)
+                assert row is not None
+                await asyncio.sleep(0.005)  # the others are started meanwhile
+                row.generation = row.generation + 1
+
+        await asyncio.gather(*(read_then_write() for _ in range(20)))
+        async with database.transaction() as session:
+            row = await session.get(Node, node.node_id)
+            assert row is not None and row.generation == 20
+            with pytest.raises(RuntimeError, match="inside another"):
+                async with database.transaction():
+                    pass
+    finally:
+        await database.close()

@@ -54,7 +54,9 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True, kw_only=True)
 class ReconcilerSettings:
     interval_s: float = 1.0
-    heartbeat_interval_s: float = 5.0
+    # Every 3 s, so a silent worker is DISCONNECTED within 10 s of its last heartbeat
+    # (PERFORMANCE.md): 3 missed intervals is 9 s, plus at most one reconcile interval.
+    heartbeat_interval_s: float = 3.0
     # A node is stale after this many missed heartbeats (the default: 3 intervals).
     stale_after_heartbeats: float = 3.0
     # Past this absence its residencies are COLD and their work is re-placed elsewhere.

@@ -219,7 +219,7 @@ class WorkerAgent:
         )
         self._tasks: set[asyncio.Task[None]] = set()
         self._liveness: asyncio.Task[None] | None = None
-        self._heartbeat_seconds = 5.0
+        self._heartbeat_seconds = 3.0  # until the Welcome names the interval
 
     # ---- lifecycle ----------------------------------------------------------------------------
 

@@ -7,6 +7,7 @@ refuses a missing SQLite file, an empty database or an old schema rather than re
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import datetime as dt
 import os
@@ -43,12 +44,24 @@ class DatabaseNotInitialised(Exception):
 
 
 def _sqlite_pragmas(dbapi_connection: object, _record: object) -> None:
+    # The driver's own implicit BEGIN is off: `_sqlite_begin_immediate` emits each BEGIN.
+    dbapi_connection.isolation_level = None  # type: ignore[attr-defined]
     cursor = dbapi_connection.cursor()  # type: ignore[attr-defined]
     # WAL lets readers run beside the one writer; foreign keys are off by default in SQLite.
     cursor.execute("PRAGMA journal_mode=WAL")
     cursor.execute("PRAGMA foreign_keys=ON")
     cursor.execute("PRAGMA busy_timeout=5000")
     cursor.close()
+
+
+def _sqlite_begin_immediate(connection: Connection) -> None:
+    # A deferred transaction that reads and then writes must upgrade its lock, and in WAL mode an
+    # upgrade that meets another writer fails at once with "database is locked" (busy_timeout
+    # does not apply to it): a burst of worker Hellos hit this (issue 9, 7 of 1,000). Taking the
+    # write lock at BEGIN makes a second writer wait its turn under busy_timeout instead. Read-only
+    # transactions take it too and so wait for a writer's commit; the control plane's reads on
+    # hot paths are cached (routes, keys), so that costs little.
+    connection.exec_driver_sql("BEGIN IMMEDIATE")
 
 
 def sqlite_file(url: str | URL) -> Path | None:
@@ -85,23 +98,60 @@ class RoutingWatcher(Protocol):
         """... it has committed (or rolled back): forget what you hold, trust again."""
 
 
+class SqliteTurns:
+    """SQLite has one writer at a time: this process's transactions take turns here, first come
+    first served. Left to SQLite's busy handler, which sleeps and retries, a burst of writers (1,000
+    worker Hellos) starved some of them past busy_timeout and they failed "database is locked"."""
+
+    def __init__(self) -> None:
+        self._lock = asyncio.Lock()
+        self._holder: asyncio.Task[object] | None = None
+
+    @contextlib.asynccontextmanager
+    async def turn(self) -> AsyncIterator[None]:
+        task = asyncio.current_task()
+        if task is not None and task is self._holder:
+            # Waiting here would wait for ourselves forever: say so instead of hanging.
+            raise RuntimeError("a SQLite transaction was opened inside another in the same task")
+        async with self._lock:
+            self._holder = task
+            try:
+                yield
+            finally:
+                self._holder = None
+
+
 @dataclass(slots=True)
 class Database:
     engine: AsyncEngine
     sessions: async_sessionmaker[AsyncSession]
     routing_watchers: list[RoutingWatcher] = field(default_factory=list)
+    sqlite_turns: SqliteTurns | None = None
 
     @classmethod
     def connect(cls, url: str) -> Database:
         """An engine for url; nothing is opened (or, for SQLite, created) until first use."""
         engine = create_async_engine(url, pool_pre_ping=True)
+        turns = None
         if engine.dialect.name == "sqlite":
             event.listen(engine.sync_engine, "connect", _sqlite_pragmas)
-        return cls(engine=engine, sessions=async_sessionmaker(engine, expire_on_commit=False))
+            event.listen(engine.sync_engine, "begin", _sqlite_begin_immediate)
+            turns = SqliteTurns()
+        sessions = async_sessionmaker(engine, expire_on_commit=False)
+        return cls(engine=engine, sessions=sessions, sqlite_turns=turns)
 
     @contextlib.asynccontextmanager
     async def transaction(self) -> AsyncIterator[AsyncSession]:
         """One unit of work: repository functions flush, this commits (or rolls back on error)."""
+        if self.sqlite_turns is None:
+            async with self._transaction() as session:
+                yield session
+        else:
+            async with self.sqlite_turns.turn(), self._transaction() as session:
+                yield session
+
+    @contextlib.asynccontextmanager
+    async def _transaction(self) -> AsyncIterator[AsyncSession]:
         async with self.sessions() as session:
             watched = False
             try:
