@@ -62,7 +62,9 @@ class EvidencePipelineRpcs:
             environment_id=request.environment_id,
             actor=current_principal().subject,
         )
-        return await self._assessment(row.assessment_id)
+        # The assessment as this call created it. A read-back could already see the worker's
+        # answer (or not), depending on which transaction got the database first.
+        return convert.assessment(row)
 
     async def GetAssessment(
         self, request: cp.GetAssessmentRequest, context: grpc.aio.ServicerContext
