@@ -23,10 +23,12 @@ import grpc
 
 from gantry.common.auth import auth_metadata
 from gantry.v1 import inference_pb2, inference_pb2_grpc
+from tests.bench.summary import cpu_seconds
 
 CAPABILITY = "minilm"  # what `gantry up` deploys (gantry/cli/bootstrap.py)
 ROLES = ("scheduler", "controlplane", "worker")
 READY_TIMEOUT_S = 600.0
+SETTLE_TIMEOUT_S = 60.0
 
 
 class ServedError(Exception):
@@ -40,6 +42,7 @@ class Served:
     channel: grpc.aio.Channel
     pids: dict[str, int]  # role -> pid: scheduler, controlplane, worker, model-host
     log: Path
+    root_pid: int  # `gantry up` itself
 
     @property
     def inference(self) -> inference_pb2_grpc.InferenceStub:
@@ -90,6 +93,30 @@ def _roles(root: int) -> dict[str, int]:
     return pids
 
 
+def _group_cpu_seconds(root: int) -> float:
+    total = 0.0
+    for pid in (root, *_descendants(root)):
+        with contextlib.suppress(OSError, ValueError):
+            total += cpu_seconds(pid)
+    return total
+
+
+async def settle(root: int, *, idle_share: float = 0.05, window_s: float = 1.0) -> float:
+    """Wait until `gantry up`'s processes (`root` and all below it) use less than `idle_share` of
+    a core over two windows in a row, at most SETTLE_TIMEOUT_S; the seconds waited.
+
+    The first answered Embed comes before `gantry up` has finished its background work (the warm
+    pool's fork server importing the ML stack, the first health checks): measured over it, a
+    concurrency-1 figure carries a few ms that are start-up, not serving."""
+    started = time.monotonic()
+    quiet = 0
+    while quiet < 2 and time.monotonic() - started < SETTLE_TIMEOUT_S:
+        before = _group_cpu_seconds(root)
+        await asyncio.sleep(window_s)
+        quiet = quiet + 1 if _group_cpu_seconds(root) - before < idle_share * window_s else 0
+    return time.monotonic() - started
+
+
 def _tail(log: Path, lines: int = 40) -> str:
     try:
         return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
@@ -117,7 +144,7 @@ async def gantry_up(base: Path, *, env: dict[str, str] | None = None) -> AsyncIt
     try:
         async with grpc.aio.insecure_channel(address) as channel:
             client_md = await _wait_serving(process, channel, state / "client.key", log)
-            yield Served(address, client_md, channel, _roles(process.pid), log)
+            yield Served(address, client_md, channel, _roles(process.pid), log, process.pid)
     finally:
         with contextlib.suppress(ProcessLookupError):
             process.send_signal(signal.SIGTERM)  # `gantry up` stops its children in order
