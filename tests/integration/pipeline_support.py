@@ -221,3 +221,31 @@ def make_model_dir(tmp_path: Path) -> Path:
     (directory / "config.json").write_text('{"model_type": "bert", "hidden_size": 4}')
     (directory / "model.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}      ")
     return directory
+
+
+async def two_replicas(gantry: Pipeline) -> tuple[cp.Deployment, dict[str, ScriptedWorker]]:
+    """A deployment READY with one RESIDENT replica on each of two scripted workers (answering
+    invokes), spread over both."""
+    resident = common_pb2.RESIDENCY_STATE_RESIDENT
+    workers = {name: await gantry.worker(name) for name in ("left", "right")}
+    for worker in workers.values():
+        worker.answer_invokes = True
+    approval = await gantry.approved()
+    created = await gantry.op.CreateDeployment(
+        cp.CreateDeploymentRequest(
+            approval_id=approval.approval_id,
+            capability="minilm",
+            replicas=2,
+            placement_policy=common_pb2.PLACEMENT_POLICY_SPREAD,
+        ),
+        metadata=gantry.md,
+    )
+    latest: list[cp.Deployment] = []
+
+    async def both_resident() -> bool:
+        latest[:] = [await gantry.harness.deployment(created.deployment_id)]
+        return [r.state for r in latest[0].residencies] == [resident, resident]
+
+    await wait_for(both_resident, what="two RESIDENT replicas", last=latest)
+    assert len({r.node_id for r in latest[0].residencies}) == 2
+    return latest[0], workers

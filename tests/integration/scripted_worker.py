@@ -135,8 +135,10 @@ class ScriptedWorker:
         self.probe_evidence: Callable[[wg.ProbeSpec], wg.ProbeEvidence] = healthy_probe_evidence
         self.probe_failure: common_pb2.Failure | None = None
         self.hold_pipeline_jobs = False
-        # Answer every Embed invocation at once (dim 4) instead of queueing it for the test.
+        # Answer every Embed invocation at once (vectors of `embed_dim` floats, each 1.0) instead
+        # of queueing it for the test.
         self.answer_invokes = False
+        self.embed_dim = 4
         self.answered_invokes: list[wg.Invoke] = []
         self._task: asyncio.Task[None] | None = None
         self._next_pid = 4242
@@ -288,7 +290,9 @@ class ScriptedWorker:
                         invoke_result=wg.InvokeResult(
                             request_id=message.invoke.request_id,
                             embed=wg.EmbedResult(
-                                count=count, dim=4, float32_le=b"\x00\x00\x80\x3f" * 4 * count
+                                count=count,
+                                dim=self.embed_dim,
+                                float32_le=b"\x00\x00\x80\x3f" * self.embed_dim * count,
                             ),
                         )
                     )

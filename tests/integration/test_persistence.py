@@ -239,7 +239,6 @@ async def test_generation_fits_the_database_bigint(database: Database):
         assert (await nodes.get_node(session, node.node_id)).generation == generation
 
 
-
 async def test_sqlite_transactions_take_turns_so_none_sees_another_half_done(sqlite_url: str):
     """SQLite allows one writer. Twenty transactions that each read a row, wait, and write back
     what they read plus one: each commits (no "database is locked"), none reads a value another

@@ -23,6 +23,10 @@ README = DEPLOY / "README.md"
 SERVICES = ("controlplane", "scheduler", "worker")
 NO_ML_SERVICES = ("controlplane", "scheduler")
 GRPC_PORTS = {"controlplane": 50051, "scheduler": 50052}
+# Plaintext Prometheus /metrics (`--metrics-address`): the worker's only listening port.
+METRICS_PORTS = {"controlplane": 9464, "scheduler": 9465, "worker": 9466}
+# Where Prometheus runs in Kubernetes: the one namespace the NetworkPolicies admit scrapes from.
+MONITORING_NAMESPACE = "monitoring"
 APP_UID = 10001
 # A password written into a URL (`scheme://user:password@host`): never in a manifest.
 URL_CREDENTIALS = re.compile(r"://[^/@:\s]+:[^/@\s]+@")

@@ -14,6 +14,8 @@ from typing import Any
 import pytest
 
 from tests.unit.deploy_manifests_support import (
+    METRICS_PORTS,
+    MONITORING_NAMESPACE,
     Doc,
     Docs,
     Problems,
@@ -34,6 +36,8 @@ HOSTNAME_LABEL = "kubernetes.io/hostname"
 # The CA certificate (no key): public, the same for every worker.
 SHARED_WORKER_SECRETS = frozenset({"gantry-ca"})
 EXAMPLE_NODE = "node-a"
+# The one port a worker container may declare: Prometheus /metrics.
+WORKER_METRICS = ("metrics", METRICS_PORTS["worker"])
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +54,8 @@ def node_secrets(spec: dict[str, Any]) -> list[str]:
 
 
 def worker_problems(doc: Doc) -> Problems:
-    """One pod per node, pinned to it, GPU-bound, listening on nothing, no API access."""
+    """One pod per node, pinned to it, GPU-bound, listening on nothing but /metrics, no API
+    access."""
     problems: Problems = []
     name = name_of(doc)
     if doc.get("kind") != "Deployment":
@@ -70,8 +75,9 @@ def worker_problems(doc: Doc) -> Problems:
     elif HOSTNAME_LABEL not in selector:
         problems.append(f"{name}: nodeSelector does not pin it to one node ({HOSTNAME_LABEL})")
     for container in all_containers(spec):
-        if container.get("ports"):
-            problems.append(f"worker/{container['name']}: ports {container['ports']}")
+        ports = container.get("ports") or []
+        if [(p.get("name"), p.get("containerPort")) for p in ports] not in ([], [WORKER_METRICS]):
+            problems.append(f"worker/{container['name']}: ports {ports}")
         for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
             if any(k in (container.get(probe) or {}) for k in ("grpc", "httpGet", "tcpSocket")):
                 problems.append(f"worker/{container['name']}: {probe} implies a listening port")
@@ -243,7 +249,19 @@ def test_worker_pods_have_no_kubernetes_api_access(docs: Docs) -> None:
 def test_every_worker_is_under_the_worker_network_policy(docs: Docs) -> None:
     policy = by_kind_name(docs, "NetworkPolicy", "gantry-worker")
     selected = policy["spec"]["podSelector"]["matchLabels"]
-    assert policy["spec"]["ingress"] == []
+    # Nothing may connect in but Prometheus, from its own namespace, to /metrics.
+    assert policy["spec"]["ingress"] == [
+        {
+            "from": [
+                {
+                    "namespaceSelector": {
+                        "matchLabels": {"kubernetes.io/metadata.name": MONITORING_NAMESPACE}
+                    }
+                }
+            ],
+            "ports": [{"protocol": "TCP", "port": METRICS_PORTS["worker"]}],
+        }
+    ]
     for worker in worker_workloads(docs):
         labels = worker["spec"]["template"]["metadata"]["labels"]
         assert selected.items() <= labels.items(), name_of(worker)

@@ -13,9 +13,14 @@ import grpc
 from gantry.cli import (
     bench_command,
     embed,
+    events_commands,
+    inventory_commands,
+    jobs_commands,
     operator_commands,
     pipeline_commands,
     queue_commands,
+    reclaim_command,
+    status_commands,
     tenant_commands,
 )
 from gantry.cli.connection import ADDRESS_ENV, DEFAULT_ADDRESS, CommandContext, command_tls
@@ -48,6 +53,7 @@ def _up(context: CommandContext, args: argparse.Namespace) -> int:
             startup_timeout_s=args.startup_timeout,
             ready_timeout_s=args.ready_timeout,
             tls=args.tls,
+            metrics=not args.no_metrics,
         )
     )
 
@@ -114,6 +120,11 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="serve TLS with a local CA under <state>/tls/ (mTLS between the services)",
     )
+    up.add_argument(
+        "--no-metrics",
+        action="store_true",
+        help="serve no Prometheus /metrics (on by default at 127.0.0.1:9464, :9465, :9466)",
+    )
 
     migrate_parser = command(
         "migrate", migrate, "create or upgrade the control plane's database schema"
@@ -148,6 +159,14 @@ def build_parser() -> argparse.ArgumentParser:
     listing.set_defaults(handler=operator_commands.artifacts_list)
 
     command("deployments", operator_commands.deployments, "list deployments and residencies")
+    jobs_commands.add_jobs_arguments(
+        command(
+            "jobs",
+            jobs_commands.jobs_list,
+            "serving jobs (load, unload, health, inspect, probe): list with filters, show JOB_ID",
+        ),
+        options,
+    )
 
     tenant_commands.add_tenant_arguments(
         command(
@@ -162,6 +181,34 @@ def build_parser() -> argparse.ArgumentParser:
             "queue",
             queue_commands.queue_command,
             "the scheduler's queue, per-tenant shares, ledger, breakers and autoscale advice",
+        )
+    )
+    status_commands.add_status_arguments(
+        command(
+            "status",
+            status_commands.status_command,
+            "the whole system on one screen: nodes, deployments, bindings, queue, failures",
+        )
+    )
+    events_commands.add_events_arguments(
+        command(
+            "events",
+            events_commands.events_command,
+            "the audit trail: the newest events, or --follow them live",
+        )
+    )
+    inventory_commands.add_inventory_arguments(
+        command(
+            "inventory",
+            inventory_commands.inventory_command,
+            "what a node last reported: model hosts, environments, resource domains",
+        )
+    )
+    reclaim_command.add_reclaim_arguments(
+        command(
+            "reclaim",
+            reclaim_command.reclaim_command,
+            "drain, unload and verify one residency (exit 0 only when verified COLD)",
         )
     )
 

@@ -40,6 +40,13 @@ _TLS_ENV_PREFIXES = ("GANTRY_TLS_", "GANTRY_SCHEDULER_TLS_")
 # What `gantry up --tls` issues from its CA: servers, then clients (mTLS between services).
 TLS_SERVERS = ("controlplane", "scheduler")
 TLS_CLIENTS = ("scheduler-link",)
+# Where each service serves Prometheus metrics under `gantry up` (the OpenTelemetry default port
+# and the next two); `gantry up --no-metrics` serves none.
+METRICS_ADDRESSES = {
+    "controlplane": "127.0.0.1:9464",
+    "scheduler": "127.0.0.1:9465",
+    "worker": "127.0.0.1:9466",
+}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -50,6 +57,7 @@ class UpSettings:
     startup_timeout_s: float
     ready_timeout_s: float
     tls: bool = False  # a local CA under <state>/tls/; plaintext on loopback otherwise
+    metrics: bool = False  # /metrics on METRICS_ADDRESSES (the CLI's default; --no-metrics)
 
 
 def say(line: str) -> None:
@@ -135,6 +143,16 @@ def _tls_arguments(settings: UpSettings) -> dict[str, list[str]]:
     }  # fmt: skip
 
 
+def _metrics_arguments(settings: UpSettings, role: str) -> list[str]:
+    return ["--metrics-address", METRICS_ADDRESSES[role]] if settings.metrics else []
+
+
+def worker_heartbeat_file(paths: StatePaths) -> Path:
+    """Where this state directory's worker writes its liveness file (`gantry worker --check
+    --heartbeat-file` reads it)."""
+    return paths.root / "worker.heartbeat"
+
+
 def child_specs(settings: UpSettings) -> dict[str, ChildSpec]:
     paths = settings.paths
     env = _child_env()
@@ -156,12 +174,16 @@ def child_specs(settings: UpSettings) -> dict[str, ChildSpec]:
             "--control-plane", settings.address,
             "--credential-file", str(paths.node_credential.resolve()),
             "--artifact-root", str(paths.artifacts.resolve()),
+            # Per state directory: two `gantry up`s of one user must not share the default file.
+            "--heartbeat-file", str(worker_heartbeat_file(paths).resolve()),
         ],
     }  # fmt: skip
     return {
         role: ChildSpec(
             name=role,
-            argv=role_argv(role, [*args, *tls_arguments[role]]),
+            argv=role_argv(
+                role, [*args, *tls_arguments[role], *_metrics_arguments(settings, role)]
+            ),
             log_path=paths.log_file(role),
             env=env,
         )
@@ -353,6 +375,15 @@ def _on_path_or_beside_python(command: str) -> str:
     return _shown(beside_python) if beside_python.exists() else command
 
 
+def _metrics_lines(settings: UpSettings) -> str:
+    if not settings.metrics:
+        return "  metrics        off (--no-metrics)\n"
+    return "".join(
+        f"  metrics        http://{address}/metrics  ({role})\n"
+        for role, address in METRICS_ADDRESSES.items()
+    )
+
+
 def banner(settings: UpSettings, deployment_id: str) -> str:
     paths = settings.paths
     state = _shown(paths.root)
@@ -375,10 +406,11 @@ Gantry is up.
   state          {state}/  (gantry.db, operator.token, client.key, node.credential)
   artifacts      {_shown(paths.artifacts)}/
   logs           {_shown(paths.logs)}/{{scheduler,controlplane,worker}}.log
-
+{_metrics_lines(settings)}
 Try:
   {gantry} embed hello
-  {gantry} deployments
+  {gantry} status
+  {gantry} events --follow
   {grpcurl} {security} {settings.address} list
   {grpcurl} {security} -H "authorization: Bearer $(cat {_shown(paths.client_key)})" \\
     -d '{embed_body}' {settings.address} gantry.v1.Inference/Embed

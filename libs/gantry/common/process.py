@@ -2,17 +2,36 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import logging
 import os
 import signal
 
+from gantry.common.json_logs import JSON, LOG_FORMAT_ENV, LOG_FORMATS, json_handler, log_format_of
 
-def setup_logging(role: str) -> None:
-    logging.basicConfig(
-        level=os.environ.get("GANTRY_LOG_LEVEL", "INFO"),
-        format=f"%(asctime)s {role} %(levelname)s %(name)s: %(message)s",
+
+def add_log_format_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--log-format",
+        choices=LOG_FORMATS,
+        default=None,
+        help=f"text, or json: one object per line with trace and span ids "
+        f"(default: env {LOG_FORMAT_ENV}, else text)",
     )
+
+
+def setup_logging(role: str, log_format: str | None = None) -> None:
+    chosen, warning = log_format_of(log_format, os.environ)
+    level = os.environ.get("GANTRY_LOG_LEVEL", "INFO")
+    if chosen == JSON:
+        logging.basicConfig(level=level, handlers=[json_handler(role)])
+    else:
+        logging.basicConfig(
+            level=level, format=f"%(asctime)s {role} %(levelname)s %(name)s: %(message)s"
+        )
+    if warning:
+        logging.getLogger(__name__).warning("%s", warning)
 
 
 async def run_until_signalled() -> None:

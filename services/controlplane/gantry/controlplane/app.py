@@ -9,6 +9,7 @@ from gantry.common import tokens
 from gantry.common.clock import Clock, SystemClock
 from gantry.common.grpc_server import RunningServer, ServiceBinding, create_server
 from gantry.common.tls import ClientTls, ServerTls
+from gantry.controlplane.audit_feed import AuditFeed
 from gantry.controlplane.authn import ControlPlaneAuthenticator
 from gantry.controlplane.autoscaler import ScaleAdviceInbox
 from gantry.controlplane.evidence_pipeline import EvidencePipeline
@@ -112,6 +113,8 @@ async def start_control_plane(
     )
     routes = RouteCache(clock)
     database.routing_watchers.append(routes)  # a binding that moves is never served stale
+    audit_feed = AuditFeed()
+    database.audit_listeners.append(audit_feed)  # WatchAuditEvents wakes on each commit
     lifecycle = DeploymentLifecycle(
         database=database,
         hub=hub,
@@ -133,6 +136,8 @@ async def start_control_plane(
         liveness=liveness,
         scale_advice=scale_advice,
     )
+    # A residency that went COLD also wakes the feed's waiters: a ReclaimResidency waits for it.
+    audit_feed.follow_capacity_freed(lifecycle.announcer)
     authenticator = ControlPlaneAuthenticator(database, clock)
     gateway = WorkerGatewayService(
         database=database,
@@ -160,6 +165,9 @@ async def start_control_plane(
                     clock=clock,
                     pipeline=pipeline,
                     scheduler=scheduler,
+                    hub=hub,
+                    audit_feed=audit_feed,
+                    degradation=reconciler.degradation,
                 ),
                 control_plane_pb2_grpc.add_ControlPlaneServicer_to_server,
             ),
@@ -172,6 +180,7 @@ async def start_control_plane(
                     routes=routes,
                     clock=clock,
                     resolver=DeploymentResolver(database=database, routes=routes),
+                    degradation=reconciler.degradation,  # outcomes in, evaluated by the reconciler
                 ),
                 inference_pb2_grpc.add_InferenceServicer_to_server,
             ),

@@ -159,6 +159,11 @@ def serving_job(row: models.ServingJob) -> control_plane_pb2.ServingJob:
             row.result["health"], worker_gateway_pb2.HealthEvidence(), ignore_unknown_fields=True
         )
         message.health.CopyFrom(evidence.report)
+    # LOAD and UNLOAD results are their residency's evidence: shown as the worker sent them.
+    if "load" in row.result:
+        json_format.ParseDict(row.result["load"], message.load, ignore_unknown_fields=True)
+    if "unload" in row.result:
+        json_format.ParseDict(row.result["unload"], message.unload, ignore_unknown_fields=True)
     return message
 
 

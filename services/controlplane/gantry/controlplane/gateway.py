@@ -24,6 +24,7 @@ from gantry.common.auth import current_principal
 from gantry.common.clock import Clock
 from gantry.common.errors import GantryError
 from gantry.common.ids import generation_micros
+from gantry.controlplane import metrics
 from gantry.controlplane.domain.node_capabilities import domains_to_json
 from gantry.controlplane.inventory import Reconciled
 from gantry.controlplane.job_handlers import jobs_requeued
@@ -93,6 +94,7 @@ class WorkerGatewayService(worker_gateway_pb2_grpc.WorkerGatewayServicer):
         stream = self._hub.open_stream(node_id=node_id, generation=first.generation)
         welcome = await self._hello(stream, first.hello)
         self._hub.attach(stream)
+        metrics.worker_stream("connected")
         writes: asyncio.Queue[wg.WorkerMessage | None] = asyncio.Queue(
             maxsize=self._settings.write_queue_limit + 2  # + the first dispatch and the end marker
         )
@@ -141,6 +143,7 @@ class WorkerGatewayService(worker_gateway_pb2_grpc.WorkerGatewayServicer):
                 writer.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await writer
+        metrics.worker_stream("disconnected")
         await self._goodbye(stream)
 
     async def close(self) -> None:
@@ -230,6 +233,7 @@ class WorkerGatewayService(worker_gateway_pb2_grpc.WorkerGatewayServicer):
                 if stream.closed:
                     return
                 if message.generation != stream.generation:
+                    metrics.message_refused("STALE_GENERATION", message.WhichOneof("kind") or "")
                     stream.send(
                         _reject(
                             "",
@@ -343,6 +347,7 @@ class WorkerGatewayService(worker_gateway_pb2_grpc.WorkerGatewayServicer):
             )
         except GantryError as error:
             log.warning("job result %s refused: %s", result.job_id, error)
+            metrics.message_refused(error.reason, "job_result")
             stream.send(_reject(result.job_id, error))
             return
         stream.send(wg.ControlMessage(ack=wg.Ack(job_id=result.job_id)))
@@ -361,6 +366,7 @@ class WorkerGatewayService(worker_gateway_pb2_grpc.WorkerGatewayServicer):
             )
         except GantryError as error:
             log.warning("job update %s refused: %s", update.job_id, error)
+            metrics.message_refused(error.reason, "job_update")
 
     async def _inventory(self, stream: WorkerStream, inventory: wg.Inventory) -> None:
         async def reconcile() -> Reconciled:

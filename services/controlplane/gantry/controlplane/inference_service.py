@@ -6,8 +6,10 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import math
-from collections.abc import Sequence
+import time
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import grpc
 from google.protobuf import timestamp_pb2
@@ -17,6 +19,8 @@ from gantry.common.clock import Clock
 from gantry.common.errors import GantryError, invalid_argument
 from gantry.common.ids import new_id
 from gantry.common.telemetry import inject_context, tracer
+from gantry.controlplane import metrics
+from gantry.controlplane.domain.capability_degradation import CapabilityDegradation
 from gantry.controlplane.domain.work_cost import embed_cost, rerank_cost
 from gantry.controlplane.persistence.database import Database
 from gantry.controlplane.route_cache import RouteCache
@@ -28,6 +32,7 @@ from gantry.v1 import common_pb2, inference_pb2, inference_pb2_grpc, scheduler_p
 from gantry.v1 import worker_gateway_pb2 as wg
 
 _tracer = tracer("gantry.controlplane")
+_Answer = TypeVar("_Answer")
 
 MAX_INPUTS = 1024
 MAX_INPUT_CHARS = 100_000
@@ -147,6 +152,10 @@ def work_outcome(error: BaseException | None, budget: CallBudget) -> scheduler_p
     return scheduler_pb2.WORK_OUTCOME_INFRA_FAILURE
 
 
+# Outcomes that say something about the runtime (a bad request or a client that left does not).
+_RUNTIME_OUTCOMES = (scheduler_pb2.WORK_OUTCOME_SUCCESS, scheduler_pb2.WORK_OUTCOME_INFRA_FAILURE)
+
+
 class InferenceService(inference_pb2_grpc.InferenceServicer):
     def __init__(
         self,
@@ -158,8 +167,11 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
         clock: Clock,
         settings: InferenceSettings | None = None,
         resolver: DeploymentResolver | None = None,
+        degradation: CapabilityDegradation | None = None,
     ) -> None:
         self._database = database
+        # Each finished invocation's outcome, per capability: the degradation signal's input.
+        self._degradation = degradation
         self._routes = routes
         self._hub = hub
         self._scheduler = scheduler
@@ -168,6 +180,16 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
         self._resolver = resolver or DeploymentResolver(database=database, routes=routes)
 
     async def Embed(
+        self, request: inference_pb2.EmbedRequest, context: grpc.aio.ServicerContext
+    ) -> inference_pb2.EmbedResponse:
+        return await _counted(metrics.EMBED, self._embed(request, context))
+
+    async def Rerank(
+        self, request: inference_pb2.RerankRequest, context: grpc.aio.ServicerContext
+    ) -> inference_pb2.RerankResponse:
+        return await _counted(metrics.RERANK, self._rerank(request, context))
+
+    async def _embed(
         self, request: inference_pb2.EmbedRequest, context: grpc.aio.ServicerContext
     ) -> inference_pb2.EmbedResponse:
         tenant_id = current_principal().subject
@@ -179,7 +201,7 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
         with _tracer.start_as_current_span(
             "controlplane.embed", attributes={"gantry.tenant_id": tenant_id}
         ) as span:
-            deployment_id = await self._resolve(request)
+            deployment_id = await self._resolve(metrics.EMBED, request)
             span.set_attribute("gantry.deployment_id", deployment_id)
             node_id, outcome = await self._invoke(
                 tenant_id=tenant_id,
@@ -196,7 +218,7 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
             response.MergeFromString(vectors_wire(result, encoding))
             return response
 
-    async def Rerank(
+    async def _rerank(
         self, request: inference_pb2.RerankRequest, context: grpc.aio.ServicerContext
     ) -> inference_pb2.RerankResponse:
         tenant_id = current_principal().subject
@@ -209,7 +231,7 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
             "controlplane.rerank",
             attributes={"gantry.tenant_id": tenant_id, "gantry.document_count": len(documents)},
         ) as span:
-            deployment_id = await self._resolve(request)
+            deployment_id = await self._resolve(metrics.RERANK, request)
             span.set_attribute("gantry.deployment_id", deployment_id)
             # Whether the deployment's adapter reranks is its model host's to say: a rerank sent
             # to an embedding deployment comes back INVALID_PAYLOAD, as the client's error.
@@ -246,6 +268,8 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
         work_id = new_id()
         error: BaseException | None = None
         refused = False
+        operation = metrics.RERANK if isinstance(payload, wg.RerankPayload) else metrics.EMBED
+        stage_started = time.perf_counter()
         try:
             async with asyncio.timeout_at(deadline_at):
                 try:
@@ -265,7 +289,14 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
                 except GantryError as refusal:
                     # A refusal assigned nothing; a timed-out answer may have, so report that.
                     refused = refusal.reason != "SCHEDULER_UNAVAILABLE"
+                    if refused:
+                        metrics.admission_rejected(refusal.reason)
                     raise
+                decided_at = time.perf_counter()
+                metrics.stage_finished(
+                    operation, metrics.STAGE_SCHEDULE, decided_at - stage_started
+                )
+                stage_started = decided_at
                 trace_context: dict[str, str] = {}
                 inject_context(trace_context)
                 wall_deadline = timestamp_pb2.Timestamp()
@@ -278,6 +309,9 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
                     timeout=max(0.0, deadline_at - loop.time()),
                     trace_context=trace_context,
                     deadline=wall_deadline,
+                )
+                metrics.stage_finished(
+                    operation, metrics.STAGE_WORKER, time.perf_counter() - stage_started
                 )
             return dispatch.node_id, result
         except TimeoutError:
@@ -293,17 +327,37 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
             raise
         finally:
             if not refused:
+                outcome = work_outcome(error, budget)
                 self._scheduler.work_finished(
-                    work_id,
-                    work_outcome(error, budget),
-                    reason=error.reason if isinstance(error, GantryError) else "",
+                    work_id, outcome, reason=error.reason if isinstance(error, GantryError) else ""
                 )
+                if self._degradation is not None and outcome in _RUNTIME_OUTCOMES:
+                    self._degradation.record(
+                        request.capability, succeeded=outcome == scheduler_pb2.WORK_OUTCOME_SUCCESS
+                    )
 
     async def _resolve(
-        self, request: inference_pb2.EmbedRequest | inference_pb2.RerankRequest
+        self, operation: str, request: inference_pb2.EmbedRequest | inference_pb2.RerankRequest
     ) -> str:
         """capability | deployment_id -> a routable deployment, or a typed reason why not.
 
         By capability the binding alone decides (routing.py): never another deployment.
         """
-        return await self._resolver.resolve(request)
+        started = time.perf_counter()
+        deployment_id = await self._resolver.resolve(request)
+        metrics.stage_finished(operation, metrics.STAGE_RESOLVE, time.perf_counter() - started)
+        return deployment_id
+
+
+async def _counted(operation: str, answer: Awaitable[_Answer]) -> _Answer:
+    """Await one call's answer and count it, whatever it is: the status and reason the client
+    sees (validation errors included) and the whole call's latency."""
+    started = time.perf_counter()
+    error: BaseException | None = None
+    try:
+        return await answer
+    except BaseException as failure:
+        error = failure
+        raise
+    finally:
+        metrics.invocation_answered(operation, error, time.perf_counter() - started)

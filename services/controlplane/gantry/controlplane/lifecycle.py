@@ -19,6 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from gantry.common.clock import Clock
 from gantry.common.errors import GantryError
+from gantry.controlplane import metrics
 from gantry.controlplane.announcer import (
     Announcer,
     scheduler_deployment,
@@ -235,6 +236,7 @@ class DeploymentLifecycle:
                 ),
             )
             await HANDLERS[JobType(job.job_type)].apply(context)
+        metrics.job_committed(job.job_type, failure.reason if failure else "", job.created_at, now)
         self.announce(context.changed)
         return commit
 

@@ -8,7 +8,12 @@ import logging
 import sys
 from pathlib import Path
 
-from gantry.common.process import run_until_signalled, setup_logging
+from gantry.common.metrics import add_metrics_argument, start_metrics
+from gantry.common.process import (
+    add_log_format_argument,
+    run_until_signalled,
+    setup_logging,
+)
 from gantry.common.telemetry import setup_tracing
 from gantry.common.tls import (
     SCHEDULER_CLIENT_TLS,
@@ -69,6 +74,8 @@ def main(argv: list[str] | None = None) -> int:
         default=DEFAULT_LEASE_SECONDS,
         help="job lease length; an unrenewed lease is re-queued with a new token",
     )
+    add_log_format_argument(parser)
+    add_metrics_argument(parser)
     args = parser.parse_args(argv)
     for name in (
         "heartbeat_interval_s",
@@ -86,8 +93,10 @@ def main(argv: list[str] | None = None) -> int:
                 given.credentials()  # every file readable now, not at the first connection
     except TlsSettingsError as exc:
         parser.error(str(exc))
-    setup_logging("controlplane")
+    setup_logging("controlplane", args.log_format)
     setup_tracing("gantry-controlplane")
+    if not start_metrics("gantry-controlplane", args.metrics_address):
+        return 2
     bootstrap = args.bootstrap_operator_token_file
     settings = ControlPlaneSettings(
         listen=args.listen,

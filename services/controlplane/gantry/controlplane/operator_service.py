@@ -17,11 +17,14 @@ from gantry.common.errors import GantryError, invalid_argument
 from gantry.common.ids import parse_id
 from gantry.common.manifest import check_relative_path, validate_manifest
 from gantry.controlplane import convert
+from gantry.controlplane.audit_feed import AuditFeed
 from gantry.controlplane.authn import ControlPlaneAuthenticator
+from gantry.controlplane.domain.capability_degradation import CapabilityDegradation
 from gantry.controlplane.evidence_pipeline import EvidencePipeline, approved_source
 from gantry.controlplane.invariants import check_invariants
 from gantry.controlplane.lifecycle import DeploymentLifecycle
 from gantry.controlplane.node_admin import NodeAdmin
+from gantry.controlplane.observability_rpcs import ObservabilityRpcs
 from gantry.controlplane.paging import page_of
 from gantry.controlplane.persistence import (
     artifacts,
@@ -47,12 +50,16 @@ from gantry.controlplane.validation import (
     check_placement_policy,
     check_replicas,
 )
+from gantry.controlplane.worker_sessions import WorkerHub
 from gantry.v1 import control_plane_pb2 as cp
 from gantry.v1 import control_plane_pb2_grpc
 
 
 class ControlPlaneService(
-    EvidencePipelineRpcs, TenantPolicyRpcs, control_plane_pb2_grpc.ControlPlaneServicer
+    EvidencePipelineRpcs,
+    TenantPolicyRpcs,
+    ObservabilityRpcs,
+    control_plane_pb2_grpc.ControlPlaneServicer,
 ):
     def __init__(
         self,
@@ -64,8 +71,14 @@ class ControlPlaneService(
         clock: Clock,
         pipeline: EvidencePipeline,
         scheduler: SchedulerLink,
+        hub: WorkerHub,
+        audit_feed: AuditFeed,
+        degradation: CapabilityDegradation | None = None,
     ) -> None:
         self._database = database
+        self._hub = hub
+        self._audit_feed = audit_feed
+        self._degradation = degradation or CapabilityDegradation(clock)
         self._lifecycle = lifecycle
         self._node_admin = node_admin
         self._authenticator = authenticator

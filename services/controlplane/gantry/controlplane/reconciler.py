@@ -13,6 +13,7 @@ Each pass, with time from the injected clock:
    with backoff per deployment; a refusal leaves them PENDING with the reason;
 5. UNCERTAIN residencies on a connected node get another UNLOAD, with backoff;
 6. every connected node with queued jobs gets a pump pass.
+7. capabilities' degradation is evaluated (degradation_signals.py); changes are audited.
 Before placement, the latest scale advice per deployment (autoscaler.py) is applied: it moves
 the replicas wanted within the deployment's bounds, and drains any surplus.
 Handlers never sleep or poll: they record facts and `wake()` this loop.
@@ -29,8 +30,12 @@ from dataclasses import dataclass
 
 from gantry.common.clock import Clock
 from gantry.common.errors import GantryError
+from gantry.common.metrics import metrics_enabled
+from gantry.controlplane import metrics
 from gantry.controlplane.autoscaler import Autoscaler, ScaleAdviceInbox
+from gantry.controlplane.degradation_signals import evaluate_degradation
 from gantry.controlplane.domain.backoff import Backoff
+from gantry.controlplane.domain.capability_degradation import CapabilityDegradation
 from gantry.controlplane.domain.deployment_health import LIVE_STATES
 from gantry.controlplane.domain.transitions import JobType, NodeState, ResidencyState
 from gantry.controlplane.job_handlers import (
@@ -43,6 +48,7 @@ from gantry.controlplane.liveness import Heard, Liveness
 from gantry.controlplane.persistence import audit, deployments, jobs, nodes
 from gantry.controlplane.persistence.database import Database
 from gantry.controlplane.persistence.models import Node, Residency
+from gantry.controlplane.persistence.state_counts import count_by_state
 from gantry.controlplane.persistence.transitions import retry_on_conflict
 from gantry.controlplane.placement import missing_replicas
 from gantry.controlplane.settle import settle_deployment, settle_node_deployments
@@ -80,8 +86,11 @@ class Reconciler:
         settings: ReconcilerSettings,
         liveness: Liveness,
         scale_advice: ScaleAdviceInbox | None = None,
+        degradation: CapabilityDegradation | None = None,
     ) -> None:
         self._database = database
+        # Fed by the inference path; evaluated (and its changes audited) once per pass.
+        self.degradation = degradation or CapabilityDegradation(clock)
         self._liveness = liveness
         self._hub = hub
         self._lifecycle = lifecycle
@@ -154,6 +163,9 @@ class Reconciler:
         dispatch |= await self._place_missing_replicas()
         dispatch |= await self._retry_uncertain(now)
         dispatch |= await self._nodes_with_queued_jobs()
+        await evaluate_degradation(self._database, self.degradation, now=now)
+        if metrics_enabled():
+            await self._publish_state_counts()
         for node_id in sorted(dispatch):
             if self._hub.get(node_id) is not None:
                 await self._lifecycle.dispatch_queued(node_id)
@@ -172,8 +184,15 @@ class Reconciler:
                     job.attempt_count,
                 )
                 await jobs.requeue_job(session, job, now=now)
+                metrics.lease_expired(job.job_type)
             await jobs_requeued(session, expired, now=now)
             return {job.node_id for job in expired}
+
+    async def _publish_state_counts(self) -> None:
+        """The state gauges, computed here (once a pass) so a scrape never reads the database."""
+        async with self._database.transaction() as session:
+            counts = await count_by_state(session)
+        metrics.publish_state_counts(counts)
 
     # ---- 2. and 3. liveness -------------------------------------------------------------------
 

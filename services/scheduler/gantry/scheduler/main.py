@@ -8,7 +8,12 @@ import logging
 import sys
 from pathlib import Path
 
-from gantry.common.process import run_until_signalled, setup_logging
+from gantry.common.metrics import add_metrics_argument, start_metrics
+from gantry.common.process import (
+    add_log_format_argument,
+    run_until_signalled,
+    setup_logging,
+)
 from gantry.common.telemetry import setup_tracing
 from gantry.common.tls import (
     TlsSettingsError,
@@ -84,6 +89,8 @@ def main(argv: list[str] | None = None) -> int:
         help="seconds an open breaker waits before one probe call (default %(default)s)",
     )
     add_server_tls_arguments(parser)
+    add_metrics_argument(parser)
+    add_log_format_argument(parser)
     args = parser.parse_args(argv)
     settings = SchedulerSettings(
         core=CoreSettings(
@@ -101,8 +108,10 @@ def main(argv: list[str] | None = None) -> int:
             tls.credentials()  # every file readable now, before the port is bound
     except TlsSettingsError as exc:
         parser.error(str(exc))
-    setup_logging("scheduler")
+    setup_logging("scheduler", args.log_format)
     setup_tracing("gantry-scheduler")
+    if not start_metrics("gantry-scheduler", args.metrics_address):
+        return 2
     token = args.service_token_file.read_text().strip()
 
     async def serve() -> None:

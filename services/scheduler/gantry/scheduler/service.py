@@ -23,6 +23,7 @@ from gantry.common.clock import Clock, SystemClock
 from gantry.common.errors import GantryError
 from gantry.common.telemetry import extract_context, inject_context, tracer
 from gantry.scheduler import wire
+from gantry.scheduler.metrics import SchedulerMetrics
 from gantry.scheduler.policy.core import CoreSettings, Decision, Dispatched, SchedulerCore
 from gantry.scheduler.policy.types import Outcome
 from gantry.v1 import scheduler_pb2, scheduler_pb2_grpc
@@ -33,6 +34,7 @@ _tracer = tracer("gantry.scheduler")
 DEFAULT_OUTBOX_LIMIT = 4096
 DEFAULT_TICK_SECONDS = 0.1
 MAX_BATCH = 256  # outputs coalesced into one stream message at most
+GAUGE_SECONDS = 1.0  # how often the gauges' summary of the core is refreshed
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -57,6 +59,8 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
         # The caller's trace context of work that has no answer yet (bounded by the core's queue
         # depth plus its in-flight bound): a dispatch decided later still joins the caller's trace.
         self._traces: dict[str, dict[str, str]] = {}
+        self._metrics = SchedulerMetrics()
+        self._gauges_at = 0.0
 
     @property
     def core(self) -> SchedulerCore:
@@ -72,6 +76,7 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
         epoch = self._stream_epoch
         self._core.reset()
         self._traces.clear()
+        self._metrics.reset()
         self._connected = True
         outbox: asyncio.Queue[scheduler_pb2.SchedulerOutput | object] = asyncio.Queue(
             maxsize=self._settings.outbox_limit
@@ -141,8 +146,12 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
             await self._clock.sleep(self._settings.tick_seconds)
             if epoch != self._stream_epoch:
                 return
-            for output in self._outputs(self._core.tick(self._clock.monotonic())):
+            now = self._clock.monotonic()
+            for output in self._outputs(self._core.tick(now)):
                 await outbox.put(output)
+            if now >= self._gauges_at and self._metrics.enabled:
+                self._gauges_at = now + GAUGE_SECONDS
+                self._metrics.summarise(self._core.snapshot(now))
 
     def _apply(self, message: scheduler_pb2.SchedulerInput) -> list[scheduler_pb2.SchedulerOutput]:
         """One input to the core; the outputs its decisions make, in order."""
@@ -154,10 +163,12 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
             submitted = message.work_submitted
             if message.trace_context:
                 self._traces[submitted.work_id] = dict(message.trace_context)
+            self._metrics.submitted(submitted.work_id, submitted.tenant_id, now)
             decisions = core.submit(wire.work(submitted), now)
         elif kind == "work_finished":
             finished = message.work_finished
             self._traces.pop(finished.work_id, None)
+            self._metrics.finished(finished.work_id)
             # An outcome this scheduler does not know says nothing about health.
             outcome = (
                 Outcome(finished.outcome)
@@ -205,7 +216,9 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
 
     def _outputs(self, decisions: list[Decision]) -> list[scheduler_pb2.SchedulerOutput]:
         outputs = []
+        now = self._clock.monotonic() if decisions else 0.0
         for decision in decisions:
+            self._metrics.decided(decision, now)
             output = wire.output(decision)
             work_id = getattr(decision, "work_id", None)
             carrier = self._traces.pop(work_id, None) if work_id else None

@@ -17,6 +17,7 @@ import contextlib
 import logging
 import os
 import socket
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +38,7 @@ from gantry.common.telemetry import inject_context, tracer
 from gantry.common.tls import ClientTls
 from gantry.v1 import worker_gateway_pb2 as wg
 from gantry.v1 import worker_gateway_pb2_grpc
+from gantry.worker import metrics
 from gantry.worker.artifact_copies import manifest_of, verified_copy
 from gantry.worker.crash_policy import RestartPolicy
 from gantry.worker.environment_facts import (
@@ -44,6 +46,7 @@ from gantry.worker.environment_facts import (
     RuntimeEnvironments,
     normalized_environment_id,
 )
+from gantry.worker.heartbeat_file import HeartbeatFile
 from gantry.worker.inspect_job import run_inspect
 from gantry.worker.invocations import DEFAULT_MAX_IN_FLIGHT, Invocations
 from gantry.worker.jobs import DeploymentJobQueues
@@ -104,6 +107,9 @@ class WorkerSettings:
     # Model hosts forked from a preloaded fork server per environment (imports done, ready in
     # about a second); False spawns each one as a fresh interpreter (`--no-warm-pool`).
     warm_pool: bool = True
+    # Rewritten on each tick of the heartbeat and reconnect loops, connected or not, for
+    # `gantry worker --check`; None: no file (`gantry worker` always names one).
+    heartbeat_file: Path | None = None
 
     def supervision(self) -> SupervisionSettings:
         return SupervisionSettings(
@@ -220,6 +226,10 @@ class WorkerAgent:
         self._tasks: set[asyncio.Task[None]] = set()
         self._liveness: asyncio.Task[None] | None = None
         self._heartbeat_seconds = 3.0  # until the Welcome names the interval
+        self._welcomed_before = False  # a later Welcome is a reconnect
+        self._heartbeat_file = (
+            HeartbeatFile(settings.heartbeat_file) if settings.heartbeat_file is not None else None
+        )
 
     # ---- lifecycle ----------------------------------------------------------------------------
 
@@ -233,6 +243,8 @@ class WorkerAgent:
         await self.environments.collect()
         delay = 0.2
         while True:
+            ended_by = ""
+            self._record_heartbeat()  # the loop is alive, whether or not the next try connects
             try:
                 await self._serve_stream()
                 delay = 0.2
@@ -241,14 +253,28 @@ class WorkerAgent:
                 return
             except grpc.aio.AioRpcError as error:
                 gantry_error = error_from_rpc(error)
+                ended_by = gantry_error.reason
                 if gantry_error.reason in ("STALE_GENERATION", "NODE_DISABLED"):
                     log.error("stopping: %s", gantry_error.message)
                     return
                 log.warning("control plane stream ended: %s", gantry_error)
             finally:
+                if self.connected.is_set():
+                    metrics.stream_event("disconnected", ended_by)
                 self.connected.clear()
-            await asyncio.sleep(delay)
+            self._record_heartbeat()  # says "disconnected" from the moment the stream ended
+            await self._backoff(delay)
             delay = min(delay * 2, self.settings.reconnect_max_seconds)
+
+    async def _backoff(self, delay: float) -> None:
+        """Sleep before the next connect in heartbeat-sized steps, writing the heartbeat file at
+        each: the liveness probe asks whether this process is alive, not whether the control
+        plane is, so a long outage must not restart a worker (and lose its model hosts)."""
+        loop = asyncio.get_running_loop()
+        until = loop.time() + delay
+        while (left := until - loop.time()) > 0:
+            await asyncio.sleep(min(left, self._heartbeat_seconds))
+            self._record_heartbeat()
 
     async def shutdown(self) -> None:
         """Stop every model host this process started; custody ends only for verified reclaims
@@ -350,6 +376,8 @@ class WorkerAgent:
                     )
                 )
             )
+            # Every tick, welcomed or still waiting for the Welcome: the loop is alive.
+            self._record_heartbeat()
 
     def _handle(self, message: wg.ControlMessage) -> None:
         kind = message.WhichOneof("kind")
@@ -375,12 +403,24 @@ class WorkerAgent:
     def _welcome(self, welcome: wg.Welcome) -> None:
         if welcome.heartbeat_interval.ToNanoseconds() > 0:
             self._heartbeat_seconds = welcome.heartbeat_interval.ToNanoseconds() / 1e9
+        metrics.stream_event("reconnected" if self._welcomed_before else "connected")
+        self._welcomed_before = True
         self.connected.set()
+        self._record_heartbeat()  # live from the Welcome, not only from the first beat after it
         log.info("welcomed as node %s generation %d", self.node_id, self.generation)
         for deployment_id in welcome.unload_deployment_ids:
             self._spawn(self._unload_untracked(deployment_id), f"unload-{deployment_id}")
         for result in self._unacked.values():
             self._send(wg.WorkerMessage(job_result=result))
+
+    def _record_heartbeat(self) -> None:
+        if self._heartbeat_file is not None:
+            self._heartbeat_file.record(
+                interval_s=self._heartbeat_seconds,
+                node_id=self.node_id,
+                generation=self.generation,
+                connected=self.connected.is_set(),
+            )
 
     def _rejected(self, reject: wg.Reject) -> None:
         log.warning(
@@ -401,8 +441,9 @@ class WorkerAgent:
     async def run_job(self, assignment: wg.JobAssignment) -> wg.JobResult:
         """One job to exactly one result; CancelledError (a cancelled job) propagates: no result."""
         result = wg.JobResult(job_id=assignment.job_id, lease_token=assignment.lease_token)
+        started = time.perf_counter()
+        spec = assignment.WhichOneof("spec")
         try:
-            spec = assignment.WhichOneof("spec")
             handler = self._job_handlers.get(spec or "")
             if handler is None:
                 raise GantryError("INVALID_ARGUMENT", f"unknown job spec {spec!r}")
@@ -417,6 +458,7 @@ class WorkerAgent:
             result.failure.CopyFrom(
                 GantryError(reason, f"{type(exc).__name__}: {exc}").to_failure()
             )
+        metrics.job_ran(spec or "", result.failure.reason, time.perf_counter() - started)
         return result
 
     def _job_finished(self, result: wg.JobResult) -> None:

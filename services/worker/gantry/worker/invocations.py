@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping
 from gantry.common.errors import GantryError
 from gantry.common.telemetry import extract_context, inject_context, tracer
 from gantry.v1 import worker_gateway_pb2 as wg
+from gantry.worker import metrics
 from gantry.worker.supervision import Supervisor
 
 log = logging.getLogger(__name__)
@@ -91,6 +92,7 @@ class Invocations:
 
     async def _invoke(self, invoke: wg.Invoke, trace_context: Mapping[str, str]) -> None:
         result = wg.InvokeResult(request_id=invoke.request_id)
+        started = time.perf_counter()
         with _tracer.start_as_current_span(
             "worker.invoke",
             context=extract_context(trace_context),
@@ -106,6 +108,7 @@ class Invocations:
                     GantryError("INVOKE_FAILED", f"{type(exc).__name__}").to_failure()
                 )
         # A cancelled invoke raised CancelledError above and never gets here: no result.
+        metrics.invocation_answered(result.failure.reason, time.perf_counter() - started)
         self._emit(result)
 
     async def _run(self, invoke: wg.Invoke, result: wg.InvokeResult) -> None:

@@ -6,14 +6,22 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import sys
 from pathlib import Path
 
 from gantry.common.errors import GantryError
 from gantry.common.manifest import sweep_abandoned_verified_roots
-from gantry.common.process import run_until_signalled, setup_logging
+from gantry.common.metrics import add_metrics_argument, start_metrics
+from gantry.common.process import (
+    add_log_format_argument,
+    run_until_signalled,
+    setup_logging,
+)
 from gantry.common.telemetry import setup_tracing
 from gantry.common.tls import TlsSettingsError, add_client_tls_arguments, client_tls_from
 from gantry.worker.agent import WorkerAgent, WorkerSettings
+from gantry.worker.heartbeat_file import default_heartbeat_file
+from gantry.worker.liveness_check import CHECK_FLAG, check
 from gantry.worker.model_host.sandbox import REQUIRE_CHOICES
 from gantry.worker.resource_domains import (
     FLAG,
@@ -60,6 +68,10 @@ def reclaim_abandoned_verified_copies() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if CHECK_FLAG in argv:
+        # The liveness probe: reads the heartbeat file only (no credential, no connection).
+        return check(argv)
     parser = argparse.ArgumentParser(prog="gantry worker")
     parser.add_argument("--control-plane", default="127.0.0.1:50051")
     parser.add_argument("--credential-file", type=Path, required=True)
@@ -91,6 +103,15 @@ def main(argv: list[str] | None = None) -> int:
         help="spawn every model host as a fresh interpreter that imports torch itself, instead "
         "of forking it from a preloaded fork server (the default, ready in about a second)",
     )
+    parser.add_argument(
+        "--heartbeat-file",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="rewritten every heartbeat interval, connected to the control plane or not; "
+        f"`gantry worker --check` reads it (default: {default_heartbeat_file()})",
+    )
+    add_log_format_argument(parser)
     add_client_tls_arguments(
         parser.add_argument_group("TLS to the control plane (plaintext unless one is given)"),
         peer="the control plane",
@@ -105,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
             default=default,
             help=f"{help_text} (default: {default})",
         )
+    add_metrics_argument(parser)
     args = parser.parse_args(argv)
     try:
         tls = client_tls_from(args)
@@ -117,8 +139,10 @@ def main(argv: list[str] | None = None) -> int:
         declared = parse_declaration(args.resource_domains) if args.resource_domains else None
     except ResourceDomainError as exc:
         parser.exit(2, f"{parser.prog}: error: {exc}\n")  # one line: the usage says nothing here
-    setup_logging("worker")
+    setup_logging("worker", args.log_format)
     setup_tracing("gantry-worker")
+    if not start_metrics("gantry-worker", args.metrics_address):
+        return 2
     reclaim_abandoned_verified_copies()
     settings = WorkerSettings(
         control_plane=args.control_plane,
@@ -129,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         tls=tls,
         resource_domains=declared,
         warm_pool=args.warm_pool,
+        heartbeat_file=args.heartbeat_file or default_heartbeat_file(),
         **{name: getattr(args, name) for name in _SUPERVISION_ARGUMENTS},
     )
 

@@ -29,6 +29,7 @@ from gantry.common.errors import GantryError
 from gantry.common.manifest import remove_verified_copy
 from gantry.v1 import common_pb2
 from gantry.v1 import worker_gateway_pb2 as wg
+from gantry.worker import metrics
 from gantry.worker.crash_policy import CrashHistory, RestartDecision, RestartPolicy
 from gantry.worker.exit_cause import OomCounter, classify_exit
 from gantry.worker.model_host.process import HostLaunchSpec, ModelHost
@@ -228,9 +229,18 @@ class Supervisor:
     async def _start(self, resident: Resident, trace_context: dict[str, str]) -> SupervisedHost:
         assert resident.launch is not None
         oom_kills = self._oom_counter.read()
-        host = await self._host_factory(
-            resident.launch, on_exit=self._host_exited, trace_context=trace_context
-        )
+        restart = resident.restart_count > 0
+        try:
+            host = await self._host_factory(
+                resident.launch, on_exit=self._host_exited, trace_context=trace_context
+            )
+        except GantryError as error:
+            metrics.host_started(restart=restart, failure_reason=error.reason)
+            raise
+        except Exception:
+            metrics.host_started(restart=restart, failure_reason="LOAD_FAILED")
+            raise
+        metrics.host_started(restart=restart)
         resident.oom_kills_at_start = oom_kills
         return host
 
@@ -274,6 +284,7 @@ class Supervisor:
     def _record_crash(self, resident: Resident, error: GantryError) -> RestartDecision:
         decision = resident.crashes.record_crash()
         resident.crash_loop = decision.crash_loop
+        metrics.host_crashed(error.reason, crash_loop=decision.crash_loop)
         if decision.crash_loop:
             policy = self.settings.restart
             error = GantryError(
@@ -296,6 +307,7 @@ class Supervisor:
             await self._clock.sleep(decision.delay_s)
             resident.next_restart_at = None
             resident.restart_count += 1
+            metrics.host_restart_attempted()
             self._changed()
             try:
                 host = await self._start(resident, {})

@@ -30,7 +30,7 @@ from sqlalchemy.ext.asyncio import (
     create_async_engine,
 )
 
-from gantry.controlplane.persistence import installation
+from gantry.controlplane.persistence import audit, installation
 from gantry.controlplane.persistence.models import Installation
 
 MIGRATIONS_DIR = Path(__file__).with_name("migrations")
@@ -98,6 +98,13 @@ class RoutingWatcher(Protocol):
         """... it has committed (or rolled back): forget what you hold, trust again."""
 
 
+class AuditListener(Protocol):
+    """Something that follows the audit trail (the audit feed of WatchAuditEvents)."""
+
+    def audit_committed(self) -> None:
+        """A transaction that wrote audit events has committed: they are readable now."""
+
+
 class SqliteTurns:
     """SQLite has one writer at a time: this process's transactions take turns here, first come
     first served. Left to SQLite's busy handler, which sleeps and retries, a burst of writers (1,000
@@ -126,6 +133,7 @@ class Database:
     engine: AsyncEngine
     sessions: async_sessionmaker[AsyncSession]
     routing_watchers: list[RoutingWatcher] = field(default_factory=list)
+    audit_listeners: list[AuditListener] = field(default_factory=list)
     sqlite_turns: SqliteTurns | None = None
 
     @classmethod
@@ -157,12 +165,17 @@ class Database:
             try:
                 async with session.begin():
                     yield session
+                    # Last, so the ids are drawn in commit order (persistence/audit.py).
+                    audited = await audit.write_pending(session)
                     if session.info.get(ROUTING_CHANGED):
                         # From before the commit until after it, no cached route is served: a
                         # request resolved once the commit is visible reads the new binding.
                         watched = True
                         for watcher in self.routing_watchers:
                             watcher.routing_changing()
+                if audited:
+                    for listener in self.audit_listeners:
+                        listener.audit_committed()
             finally:
                 if watched:
                     for watcher in self.routing_watchers:

@@ -22,18 +22,18 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
 
 from google.protobuf.message import DecodeError
 from setproctitle import setproctitle
 
 from gantry.common.errors import GantryError
+from gantry.common.json_logs import JSON, json_handler, log_format_of
 from gantry.common.telemetry import extract_context, flush_tracing, setup_tracing, tracer
 from gantry.v1 import model_host_pb2
 from gantry.worker.model_host import hardening, sandbox
 from gantry.worker.model_host.adapters import ForwardCheck, ModelAdapter, adapter_for
 from gantry.worker.model_host.environments import OFFLINE_ENVIRONMENT
-from gantry.worker.model_host.framing import FrameError, read_frame, write_frame
+from gantry.worker.model_host.framing import FrameError, read_frame
 from gantry.worker.model_host.inbox import (
     DEFAULT_INBOX_LIMIT,
     Inbox,
@@ -44,6 +44,7 @@ from gantry.worker.model_host.landlock import Isolation
 from gantry.worker.model_host.memory_readings import CudaAllocator
 from gantry.worker.model_host.probe_evidence import LoadRecord, run_check
 from gantry.worker.model_host.proc_facts import rss_bytes_of
+from gantry.worker.model_host.span_relay import HostSpanRelay
 
 # Not imported here: `serving` (numpy, whose BLAS pool starts threads at import) and the ML stack.
 # Landlock binds only the thread that asks among those already running, so the process must still
@@ -107,7 +108,7 @@ def _enter_sandbox(load: model_host_pb2.HostLoad, private_dir: Path) -> Isolatio
 
 
 def _load_and_report(
-    request: model_host_pb2.HostRequest, responses: BinaryIO, private_dir: Path
+    request: model_host_pb2.HostRequest, writer: ResponseWriter, private_dir: Path
 ) -> tuple[ModelAdapter, LoadRecord, model_host_pb2.HostReady] | None:
     """Sandbox, load, health-check and answer the load request; None after answering a failure."""
     load = request.load
@@ -150,14 +151,9 @@ def _load_and_report(
                 else GantryError("LOAD_FAILED", f"loading the model failed: {exc!r}")
             )
             logger.exception("model load failed")
-            write_frame(
-                responses,
-                model_host_pb2.HostResponse(
-                    request_id=request.request_id, failure=error.to_failure()
-                ),
-            )
+            writer.fail(request, error)
             return None
-    write_frame(responses, model_host_pb2.HostResponse(request_id=request.request_id, ready=ready))
+    writer.send(model_host_pb2.HostResponse(request_id=request.request_id, ready=ready))
     return adapter, record, ready
 
 
@@ -195,18 +191,29 @@ def run_host(args: HostArguments) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     hardening.apply_environment(OFFLINE_ENVIRONMENT)
     hardening.install_network_guard()
+    # The worker's GANTRY_LOG_FORMAT (allow-listed in INHERITED_ENVIRONMENT): one format per node.
+    log_format, _ = log_format_of(None, os.environ)
     logging.basicConfig(
         # force: a forked host inherits its fork server's logging setup, never its own.
         force=True,
-        stream=sys.stderr,
         level=logging.INFO,
+        handlers=[
+            json_handler("model-host", fields={"deployment_id": args.deployment_id})
+            if log_format == JSON
+            else logging.StreamHandler(sys.stderr)
+        ],
         format=f"%(asctime)s %(levelname)s model-host[{args.deployment_id}] %(name)s: %(message)s",
     )
-    setup_tracing("gantry-model-host", synchronous=True)
-
     channel = socket.socket(fileno=args.channel_fd)
     requests = channel.makefile("rb")
-    responses = channel.makefile("wb")
+    # Every frame goes through the writer's lock: the span export thread relays spans on this
+    # pipe while the main thread answers (the load's answer included).
+    writer = ResponseWriter(channel.makefile("wb"))
+    # Spans are exported by a thread that starts with the first finished span (after the
+    # sandbox, which refuses a second thread), never on the serving loop; OTLP export goes
+    # through the worker (span_relay). A normal exit flushes within 2 s; a killed host loses
+    # the spans still queued.
+    setup_tracing("gantry-model-host", relay=HostSpanRelay(writer.send))
     try:
         payload = read_frame(requests)
         first = model_host_pb2.HostRequest.FromString(payload) if payload is not None else None
@@ -217,7 +224,7 @@ def run_host(args: HostArguments) -> int:
         logger.error("the first frame must be a load request")
         return EXIT_PROTOCOL_ERROR
 
-    loaded = _load_and_report(first, responses, args.private_dir)
+    loaded = _load_and_report(first, writer, args.private_dir)
     if loaded is None:
         flush_tracing()
         return EXIT_LOAD_FAILED
@@ -229,7 +236,6 @@ def run_host(args: HostArguments) -> int:
     from gantry.worker.model_host.serving import ModelServer, ServingSettings
 
     inbox = Inbox(limit=args.inbox_limit)
-    writer = ResponseWriter(responses)
     done = threading.Event()
     threading.Thread(
         target=read_requests,

@@ -51,8 +51,22 @@ INHERITED_ENVIRONMENT: Mapping[str, str] = {
     "LD_LIBRARY_PATH": "where GPU images keep the driver's libraries (libcuda)",
     "CUDA_VISIBLE_DEVICES": "which accelerators this worker may use",
     "GANTRY_TRACE_FILE": "where the host appends its spans (tests and local runs)",
+    # OTLP: the host never connects to a collector (its sandbox refuses TCP); it relays its spans
+    # to the worker, which exports them. So it gets only what says whether to relay and what its
+    # spans' resource is; OTLP headers (often a collector's API key), certificates, protocol and
+    # insecure stay with the worker, which alone uses them.
+    "OTEL_EXPORTER_OTLP_ENDPOINT": "whether OTLP export is on, so the host relays its spans",
+    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "the same, for traces alone",
+    "OTEL_TRACES_EXPORTER": "`none` turns the relay off with the worker's export",
+    "OTEL_SERVICE_NAME": "the service name on the host's spans, as the operator set it",
+    "OTEL_RESOURCE_ATTRIBUTES": "the resource attributes on the host's spans",
+    "GANTRY_LOG_FORMAT": "the host logs as the worker does (json: one object per line)",
     "GANTRY_MODEL_HOST_TEST_HOOKS": "enables the test-only magic inputs (see serving.py)",
 }
+
+
+# Read by the host's tracing setup after a warm pool forks it, never by an import before.
+TELEMETRY_VARIABLES = frozenset(name for name in INHERITED_ENVIRONMENT if name.startswith("OTEL_"))
 
 
 def host_environment(

@@ -29,6 +29,7 @@ from gantry.worker.model_host.inbox import DEFAULT_INBOX_LIMIT
 from gantry.worker.model_host.landlock import Isolation
 from gantry.worker.model_host.proc_facts import process_start_ticks, rss_bytes_of
 from gantry.worker.model_host.sandbox import IsolationRequirement
+from gantry.worker.model_host.span_relay import export_host_spans
 from gantry.worker.model_host.stderr_tail import StderrTail
 
 if TYPE_CHECKING:
@@ -517,10 +518,7 @@ class ModelHost:
             )
         )
         try:
-            payload = await read_frame_async(self._reader)
-            response = (
-                model_host_pb2.HostResponse.FromString(payload) if payload is not None else None
-            )
+            response = await self._read_answer()
         except (FrameError, DecodeError, OSError) as exc:
             raise await self._load_error_after_exit(f"broken channel during load: {exc}") from exc
         if response is None:
@@ -535,6 +533,15 @@ class ModelHost:
             metadata = {**error.metadata, "deployment_id": self.deployment_id}
             raise GantryError(error.reason, error.message, **metadata)
         raise await self._load_error_after_exit(f"answered the load with {kind!r}")
+
+    async def _read_answer(self) -> model_host_pb2.HostResponse | None:
+        """The next frame that answers something (relayed spans go to export on the way)."""
+        while (payload := await read_frame_async(self._reader)) is not None:
+            response = model_host_pb2.HostResponse.FromString(payload)
+            if response.WhichOneof("kind") != "spans":
+                return response
+            export_host_spans(response.spans, self.deployment_id)
+        return None
 
     async def _load_error_after_exit(self, what: str) -> GantryError:
         await self._exited_within(_EXIT_AFTER_FAILURE_S)
@@ -644,8 +651,7 @@ class ModelHost:
 
     async def _dispatch_responses(self) -> None:
         try:
-            while (payload := await read_frame_async(self._reader)) is not None:
-                response = model_host_pb2.HostResponse.FromString(payload)
+            while (response := await self._read_answer()) is not None:
                 if response.WhichOneof("kind") == "unloaded":
                     self._unloaded = response.unloaded  # answers Shutdown, which nobody awaits
                     continue

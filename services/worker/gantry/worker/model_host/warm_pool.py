@@ -33,7 +33,7 @@ from pathlib import Path
 
 from gantry.common.errors import GantryError
 from gantry.worker.model_host import hardening
-from gantry.worker.model_host.environments import host_environment
+from gantry.worker.model_host.environments import TELEMETRY_VARIABLES, host_environment
 from gantry.worker.model_host.fork_server import (
     MAX_MESSAGE_BYTES,
     ForkProtocolError,
@@ -57,6 +57,7 @@ _STDERR_TAIL_LINES = 20
 # by an import in the server, so it is part of the server's identity.
 READ_AFTER_FORK = frozenset(
     {"HOME", "TMPDIR", "GANTRY_TRACE_FILE", "GANTRY_MODEL_HOST_TEST_HOOKS", "CUDA_VISIBLE_DEVICES"}
+    | TELEMETRY_VARIABLES
 )
 
 

@@ -1,0 +1,158 @@
+"""The control plane's metrics: invocations and their stages, jobs, streams, leases, fencing.
+
+Each event is counted where it is decided: an invocation's outcome in the Inference handlers, a
+job's in `apply_result`, a lease expiry in the reconciler. Attribute dicts are built once per
+distinct label set and reused, so a count on the hot path is a dict lookup and an add. Reasons
+come from the REASONS table (bounded); anything that arrives from the wire is bounded again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+from collections.abc import Mapping
+
+from gantry.common.errors import REASONS, GantryError
+from gantry.common.metrics import (
+    BoundedValues,
+    Labels,
+    cached_attributes,
+    duration_histogram,
+    meter,
+    observable_gauge,
+)
+from gantry.controlplane.domain.transitions import DeploymentState, NodeState, ResidencyState
+
+REASON_LABELS = 64
+JOB_TYPE_LABELS = 16
+
+# Invocation stages, in order: the binding or deployment resolved, the scheduler's decision
+# (queue wait included), the worker's round trip (model host included), the whole call.
+STAGE_RESOLVE = "resolve"
+STAGE_SCHEDULE = "schedule"
+STAGE_WORKER = "worker"
+STAGE_TOTAL = "total"
+EMBED = "Embed"
+RERANK = "Rerank"
+FENCED_REASONS = frozenset({"STALE_GENERATION", "LEASE_TOKEN_INVALID"})
+
+_meter = meter("gantry.controlplane")
+_invocations = _meter.create_counter(
+    "gantry_invocations",
+    description="Inference calls answered, by operation, gRPC status code and ErrorInfo reason",
+)
+_stage_duration = duration_histogram(
+    _meter,
+    "gantry_invocation_stage_duration_seconds",
+    "Inference call latency per stage (resolve, schedule, worker, total)",
+)
+_admission_rejections = _meter.create_counter(
+    "gantry_admission_rejections",
+    description="Inference calls the scheduler refused, by the reason it answered",
+)
+_jobs = _meter.create_counter(
+    "gantry_jobs",
+    description="Job results committed, by type (LOAD, UNLOAD, HEALTH, PROBE, INSPECT), "
+    "outcome and failure reason",
+)
+_job_duration = duration_histogram(
+    _meter,
+    "gantry_job_duration_seconds",
+    "Time from a job's creation to its committed result, by type and outcome",
+)
+_worker_streams = _meter.create_counter(
+    "gantry_gateway_stream_events",
+    description="Worker streams the control plane opened (connected) and ended (disconnected)",
+)
+_lease_expiries = _meter.create_counter(
+    "gantry_lease_expiries", description="Job leases that expired and were queued again, by type"
+)
+_fenced = _meter.create_counter(
+    "gantry_fenced_messages",
+    description="Worker messages refused as fenced (STALE_GENERATION, LEASE_TOKEN_INVALID), "
+    "by reason and message kind",
+)
+_states = {
+    "residencies": (
+        observable_gauge(_meter, "gantry_residencies", "Residencies by state"),
+        [str(s) for s in ResidencyState],
+    ),
+    "nodes": (
+        observable_gauge(_meter, "gantry_nodes", "Registered nodes by state"),
+        [str(s) for s in NodeState],
+    ),
+    "deployments": (
+        observable_gauge(_meter, "gantry_deployments", "Deployments by state"),
+        [str(s) for s in DeploymentState],
+    ),
+}
+
+_reasons = BoundedValues(REASON_LABELS)
+_job_types = BoundedValues(JOB_TYPE_LABELS)
+_cached = cached_attributes
+
+
+def _wire_reason(reason: str) -> str:
+    return reason if reason in REASONS or not reason else _reasons(reason)
+
+
+def invocation_answered(operation: str, error: BaseException | None, seconds: float) -> None:
+    """One answered call: its status and reason, and its total latency."""
+    if error is None:
+        code, reason = "OK", ""
+    elif isinstance(error, GantryError):
+        code, reason = error.code.name, error.reason
+    elif isinstance(error, asyncio.CancelledError):
+        code, reason = "CANCELLED", ""
+    else:  # the interceptor answers INTERNAL for anything unexpected
+        code, reason = "INTERNAL", "INTERNAL"
+    _invocations.add(1, _cached("operation", operation, "code", code, "reason", reason))
+    _stage_duration.record(seconds, _cached("operation", operation, "stage", STAGE_TOTAL))
+
+
+def stage_finished(operation: str, stage: str, seconds: float) -> None:
+    _stage_duration.record(seconds, _cached("operation", operation, "stage", stage))
+
+
+def admission_rejected(reason: str) -> None:
+    _admission_rejections.add(1, _cached("reason", _wire_reason(reason)))
+
+
+def job_committed(
+    job_type: str, failure_reason: str, created_at: dt.datetime, now: dt.datetime
+) -> None:
+    outcome = "FAILED" if failure_reason else "SUCCEEDED"
+    kind = _job_types(job_type)
+    _jobs.add(1, _cached("type", kind, "outcome", outcome, "reason", _wire_reason(failure_reason)))
+    _job_duration.record(
+        max(0.0, (now - created_at).total_seconds()), _cached("type", kind, "outcome", outcome)
+    )
+
+
+def worker_stream(event: str) -> None:
+    _worker_streams.add(1, _cached("event", event))
+
+
+def lease_expired(job_type: str) -> None:
+    _lease_expiries.add(1, _cached("type", _job_types(job_type)))
+
+
+def message_refused(reason: str, message_kind: str) -> None:
+    """A worker message refused: counted when the refusal is a fence (an old generation or a
+    lease token that is no longer current)."""
+    if reason in FENCED_REASONS:
+        _fenced.add(1, _cached("reason", reason, "message", message_kind))
+
+
+def publish_state_counts(counts: Mapping[str, Mapping[str, int]]) -> None:
+    """Every known state is published (0 when no row holds it), so a state that empties reads
+    0 rather than its last value."""
+    for table, (gauge, known) in _states.items():
+        rows = counts.get(table, {})
+        values: dict[Labels, float] = {
+            (("state", state),): float(rows.get(state, 0)) for state in known
+        }
+        for state, count in rows.items():
+            if state not in known:
+                values[(("state", _reasons(state)),)] = float(count)
+        gauge.publish(values)
