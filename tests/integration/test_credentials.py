@@ -100,3 +100,15 @@ async def test_a_generation_from_the_future_cannot_fence_the_node(gantry: Harnes
     real = ScriptedWorker(generation=42)
     await real.start(gantry.channel, credential)
     await real.stop()
+
+
+async def test_a_token_that_is_no_credential_is_told_what_the_call_needs(gantry: Harness):
+    """Not "a operator token is required" for a token that was given: what is needed, and why
+    the one given is not it."""
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await gantry.operator.ListNodes(cp.ListNodesRequest(), metadata=auth_metadata("nonsense"))
+    assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert caught.value.details() == (
+        "this call needs an operator token, and the bearer token given is not one "
+        "(malformed, or of an unknown kind)"
+    )

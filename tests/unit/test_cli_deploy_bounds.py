@@ -66,3 +66,23 @@ def test_deploy_without_flags_asks_for_bin_pack_and_no_autoscale(
 def test_an_unknown_placement_is_refused_by_the_parser():
     with pytest.raises(SystemExit):
         build_parser().parse_args(["deploy", "a", "--capability", "b", "--placement", "random"])
+
+
+@pytest.mark.parametrize("flag", ["--replicas", "--min-replicas", "--max-replicas"])
+def test_a_negative_count_is_a_usage_error_not_a_traceback(
+    flag: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        build_parser().parse_args(["deploy", "appr-1", "--capability", "bge", flag, "-1"])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {flag}: -1 is negative" in err and "Traceback" not in err
+
+
+def test_gantry_version_names_the_installed_version(capsys: pytest.CaptureFixture[str]) -> None:
+    import importlib.metadata
+
+    with pytest.raises(SystemExit) as exited:
+        build_parser().parse_args(["--version"])
+    assert exited.value.code == 0
+    assert capsys.readouterr().out == f"gantry {importlib.metadata.version('gantry-libs')}\n"

@@ -66,7 +66,7 @@ async def run_cli(*argv: str) -> int:
     return await asyncio.to_thread(main, list(argv))
 
 
-async def test_rich_status_prints_code_reason_and_message_on_one_line(
+async def test_rich_status_prints_code_reason_once_and_message_on_one_line(
     not_found_server: str, state_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     code = await run_cli(
@@ -74,7 +74,7 @@ async def test_rich_status_prints_code_reason_and_message_on_one_line(
     )
     captured = capsys.readouterr()
     assert code == 1
-    assert captured.err == "error: NOT_FOUND NOT_FOUND: deployment 'd-1' not found (really)\n"
+    assert captured.err == "error: NOT_FOUND: deployment 'd-1' not found (really)\n"
     assert captured.out == ""
     assert "Traceback" not in captured.err
 

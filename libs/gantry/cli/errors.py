@@ -44,7 +44,10 @@ def format_rpc_error(error: grpc.RpcError, *, address: str | None = None) -> str
     message = " ".join(message.split())  # one line, whatever the server put in it
     code_name = code.name if code is not None else "UNKNOWN"
     reason = error_reason(error)
-    head = f"error: {code_name} {reason}" if reason else f"error: {code_name}"
+    # A reason that only repeats the code (NOT_FOUND NOT_FOUND) is said once.
+    head = (
+        f"error: {code_name} {reason}" if reason and reason != code_name else f"error: {code_name}"
+    )
     line = f"{head}: {message}"
     if code == grpc.StatusCode.UNAVAILABLE and reason is None and address is not None:
         # Almost always nothing listening: say what to do rather than only what failed.
@@ -54,4 +57,6 @@ def format_rpc_error(error: grpc.RpcError, *, address: str | None = None) -> str
 
 def format_gantry_error(error: GantryError) -> str:
     """A typed error raised locally (e.g. while hashing an artifact), in the same shape."""
+    if error.reason == error.code.name:
+        return f"error: {error.code.name}: {error.message}"
     return f"error: {error.code.name} {error.reason}: {error.message}"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -90,6 +91,13 @@ def _add_wait_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _version() -> str:
+    try:
+        return importlib.metadata.version("gantry-libs")
+    except importlib.metadata.PackageNotFoundError:  # run from a tree that was never installed
+        return "unknown (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     options = _global_options()
     # No abbreviations: `up --tls` would otherwise be ambiguous with the global --tls-* options.
@@ -99,6 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
         parents=[options],
         allow_abbrev=False,
     )
+    parser.add_argument("--version", action="version", version=f"gantry {_version()}")
     commands = parser.add_subparsers(title="commands", metavar="COMMAND")
 
     def command(name: str, handler: Handler, help_text: str) -> argparse.ArgumentParser:
@@ -262,17 +271,18 @@ def build_parser() -> argparse.ArgumentParser:
     deploy = command("deploy", operator_commands.deploy, "deploy an approved candidate")
     deploy.add_argument("approval_id", metavar="APPROVAL_ID")
     deploy.add_argument("--capability", required=True, metavar="NAME")
-    deploy.add_argument("--replicas", type=int, default=1)
+    # uint32 on the wire: a negative count is refused here, as a usage error, not a traceback.
+    deploy.add_argument("--replicas", type=tenant_commands.non_negative, default=1)
     deploy.add_argument(
         "--min-replicas",
-        type=int,
+        type=tenant_commands.non_negative,
         default=0,
         metavar="N",
         help="autoscale floor (default: replicas)",
     )
     deploy.add_argument(
         "--max-replicas",
-        type=int,
+        type=tenant_commands.non_negative,
         default=0,
         metavar="N",
         help="autoscale ceiling (default: replicas)",

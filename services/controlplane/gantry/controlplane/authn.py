@@ -57,7 +57,11 @@ class ControlPlaneAuthenticator:
                     f"a {other.value} credential cannot make {role.value} calls",
                     role=role.value,
                 )
-            raise GantryError("UNAUTHENTICATED", f"a {role.value} token is required for this call")
+            raise GantryError(
+                "UNAUTHENTICATED",
+                f"this call needs {_article(role.value)} {role.value} token, and the bearer token "
+                "given is not one (malformed, or of an unknown kind)",
+            )
         if role is Role.CLIENT:
             return await self._client(token, parsed.token_id)
         async with self._database.transaction() as session:
@@ -99,3 +103,7 @@ class ControlPlaneAuthenticator:
         if not tokens.token_matches(token, cached.key_hash):
             raise GantryError("UNAUTHENTICATED", "the API key does not match")
         return Principal(role=Role.CLIENT, subject=cached.tenant_id)
+
+
+def _article(word: str) -> str:
+    return "an" if word[:1] in "aeiou" else "a"
