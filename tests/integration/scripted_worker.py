@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import struct
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 
 import grpc
@@ -139,6 +140,8 @@ class ScriptedWorker:
         # of queueing it for the test.
         self.answer_invokes = False
         self.embed_dim = 4
+        # The value every component of a text's vector takes (1.0 unless a test tells texts apart).
+        self.embed_value: Callable[[str], float] = lambda text: 1.0
         self.answered_invokes: list[wg.Invoke] = []
         self._task: asyncio.Task[None] | None = None
         self._next_pid = 4242
@@ -292,7 +295,10 @@ class ScriptedWorker:
                             embed=wg.EmbedResult(
                                 count=count,
                                 dim=self.embed_dim,
-                                float32_le=b"\x00\x00\x80\x3f" * self.embed_dim * count,
+                                float32_le=b"".join(
+                                    struct.pack("<f", self.embed_value(text)) * self.embed_dim
+                                    for text in message.invoke.embed.inputs
+                                ),
                             ),
                         )
                     )

@@ -82,6 +82,23 @@ async def test_cli_register_refuses_every_hostile_directory_and_registers_the_ti
     assert f"manifest_digest  {expected}" in capsys.readouterr().out
 
 
+async def test_cli_register_of_a_hub_cache_copy_says_to_copy_with_cp_rl(
+    gantry: Harness, tmp_path: Path, tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]
+):
+    # A hub cache copied as it is: snapshots/<rev>/* are symlinks into blobs/.
+    cache = gantry.artifact_root / "hub"
+    snapshot = cache / "snapshots" / "rev"
+    shutil.copytree(tiny_model_dir, snapshot)
+    (cache / "blobs").mkdir()
+    (snapshot / "config.json").rename(cache / "blobs" / "0123abcd")
+    (snapshot / "config.json").symlink_to("../../blobs/0123abcd")
+    assert await _cli_register(gantry, tmp_path / "state", snapshot) == 1
+    err = capsys.readouterr().err
+    assert "ARTIFACT_PATH_INVALID" in err and "'config.json' is a symlink" in err, err
+    assert "cp -rL" in err, err
+    assert await _registered(gantry) == []  # refused still: links are never followed
+
+
 def _manifest_naming(path: str) -> list[common_pb2.ManifestEntry]:
     return [
         common_pb2.ManifestEntry(path="config.json", size_bytes=2, sha256="a" * 64),

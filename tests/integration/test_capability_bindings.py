@@ -11,6 +11,7 @@ import pytest
 
 from gantry.common.clock import ManualClock
 from gantry.v1 import control_plane_pb2 as cp
+from gantry.v1 import inference_pb2 as inf
 from gantry.v1 import worker_gateway_pb2 as wg
 from tests.integration.harness import wait_for
 from tests.integration.pipeline_support import (
@@ -105,15 +106,25 @@ async def test_embed_reaches_only_the_bound_deployment_or_gets_a_typed_error(gan
     worker.send(wg.WorkerMessage(job_result=worker.default_answer(held[0])))
     await gantry.harness.wait_deployment(loading.deployment_id, cp.DEPLOYMENT_STATE_READY)
     assert (await gantry.embed("pending-cap")).deployment_id == loading.deployment_id
-    # Unloaded, the bound deployment is not replaced by anything: DEPLOYMENT_NOT_READY.
+    # Unloaded, the bound deployment is not replaced by anything, and it will not come back:
+    # FAILED_PRECONDITION (retrying cannot help), by capability and by deployment id alike.
     await gantry.op.UnloadDeployment(
         cp.UnloadDeploymentRequest(deployment_id=loading.deployment_id), metadata=gantry.md
     )
     await gantry.harness.wait_deployment(loading.deployment_id, cp.DEPLOYMENT_STATE_UNLOADED)
     assert await refusal(gantry.embed("pending-cap")) == (
-        grpc.StatusCode.UNAVAILABLE,
-        "DEPLOYMENT_NOT_READY",
+        grpc.StatusCode.FAILED_PRECONDITION,
+        "DEPLOYMENT_NOT_SERVING",
     )
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await gantry.harness.inference.Embed(
+            inf.EmbedRequest(deployment_id=loading.deployment_id, inputs=["x"]),
+            metadata=gantry.harness.client_md,
+            timeout=10,
+        )
+    assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "is UNLOADED and will not serve again" in (caught.value.details() or "")
+    assert "deploy the model again" in (caught.value.details() or "")
 
 
 async def test_bind_capability_moves_at_once_to_a_ready_deployment_and_checks_it(

@@ -106,7 +106,8 @@ async def test_load_embed_unload_on_each_store(
                 inf.EmbedRequest(capability="tiny", inputs=["x"]), metadata=harness.client_md
             )
         )
-        assert (code, reason) == (grpc.StatusCode.UNAVAILABLE, "DEPLOYMENT_NOT_READY")
+        # It will not come back by itself: not retryable.
+        assert (code, reason) == (grpc.StatusCode.FAILED_PRECONDITION, "DEPLOYMENT_NOT_SERVING")
 
 
 async def test_bad_embed_requests_get_typed_errors(gantry: Harness, tiny_model_dir: Path):
@@ -173,6 +174,13 @@ async def test_a_tampered_artifact_is_refused_before_any_load(
     assert failed.last_failure.reason == "ARTIFACT_MISMATCH"
     assert "config.json" in failed.last_failure.message
     assert len(agent.residents) == 0
+    # A FAILED deployment is not retried: asking it is FAILED_PRECONDITION, not retryable.
+    assert await _code_and_reason(
+        gantry.inference.Embed(
+            inf.EmbedRequest(deployment_id=deployment.deployment_id, inputs=["x"]),
+            metadata=gantry.client_md,
+        )
+    ) == (grpc.StatusCode.FAILED_PRECONDITION, "DEPLOYMENT_NOT_SERVING")
 
 
 async def test_extra_file_in_artifact_directory_is_a_mismatch(

@@ -440,6 +440,75 @@ def test_a_failed_deployment_is_replaced_reusing_the_registered_artifact_set(
     assert second.artifact_set_id == first.artifact_set_id
 
 
+def _deployment(
+    deployment_id: str,
+    state: int,
+    capability: str = "minilm",
+) -> control_plane_pb2.Deployment:
+    return control_plane_pb2.Deployment(
+        deployment_id=deployment_id,
+        capability=capability,
+        state=state,  # type: ignore[arg-type]
+        approval_id=f"appr-{deployment_id}",
+    )
+
+
+_D = control_plane_pb2
+
+
+@pytest.mark.parametrize(
+    ("existing", "decision", "chosen"),
+    [
+        ([], bootstrap.Bundled.DEPLOY, None),
+        ([_deployment("o", _D.DEPLOYMENT_STATE_READY, "other")], bootstrap.Bundled.DEPLOY, None),
+        ([_deployment("f", _D.DEPLOYMENT_STATE_FAILED)], bootstrap.Bundled.DEPLOY, None),
+        ([_deployment("r", _D.DEPLOYMENT_STATE_READY)], bootstrap.Bundled.KEEP, "r"),
+        ([_deployment("l", _D.DEPLOYMENT_STATE_LOADING)], bootstrap.Bundled.KEEP, "l"),
+        ([_deployment("u", _D.DEPLOYMENT_STATE_UNLOADED)], bootstrap.Bundled.UNLOADED, "u"),
+        ([_deployment("u", _D.DEPLOYMENT_STATE_UNLOADING)], bootstrap.Bundled.UNLOADED, "u"),
+        (
+            [
+                _deployment("f", _D.DEPLOYMENT_STATE_FAILED),
+                _deployment("u", _D.DEPLOYMENT_STATE_UNLOADED),
+            ],
+            bootstrap.Bundled.UNLOADED,
+            "u",
+        ),
+        (
+            [
+                _deployment("u", _D.DEPLOYMENT_STATE_UNLOADED),
+                _deployment("r", _D.DEPLOYMENT_STATE_READY),
+            ],
+            bootstrap.Bundled.KEEP,
+            "r",
+        ),
+    ],
+)
+def test_the_bundled_model_is_deployed_only_on_a_first_start(
+    existing: list[control_plane_pb2.Deployment], decision: bootstrap.Bundled, chosen: str | None
+) -> None:
+    made, deployment = bootstrap.decide_bundled(existing, "minilm")
+    assert made is decision
+    assert (deployment.deployment_id if deployment else None) == chosen
+
+
+def test_an_unloaded_bundled_deployment_is_left_unloaded_and_says_how_to_redeploy(
+    fake: FakeServer, tmp_path: Path, model_dir: Path
+) -> None:
+    paths, said = make_paths(tmp_path), list[str]()
+    first = bootstrap.ensure_deployment(fake.stub, METADATA, paths, model_dir, said.append)
+    fake.control_plane.deployments[0].state = control_plane_pb2.DEPLOYMENT_STATE_UNLOADED
+    said.clear()
+    again = bootstrap.ensure_deployment(fake.stub, METADATA, paths, model_dir, said.append)
+    assert again.deployment_id == first.deployment_id and bootstrap.unloaded(again)
+    assert len(fake.control_plane.deployments) == 1
+    assert fake.control_plane.calls.count("CreateDeployment") == 1
+    assert said == [
+        f"minilm was unloaded by the operator ({first.deployment_id}); not deploying it again:"
+        f" `gantry deploy {first.approval_id} --capability minilm` to bring it back"
+    ]
+
+
 def test_paging_follows_next_page_token_to_the_end(fake: FakeServer) -> None:
     for index in range(5):
         fake.control_plane.deployments.append(

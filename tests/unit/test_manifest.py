@@ -145,7 +145,9 @@ def test_any_symlink_inside_the_artifact_is_refused(artifact, tmp_path: Path):  
     # A link that stays inside, even to a listed file, is refused too: no link is ever followed.
     os.rename(root / "model" / "config.json", root / "model" / "sub" / "real.json")
     os.symlink("sub/real.json", root / "model" / "config.json")
-    assert "'config.json' is a symlink" in _path_invalid(root, manifest)
+    refused = _path_invalid(root, manifest)
+    assert "'config.json' is a symlink" in refused
+    assert "copy the model with `cp -rL SOURCE DEST`" in refused  # the hub-cache hint
 
 
 def test_a_location_escaping_the_root_or_passing_a_link_is_refused(artifact):  # type: ignore[no-untyped-def]
@@ -169,7 +171,7 @@ def test_build_manifest_refuses_links_and_special_files(tmp_path: Path):
         build_manifest(model)
     os.unlink(model / "pipe")
     os.symlink("a.json", model / "b.json")
-    with pytest.raises(GantryError, match=r"'b\.json' is a symlink"):
+    with pytest.raises(GantryError, match=r"'b\.json' is a symlink .*`cp -rL SOURCE DEST`"):
         build_manifest(model)
 
 

@@ -32,13 +32,16 @@ from gantry.cli.loadgen import (
 from gantry.cli.state import read_secret
 from gantry.cli.tables import render_table
 from gantry.cli.tenant_commands import PRIORITY_NAMES
+
+# The control plane's bounds on one call: asking for more would only measure INVALID_PAYLOAD
+# refusals, so the flags refuse it up front.
+from gantry.common.inference_limits import (
+    MAX_INPUT_CHARS,
+    MAX_INPUTS,
+    MAX_REQUEST_TEXT_BYTES,
+)
 from gantry.v1 import common_pb2, inference_pb2, inference_pb2_grpc
 
-# The control plane's bounds on one call (services/controlplane/.../inference_service.py): asking
-# for more would only measure INVALID_PAYLOAD refusals, so the flags refuse it up front.
-MAX_INPUTS = 1024
-MAX_INPUT_CHARS = 100_000
-MAX_REQUEST_TEXT_BYTES = 8 * 1024 * 1024
 MAX_REQUESTS = 10_000_000
 MAX_WARMUP = 100_000
 MAX_DURATION_S = 3600.0  # every latency is kept in memory until the end

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import enum
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from gantry.cli import pipeline
@@ -23,6 +24,11 @@ TIMEOUT_S = 30.0
 GATE_TIMEOUT_S = 300.0
 _GONE = (
     control_plane_pb2.DEPLOYMENT_STATE_FAILED,
+    control_plane_pb2.DEPLOYMENT_STATE_UNLOADING,
+    control_plane_pb2.DEPLOYMENT_STATE_UNLOADED,
+)
+
+_UNLOADED = (
     control_plane_pb2.DEPLOYMENT_STATE_UNLOADING,
     control_plane_pb2.DEPLOYMENT_STATE_UNLOADED,
 )
@@ -76,19 +82,55 @@ def wait_until_connected(
         time.sleep(interval_s)
 
 
-def find_live_deployment(
-    stub: Stub, metadata: Metadata, capability: str
-) -> control_plane_pb2.Deployment | None:
-    """A deployment of the capability that is not failed or on its way out."""
-    for deployment in paged(
+def _deployments(stub: Stub, metadata: Metadata) -> Iterator[control_plane_pb2.Deployment]:
+    return paged(
         stub.ListDeployments,
         control_plane_pb2.ListDeploymentsRequest,
         lambda response: response.deployments,
         metadata=metadata,
-    ):
+    )
+
+
+def find_live_deployment(
+    stub: Stub, metadata: Metadata, capability: str
+) -> control_plane_pb2.Deployment | None:
+    """A deployment of the capability that is not failed or on its way out."""
+    for deployment in _deployments(stub, metadata):
         if deployment.capability == capability and deployment.state not in _GONE:
             return deployment
     return None
+
+
+def unloaded(deployment: control_plane_pb2.Deployment) -> bool:
+    """Unloaded or on its way there: only an operator's UnloadDeployment leads to either."""
+    return deployment.state in _UNLOADED
+
+
+class Bundled(enum.Enum):
+    """What `gantry up` does about the bundled model, given the deployments that exist."""
+
+    DEPLOY = "deploy"  # never deployed (or every attempt failed): walk the gates
+    KEEP = "keep"  # a live deployment: use it
+    UNLOADED = "unloaded"  # the operator unloaded it on purpose: leave it so
+
+
+def decide_bundled(
+    deployments: Iterable[control_plane_pb2.Deployment], capability: str
+) -> tuple[Bundled, control_plane_pb2.Deployment | None]:
+    """Deploy the bundled model only on a first start: a live deployment is kept, and an unloaded
+    one is the operator's intent (only an operator's UnloadDeployment leads there), so it is not
+    undone at the next `gantry up`. A failed one is replaced: nobody chose that."""
+    chosen = None
+    for deployment in deployments:
+        if deployment.capability != capability:
+            continue
+        if deployment.state not in _GONE:
+            return Bundled.KEEP, deployment
+        if unloaded(deployment):
+            chosen = deployment  # any one will do: each names an approval to deploy again
+    if chosen is not None:
+        return Bundled.UNLOADED, chosen
+    return Bundled.DEPLOY, None
 
 
 def ensure_artifact_set(
@@ -131,10 +173,21 @@ def ensure_deployment(
     gate_timeout_s: float = GATE_TIMEOUT_S,
 ) -> control_plane_pb2.Deployment:
     """The bundled model deployed, through every gate of the evidence pipeline, for real:
-    assessed on the local node, profiled, probed in a child that exits, approved, deployed."""
-    existing = find_live_deployment(stub, metadata, CAPABILITY)
-    if existing is not None:
+    assessed on the local node, profiled, probed in a child that exits, approved, deployed.
+
+    Only on a first start: a deployment the operator unloaded is returned as it is (UNLOADED),
+    with a word on stderr on how to bring it back.
+    """
+    decision, existing = decide_bundled(_deployments(stub, metadata), CAPABILITY)
+    if decision is Bundled.KEEP and existing is not None:
         say(f"deployment {existing.deployment_id} ({CAPABILITY}) is {deployment_state(existing)}")
+        return existing
+    if decision is Bundled.UNLOADED and existing is not None:
+        again = f"gantry deploy {existing.approval_id} --capability {CAPABILITY}"
+        say(
+            f"{CAPABILITY} was unloaded by the operator ({existing.deployment_id});"
+            f" not deploying it again: `{again}` to bring it back"
+        )
         return existing
     artifact_set_id = ensure_artifact_set(stub, metadata, paths, model_dir, say)
     assessment = pipeline.assess(

@@ -1,4 +1,6 @@
-"""`gantry embed`: one Inference.Embed call with the local client key."""
+"""`gantry embed`: texts from arguments, files and standard input, embedded with the local client
+key in as many Inference.Embed calls as the control plane's per-call bounds need, printed in input
+order."""
 
 from __future__ import annotations
 
@@ -6,13 +8,75 @@ import argparse
 import array
 import json
 import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import BinaryIO
 
 from gantry.cli.connection import CommandContext
+from gantry.cli.errors import CliError
+from gantry.common.inference_limits import MAX_INPUTS, MAX_REQUEST_TEXT_BYTES
 from gantry.v1 import inference_pb2, inference_pb2_grpc
 
 # The first call may wait for a model host to come back; allow more than an operator call.
 EMBED_TIMEOUT_S = 120.0
+STDIN_PATH = "-"
 _SHOWN_VALUES = 8
+
+
+def read_text_file(path: str, stdin: BinaryIO) -> str:
+    """The UTF-8 text of one `--file PATH` (`-`: standard input); a CliError naming it if unread."""
+    name = "standard input" if path == STDIN_PATH else path
+    try:
+        data = stdin.read() if path == STDIN_PATH else Path(path).read_bytes()
+        return data.decode("utf-8")
+    except OSError as exc:
+        raise CliError(f"cannot read {name}: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise CliError(f"cannot read {name}: not UTF-8 text (byte {exc.start})") from exc
+
+
+def non_empty_lines(text: str) -> list[str]:
+    """Each line holding more than whitespace, without its line ending (`\n` or `\r\n`)."""
+    lines = (line.removesuffix("\r") for line in text.split("\n"))
+    return [line for line in lines if line.strip()]
+
+
+def gather_texts(
+    arguments: Sequence[str], files: Sequence[str], *, lines: bool, stdin: BinaryIO
+) -> list[str]:
+    """The TEXT arguments, then each file's text (or its non-empty lines) in the order given."""
+    texts = list(arguments)
+    for path in files:
+        text = read_text_file(path, stdin)
+        if lines:
+            texts.extend(non_empty_lines(text))
+        else:
+            texts.append(text)
+    return texts
+
+
+def split_calls(
+    texts: Sequence[str],
+    *,
+    max_inputs: int = MAX_INPUTS,
+    max_text_bytes: int = MAX_REQUEST_TEXT_BYTES,
+) -> list[list[str]]:
+    """Consecutive runs of texts, each within the control plane's bounds on one call: at most
+    `max_inputs` texts and `max_text_bytes` of text (a single larger text still gets its own call,
+    for the control plane to refuse by name)."""
+    calls: list[list[str]] = []
+    current: list[str] = []
+    current_bytes = 0
+    for text in texts:
+        size = len(text.encode("utf-8", errors="surrogatepass"))
+        if current and (len(current) >= max_inputs or current_bytes + size > max_text_bytes):
+            calls.append(current)
+            current, current_bytes = [], 0
+        current.append(text)
+        current_bytes += size
+    if current:
+        calls.append(current)
+    return calls
 
 
 def vector_values(vector: inference_pb2.Vector, encoding: int) -> list[float]:
@@ -35,29 +99,50 @@ def _preview(text: str, limit: int = 40) -> str:
 
 
 def embed(context: CommandContext, args: argparse.Namespace) -> int:
+    if not args.texts and not args.files:
+        args.command_parser.error("give at least one TEXT or --file PATH")
+    texts = gather_texts(args.texts, args.files, lines=args.lines, stdin=sys.stdin.buffer)
+    if not texts:
+        args.command_parser.error("the files given hold no text to embed")
     metadata = context.client_metadata()
-    request = inference_pb2.EmbedRequest(inputs=args.texts)
-    if args.deployment_id:
-        request.deployment_id = args.deployment_id
-    else:
-        request.capability = args.capability
+    responses: list[inference_pb2.EmbedResponse] = []
     with context.open_channel() as channel:
-        response = inference_pb2_grpc.InferenceStub(channel).Embed(
-            request, metadata=metadata, timeout=EMBED_TIMEOUT_S
-        )
-    vectors = [vector_values(vector, response.encoding) for vector in response.vectors]
-    dim = response.dim or (len(vectors[0]) if vectors else 0)
+        stub = inference_pb2_grpc.InferenceStub(channel)
+        for inputs in split_calls(texts):
+            request = inference_pb2.EmbedRequest(inputs=inputs)
+            if args.deployment_id:
+                request.deployment_id = args.deployment_id
+            else:
+                request.capability = args.capability
+            responses.append(stub.Embed(request, metadata=metadata, timeout=EMBED_TIMEOUT_S))
+    vectors = [
+        vector_values(vector, response.encoding)
+        for response in responses
+        for vector in response.vectors
+    ]
+    first = responses[0]
+    dim = first.dim or (len(vectors[0]) if vectors else 0)
     if args.json:
         document = {
-            "deployment_id": response.deployment_id,
-            "node_id": response.node_id,
+            "deployment_id": first.deployment_id,
+            "node_id": first.node_id,
             "dim": dim,
             "vectors": [[_float32(value) for value in vector] for vector in vectors],
+            # One entry per Embed call, in order: a large input is split (MAX_INPUTS per call).
+            "calls": [
+                {
+                    "deployment_id": response.deployment_id,
+                    "node_id": response.node_id,
+                    "vectors": len(response.vectors),
+                }
+                for response in responses
+            ],
         }
         print(json.dumps(document))
         return 0
-    print(f"{len(vectors)} vector(s), dim {dim}, deployment {response.deployment_id}")
-    for index, (text, vector) in enumerate(zip(args.texts, vectors, strict=False)):
+    in_calls = f" in {len(responses)} calls" if len(responses) > 1 else ""
+    print(f"{len(vectors)} vector(s), dim {dim}, deployment {first.deployment_id}{in_calls}")
+    for index, (text, vector) in enumerate(zip(texts, vectors, strict=False)):
         head = ", ".join(f"{value:+.4f}" for value in vector[:_SHOWN_VALUES])
         more = ", …" if len(vector) > _SHOWN_VALUES else ""
         print(f"[{index}] {_preview(text)!r}: [{head}{more}]")

@@ -302,7 +302,19 @@ def build_parser() -> argparse.ArgumentParser:
     unload.add_argument("deployment_id", metavar="DEPLOYMENT_ID")
 
     embed_parser = command("embed", embed.embed, "embed texts with the local client key")
-    embed_parser.add_argument("texts", nargs="+", metavar="TEXT")
+    embed_parser.set_defaults(command_parser=embed_parser)
+    embed_parser.add_argument("texts", nargs="*", metavar="TEXT")
+    embed_parser.add_argument(
+        "--file",
+        dest="files",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="embed the text of a file ('-': standard input); repeatable, after the TEXTs",
+    )
+    embed_parser.add_argument(
+        "--lines", action="store_true", help="each non-empty line of a --file is one text"
+    )
     target = embed_parser.add_mutually_exclusive_group()
     target.add_argument("--capability", default="minilm")
     target.add_argument("--deployment-id")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from gantry.cli.artifacts import artifact_location, hash_directory
@@ -63,7 +64,20 @@ def artifacts_register(context: CommandContext, args: argparse.Namespace) -> int
     metadata = context.operator_metadata()  # before hashing: a missing token should fail fast
     manifest = hash_directory(directory.resolve(), allow_pickle=args.allow_pickle_weights)
     with context.open_channel() as channel:
-        registered = control_plane_pb2_grpc.ControlPlaneStub(channel).RegisterArtifactSet(
+        stub = control_plane_pb2_grpc.ControlPlaneStub(channel)
+        # Registering is idempotent (the same bytes at the same location are the set already
+        # registered); what was there before tells the operator which answer this is.
+        known = {
+            artifact_set.artifact_set_id
+            for artifact_set in paged(
+                stub.ListArtifactSets,
+                control_plane_pb2.ListArtifactSetsRequest,
+                lambda response: response.artifact_sets,
+                metadata=metadata,
+            )
+            if artifact_set.location == location
+        }
+        registered = stub.RegisterArtifactSet(
             control_plane_pb2.RegisterArtifactSetRequest(
                 name=name,
                 location=location,
@@ -72,6 +86,12 @@ def artifacts_register(context: CommandContext, args: argparse.Namespace) -> int
             ),
             metadata=metadata,
             timeout=DEFAULT_TIMEOUT_S,
+        )
+    if registered.artifact_set_id in known:
+        print(
+            f"{location} is already registered as {registered.artifact_set_id}"
+            f" (same manifest digest {registered.manifest_digest[:16]}…); nothing changed",
+            file=sys.stderr,
         )
     size = sum(entry.size_bytes for entry in manifest)
     print(f"artifact_set_id  {registered.artifact_set_id}")

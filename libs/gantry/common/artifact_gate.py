@@ -121,6 +121,15 @@ def _path_invalid(path: str, why: str) -> GantryError:
     return GantryError("ARTIFACT_PATH_INVALID", f"{path!r} {why}", file=shown(path))
 
 
+# A copy of a Hugging Face hub cache (`snapshots/<rev>/*` link into `blobs/`) is the usual way a
+# symlink gets into an artifact set. Links stay refused (one could point anywhere on the worker's
+# host, and the verified bytes must be the set's own); the message says how to make the files real.
+SYMLINK_HINT = (
+    "is a symlink (a copy of a hub cache?); artifact sets hold plain files only: copy the model"
+    " with `cp -rL SOURCE DEST` so the files are real"
+)
+
+
 def unsafe_character(path: str) -> str | None:
     """What makes a path unprintable or ambiguous (a control character, backslash), else None."""
     for char in path:
@@ -158,7 +167,7 @@ def gate_manifest_paths(paths: Iterable[str], *, allow_pickle: bool = False) -> 
 def check_entry_kind(entry: ListedEntry) -> None:
     """Only plain files and directories with printable names (ARTIFACT_PATH_INVALID otherwise)."""
     if stat.S_ISLNK(entry.mode):
-        raise _path_invalid(entry.path, "is a symlink; artifact sets hold plain files only")
+        raise _path_invalid(entry.path, SYMLINK_HINT)
     if not (stat.S_ISREG(entry.mode) or stat.S_ISDIR(entry.mode)):
         raise _path_invalid(entry.path, "is not a regular file or directory")
     unsafe = unsafe_character(entry.path)

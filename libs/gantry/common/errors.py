@@ -48,6 +48,8 @@ REASONS: Mapping[str, ReasonSpec] = {
     "NODE_DISABLED": ReasonSpec(grpc.StatusCode.FAILED_PRECONDITION, FailureClass.CONFIG),
     "NOT_APPROVED": ReasonSpec(grpc.StatusCode.FAILED_PRECONDITION, FailureClass.CONFIG),
     "DEPLOYMENT_NOT_READY": ReasonSpec(grpc.StatusCode.UNAVAILABLE, FailureClass.INFRA),
+    # Unloaded, unloading or FAILED: it will not come back by itself, so retrying cannot help.
+    "DEPLOYMENT_NOT_SERVING": ReasonSpec(grpc.StatusCode.FAILED_PRECONDITION, FailureClass.CONFIG),
     "NO_ELIGIBLE_NODE": ReasonSpec(grpc.StatusCode.FAILED_PRECONDITION, FailureClass.CONFIG),
     "NO_CAPACITY": ReasonSpec(grpc.StatusCode.RESOURCE_EXHAUSTED, FailureClass.INFRA),
     "QUEUE_FULL": ReasonSpec(grpc.StatusCode.RESOURCE_EXHAUSTED, FailureClass.INFRA),

@@ -535,7 +535,8 @@ def _open_location(root_fd: int, location: str) -> int:
                 ) from None
             if stat.S_ISLNK(listed.st_mode):
                 raise path_invalid(
-                    f"artifact location {location!r} passes through a symlink at {walked!r}",
+                    f"artifact location {location!r} passes through a symlink at {walked!r}:"
+                    " copy the model with `cp -rL SOURCE DEST` so its files are real",
                     location=location,
                     file=walked,
                 )

@@ -18,6 +18,11 @@ from gantry.common.auth import current_principal
 from gantry.common.clock import Clock
 from gantry.common.errors import GantryError, invalid_argument
 from gantry.common.ids import new_id
+from gantry.common.inference_limits import (
+    MAX_INPUT_CHARS,
+    MAX_INPUTS,
+    MAX_REQUEST_TEXT_BYTES,
+)
 from gantry.common.telemetry import inject_context, tracer
 from gantry.controlplane import metrics
 from gantry.controlplane.domain.capability_degradation import CapabilityDegradation
@@ -34,11 +39,6 @@ from gantry.v1 import worker_gateway_pb2 as wg
 _tracer = tracer("gantry.controlplane")
 _Answer = TypeVar("_Answer")
 
-MAX_INPUTS = 1024
-MAX_INPUT_CHARS = 100_000
-# The whole request's text, so the Invoke built from it stays far inside the worker stream's
-# message limit: an oversize call gets a typed error, never a torn-down worker stream.
-MAX_REQUEST_TEXT_BYTES = 8 * 1024 * 1024
 DEFAULT_MAX_INVOKE_SECONDS = 300.0
 _OUTCOME_BY_CLASS = {
     common_pb2.FAILURE_CLASS_INFRA: scheduler_pb2.WORK_OUTCOME_INFRA_FAILURE,

@@ -209,6 +209,15 @@ class ControlPlaneService(
         manifest = validate_manifest(convert.manifest_entries(request.manifest))
         now = self._clock.now()
         async with self._database.transaction() as session:
+            existing = await artifacts.find_registered(
+                session,
+                location=location,
+                manifest=manifest,
+                allow_pickle=request.allow_pickle_weights,
+            )
+            if existing is not None:
+                # The same bytes at the same place: the set already registered, unchanged.
+                return convert.artifact_set(existing, manifest)
             row = await artifacts.create_artifact_set(
                 session,
                 name=request.name,

@@ -1,9 +1,11 @@
 """Which deployment a request reaches: the one its capability's binding names, or the one it names.
 
 Routing by capability reads the binding only: the bound deployment if it is routable (READY or
-DEGRADED), else DEPLOYMENT_NOT_READY, never another deployment of the capability. No binding at
-all is NOT_FOUND. A deployment made without an approval is reached only where this control plane
-allows unapproved deployments (the legacy path kept for tests).
+DEGRADED), else DEPLOYMENT_NOT_READY (UNAVAILABLE: it is on its way) or, for one that will not come
+back by itself (UNLOADING, UNLOADED, FAILED), DEPLOYMENT_NOT_SERVING (FAILED_PRECONDITION: retrying
+cannot help); never another deployment of the capability. No binding at all is NOT_FOUND. A
+deployment made without an approval is reached only where this control plane allows unapproved
+deployments (the legacy path kept for tests).
 """
 
 from __future__ import annotations
@@ -20,6 +22,11 @@ from gantry.controlplane.route_cache import RouteCache
 from gantry.v1 import inference_pb2
 
 ROUTABLE_DEPLOYMENT_STATES = frozenset({DeploymentState.READY, DeploymentState.DEGRADED})
+# States no deployment leaves for a serving one (a FAILED deployment is not retried): only the
+# operator can help, by deploying again.
+STOPPED_DEPLOYMENT_STATES = frozenset(
+    {DeploymentState.UNLOADING, DeploymentState.UNLOADED, DeploymentState.FAILED}
+)
 
 
 # The inference requests with the `target` oneof (capability | deployment_id).
@@ -117,6 +124,15 @@ class DeploymentResolver:
                 "NOT_APPROVED",
                 f"{name} was made without an approval and is not routed",
                 deployment_id=deployment.deployment_id,
+            )
+        if deployment.state in STOPPED_DEPLOYMENT_STATES:
+            # The failure itself is the operator's to read (GetDeployment), not every client's.
+            raise GantryError(
+                "DEPLOYMENT_NOT_SERVING",
+                f"{name} is {deployment.state} and will not serve again; retrying cannot help:"
+                " deploy the model again (or bind the capability to a serving deployment)",
+                deployment_id=deployment.deployment_id,
+                state=str(deployment.state),
             )
         if deployment.state not in ROUTABLE_DEPLOYMENT_STATES:
             raise GantryError(

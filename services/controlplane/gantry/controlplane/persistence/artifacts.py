@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 from collections.abc import Sequence
 
-from sqlalchemy import select
+from sqlalchemy import select, text
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gantry.common.artifact_gate import gate_manifest_paths
@@ -54,6 +55,44 @@ async def create_artifact_set(
     )
     await session.flush()
     return row
+
+
+def _location_lock(location: str) -> int:
+    """A pg_advisory_xact_lock key (signed int64) for one artifact location."""
+    digest = hashlib.sha256(f"gantry.artifact_location:{location}".encode()).digest()
+    return int.from_bytes(digest[:8], "big", signed=True)
+
+
+async def find_registered(
+    session: AsyncSession,
+    *,
+    location: str,
+    manifest: Sequence[ManifestEntry],
+    allow_pickle: bool = False,
+) -> ArtifactSet | None:
+    """The artifact set already registered with these exact bytes at this location, if any.
+
+    Registering is idempotent: the same location and manifest digest is the same artifact set.
+    The gate runs first, so a repeat is refused exactly where a first registration would be. On
+    PostgreSQL a transaction-scoped advisory lock on the location makes two identical
+    registrations take turns (the second finds the first's row); SQLite's writers already take
+    turns (BEGIN IMMEDIATE). Rows stored before this rule may repeat a digest: the oldest wins.
+    """
+    gate_manifest_paths((entry.path for entry in manifest), allow_pickle=allow_pickle)
+    if session.get_bind().dialect.name == "postgresql":
+        await session.execute(
+            text("SELECT pg_advisory_xact_lock(:key)"), {"key": _location_lock(location)}
+        )
+    query = (
+        select(ArtifactSet)
+        .where(
+            ArtifactSet.location == location,
+            ArtifactSet.manifest_digest == manifest_digest(manifest),
+        )
+        .order_by(ArtifactSet.created_at, ArtifactSet.artifact_set_id)
+        .limit(1)
+    )
+    return (await session.scalars(query)).first()
 
 
 async def get_artifact_set(session: AsyncSession, artifact_set_id: str) -> ArtifactSet:
