@@ -23,6 +23,7 @@ from google.protobuf import json_format
 
 from gantry.cli.connection import DEFAULT_TIMEOUT_S, CommandContext, Metadata
 from gantry.cli.errors import format_rpc_error
+from gantry.common.arg_types import non_negative
 from gantry.v1 import control_plane_pb2, control_plane_pb2_grpc
 
 DEFAULT_LIMIT = 20
@@ -38,16 +39,6 @@ RECONNECT_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCEL
 STABLE_STREAM_S = 2.0
 
 
-def _non_negative(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value} is negative")
-    return value
-
-
 def add_events_arguments(events: argparse.ArgumentParser) -> None:
     events.set_defaults(handler=events_command)
     events.add_argument(
@@ -55,7 +46,7 @@ def add_events_arguments(events: argparse.ArgumentParser) -> None:
     )
     events.add_argument(
         "--after",
-        type=_non_negative,
+        type=non_negative,
         default=None,
         metavar="EVENT_ID",
         help="the events after this cursor (oldest first) instead of the newest",
@@ -65,7 +56,7 @@ def add_events_arguments(events: argparse.ArgumentParser) -> None:
     events.add_argument("--subject-id", default="", metavar="S")
     events.add_argument(
         "--limit",
-        type=_non_negative,
+        type=non_negative,
         default=DEFAULT_LIMIT,
         metavar="N",
         help=f"events listed (default {DEFAULT_LIMIT}); with --follow, 0 shows only new ones",

@@ -18,6 +18,7 @@ from google.protobuf import json_format, timestamp_pb2
 from gantry.cli.connection import DEFAULT_TIMEOUT_S, CommandContext, Metadata, paged
 from gantry.cli.errors import CliError
 from gantry.cli.tables import enum_label, format_timestamp, render_table
+from gantry.common.arg_types import non_negative
 from gantry.v1 import common_pb2, control_plane_pb2, control_plane_pb2_grpc, worker_gateway_pb2
 
 DEFAULT_LIMIT = 50
@@ -35,16 +36,6 @@ JOB_STATES = {
 _RESULT_WIDTH = 60
 
 
-def _non_negative(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value} is negative")
-    return value
-
-
 def add_jobs_arguments(jobs: argparse.ArgumentParser, options: argparse.ArgumentParser) -> None:
     """`gantry jobs [filters]` (newest last), `gantry jobs show JOB_ID`.
 
@@ -57,7 +48,7 @@ def add_jobs_arguments(jobs: argparse.ArgumentParser, options: argparse.Argument
     jobs.add_argument("--type", dest="job_type", choices=sorted(JOB_TYPES), type=str.lower)
     jobs.add_argument(
         "--limit",
-        type=_non_negative,
+        type=non_negative,
         default=DEFAULT_LIMIT,
         metavar="N",
         help=f"the newest N that match (default {DEFAULT_LIMIT}; 0: all)",

@@ -29,6 +29,7 @@ from gantry.cli.errors import CliError, format_gantry_error, format_rpc_error
 from gantry.cli.migrate import migrate
 from gantry.cli.roles import ROLE_HELP, ROLES, run_role
 from gantry.cli.state import DEFAULT_STATE_DIR, STATE_DIR_ENV, StatePaths
+from gantry.common.arg_types import non_negative
 from gantry.common.errors import GantryError
 from gantry.common.tls import TlsSettingsError, add_client_tls_arguments
 
@@ -272,17 +273,17 @@ def build_parser() -> argparse.ArgumentParser:
     deploy.add_argument("approval_id", metavar="APPROVAL_ID")
     deploy.add_argument("--capability", required=True, metavar="NAME")
     # uint32 on the wire: a negative count is refused here, as a usage error, not a traceback.
-    deploy.add_argument("--replicas", type=tenant_commands.non_negative, default=1)
+    deploy.add_argument("--replicas", type=non_negative, default=1)
     deploy.add_argument(
         "--min-replicas",
-        type=tenant_commands.non_negative,
+        type=non_negative,
         default=0,
         metavar="N",
         help="autoscale floor (default: replicas)",
     )
     deploy.add_argument(
         "--max-replicas",
-        type=tenant_commands.non_negative,
+        type=non_negative,
         default=0,
         metavar="N",
         help="autoscale ceiling (default: replicas)",

@@ -19,6 +19,7 @@ from google.protobuf import json_format
 from gantry.cli.connection import DEFAULT_TIMEOUT_S, CommandContext
 from gantry.cli.errors import format_rpc_error
 from gantry.cli.tables import enum_label, format_bytes, render_table
+from gantry.common.arg_types import positive_seconds
 from gantry.v1 import common_pb2, control_plane_pb2_grpc, scheduler_pb2
 
 DEFAULT_WATCH_INTERVAL_S = 2.0
@@ -38,16 +39,6 @@ def add_queue_arguments(queue: argparse.ArgumentParser) -> None:
         help=f"redraw every SECONDS (default {DEFAULT_WATCH_INTERVAL_S:g}) until Ctrl-C",
     )
     queue.add_argument("--json", action="store_true", help="print the snapshot as JSON")
-
-
-def positive_seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"the interval must be more than 0, got {text}")
-    return value
 
 
 # ---- rendering (pure) ---------------------------------------------------------------------------

@@ -16,20 +16,11 @@ from google.protobuf import json_format
 from gantry.cli.connection import CommandContext
 from gantry.cli.jobs_commands import failure_text, job_state_label
 from gantry.cli.tables import enum_label
+from gantry.common.arg_types import positive_seconds
 from gantry.v1 import common_pb2, control_plane_pb2, control_plane_pb2_grpc, worker_gateway_pb2
 
 # The control plane waits at most 60 s for the worker's result; this leaves it room to answer.
 DEFAULT_TIMEOUT_S = 65.0
-
-
-def _positive_seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be above 0")
-    return value
 
 
 def add_reclaim_arguments(reclaim: argparse.ArgumentParser) -> None:
@@ -38,7 +29,7 @@ def add_reclaim_arguments(reclaim: argparse.ArgumentParser) -> None:
     reclaim.add_argument("--json", action="store_true", help="print the response as JSON")
     reclaim.add_argument(
         "--timeout",
-        type=_positive_seconds,
+        type=positive_seconds,
         default=DEFAULT_TIMEOUT_S,
         metavar="SECONDS",
         help=f"how long to wait for the verified reclaim (default {DEFAULT_TIMEOUT_S:g})",

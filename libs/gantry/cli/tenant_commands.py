@@ -15,6 +15,7 @@ import grpc
 from gantry.cli.connection import DEFAULT_TIMEOUT_S, CommandContext, paged
 from gantry.cli.errors import CliError
 from gantry.cli.tables import render_table
+from gantry.common.arg_types import non_negative
 from gantry.v1 import common_pb2, control_plane_pb2, control_plane_pb2_grpc
 
 PRIORITY_NAMES: dict[str, int] = {
@@ -51,17 +52,6 @@ def parse_priorities(text: str) -> tuple[int, ...]:
     if len(set(names)) != len(names):
         raise argparse.ArgumentTypeError(f"a priority is named twice in {text!r}")
     return tuple(PRIORITY_NAMES[name] for name in names)
-
-
-def non_negative(text: str) -> int:
-    """An integer flag that is 0 or more, for argparse (`type=`)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value} is negative")
-    return value
 
 
 def add_tenant_arguments(

@@ -14,6 +14,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from gantry.common.arg_types import positive_seconds
 from gantry.common.clock import Clock, SystemClock
 from gantry.worker.heartbeat_file import (
     MISSED_BEATS_ALLOWED,
@@ -23,16 +24,6 @@ from gantry.worker.heartbeat_file import (
 )
 
 CHECK_FLAG = "--check"
-
-
-def _positive_seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be above 0")
-    return value
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -50,7 +41,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--max-age-s",
-        type=_positive_seconds,
+        type=positive_seconds,
         default=None,
         metavar="SECONDS",
         help=f"the oldest heartbeat that counts as live (default: {MISSED_BEATS_ALLOWED} "
