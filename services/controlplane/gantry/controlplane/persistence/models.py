@@ -16,6 +16,7 @@ from sqlalchemy import (
     MetaData,
     String,
     Text,
+    text,
 )
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -93,8 +94,19 @@ class ApiKey(Base):
 
 class Node(Base):
     __tablename__ = "nodes"
+    # A name is unique among nodes that are not deleted: a rebuilt machine may register again
+    # under its old name while the deleted record keeps its history.
+    __table_args__ = (
+        Index(
+            "uq_nodes_live_name",
+            "name",
+            unique=True,
+            sqlite_where=text("deleted_at IS NULL"),
+            postgresql_where=text("deleted_at IS NULL"),
+        ),
+    )
     node_id: Mapped[str] = mapped_column(Id, primary_key=True)
-    name: Mapped[str] = mapped_column(String(200), unique=True)
+    name: Mapped[str] = mapped_column(String(200))
     credential_hash: Mapped[str] = mapped_column(String(64))
     state: Mapped[str] = mapped_column(String(32))
     # The current worker generation: messages from any other generation are fenced.
@@ -105,6 +117,7 @@ class Node(Base):
     created_at: Mapped[dt.datetime] = mapped_column(Timestamp)
     last_seen_at: Mapped[dt.datetime | None] = mapped_column(Timestamp, nullable=True)
     disabled_reason: Mapped[str] = mapped_column(Text, default="")
+    deleted_at: Mapped[dt.datetime | None] = mapped_column(Timestamp, nullable=True)
 
 
 class ArtifactSet(Base):
@@ -116,6 +129,7 @@ class ArtifactSet(Base):
     file_count: Mapped[int] = mapped_column(Integer)
     total_size_bytes: Mapped[int] = mapped_column(BigInteger)
     created_at: Mapped[dt.datetime] = mapped_column(Timestamp)
+    deleted_at: Mapped[dt.datetime | None] = mapped_column(Timestamp, nullable=True)
 
 
 class ArtifactFile(Base):
@@ -152,6 +166,8 @@ class Deployment(Base):
     approval_id: Mapped[str | None] = mapped_column(Id, nullable=True)
     profile_id: Mapped[str | None] = mapped_column(Id, nullable=True)
     candidate_id: Mapped[str | None] = mapped_column(Id, nullable=True)
+    # Deleted by an operator: the row (and its history) stays, every list and new work skip it.
+    deleted_at: Mapped[dt.datetime | None] = mapped_column(Timestamp, nullable=True)
 
 
 class Residency(Base):
@@ -313,6 +329,24 @@ class AuditEvent(Base):
     subject_kind: Mapped[str] = mapped_column(String(50))
     subject_id: Mapped[str] = mapped_column(String(200))
     detail: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+
+
+class StateTransition(Base):
+    """Append-only: one row per recorded state change of a deployment, residency, node or job,
+    written in the transaction that makes the change (the history `gantry describe` shows)."""
+
+    __tablename__ = "state_transitions"
+    __table_args__ = (Index("ix_state_transitions_subject", "subject_kind", "subject_id"),)
+    transition_id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    at: Mapped[dt.datetime] = mapped_column(Timestamp)
+    subject_kind: Mapped[str] = mapped_column(String(50))
+    subject_id: Mapped[str] = mapped_column(String(200))
+    # For residencies and jobs: their deployment, so a deployment's history includes them.
+    deployment_id: Mapped[str | None] = mapped_column(Id, nullable=True, index=True)
+    from_state: Mapped[str] = mapped_column(String(32), default="")
+    to_state: Mapped[str] = mapped_column(String(32))
+    reason: Mapped[str] = mapped_column(String(64), default="")
+    message: Mapped[str] = mapped_column(Text, default="")
 
 
 class Installation(Base):
