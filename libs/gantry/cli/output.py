@@ -1,0 +1,65 @@
+"""`--output json|table` for every command that lists or shows records.
+
+JSON is the proto's own field names (as grpcurl prints them), so a script can parse `gantry ...
+--output json` and a grpcurl answer alike; a list is a JSON array, one record an object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+from google.protobuf import json_format
+from google.protobuf.message import Message
+
+from gantry.cli.tables import render_table
+
+OUTPUT_FORMATS = ("table", "json")
+M = TypeVar("M", bound=Message)
+
+
+def add_output_argument(parser: argparse.ArgumentParser) -> None:
+    """`--output table|json` (`-o`), and `--json` as its short spelling."""
+    parser.add_argument(
+        "-o",
+        "--output",
+        choices=OUTPUT_FORMATS,
+        default="table",
+        help="table (default) or json (the proto's field names, as grpcurl prints them)",
+    )
+    parser.add_argument(
+        "--json", dest="output", action="store_const", const="json", help="same as --output json"
+    )
+
+
+def wants_json(args: argparse.Namespace) -> bool:
+    return getattr(args, "output", "table") == "json"
+
+
+def message_dict(message: Message) -> dict[str, Any]:
+    return json_format.MessageToDict(message, preserving_proto_field_name=True)
+
+
+def print_json(value: Message | Sequence[Message] | dict[str, Any] | list[Any]) -> None:
+    if isinstance(value, Message):
+        document: Any = message_dict(value)
+    elif isinstance(value, dict):
+        document = value
+    else:
+        document = [message_dict(item) if isinstance(item, Message) else item for item in value]
+    print(json.dumps(document, indent=2))
+
+
+def print_records(
+    args: argparse.Namespace,
+    records: Sequence[M],
+    headers: Sequence[str],
+    row: Callable[[M], Sequence[str]],
+) -> None:
+    """A table of `row(record)` under `headers`, or the records as a JSON array."""
+    if wants_json(args):
+        print_json(records)
+    else:
+        print(render_table(headers, [list(row(record)) for record in records]))
