@@ -37,8 +37,13 @@ def test_a_directory_outside_the_root_is_refused_with_what_to_do(
 
 
 def test_the_root_itself_and_missing_directories_are_refused(root: Path) -> None:
-    with pytest.raises(CliError, match="not under"):
+    with pytest.raises(CliError, match="is the artifact root itself") as caught:
         artifact_location(root, root)
+    # Not the outside-the-root advice, which would copy the root into itself.
+    assert "cp -r" not in str(caught.value)
+    assert f"gantry artifacts register {root}/MODEL_NAME" in str(caught.value)
+    with pytest.raises(CliError, match="holds the artifact root"):
+        artifact_location(root.parent, root)
     with pytest.raises(CliError, match="not a directory"):
         artifact_location(root / "missing", root)
 

@@ -28,7 +28,18 @@ def artifact_location(directory: Path, artifact_root: Path) -> str:
     target = directory.resolve()
     if not target.is_dir():
         raise CliError(f"{directory} is not a directory")
-    if target == root or root not in target.parents:
+    if target == root:
+        # Copying the root into itself (the other hint) would be wrong advice here.
+        raise CliError(
+            f"{directory} is the artifact root itself; register one model directory inside it"
+            f" (e.g. `gantry artifacts register {artifact_root}/MODEL_NAME`)"
+        )
+    if target in root.parents:
+        raise CliError(
+            f"{directory} holds the artifact root {artifact_root}; register one model directory"
+            f" inside the root (e.g. `gantry artifacts register {artifact_root}/MODEL_NAME`)"
+        )
+    if root not in target.parents:
         raise CliError(
             f"{directory} is not under the artifact root {artifact_root}; place the model"
             f" directory there first (e.g. `cp -r {directory} {artifact_root}/`), or pass"
