@@ -19,6 +19,7 @@ from gantry.common.grpc_server import RunningServer, insecure_channel
 from gantry.common.ids import new_id
 from gantry.common.manifest import build_manifest
 from gantry.controlplane.app import ControlPlane, ControlPlaneSettings, start_control_plane
+from gantry.controlplane.inference_service import InferenceSettings
 from gantry.controlplane.lifecycle import DEFAULT_LEASE_SECONDS
 from gantry.controlplane.persistence.database import migrate_database
 from gantry.controlplane.reconciler import ReconcilerSettings
@@ -302,6 +303,7 @@ async def running_gantry(
     reconciler: ReconcilerSettings | None = None,
     lease_seconds: float = DEFAULT_LEASE_SECONDS,
     run_reconciler: bool = True,
+    inference: InferenceSettings | None = None,
 ) -> AsyncIterator[Harness]:
     """Scheduler and control plane in this process."""
     service_token = tokens.mint_token(tokens.SERVICE_TOKEN, "scheduler")
@@ -318,6 +320,7 @@ async def running_gantry(
             reconciler=reconciler or ReconcilerSettings(interval_s=0.2),
             lease_seconds=lease_seconds,
             run_reconciler=run_reconciler,
+            inference=inference or InferenceSettings(),
         ),
         clock=clock,
     )

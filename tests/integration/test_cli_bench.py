@@ -85,6 +85,19 @@ async def test_bench_counts_every_call_it_made_against_a_served_capability(
     assert report["inputs_per_s"] == pytest.approx(2 * report["requests_per_s"], rel=1e-3)
 
 
+async def test_bench_texts_past_the_model_token_limit_are_cut_not_refused(
+    gantry: Harness, serving: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # 2,000 characters are far past the tiny model's 128 tokens: bench asks to truncate, so it
+    # measures what it always measured instead of counting INPUT_TOO_LONG.
+    state = _state_with_client_key(gantry, tmp_path / "state")
+    status, report = await _bench(
+        gantry, state, capsys, "--capability", "tiny", "--requests", "3", "--input-chars", "2000"
+    )
+    assert status == 0
+    assert report["requests"] == report["ok"] == 3 and report["errors"] == {}
+
+
 async def test_bench_by_deployment_for_a_duration_with_packed_vectors(
     gantry: Harness, serving: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -101,3 +101,27 @@ async def test_standard_input_is_read_by_file_dash_after_the_arguments(
     document = json.loads(out)
     assert document["vectors"] == [[7.0] * 4, [3.0] * 4, [5.0] * 4]
     assert embedded_inputs(workers) == [["line 7", "line 3", "line 5"]]
+
+
+async def test_truncate_is_asked_only_by_the_flag_and_a_split_call_failure_names_its_texts(
+    gantry: Pipeline,
+    workers: list[ScriptedWorker],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = [*client_argv(gantry.harness, tmp_path), "embed", "--capability", "minilm", "--json"]
+    for flags, asked in (([], False), (["--truncate"], True)):
+        status = await asyncio.to_thread(gantry_cli, [*argv, *flags, "line 1"])
+        assert status == 0
+        invoke = [i for worker in workers for i in worker.answered_invokes][-1]
+        assert (list(invoke.embed.inputs), invoke.embed.truncate) == (["line 1"], asked)
+
+    # The second call holds text 1024 alone, an empty string: refused, and the note maps its
+    # inputs[0] back to the whole input's text 1024.
+    texts = [f"line {index}" for index in range(MAX_INPUTS)] + [""]
+    capsys.readouterr()
+    status = await asyncio.to_thread(gantry_cli, [*argv, *texts])
+    assert status == 1
+    err = capsys.readouterr().err
+    assert f"note: call 2 of 2 failed; it held texts {MAX_INPUTS}..{MAX_INPUTS}" in err
+    assert "error: INVALID_ARGUMENT EMPTY_INPUT: inputs[0] is an empty string" in err

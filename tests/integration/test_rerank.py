@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from gantry.common.errors import GantryError
+from gantry.common.inference_limits import MAX_INPUTS
 from gantry.common.status import error_info_of
-from gantry.controlplane.inference_service import MAX_INPUTS
 from gantry.v1 import common_pb2
 from gantry.v1 import control_plane_pb2 as cp
 from gantry.v1 import inference_pb2 as inf
@@ -155,13 +155,16 @@ async def test_wrong_kind_and_malformed_requests_get_typed_errors_and_serving_co
     assert "cannot answer rerank requests" in (caught.value.details() or "")
 
     malformed = [
-        inf.RerankRequest(capability="rerank-tiny", query="", documents=DOCUMENTS),
-        inf.RerankRequest(capability="rerank-tiny", query=QUERY, documents=[]),
+        (inf.RerankRequest(capability="rerank-tiny", query="", documents=DOCUMENTS), "EMPTY_INPUT"),
+        (
+            inf.RerankRequest(capability="rerank-tiny", query=QUERY, documents=[]),
+            "INVALID_ARGUMENT",
+        ),
     ]
-    for request in malformed:
+    for request, reason in malformed:
         assert await _code_and_reason(rerank(request, metadata=md)) == (
             grpc.StatusCode.INVALID_ARGUMENT,
-            "INVALID_ARGUMENT",
+            reason,
         )
     too_many = inf.RerankRequest(
         capability="rerank-tiny", query=QUERY, documents=["x"] * (MAX_INPUTS + 1)

@@ -331,5 +331,9 @@ def dashboard_problems(dashboard: dict[str, Any]) -> Problems:
     return problems
 
 
+# Pages in docs/operations/ that are not an alert's runbook.
+NOT_RUNBOOKS = frozenset({"README.md", "guide.md"})
+
+
 def runbook_files() -> set[str]:
-    return {p.name for p in RUNBOOKS.glob("*.md") if p.name != "README.md"}
+    return {p.name for p in RUNBOOKS.glob("*.md") if p.name not in NOT_RUNBOOKS}

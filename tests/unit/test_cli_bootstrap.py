@@ -278,7 +278,11 @@ class FakeControlPlane(control_plane_pb2_grpc.ControlPlaneServicer):
 
     def ListDeployments(self, request: Any, context: grpc.ServicerContext) -> Any:
         self._authorize(context, "ListDeployments")
-        page, token = self._page(self.deployments, request)
+        # As the server does: deleted deployments only when asked for.
+        listed = [
+            d for d in self.deployments if request.include_deleted or not d.deleted_at.seconds
+        ]
+        page, token = self._page(listed, request)
         return control_plane_pb2.ListDeploymentsResponse(deployments=page, next_page_token=token)
 
     def UnloadDeployment(self, request: Any, context: grpc.ServicerContext) -> Any:
@@ -492,6 +496,47 @@ def test_the_bundled_model_is_deployed_only_on_a_first_start(
     assert (deployment.deployment_id if deployment else None) == chosen
 
 
+def _deleted(deployment_id: str, state: int) -> control_plane_pb2.Deployment:
+    deployment = _deployment(deployment_id, state)
+    deployment.deleted_at.FromSeconds(1_700_000_000)
+    return deployment
+
+
+@pytest.mark.parametrize("state", [_D.DEPLOYMENT_STATE_UNLOADED, _D.DEPLOYMENT_STATE_FAILED])
+def test_a_deleted_bundled_deployment_is_the_operators_intent_and_not_deployed_again(
+    state: int,
+) -> None:
+    made, deployment = bootstrap.decide_bundled([_deleted("d", state)], "minilm")
+    assert made is bootstrap.Bundled.UNLOADED
+    assert deployment is not None and deployment.deployment_id == "d"
+    assert bootstrap.unloaded(deployment)  # `gantry up` does not wait for it to be READY
+    assert bootstrap.stopped_by_operator(deployment) == "deleted"
+
+
+def test_a_live_bundled_deployment_is_kept_beside_a_deleted_one() -> None:
+    existing = [
+        _deleted("d", _D.DEPLOYMENT_STATE_UNLOADED),
+        _deployment("r", _D.DEPLOYMENT_STATE_READY),
+    ]
+    made, deployment = bootstrap.decide_bundled(existing, "minilm")
+    assert made is bootstrap.Bundled.KEEP
+    assert deployment is not None and deployment.deployment_id == "r"
+
+
+def test_the_bundled_decision_lists_deleted_deployments_too(
+    fake: FakeServer, tmp_path: Path, model_dir: Path
+) -> None:
+    paths, said = make_paths(tmp_path), list[str]()
+    first = bootstrap.ensure_deployment(fake.stub, METADATA, paths, model_dir, said.append)
+    fake.control_plane.deployments[0].state = control_plane_pb2.DEPLOYMENT_STATE_UNLOADED
+    fake.control_plane.deployments[0].deleted_at.FromSeconds(1_700_000_000)
+    said.clear()
+    again = bootstrap.ensure_deployment(fake.stub, METADATA, paths, model_dir, said.append)
+    assert again.deployment_id == first.deployment_id
+    assert fake.control_plane.calls.count("CreateDeployment") == 1
+    assert said[0].startswith(f"minilm was deleted by the operator ({first.deployment_id})")
+
+
 def test_an_unloaded_bundled_deployment_is_left_unloaded_and_says_how_to_redeploy(
     fake: FakeServer, tmp_path: Path, model_dir: Path
 ) -> None:
@@ -507,6 +552,18 @@ def test_an_unloaded_bundled_deployment_is_left_unloaded_and_says_how_to_redeplo
         f"minilm was unloaded by the operator ({first.deployment_id}); not deploying it again:"
         f" `gantry deploy {first.approval_id} --capability minilm` to bring it back"
     ]
+
+
+def test_the_redeploy_hint_names_the_address_and_state_dir_up_was_given(
+    fake: FakeServer, tmp_path: Path, model_dir: Path
+) -> None:
+    paths, said = make_paths(tmp_path), list[str]()
+    first = bootstrap.ensure_deployment(fake.stub, METADATA, paths, model_dir, said.append)
+    fake.control_plane.deployments[0].state = control_plane_pb2.DEPLOYMENT_STATE_UNLOADED
+    said.clear()
+    gantry = "gantry --address 127.0.0.1:6000 --state-dir other"
+    bootstrap.ensure_deployment(fake.stub, METADATA, paths, model_dir, said.append, gantry=gantry)
+    assert f"`{gantry} deploy {first.approval_id} --capability minilm`" in said[0]
 
 
 def test_paging_follows_next_page_token_to_the_end(fake: FakeServer) -> None:

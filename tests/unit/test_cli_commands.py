@@ -104,7 +104,11 @@ def test_every_gate_from_the_cli_then_deploy_deployments_and_unload(
     assert gantry(fake, state, "approve", "cand-probe-1", "--reason", "reviewed") == 0
     assert "approval     appr-cand-probe-1" in capsys.readouterr().out
 
-    assert gantry(fake, state, "deploy", "appr-cand-probe-1", "--capability", "bge") == 0
+    # --no-wait: this fake never moves a deployment on (tests/integration/test_cli_deployments.py
+    # waits against a real control plane).
+    assert (
+        gantry(fake, state, "deploy", "appr-cand-probe-1", "--capability", "bge", "--no-wait") == 0
+    )
     assert capsys.readouterr().out.strip() == (
         "deployment dep-1 (bge, not bound yet: serves once it is READY): PENDING"
     )
@@ -118,7 +122,7 @@ def test_every_gate_from_the_cli_then_deploy_deployments_and_unload(
     assert lines[0].split() == ["ID", "CAPABILITY", "STATE", "NODE", "RESIDENCY"]
     assert lines[1].split() == ["dep-1", "bge", "PENDING", "node-7", "RESIDENT"]
 
-    assert gantry(fake, state, "unload", "dep-1") == 0
+    assert gantry(fake, state, "unload", "dep-1", "--no-wait") == 0
     assert capsys.readouterr().out.strip() == "deployment dep-1: UNLOADING"
 
 

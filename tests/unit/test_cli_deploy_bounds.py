@@ -41,7 +41,10 @@ def sent(monkeypatch: pytest.MonkeyPatch) -> list[control_plane_pb2.CreateDeploy
 
 
 def _deploy(*flags: str) -> int:
-    args = build_parser().parse_args(["deploy", "appr-1", "--capability", "bge", *flags])
+    # --no-wait: only the request is under test here (the stub answers nothing more).
+    args = build_parser().parse_args(
+        ["deploy", "appr-1", "--capability", "bge", "--no-wait", *flags]
+    )
     return operator_commands.deploy(_Context(), args)  # type: ignore[arg-type]
 
 

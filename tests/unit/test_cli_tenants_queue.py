@@ -168,7 +168,7 @@ def test_queue_watch_takes_an_optional_interval() -> None:
     assert parser.parse_args(["queue"]).watch is None
     assert parser.parse_args(["queue", "--watch"]).watch == 2.0
     watched = parser.parse_args(["queue", "--watch", "0.5", "--json"])
-    assert (watched.watch, watched.json) == (0.5, True)
+    assert (watched.watch, watched.output) == (0.5, "json")
 
 
 # ---- merging ------------------------------------------------------------------------------------

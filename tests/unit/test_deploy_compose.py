@@ -192,7 +192,11 @@ def test_compose_gantry_services_use_their_images_and_tokens(compose: dict[str, 
     assert "--credential-file /run/secrets/node.credential" in " ".join(
         services["worker"]["command"]
     )
-    assert (DEPLOY / "secrets" / ".gitignore").read_text().splitlines()[1:] == ["*", "!.gitignore"]
+    # Everything in secrets/ is ignored but the ignore file and the README that says what goes
+    # there (compose.yaml's secrets point at it).
+    ignored = (DEPLOY / "secrets" / ".gitignore").read_text().splitlines()[1:]
+    assert ignored == ["*", "!.gitignore", "!README"]
+    assert "operator.token" in (DEPLOY / "secrets" / "README").read_text()
 
 
 def compose_tls_problems(doc: dict[str, Any], service: str) -> Problems:

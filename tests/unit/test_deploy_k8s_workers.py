@@ -53,9 +53,15 @@ def node_secrets(spec: dict[str, Any]) -> list[str]:
     return sorted(s for s in secret_references(spec) if s.startswith(NODE_SECRET_PREFIX))
 
 
-def worker_problems(doc: Doc) -> Problems:
-    """One pod per node, pinned to it, GPU-bound, listening on nothing but /metrics, no API
-    access."""
+def gpu_limits(doc: Doc) -> list[int]:
+    spec = pod_spec(doc) or {}
+    limits = [c.get("resources", {}).get("limits", {}) for c in spec.get("containers") or []]
+    return [int(lim["nvidia.com/gpu"]) for lim in limits if "nvidia.com/gpu" in lim]
+
+
+def worker_problems(doc: Doc, *, gpu: bool = False) -> Problems:
+    """One pod per node, pinned to it, listening on nothing but /metrics, no API access; CPU-only
+    as deploy/k8s writes it, GPU-bound (`gpu=True`) once the deploy/k8s-gpu overlay applied."""
     problems: Problems = []
     name = name_of(doc)
     if doc.get("kind") != "Deployment":
@@ -71,7 +77,7 @@ def worker_problems(doc: Doc) -> Problems:
         problems.append("worker: hostNetwork is not false")
     selector = spec.get("nodeSelector") or {}
     if not selector:
-        problems.append("worker: no nodeSelector for GPU nodes")
+        problems.append("worker: no nodeSelector")
     elif HOSTNAME_LABEL not in selector:
         problems.append(f"{name}: nodeSelector does not pin it to one node ({HOSTNAME_LABEL})")
     for container in all_containers(spec):
@@ -81,9 +87,11 @@ def worker_problems(doc: Doc) -> Problems:
         for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
             if any(k in (container.get(probe) or {}) for k in ("grpc", "httpGet", "tcpSocket")):
                 problems.append(f"worker/{container['name']}: {probe} implies a listening port")
-    limits = [c.get("resources", {}).get("limits", {}) for c in spec.get("containers") or []]
-    if not any(int(lim.get("nvidia.com/gpu", 0)) >= 1 for lim in limits):
+    gpus = gpu_limits(doc)
+    if gpu and not any(count >= 1 for count in gpus):
         problems.append("worker: no nvidia.com/gpu limit")
+    if not gpu and gpus:
+        problems.append(f"{name}: nvidia.com/gpu {gpus} without the GPU overlay (CPU-only hosts)")
     volumes = {v["name"]: v for v in spec.get("volumes") or []}
     artifact_mounts = [
         (m, volumes.get(m["name"], {}))
@@ -293,7 +301,7 @@ def test_worker_check_rejects_a_bad_worker() -> None:
         "volumes": [{"name": "a", "hostPath": {"path": "/srv/artifacts"}}],
     }
     bad_worker = {"kind": "DaemonSet", "spec": {"template": {"spec": bad_spec}}}
-    worker = " | ".join(worker_problems(bad_worker))
+    worker = " | ".join(worker_problems(bad_worker, gpu=True))
     for expected in (
         "not a Deployment",
         "hostNetwork",

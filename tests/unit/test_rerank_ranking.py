@@ -7,13 +7,9 @@ import math
 import pytest
 
 from gantry.common.errors import GantryError
-from gantry.controlplane.inference_service import (
-    MAX_INPUT_CHARS,
-    MAX_INPUTS,
-    MAX_REQUEST_TEXT_BYTES,
-    ranked,
-    validate_rerank,
-)
+from gantry.common.inference_limits import MAX_INPUT_CHARS, MAX_INPUTS, MAX_REQUEST_TEXT_BYTES
+from gantry.controlplane.inference_service import ranked
+from gantry.controlplane.inference_validation import validate_rerank
 
 
 def _pairs(scores: list[float], top_n: int = 0) -> list[tuple[int, float]]:
@@ -61,11 +57,12 @@ def test_valid_requests_pass() -> None:
 @pytest.mark.parametrize(
     ("query", "documents", "reason", "field"),
     [
-        ("", ["d"], "INVALID_ARGUMENT", "query"),
+        ("", ["d"], "EMPTY_INPUT", "query"),
         ("q", [], "INVALID_ARGUMENT", "documents"),
-        ("q", ["d"] * (MAX_INPUTS + 1), "INVALID_PAYLOAD", None),
-        ("q" * (MAX_INPUT_CHARS + 1), ["d"], "INVALID_PAYLOAD", None),
-        ("q", ["d", "x" * (MAX_INPUT_CHARS + 1)], "INVALID_PAYLOAD", None),
+        ("q", ["d", ""], "EMPTY_INPUT", "documents[1]"),
+        ("q", ["d"] * (MAX_INPUTS + 1), "INVALID_PAYLOAD", "documents"),
+        ("q" * (MAX_INPUT_CHARS + 1), ["d"], "INVALID_PAYLOAD", "query"),
+        ("q", ["d", "x" * (MAX_INPUT_CHARS + 1)], "INVALID_PAYLOAD", "documents[1]"),
     ],
 )
 def test_invalid_requests_are_refused_with_a_reason(

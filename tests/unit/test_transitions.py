@@ -20,6 +20,7 @@ from gantry.controlplane.domain.transitions import (
     NodeState,
     ResidencyState,
     check_transition,
+    shortest_path,
 )
 
 STATES: dict[str, type[enum.StrEnum]] = {
@@ -86,7 +87,8 @@ ALLOWED: dict[str, set[tuple[str, str]]] = {
         ("UNLOADING", "FAILED"),
         ("FAILED", "UNLOADING"),
         ("FAILED", "UNLOADED"),
-        # UNLOADED is terminal.
+        ("FAILED", "PENDING"),  # an operator's restart
+        ("UNLOADED", "PENDING"),  # an operator's restart; nothing else leaves UNLOADED
     },
     "node": {
         ("REGISTERED", "CONNECTED"),
@@ -148,3 +150,11 @@ def test_an_unknown_state_is_a_typed_error_not_a_key_error() -> None:
     with pytest.raises(GantryError) as caught:
         check_transition("deployment", "SOMEWHERE", "READY")
     assert caught.value.reason == "INVALID_STATE_TRANSITION"
+
+
+@pytest.mark.parametrize("stopped", ["UNLOADED", "FAILED", "UNLOADING"])
+def test_no_derived_walk_brings_a_stopped_deployment_back(stopped: str) -> None:
+    # Only RestartDeployment's single checked step leaves UNLOADED or FAILED for PENDING.
+    for target in ("PENDING", "LOADING", "READY", "DEGRADED"):
+        with pytest.raises(GantryError):
+            shortest_path("deployment", stopped, target)

@@ -238,6 +238,7 @@ def _call_factory(
                 query=bench_text(index, count, chars),
                 documents=bench_texts(index, count, chars),
                 priority=priority,
+                truncate=True,  # as before INPUT_TOO_LONG: --input-chars past the model is cut
             )
             _aim(request, args)
             return stub.Rerank(request, metadata=metadata, timeout=args.timeout)
@@ -251,6 +252,7 @@ def _call_factory(
             inputs=bench_texts(index, count, chars),
             priority=priority,
             encoding=encoding,
+            truncate=True,  # as before INPUT_TOO_LONG: --input-chars past the model is cut
         )
         _aim(request, args)
         return stub.Embed(request, metadata=metadata, timeout=args.timeout)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import functools
 import socket
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -82,10 +83,14 @@ def wait_until_connected(
         time.sleep(interval_s)
 
 
-def _deployments(stub: Stub, metadata: Metadata) -> Iterator[control_plane_pb2.Deployment]:
+def _deployments(
+    stub: Stub, metadata: Metadata, *, include_deleted: bool = False
+) -> Iterator[control_plane_pb2.Deployment]:
     return paged(
         stub.ListDeployments,
-        control_plane_pb2.ListDeploymentsRequest,
+        functools.partial(
+            control_plane_pb2.ListDeploymentsRequest, include_deleted=include_deleted
+        ),
         lambda response: response.deployments,
         metadata=metadata,
     )
@@ -101,9 +106,19 @@ def find_live_deployment(
     return None
 
 
+def deleted(deployment: control_plane_pb2.Deployment) -> bool:
+    return deployment.HasField("deleted_at")
+
+
 def unloaded(deployment: control_plane_pb2.Deployment) -> bool:
-    """Unloaded or on its way there: only an operator's UnloadDeployment leads to either."""
-    return deployment.state in _UNLOADED
+    """Unloaded or on its way there, or deleted: only an operator's UnloadDeployment or
+    DeleteDeployment leads to any of them."""
+    return deployment.state in _UNLOADED or deleted(deployment)
+
+
+def stopped_by_operator(deployment: control_plane_pb2.Deployment) -> str:
+    """How `gantry up` names a bundled deployment the operator stopped."""
+    return "deleted" if deleted(deployment) else deployment_state(deployment)
 
 
 class Bundled(enum.Enum):
@@ -111,7 +126,7 @@ class Bundled(enum.Enum):
 
     DEPLOY = "deploy"  # never deployed (or every attempt failed): walk the gates
     KEEP = "keep"  # a live deployment: use it
-    UNLOADED = "unloaded"  # the operator unloaded it on purpose: leave it so
+    UNLOADED = "unloaded"  # the operator unloaded (or deleted) it on purpose: leave it so
 
 
 def decide_bundled(
@@ -119,12 +134,13 @@ def decide_bundled(
 ) -> tuple[Bundled, control_plane_pb2.Deployment | None]:
     """Deploy the bundled model only on a first start: a live deployment is kept, and an unloaded
     one is the operator's intent (only an operator's UnloadDeployment leads there), so it is not
-    undone at the next `gantry up`. A failed one is replaced: nobody chose that."""
+    undone at the next `gantry up`; so is a deleted one, whatever its state (`deployments` must
+    include the deleted ones). A failed one is replaced: nobody chose that."""
     chosen = None
     for deployment in deployments:
         if deployment.capability != capability:
             continue
-        if deployment.state not in _GONE:
+        if deployment.state not in _GONE and not deleted(deployment):
             return Bundled.KEEP, deployment
         if unloaded(deployment):
             chosen = deployment  # any one will do: each names an approval to deploy again
@@ -171,21 +187,26 @@ def ensure_deployment(
     say: Say,
     *,
     gate_timeout_s: float = GATE_TIMEOUT_S,
+    gantry: str = "gantry",
 ) -> control_plane_pb2.Deployment:
     """The bundled model deployed, through every gate of the evidence pipeline, for real:
     assessed on the local node, profiled, probed in a child that exits, approved, deployed.
 
     Only on a first start: a deployment the operator unloaded is returned as it is (UNLOADED),
-    with a word on stderr on how to bring it back.
+    with a word on stderr on how to bring it back (`gantry`: the CLI as that hint spells it, with
+    the address and state dir `gantry up` was given, so it works as pasted).
     """
-    decision, existing = decide_bundled(_deployments(stub, metadata), CAPABILITY)
+    decision, existing = decide_bundled(
+        _deployments(stub, metadata, include_deleted=True), CAPABILITY
+    )
     if decision is Bundled.KEEP and existing is not None:
         say(f"deployment {existing.deployment_id} ({CAPABILITY}) is {deployment_state(existing)}")
         return existing
     if decision is Bundled.UNLOADED and existing is not None:
-        again = f"gantry deploy {existing.approval_id} --capability {CAPABILITY}"
+        again = f"{gantry} deploy {existing.approval_id} --capability {CAPABILITY}"
+        how = "deleted" if deleted(existing) else "unloaded"
         say(
-            f"{CAPABILITY} was unloaded by the operator ({existing.deployment_id});"
+            f"{CAPABILITY} was {how} by the operator ({existing.deployment_id});"
             f" not deploying it again: `{again}` to bring it back"
         )
         return existing

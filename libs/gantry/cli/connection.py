@@ -81,7 +81,9 @@ class CommandContext:
         return open_channel(self.address, self.tls)
 
     def operator_metadata(self) -> Metadata:
-        return bearer(read_secret(self.paths.operator_token, what="operator token"))
+        return bearer(
+            read_secret(self.paths.operator_token, what="operator token", state=self.paths)
+        )
 
     def client_metadata(self) -> Metadata:
-        return bearer(read_secret(self.paths.client_key, what="client API key"))
+        return bearer(read_secret(self.paths.client_key, what="client API key", state=self.paths))

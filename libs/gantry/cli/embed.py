@@ -12,6 +12,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import BinaryIO
 
+import grpc
+
 from gantry.cli.connection import CommandContext
 from gantry.cli.errors import CliError
 from gantry.common.inference_limits import MAX_INPUTS, MAX_REQUEST_TEXT_BYTES
@@ -106,15 +108,29 @@ def embed(context: CommandContext, args: argparse.Namespace) -> int:
         args.command_parser.error("the files given hold no text to embed")
     metadata = context.client_metadata()
     responses: list[inference_pb2.EmbedResponse] = []
+    calls = split_calls(texts)
+    first_text = 0
     with context.open_channel() as channel:
         stub = inference_pb2_grpc.InferenceStub(channel)
-        for inputs in split_calls(texts):
-            request = inference_pb2.EmbedRequest(inputs=inputs)
+        for number, inputs in enumerate(calls, start=1):
+            request = inference_pb2.EmbedRequest(inputs=inputs, truncate=args.truncate)
             if args.deployment_id:
                 request.deployment_id = args.deployment_id
             else:
                 request.capability = args.capability
-            responses.append(stub.Embed(request, metadata=metadata, timeout=EMBED_TIMEOUT_S))
+            try:
+                responses.append(stub.Embed(request, metadata=metadata, timeout=EMBED_TIMEOUT_S))
+            except grpc.RpcError:
+                if len(calls) > 1:
+                    # The error's indexes (inputs[3]) count within this call, not the whole input.
+                    print(
+                        f"note: call {number} of {len(calls)} failed; it held texts "
+                        f"{first_text}..{first_text + len(inputs) - 1}, so inputs[i] in the "
+                        f"error is text {first_text}+i",
+                        file=sys.stderr,
+                    )
+                raise
+            first_text += len(inputs)
     vectors = [
         vector_values(vector, response.encoding)
         for response in responses

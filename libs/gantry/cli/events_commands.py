@@ -23,6 +23,7 @@ from google.protobuf import json_format
 
 from gantry.cli.connection import DEFAULT_TIMEOUT_S, CommandContext, Metadata
 from gantry.cli.errors import format_rpc_error
+from gantry.cli.output import add_output_argument, wants_json
 from gantry.common.arg_types import non_negative
 from gantry.v1 import control_plane_pb2, control_plane_pb2_grpc
 
@@ -61,7 +62,7 @@ def add_events_arguments(events: argparse.ArgumentParser) -> None:
         metavar="N",
         help=f"events listed (default {DEFAULT_LIMIT}); with --follow, 0 shows only new ones",
     )
-    events.add_argument("--json", action="store_true", help="print the events as JSON")
+    add_output_argument(events)
 
 
 # ---- formatting (pure) --------------------------------------------------------------------------
@@ -232,9 +233,9 @@ def events_command(context: CommandContext, args: argparse.Namespace) -> int:
             shown = newest_events(list_page, head=head, count=args.limit)
             cursor = max([head, *(event.event_id for event in shown)])
         if not args.follow:
-            _print_page(shown, as_json=args.json)
+            _print_page(shown, as_json=wants_json(args))
             return 0
-        emit = (lambda e: _write_line(event_json(e))) if args.json else _emit_line
+        emit = (lambda e: _write_line(event_json(e))) if wants_json(args) else _emit_line
         for event in shown:
             emit(event)
 

@@ -19,6 +19,7 @@ from gantry.cli.jobs_commands import (
     failure_text,
     resolve_node_id,  # one rule for NODE arguments
 )
+from gantry.cli.output import add_output_argument, wants_json
 from gantry.cli.tables import enum_label, format_bytes, format_timestamp, render_table
 from gantry.v1 import common_pb2, control_plane_pb2, control_plane_pb2_grpc, worker_gateway_pb2
 
@@ -26,7 +27,7 @@ from gantry.v1 import common_pb2, control_plane_pb2, control_plane_pb2_grpc, wor
 def add_inventory_arguments(inventory: argparse.ArgumentParser) -> None:
     inventory.set_defaults(handler=inventory_command)
     inventory.add_argument("node", metavar="NODE", help="a node id or name")
-    inventory.add_argument("--json", action="store_true", help="print the inventory as JSON")
+    add_output_argument(inventory)
 
 
 # ---- rendering (pure) ---------------------------------------------------------------------------
@@ -125,7 +126,7 @@ def inventory_command(context: CommandContext, args: argparse.Namespace) -> int:
                 print(f"error: NOT_FOUND: no node {node_id} (see `gantry nodes`)", file=sys.stderr)
                 return 1
             raise
-    if args.json:
+    if wants_json(args):
         print(json_format.MessageToJson(inventory, indent=2, preserving_proto_field_name=True))
     else:
         print(render_inventory(inventory, node_name=args.node))

@@ -17,6 +17,7 @@ from google.protobuf import json_format, timestamp_pb2
 
 from gantry.cli.connection import DEFAULT_TIMEOUT_S, CommandContext, Metadata, paged
 from gantry.cli.errors import CliError
+from gantry.cli.output import add_output_argument, wants_json
 from gantry.cli.tables import enum_label, format_timestamp, render_table
 from gantry.common.arg_types import non_negative
 from gantry.v1 import common_pb2, control_plane_pb2, control_plane_pb2_grpc, worker_gateway_pb2
@@ -53,14 +54,14 @@ def add_jobs_arguments(jobs: argparse.ArgumentParser, options: argparse.Argument
         metavar="N",
         help=f"the newest N that match (default {DEFAULT_LIMIT}; 0: all)",
     )
-    jobs.add_argument("--json", action="store_true", help="print the jobs as JSON")
+    add_output_argument(jobs)
     actions = jobs.add_subparsers(title="commands", metavar="COMMAND")
     show = actions.add_parser(
         "show", parents=[options], help="one job: times, lease, failure or health report"
     )
     show.set_defaults(handler=jobs_show)
     show.add_argument("job_id", metavar="JOB_ID")
-    show.add_argument("--json", action="store_true", help="print the job as JSON")
+    add_output_argument(show)
 
 
 # ---- rendering (pure) ---------------------------------------------------------------------------
@@ -242,7 +243,7 @@ def jobs_list(context: CommandContext, args: argparse.Namespace) -> int:
         )
     matching = matching_jobs(found, state=args.state, job_type=args.job_type)
     shown = matching[-args.limit :] if args.limit else matching
-    if args.json:
+    if wants_json(args):
         print(json.dumps([job_dict(job) for job in shown], indent=2))
         return 0
     print(render_jobs(shown))
@@ -260,5 +261,5 @@ def jobs_show(context: CommandContext, args: argparse.Namespace) -> int:
             metadata=metadata,
             timeout=DEFAULT_TIMEOUT_S,
         )
-    print(json.dumps(job_dict(job), indent=2) if args.json else render_job(job))
+    print(json.dumps(job_dict(job), indent=2) if wants_json(args) else render_job(job))
     return 0

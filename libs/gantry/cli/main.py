@@ -12,11 +12,17 @@ from pathlib import Path
 import grpc
 
 from gantry.cli import (
+    artifact_set_commands,
     bench_command,
+    delete_commands,
+    deployment_commands,
+    describe_commands,
     embed,
     events_commands,
     inventory_commands,
     jobs_commands,
+    key_commands,
+    node_commands,
     operator_commands,
     pipeline_commands,
     queue_commands,
@@ -27,8 +33,9 @@ from gantry.cli import (
 from gantry.cli.connection import ADDRESS_ENV, DEFAULT_ADDRESS, CommandContext, command_tls
 from gantry.cli.errors import CliError, format_gantry_error, format_rpc_error
 from gantry.cli.migrate import migrate
+from gantry.cli.output import add_output_argument
 from gantry.cli.roles import ROLE_HELP, ROLES, run_role
-from gantry.cli.state import DEFAULT_STATE_DIR, STATE_DIR_ENV, StatePaths
+from gantry.cli.state import DEFAULT_STATE_DIR, STATE_DIR_ENV, locate_state_dir
 from gantry.common.arg_types import non_negative
 from gantry.common.errors import GantryError
 from gantry.common.tls import TlsSettingsError, add_client_tls_arguments
@@ -72,7 +79,10 @@ def _global_options() -> argparse.ArgumentParser:
     options.add_argument(
         "--state-dir",
         default=argparse.SUPPRESS,
-        help=f"local state directory (env {STATE_DIR_ENV}, default {DEFAULT_STATE_DIR})",
+        help=(
+            f"local state directory (env {STATE_DIR_ENV}; default: the nearest {DEFAULT_STATE_DIR}/"
+            " from the working directory up, else ./.gantry)"
+        ),
     )
     # Without any of these, commands use <state>/tls/ca.pem while `gantry up --tls` serves.
     add_client_tls_arguments(options, peer="the control plane", default=argparse.SUPPRESS)
@@ -122,6 +132,8 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_argument("service_args", nargs=argparse.REMAINDER)
 
     up = command("up", _up, "start scheduler, control plane, worker and the bundled model")
+    # `up` creates ./.gantry where it runs unless told otherwise; it never adopts a parent's.
+    up.set_defaults(walk_up_for_state=False)
     up.add_argument("--scheduler-address", default="127.0.0.1:50052", metavar="HOST:PORT")
     up.add_argument("--startup-timeout", type=float, default=60.0, metavar="SECONDS")
     up.add_argument("--ready-timeout", type=float, default=300.0, metavar="SECONDS")
@@ -145,7 +157,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="SQLAlchemy URL (default: the SQLite database in the state directory)",
     )
 
-    command("nodes", operator_commands.nodes, "list worker nodes")
+    node_commands.add_nodes_arguments(
+        command(
+            "nodes",
+            node_commands.nodes_list,
+            "worker nodes: list, register, drain, enable, rotate-credential, delete",
+        ),
+        options,
+    )
+    key_commands.add_keys_arguments(
+        command("keys", key_commands.keys_list, "client API keys: list, create, revoke"),
+        options,
+    )
 
     artifacts = commands.add_parser("artifacts", help="register and list artifact sets")
     artifacts.set_defaults(help_parser=artifacts)
@@ -165,10 +188,22 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="accept pickle-based weight files (audited; a profile must allow loading them too)",
     )
-    listing = artifact_commands.add_parser("list", parents=[options], help="list artifact sets")
-    listing.set_defaults(handler=operator_commands.artifacts_list)
+    artifact_set_commands.add_artifact_set_arguments(artifact_commands, options)
 
-    command("deployments", operator_commands.deployments, "list deployments and residencies")
+    deployments_parser = command(
+        "deployments", operator_commands.deployments, "list deployments and residencies"
+    )
+    add_output_argument(deployments_parser)
+    deployments_parser.add_argument(
+        "--all", action="store_true", help="deleted deployments too (hidden by default)"
+    )
+    describe_commands.add_describe_arguments(
+        command(
+            "describe",
+            describe_commands.describe_command,
+            "one object: state, last failure, evidence chain, residencies, history",
+        )
+    )
     jobs_commands.add_jobs_arguments(
         command(
             "jobs",
@@ -229,6 +264,7 @@ def build_parser() -> argparse.ArgumentParser:
     assess.add_argument("--node", metavar="NODE_ID", help="default: any connected node")
     assess.add_argument("--environment", metavar="ENV_ID", help="default: the worker's default")
     _add_wait_options(assess)
+    add_output_argument(assess)
 
     profile = command(
         "profile", pipeline_commands.profile, "create a runtime profile from an assessment"
@@ -251,6 +287,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="let this profile load pickle-based weights (recorded in the audit log)",
     )
+    add_output_argument(profile)
 
     probe = command(
         "probe",
@@ -260,14 +297,18 @@ def build_parser() -> argparse.ArgumentParser:
     probe.add_argument("words", nargs="+", metavar="PROFILE_ID | show PROBE_ID | list")
     probe.add_argument("--node", metavar="NODE_ID", help="default: the assessing node")
     _add_wait_options(probe)
+    add_output_argument(probe)
 
-    command("candidates", pipeline_commands.candidates, "list deployment candidates")
+    add_output_argument(
+        command("candidates", pipeline_commands.candidates, "list deployment candidates")
+    )
 
     approve = command(
         "approve", pipeline_commands.approve, "approve a LAB_READY candidate for production"
     )
     approve.add_argument("candidate_id", metavar="CANDIDATE_ID")
     approve.add_argument("--reason", required=True, help="why it may serve (recorded)")
+    add_output_argument(approve)
 
     deploy = command("deploy", operator_commands.deploy, "deploy an approved candidate")
     deploy.add_argument("approval_id", metavar="APPROVAL_ID")
@@ -298,9 +339,28 @@ def build_parser() -> argparse.ArgumentParser:
     bind = command("bind", pipeline_commands.bind, "bind a capability to exactly one deployment")
     bind.add_argument("capability", metavar="CAPABILITY")
     bind.add_argument("deployment_id", metavar="DEPLOYMENT_ID")
+    add_output_argument(bind)
 
+    deployment_commands.add_wait_arguments(deploy)
     unload = command("unload", operator_commands.unload, "unload a deployment")
     unload.add_argument("deployment_id", metavar="DEPLOYMENT_ID")
+    deployment_commands.add_wait_arguments(unload)
+    deployment_commands.add_restart_arguments(
+        command(
+            "restart",
+            deployment_commands.restart,
+            "unload and place a deployment again from a fresh start (also an UNLOADED or FAILED"
+            " one)",
+        )
+    )
+    deployment_commands.add_scale_arguments(
+        command("scale", deployment_commands.scale, "change a live deployment's replicas")
+    )
+    # Every kind registered with delete_commands.add_delete_kind (on its module's import).
+    delete_commands.add_delete_arguments(
+        commands.add_parser("delete", help="delete what nothing uses any more: delete KIND ID"),
+        options,
+    )
 
     embed_parser = command("embed", embed.embed, "embed texts with the local client key")
     embed_parser.set_defaults(command_parser=embed_parser)
@@ -315,6 +375,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     embed_parser.add_argument(
         "--lines", action="store_true", help="each non-empty line of a --file is one text"
+    )
+    embed_parser.add_argument(
+        "--truncate",
+        action="store_true",
+        help="cut texts past the model's token limit instead of refusing them (INPUT_TOO_LONG)",
     )
     target = embed_parser.add_mutually_exclusive_group()
     target.add_argument("--capability", default="minilm")
@@ -358,14 +423,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser = build_parser()
         args = parser.parse_args(arguments)
         address = getattr(args, "address", None) or os.environ.get(ADDRESS_ENV) or DEFAULT_ADDRESS
-        state_dir = (
-            getattr(args, "state_dir", None) or os.environ.get(STATE_DIR_ENV) or DEFAULT_STATE_DIR
-        )
         handler: Handler | None = getattr(args, "handler", None)
         if handler is None:
             getattr(args, "help_parser", parser).print_help(sys.stderr)
             return 2
-        paths = StatePaths(Path(state_dir))
+        paths = locate_state_dir(
+            flag=getattr(args, "state_dir", None),
+            env=os.environ,
+            cwd=Path.cwd(),
+            walk_up=getattr(args, "walk_up_for_state", True),
+        )
         context = CommandContext(address=address, paths=paths, tls=command_tls(args, paths))
         return int(handler(context, args))
     except grpc.RpcError as exc:

@@ -1,14 +1,21 @@
-"""Operator commands: nodes, artifacts, deployments, deploy, unload (operator token)."""
+"""Operator commands: artifacts register, deployments, deploy, unload (operator token).
+
+Nodes: node_commands.py; artifacts list and delete: artifact_set_commands.py.
+"""
 
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from pathlib import Path
 
+from gantry.cli import deployment_commands
 from gantry.cli.artifacts import artifact_location, hash_directory
 from gantry.cli.connection import DEFAULT_TIMEOUT_S, CommandContext, paged
-from gantry.cli.tables import enum_label, format_bytes, format_timestamp, render_table
+from gantry.cli.deployment_wait import Goal
+from gantry.cli.output import print_records
+from gantry.cli.tables import enum_label, format_bytes
 from gantry.v1 import common_pb2, control_plane_pb2, control_plane_pb2_grpc
 
 # `gantry deploy --placement`: the CLI's spelling of each PlacementPolicy.
@@ -18,42 +25,12 @@ PLACEMENT_POLICIES = {
 }
 
 
-def _node_state(state: int) -> str:
-    return enum_label(common_pb2.NodeState.Name(state), "NODE_STATE_")
-
-
 def _deployment_state(state: int) -> str:
     return enum_label(control_plane_pb2.DeploymentState.Name(state), "DEPLOYMENT_STATE_")
 
 
 def _residency_state(state: int) -> str:
     return enum_label(common_pb2.ResidencyState.Name(state), "RESIDENCY_STATE_")
-
-
-def nodes(context: CommandContext, args: argparse.Namespace) -> int:
-    metadata = context.operator_metadata()
-    with context.open_channel() as channel:
-        stub = control_plane_pb2_grpc.ControlPlaneStub(channel)
-        found = list(
-            paged(
-                stub.ListNodes,
-                control_plane_pb2.ListNodesRequest,
-                lambda response: response.nodes,
-                metadata=metadata,
-            )
-        )
-    rows = [
-        [
-            node.node_id,
-            node.name,
-            _node_state(node.state),
-            str(node.generation),
-            format_timestamp(node.last_seen_at),
-        ]
-        for node in found
-    ]
-    print(render_table(["ID", "NAME", "STATE", "GENERATION", "LAST SEEN"], rows))
-    return 0
 
 
 def artifacts_register(context: CommandContext, args: argparse.Namespace) -> int:
@@ -102,33 +79,6 @@ def artifacts_register(context: CommandContext, args: argparse.Namespace) -> int
     return 0
 
 
-def artifacts_list(context: CommandContext, args: argparse.Namespace) -> int:
-    metadata = context.operator_metadata()
-    with context.open_channel() as channel:
-        stub = control_plane_pb2_grpc.ControlPlaneStub(channel)
-        found = list(
-            paged(
-                stub.ListArtifactSets,
-                control_plane_pb2.ListArtifactSetsRequest,
-                lambda response: response.artifact_sets,
-                metadata=metadata,
-            )
-        )
-    rows = [
-        [
-            artifact_set.artifact_set_id,
-            artifact_set.name,
-            artifact_set.location,
-            str(artifact_set.file_count),
-            format_bytes(artifact_set.total_size_bytes),
-            artifact_set.manifest_digest[:16],
-        ]
-        for artifact_set in found
-    ]
-    print(render_table(["ID", "NAME", "LOCATION", "FILES", "SIZE", "DIGEST"], rows))
-    return 0
-
-
 def deployments(context: CommandContext, args: argparse.Namespace) -> int:
     metadata = context.operator_metadata()
     with context.open_channel() as channel:
@@ -136,22 +86,28 @@ def deployments(context: CommandContext, args: argparse.Namespace) -> int:
         found = list(
             paged(
                 stub.ListDeployments,
-                control_plane_pb2.ListDeploymentsRequest,
+                # --all: the deleted ones too (the server hides them otherwise).
+                functools.partial(
+                    control_plane_pb2.ListDeploymentsRequest,
+                    include_deleted=getattr(args, "all", False),
+                ),
                 lambda response: response.deployments,
                 metadata=metadata,
             )
         )
-    rows = [
-        [
+    print_records(
+        args,
+        found,
+        ["ID", "CAPABILITY", "STATE", "NODE", "RESIDENCY"],
+        lambda deployment: [
             deployment.deployment_id,
             deployment.capability,
-            _deployment_state(deployment.state),
+            _deployment_state(deployment.state)
+            + ("/deleted" if deployment.HasField("deleted_at") else ""),
             ",".join(r.node_id for r in deployment.residencies) or "-",
             ",".join(_residency_state(r.state) for r in deployment.residencies) or "-",
-        ]
-        for deployment in found
-    ]
-    print(render_table(["ID", "CAPABILITY", "STATE", "NODE", "RESIDENCY"], rows))
+        ],
+    )
     return 0
 
 
@@ -168,24 +124,33 @@ def deploy(context: CommandContext, args: argparse.Namespace) -> int:
         placement_policy=PLACEMENT_POLICIES[args.placement],
     )
     with context.open_channel() as channel:
-        deployment = control_plane_pb2_grpc.ControlPlaneStub(channel).CreateDeployment(
-            request, metadata=metadata, timeout=DEFAULT_TIMEOUT_S
+        stub = control_plane_pb2_grpc.ControlPlaneStub(channel)
+        deployment = stub.CreateDeployment(request, metadata=metadata, timeout=DEFAULT_TIMEOUT_S)
+        bound = "bound" if deployment.bound else "not bound yet: serves once it is READY"
+        print(
+            f"deployment {deployment.deployment_id} ({deployment.capability}, {bound}):"
+            f" {_deployment_state(deployment.state)}",
+            flush=True,
         )
-    bound = "bound" if deployment.bound else "not bound yet: serves once it is READY"
-    print(
-        f"deployment {deployment.deployment_id} ({deployment.capability}, {bound}):"
-        f" {_deployment_state(deployment.state)}"
-    )
+        # --wait (the default): until READY with its replicas resident, or its failure (exit 1).
+        settled = deployment_commands.settle(stub, metadata, deployment, args, goal=Goal.READY)
+    if not args.no_wait:
+        print(deployment_commands.summary(settled))
     return 0
 
 
 def unload(context: CommandContext, args: argparse.Namespace) -> int:
     metadata = context.operator_metadata()
     with context.open_channel() as channel:
-        deployment = control_plane_pb2_grpc.ControlPlaneStub(channel).UnloadDeployment(
+        stub = control_plane_pb2_grpc.ControlPlaneStub(channel)
+        deployment = stub.UnloadDeployment(
             control_plane_pb2.UnloadDeploymentRequest(deployment_id=args.deployment_id),
             metadata=metadata,
             timeout=DEFAULT_TIMEOUT_S,
+        )
+        # --wait (the default): until UNLOADED, every model host's exit confirmed.
+        deployment = deployment_commands.settle(
+            stub, metadata, deployment, args, goal=Goal.UNLOADED
         )
     print(f"deployment {deployment.deployment_id}: {_deployment_state(deployment.state)}")
     return 0

@@ -1,5 +1,6 @@
 """The evidence pipeline's commands: assess, profile, probe (start/show/list/cancel), approve,
-candidates, bind. Each walks one gate and prints what it recorded; a refused gate exits 1."""
+candidates, bind. Each walks one gate and prints what it recorded (`--output json`: the record as
+JSON); a refused gate exits 1."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import sys
 from gantry.cli import pipeline
 from gantry.cli.connection import DEFAULT_TIMEOUT_S, CommandContext, paged
 from gantry.cli.errors import CliError
-from gantry.cli.tables import enum_label, format_bytes, render_table
+from gantry.cli.output import message_dict, print_json, print_records, wants_json
+from gantry.cli.tables import enum_label, format_bytes
 from gantry.v1 import common_pb2, control_plane_pb2, control_plane_pb2_grpc
 
 DEFAULT_WAIT_S = 600.0
@@ -37,7 +39,10 @@ def assess(context: CommandContext, args: argparse.Namespace) -> int:
             timeout_s=args.wait_timeout,
             wait=not args.no_wait,
         )
-    _print(pipeline.describe_assessment(assessment))
+    if wants_json(args):
+        print_json(assessment)
+    else:
+        _print(pipeline.describe_assessment(assessment))
     if args.no_wait or assessment.compatible:
         return 0
     return 1
@@ -63,7 +68,10 @@ def profile(context: CommandContext, args: argparse.Namespace) -> int:
         created = control_plane_pb2_grpc.ControlPlaneStub(channel).CreateRuntimeProfile(
             request, metadata=metadata, timeout=DEFAULT_TIMEOUT_S
         )
-    _print(describe_profile(created))
+    if wants_json(args):
+        print_json(created)
+    else:
+        _print(describe_profile(created))
     return 0
 
 
@@ -94,7 +102,7 @@ def probe(context: CommandContext, args: argparse.Namespace) -> int:
     if action == "list":
         if words:
             raise CliError("usage: gantry probe list")
-        return _probe_list(context)
+        return _probe_list(context, args)
     if len(words) != 1:
         raise CliError(
             "usage: gantry probe PROFILE_ID | gantry probe show PROBE_ID"
@@ -132,7 +140,16 @@ def probe(context: CommandContext, args: argparse.Namespace) -> int:
                 metadata=metadata,
                 timeout=DEFAULT_TIMEOUT_S,
             )
-    _print(pipeline.describe_probe(found, candidate))
+    if wants_json(args):
+        # The probe, and the candidate it produced when there is one.
+        print_json(
+            {
+                "probe": message_dict(found),
+                "candidate": message_dict(candidate) if candidate is not None else None,
+            }
+        )
+    else:
+        _print(pipeline.describe_probe(found, candidate))
     if action != "start" or args.no_wait:
         return 0
     lab_ready = candidate is not None and (
@@ -141,7 +158,7 @@ def probe(context: CommandContext, args: argparse.Namespace) -> int:
     return 0 if lab_ready else 1
 
 
-def _probe_list(context: CommandContext) -> int:
+def _probe_list(context: CommandContext, args: argparse.Namespace) -> int:
     metadata = context.operator_metadata()
     with context.open_channel() as channel:
         stub = control_plane_pb2_grpc.ControlPlaneStub(channel)
@@ -153,11 +170,18 @@ def _probe_list(context: CommandContext) -> int:
                 metadata=metadata,
             )
         )
-    rows = [
-        [p.probe_id, p.profile_id, p.node_id, pipeline.probe_state(p), p.candidate_id or "-"]
-        for p in found
-    ]
-    print(render_table(["ID", "PROFILE", "NODE", "STATE", "CANDIDATE"], rows))
+    print_records(
+        args,
+        found,
+        ["ID", "PROFILE", "NODE", "STATE", "CANDIDATE"],
+        lambda p: [
+            p.probe_id,
+            p.profile_id,
+            p.node_id,
+            pipeline.probe_state(p),
+            p.candidate_id or "-",
+        ],
+    )
     return 0
 
 
@@ -173,17 +197,18 @@ def candidates(context: CommandContext, args: argparse.Namespace) -> int:
                 metadata=metadata,
             )
         )
-    rows = [
-        [
+    print_records(
+        args,
+        found,
+        ["ID", "PROFILE", "STATUS", "PRODUCTION", "APPROVAL"],
+        lambda c: [
             c.candidate_id,
             c.profile_id,
             pipeline.candidate_status(c),
             "yes" if c.production else "no",
             c.approval_id or "-",
-        ]
-        for c in found
-    ]
-    print(render_table(["ID", "PROFILE", "STATUS", "PRODUCTION", "APPROVAL"], rows))
+        ],
+    )
     return 0
 
 
@@ -197,6 +222,9 @@ def approve(context: CommandContext, args: argparse.Namespace) -> int:
             metadata=metadata,
             timeout=DEFAULT_TIMEOUT_S,
         )
+    if wants_json(args):
+        print_json(approval)
+        return 0
     print(f"approval     {approval.approval_id}")
     print(f"candidate    {approval.candidate_id}")
     print(f"profile      {approval.profile_id}")
@@ -215,7 +243,10 @@ def bind(context: CommandContext, args: argparse.Namespace) -> int:
             metadata=metadata,
             timeout=DEFAULT_TIMEOUT_S,
         )
-    print(describe_binding(binding))
+    if wants_json(args):
+        print_json(binding)
+    else:
+        print(describe_binding(binding))
     return 0
 
 

@@ -18,6 +18,7 @@ from google.protobuf import json_format
 
 from gantry.cli.connection import DEFAULT_TIMEOUT_S, CommandContext
 from gantry.cli.errors import format_rpc_error
+from gantry.cli.output import add_output_argument, wants_json
 from gantry.cli.tables import enum_label, format_bytes, render_table
 from gantry.common.arg_types import positive_seconds
 from gantry.v1 import common_pb2, control_plane_pb2_grpc, scheduler_pb2
@@ -38,7 +39,7 @@ def add_queue_arguments(queue: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help=f"redraw every SECONDS (default {DEFAULT_WATCH_INTERVAL_S:g}) until Ctrl-C",
     )
-    queue.add_argument("--json", action="store_true", help="print the snapshot as JSON")
+    add_output_argument(queue)
 
 
 # ---- rendering (pure) ---------------------------------------------------------------------------
@@ -247,7 +248,7 @@ def queue_command(context: CommandContext, args: argparse.Namespace) -> int:
 
         if args.watch is None:
             snapshot = fetch()
-            print(snapshot_json(snapshot) if args.json else render_queue_snapshot(snapshot))
+            print(snapshot_json(snapshot) if wants_json(args) else render_queue_snapshot(snapshot))
             return 0
 
         def frame() -> str:
@@ -255,14 +256,14 @@ def queue_command(context: CommandContext, args: argparse.Namespace) -> int:
                 snapshot = fetch()
             except grpc.RpcError as error:
                 return format_rpc_error(error, address=context.address)
-            if args.json:
+            if wants_json(args):
                 return snapshot_json(snapshot, one_line=True)  # one JSON document per line
             taken = dt.datetime.now(dt.UTC)
             return f"every {args.watch:g}s  {taken:%Y-%m-%d %H:%M:%S}Z\n\n" + render_queue_snapshot(
                 snapshot
             )
 
-        return watch(frame, interval_s=args.watch, write=_write_now, clear=not args.json)
+        return watch(frame, interval_s=args.watch, write=_write_now, clear=not wants_json(args))
 
 
 def _write_now(text: str) -> None:

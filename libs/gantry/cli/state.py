@@ -1,9 +1,10 @@
-"""The local state directory (`.gantry/`): where each file lives, and secrets written 0600."""
+"""The local state directory (`.gantry/`): which one a command uses, where each file lives, and
+secrets written 0600."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,6 +17,8 @@ STATE_DIR_ENV = "GANTRY_STATE_DIR"
 @dataclass(frozen=True, slots=True)
 class StatePaths:
     root: Path
+    # How `root` was chosen, for errors that must say where a missing file was looked for.
+    origin: str = "the default ./.gantry"
 
     @property
     def database(self) -> Path:
@@ -81,6 +84,35 @@ class StatePaths:
         self.logs.mkdir(exist_ok=True)
 
 
+def locate_state_dir(
+    *, flag: str | None, env: Mapping[str, str], cwd: Path, walk_up: bool = True
+) -> StatePaths:
+    """--state-dir, else $GANTRY_STATE_DIR, else the nearest directory from `cwd` up that holds a
+    `.gantry/` (the project root of a `make run`), else ./.gantry.
+
+    `walk_up=False` (gantry up) keeps the state where the command runs unless told otherwise:
+    starting a second installation in a subdirectory must not adopt the parent's.
+    """
+    if flag:
+        return StatePaths(Path(flag), origin="given by --state-dir")
+    if env.get(STATE_DIR_ENV):
+        return StatePaths(Path(env[STATE_DIR_ENV]), origin=f"given by ${STATE_DIR_ENV}")
+    if walk_up:
+        for directory in (cwd, *cwd.parents):
+            if (directory / DEFAULT_STATE_DIR).is_dir():
+                origin = (
+                    "found in the working directory"
+                    if directory == cwd
+                    else f"found walking up from {cwd}"
+                )
+                return StatePaths(directory / DEFAULT_STATE_DIR, origin=origin)
+        return StatePaths(
+            Path(DEFAULT_STATE_DIR),
+            origin=f"the default ./.gantry: no .gantry/ in {cwd} or any directory above it",
+        )
+    return StatePaths(Path(DEFAULT_STATE_DIR))
+
+
 def write_secret(path: Path, value: str) -> None:
     """Write atomically, mode 0600: a reader never sees a half-written or world-readable secret."""
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -99,12 +131,20 @@ def write_secret(path: Path, value: str) -> None:
         raise
 
 
-def read_secret(path: Path, *, what: str) -> str:
+def read_secret(path: Path, *, what: str, state: StatePaths | None = None) -> str:
+    """The secret in `path`; when it is missing, the error names the state directory looked in
+    (`state`) and how it was chosen."""
     try:
         value = path.read_text(encoding="utf-8").strip()
     except FileNotFoundError:
+        if state is None:
+            raise CliError(
+                f"no {what} at {path}; start Gantry with `gantry up` (or pass --state-dir)"
+            ) from None
         raise CliError(
-            f"no {what} at {path}; start Gantry with `gantry up` (or pass --state-dir)"
+            f"no {what} at {path}: looked in the state directory {state.root.absolute()}"
+            f" ({state.origin}); start Gantry there with `gantry up`, or name the directory"
+            f" of a running Gantry with --state-dir DIR or {STATE_DIR_ENV}=DIR"
         ) from None
     except OSError as exc:
         raise CliError(f"cannot read the {what} at {path}: {exc.strerror}") from None

@@ -15,6 +15,7 @@ from google.protobuf import json_format, timestamp_pb2
 
 from gantry.cli.connection import DEFAULT_TIMEOUT_S, CommandContext
 from gantry.cli.jobs_commands import failure_text, job_state_label, job_type_label, subject
+from gantry.cli.output import add_output_argument, wants_json
 from gantry.cli.tables import enum_label, render_table
 from gantry.v1 import common_pb2, control_plane_pb2, control_plane_pb2_grpc, scheduler_pb2
 
@@ -33,7 +34,7 @@ _NOT_HELD = (common_pb2.RESIDENCY_STATE_UNSPECIFIED, common_pb2.RESIDENCY_STATE_
 
 def add_status_arguments(status: argparse.ArgumentParser) -> None:
     status.set_defaults(handler=status_command)
-    status.add_argument("--json", action="store_true", help="print the debug snapshot as JSON")
+    add_output_argument(status)
 
 
 # ---- rendering (pure) ---------------------------------------------------------------------------
@@ -268,7 +269,7 @@ def status_command(context: CommandContext, args: argparse.Namespace) -> int:
             metadata=metadata,
             timeout=DEFAULT_TIMEOUT_S,
         )
-    if args.json:
+    if wants_json(args):
         print(status_json(snapshot))
     else:
         print(render_status(snapshot, address=context.address, now=dt.datetime.now(dt.UTC)))

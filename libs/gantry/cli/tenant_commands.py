@@ -14,6 +14,7 @@ import grpc
 
 from gantry.cli.connection import DEFAULT_TIMEOUT_S, CommandContext, paged
 from gantry.cli.errors import CliError
+from gantry.cli.output import add_output_argument, print_json, wants_json
 from gantry.cli.tables import render_table
 from gantry.common.arg_types import non_negative
 from gantry.v1 import common_pb2, control_plane_pb2, control_plane_pb2_grpc
@@ -59,11 +60,14 @@ def add_tenant_arguments(
 ) -> None:
     """`gantry tenants [list]`, `gantry tenants show TENANT`, `gantry tenants set TENANT ...`."""
     tenants.set_defaults(handler=tenants_list)
+    add_output_argument(tenants)
     actions = tenants.add_subparsers(title="commands", metavar="COMMAND")
     listing = actions.add_parser("list", parents=[options], help="every tenant and its policy")
     listing.set_defaults(handler=tenants_list)
+    add_output_argument(listing)
     show = actions.add_parser("show", parents=[options], help="one tenant's policy")
     show.set_defaults(handler=tenants_show)
+    add_output_argument(show)
     show.add_argument("tenant_id", metavar="TENANT")
     change = actions.add_parser(
         "set",
@@ -191,7 +195,10 @@ def tenants_list(context: CommandContext, args: argparse.Namespace) -> int:
                 metadata=metadata,
             )
         )
-    print(render_table(TENANT_HEADERS, tenant_rows(found)))
+    if wants_json(args):
+        print_json(found)
+    else:
+        print(render_table(TENANT_HEADERS, tenant_rows(found)))
     return 0
 
 
@@ -203,7 +210,10 @@ def tenants_show(context: CommandContext, args: argparse.Namespace) -> int:
             metadata=metadata,
             timeout=DEFAULT_TIMEOUT_S,
         )
-    print("\n".join(describe_policy(policy)))
+    if wants_json(args):
+        print_json(policy)
+    else:
+        print("\n".join(describe_policy(policy)))
     return 0
 
 

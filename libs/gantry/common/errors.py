@@ -57,6 +57,18 @@ REASONS: Mapping[str, ReasonSpec] = {
     "BUDGET_EXCEEDED": ReasonSpec(grpc.StatusCode.FAILED_PRECONDITION, FailureClass.REQUEST),
     "CIRCUIT_OPEN": ReasonSpec(grpc.StatusCode.UNAVAILABLE, FailureClass.INFRA),
     "INVALID_PAYLOAD": ReasonSpec(grpc.StatusCode.INVALID_ARGUMENT, FailureClass.REQUEST),
+    # An empty text, or one past the model's token limit without truncate: the client's input,
+    # never the runtime's failure (no breaker, no crash accounting, no degradation).
+    "EMPTY_INPUT": ReasonSpec(grpc.StatusCode.INVALID_ARGUMENT, FailureClass.REQUEST),
+    "INPUT_TOO_LONG": ReasonSpec(grpc.StatusCode.INVALID_ARGUMENT, FailureClass.REQUEST),
+    # Deletes refused while something still uses the object, and new work on a deleted set.
+    "ARTIFACT_SET_IN_USE": ReasonSpec(grpc.StatusCode.FAILED_PRECONDITION, FailureClass.REQUEST),
+    "ARTIFACT_SET_DELETED": ReasonSpec(grpc.StatusCode.FAILED_PRECONDITION, FailureClass.REQUEST),
+    "NODE_IN_USE": ReasonSpec(grpc.StatusCode.FAILED_PRECONDITION, FailureClass.REQUEST),
+    # Deleting a deployment that still runs somewhere; any work naming a deleted one (it is gone
+    # for new work, so NOT_FOUND, while GetDeployment still shows it with deleted_at).
+    "DEPLOYMENT_IN_USE": ReasonSpec(grpc.StatusCode.FAILED_PRECONDITION, FailureClass.REQUEST),
+    "DEPLOYMENT_DELETED": ReasonSpec(grpc.StatusCode.NOT_FOUND, FailureClass.REQUEST),
     "INVALID_STATE_TRANSITION": ReasonSpec(
         grpc.StatusCode.FAILED_PRECONDITION, FailureClass.REQUEST
     ),

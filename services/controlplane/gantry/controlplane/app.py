@@ -12,9 +12,10 @@ from gantry.common.tls import ClientTls, ServerTls
 from gantry.controlplane.audit_feed import AuditFeed
 from gantry.controlplane.authn import ControlPlaneAuthenticator
 from gantry.controlplane.autoscaler import ScaleAdviceInbox
+from gantry.controlplane.deployment_admin import DeploymentAdmin
 from gantry.controlplane.evidence_pipeline import EvidencePipeline
 from gantry.controlplane.gateway import GatewaySettings, WorkerGatewayService
-from gantry.controlplane.inference_service import InferenceService
+from gantry.controlplane.inference_service import InferenceService, InferenceSettings
 from gantry.controlplane.lifecycle import DEFAULT_LEASE_SECONDS, DeploymentLifecycle
 from gantry.controlplane.liveness import Liveness
 from gantry.controlplane.node_admin import NodeAdmin
@@ -44,6 +45,8 @@ class ControlPlaneSettings:
     tls: ServerTls | None = None  # the one port (ControlPlane, Inference, WorkerGateway)
     health_listen: str | None = None  # plaintext health-only port for probes that lack TLS
     scheduler_tls: ClientTls | None = None  # the link to the scheduler
+    # The bounds on each Embed/Rerank call (flags --max-inputs ...) and the server's deadline cap.
+    inference: InferenceSettings = field(default_factory=InferenceSettings)
     # Tests that drive time by hand run the reconciler's passes themselves.
     run_reconciler: bool = True
 
@@ -168,6 +171,14 @@ async def start_control_plane(
                     hub=hub,
                     audit_feed=audit_feed,
                     degradation=reconciler.degradation,
+                    # A restart or scale makes placements due at once (past their backoff).
+                    deployment_admin=DeploymentAdmin(
+                        database=database,
+                        hub=hub,
+                        lifecycle=lifecycle,
+                        clock=clock,
+                        wake_reconciler=reconciler.capacity_freed,
+                    ),
                 ),
                 control_plane_pb2_grpc.add_ControlPlaneServicer_to_server,
             ),
@@ -179,6 +190,7 @@ async def start_control_plane(
                     scheduler=scheduler,
                     routes=routes,
                     clock=clock,
+                    settings=settings.inference,
                     resolver=DeploymentResolver(database=database, routes=routes),
                     degradation=reconciler.degradation,  # outcomes in, evaluated by the reconciler
                 ),

@@ -74,6 +74,8 @@ class ControlPlaneAuthenticator:
                 node = await session.get(nodes.Node, parsed.token_id)
                 if node is None:
                     raise GantryError("UNAUTHENTICATED", "unknown node credential")
+                if node.deleted_at is not None:
+                    raise GantryError("UNAUTHENTICATED", f"node {node.node_id} was deleted")
                 stored, subject = node.credential_hash, node.node_id
                 if node.state == NodeState.DISABLED and tokens.token_matches(token, stored):
                     raise GantryError("NODE_DISABLED", f"node {node.node_id} is disabled")

@@ -11,8 +11,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from sqlalchemy.ext.asyncio import AsyncSession
-
 from gantry.common.clock import Clock
 from gantry.common.errors import GantryError
 from gantry.controlplane.domain.autoscale import (
@@ -20,17 +18,15 @@ from gantry.controlplane.domain.autoscale import (
     DeploymentScale,
     ScaleAction,
     ScaleKind,
-    ServingReplica,
     decide_scale,
-    surplus_replicas,
 )
-from gantry.controlplane.domain.transitions import JobType, NodeState, ResidencyState
 from gantry.controlplane.lifecycle import DeploymentLifecycle
-from gantry.controlplane.persistence import audit, deployments, jobs, nodes
+from gantry.controlplane.persistence import audit, deployments
 from gantry.controlplane.persistence.database import Database
 from gantry.controlplane.persistence.models import Deployment, Residency
 from gantry.controlplane.persistence.transitions import retry_on_conflict
 from gantry.controlplane.settle import settle_deployment
+from gantry.controlplane.surplus import drain_surplus
 from gantry.controlplane.worker_sessions import WorkerHub
 from gantry.v1 import scheduler_pb2
 
@@ -142,49 +138,8 @@ class Autoscaler:
             )
             drained: list[Residency] = []
             if action.kind is ScaleKind.DOWN:
-                drained = await self._drain_surplus(session, row, keep=action.to_replicas)
+                drained = await drain_surplus(
+                    session, row, keep=action.to_replicas, hub=self._hub, now=now
+                )
                 await settle_deployment(session, row.deployment_id, now=now)
             return action, row, drained
-
-    async def _drain_surplus(
-        self, session: AsyncSession, deployment: Deployment, *, keep: int
-    ) -> list[Residency]:
-        """UNLOADING with an UNLOAD job for each surplus residency (COLD at once for a load whose
-        worker is away: nothing runs there). Residencies on disabled nodes are not replicas."""
-        now = self._clock.now()
-        rows = {
-            r.residency_id: r
-            for r in await deployments.residencies_of(session, deployment.deployment_id)
-            if r.state != ResidencyState.COLD
-            and (await nodes.get_node(session, r.node_id)).state != NodeState.DISABLED
-        }
-        replicas = [
-            ServingReplica(residency_id=r.residency_id, state=r.state, updated_at=r.updated_at)
-            for r in rows.values()
-        ]
-        drained: list[Residency] = []
-        for residency_id in surplus_replicas(replicas, keep=keep):
-            residency = rows[residency_id]
-            for job in await jobs.open_jobs_for_residency(session, residency_id):
-                await jobs.cancel_job(session, job, now=now)  # a load under way, a health check
-            if (
-                residency.state == ResidencyState.LOADING
-                and self._hub.get(residency.node_id) is None
-            ):
-                await deployments.set_residency_state(
-                    session, residency, ResidencyState.COLD, now=now, pid=0
-                )
-            else:
-                await deployments.set_residency_state(
-                    session, residency, ResidencyState.UNLOADING, now=now
-                )
-                await jobs.create_job(
-                    session,
-                    job_type=JobType.UNLOAD,
-                    deployment_id=deployment.deployment_id,
-                    node_id=residency.node_id,
-                    residency_id=residency_id,
-                    now=now,
-                )
-            drained.append(residency)
-        return drained

@@ -40,6 +40,7 @@ def node(row: models.Node) -> control_plane_pb2.Node:
         last_seen_at=timestamp(row.last_seen_at),
         hostname=row.hostname,
         disabled_reason=row.disabled_reason,
+        deleted_at=timestamp(row.deleted_at),
     )
 
 
@@ -66,6 +67,7 @@ def artifact_set(
         file_count=row.file_count,
         total_size_bytes=row.total_size_bytes,
         created_at=timestamp(row.created_at),
+        deleted_at=timestamp(row.deleted_at),
     )
 
 
@@ -126,6 +128,7 @@ def deployment(
         placement_policy=enum_value(
             common_pb2.PlacementPolicy, "PLACEMENT_POLICY_", row.placement_policy or "BIN_PACK"
         ),
+        deleted_at=timestamp(row.deleted_at),
     )
     if row.last_failure_reason:
         message.last_failure.CopyFrom(

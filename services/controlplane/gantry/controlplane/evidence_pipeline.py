@@ -162,7 +162,7 @@ class EvidencePipeline:
     ) -> CompatibilityAssessment:
         now = self._clock.now()
         async with self._database.transaction() as session:
-            await artifacts.get_artifact_set(session, artifact_set_id)
+            await artifacts.get_live_artifact_set(session, artifact_set_id)
             node = (
                 await self._connected_node(session, node_id)
                 if node_id
@@ -214,6 +214,7 @@ class EvidencePipeline:
         adapter = settings
         async with self._database.transaction() as session:
             assessment = await assessments.get_assessment(session, assessment_id)
+            await artifacts.get_live_artifact_set(session, assessment.artifact_set_id)
             inspection = convert.assessment(assessment).inspection
             if not adapter.adapter and inspection.adapters:
                 # No adapter named: the first the inspection found able to run it.
@@ -263,6 +264,7 @@ class EvidencePipeline:
         now = self._clock.now()
         async with self._database.transaction() as session:
             profile = await profiles.get_profile(session, profile_id)
+            await artifacts.get_live_artifact_set(session, profile.artifact_set_id)
             if not node_id:
                 node_id = (await assessments.get_assessment(session, profile.assessment_id)).node_id
             node = await self._connected_node(session, node_id)
@@ -384,7 +386,7 @@ class EvidencePipeline:
         async def attempt() -> CapabilityBinding:
             now = self._clock.now()
             async with self._database.transaction() as session:
-                deployment = await deployments.get_deployment(session, deployment_id)
+                deployment = await deployments.get_live_deployment(session, deployment_id)
                 if deployment.capability != capability:
                     raise GantryError(
                         "INVALID_ARGUMENT",

@@ -8,7 +8,7 @@ import datetime as dt
 import math
 import time
 from collections.abc import Awaitable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 import grpc
@@ -16,17 +16,14 @@ from google.protobuf import timestamp_pb2
 
 from gantry.common.auth import current_principal
 from gantry.common.clock import Clock
-from gantry.common.errors import GantryError, invalid_argument
+from gantry.common.errors import GantryError
 from gantry.common.ids import new_id
-from gantry.common.inference_limits import (
-    MAX_INPUT_CHARS,
-    MAX_INPUTS,
-    MAX_REQUEST_TEXT_BYTES,
-)
+from gantry.common.inference_limits import InferenceLimits
 from gantry.common.telemetry import inject_context, tracer
 from gantry.controlplane import metrics
 from gantry.controlplane.domain.capability_degradation import CapabilityDegradation
 from gantry.controlplane.domain.work_cost import embed_cost, rerank_cost
+from gantry.controlplane.inference_validation import validate_inputs, validate_rerank
 from gantry.controlplane.persistence.database import Database
 from gantry.controlplane.route_cache import RouteCache
 from gantry.controlplane.routing import DeploymentResolver
@@ -45,54 +42,6 @@ _OUTCOME_BY_CLASS = {
     common_pb2.FAILURE_CLASS_REQUEST: scheduler_pb2.WORK_OUTCOME_REQUEST_FAILURE,
     common_pb2.FAILURE_CLASS_CONFIG: scheduler_pb2.WORK_OUTCOME_REQUEST_FAILURE,
 }
-
-
-def validate_inputs(inputs: list[str]) -> None:
-    if not inputs:
-        raise invalid_argument("inputs must hold at least one text", field="inputs")
-    if len(inputs) > MAX_INPUTS:
-        raise GantryError("INVALID_PAYLOAD", f"at most {MAX_INPUTS} inputs per call")
-    total = sum(len(text.encode("utf-8", errors="surrogatepass")) for text in inputs)
-    if total > MAX_REQUEST_TEXT_BYTES:
-        raise GantryError(
-            "INVALID_PAYLOAD",
-            f"the inputs hold {total} bytes of text; at most {MAX_REQUEST_TEXT_BYTES} per call",
-            field="inputs",
-            limit_bytes=str(MAX_REQUEST_TEXT_BYTES),
-        )
-    for index, text in enumerate(inputs):
-        if len(text) > MAX_INPUT_CHARS:
-            raise GantryError(
-                "INVALID_PAYLOAD", f"input {index} is longer than {MAX_INPUT_CHARS} characters"
-            )
-
-
-def validate_rerank(query: str, documents: list[str]) -> None:
-    """The same bounds as Embed's inputs: the documents count, each text, the whole request."""
-    if not query:
-        raise invalid_argument("query must not be empty", field="query")
-    if len(query) > MAX_INPUT_CHARS:
-        raise GantryError(
-            "INVALID_PAYLOAD", f"the query is longer than {MAX_INPUT_CHARS} characters"
-        )
-    if not documents:
-        raise invalid_argument("documents must hold at least one text", field="documents")
-    if len(documents) > MAX_INPUTS:
-        raise GantryError("INVALID_PAYLOAD", f"at most {MAX_INPUTS} documents per call")
-    total = sum(len(text.encode("utf-8", errors="surrogatepass")) for text in (query, *documents))
-    if total > MAX_REQUEST_TEXT_BYTES:
-        raise GantryError(
-            "INVALID_PAYLOAD",
-            f"the query and documents hold {total} bytes of text; at most "
-            f"{MAX_REQUEST_TEXT_BYTES} per call",
-            field="documents",
-            limit_bytes=str(MAX_REQUEST_TEXT_BYTES),
-        )
-    for index, text in enumerate(documents):
-        if len(text) > MAX_INPUT_CHARS:
-            raise GantryError(
-                "INVALID_PAYLOAD", f"document {index} is longer than {MAX_INPUT_CHARS} characters"
-            )
 
 
 def work_cost(payload: wg.EmbedPayload | wg.RerankPayload) -> int:
@@ -117,6 +66,7 @@ class InferenceSettings:
     # The server's own bound on one call, applied only when the client asks for longer or sets
     # no deadline: a client that asks for 120 s gets 120 s.
     max_invoke_seconds: float = DEFAULT_MAX_INVOKE_SECONDS
+    limits: InferenceLimits = field(default_factory=InferenceLimits)
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,7 +144,7 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
     ) -> inference_pb2.EmbedResponse:
         tenant_id = current_principal().subject
         inputs = list(request.inputs)
-        validate_inputs(inputs)
+        validate_inputs(inputs, self._settings.limits)
         budget = CallBudget.of(
             context.time_remaining(), max_seconds=self._settings.max_invoke_seconds
         )
@@ -207,7 +157,7 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
                 tenant_id=tenant_id,
                 deployment_id=deployment_id,
                 request=request,
-                payload=wg.EmbedPayload(inputs=inputs),
+                payload=wg.EmbedPayload(inputs=inputs, truncate=request.truncate),
                 budget=budget,
             )
             result = outcome.embed
@@ -223,7 +173,7 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
     ) -> inference_pb2.RerankResponse:
         tenant_id = current_principal().subject
         documents = list(request.documents)
-        validate_rerank(request.query, documents)
+        validate_rerank(request.query, documents, self._settings.limits)
         budget = CallBudget.of(
             context.time_remaining(), max_seconds=self._settings.max_invoke_seconds
         )
@@ -239,7 +189,9 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
                 tenant_id=tenant_id,
                 deployment_id=deployment_id,
                 request=request,
-                payload=wg.RerankPayload(query=request.query, documents=documents),
+                payload=wg.RerankPayload(
+                    query=request.query, documents=documents, truncate=request.truncate
+                ),
                 budget=budget,
             )
             return inference_pb2.RerankResponse(

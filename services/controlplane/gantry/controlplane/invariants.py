@@ -37,7 +37,9 @@ class InvariantResult:
 
 
 async def check_invariants(session: AsyncSession, *, now: dt.datetime) -> list[InvariantResult]:
-    node_rows = {n.node_id: n for n in await nodes.list_nodes(session, after="", limit=1_000_000)}
+    # Deleted nodes too: their rows still hold residencies and jobs to judge.
+    every_node = await nodes.list_nodes(session, after="", limit=1_000_000, include_deleted=True)
+    node_rows = {n.node_id: n for n in every_node}
     residencies = await deployments.all_residencies(session)
     open_jobs = await jobs.open_jobs(session)
     residency_by_id = {r.residency_id: r for r in residencies}

@@ -44,6 +44,7 @@ from gantry.controlplane.persistence.jobs import ResultCommit
 from gantry.controlplane.persistence.models import Deployment, Residency, ServingJob
 from gantry.controlplane.placement import Placer
 from gantry.controlplane.residency_charges import read_charges
+from gantry.controlplane.residency_stop import stop_residency
 from gantry.controlplane.route_cache import RouteCache
 from gantry.controlplane.scheduler_link import SchedulerLink
 from gantry.controlplane.worker_sessions import WorkerHub
@@ -90,7 +91,7 @@ class DeploymentLifecycle:
     async def unload(self, deployment_id: str, *, actor: str) -> Deployment:
         now = self._clock.now()
         async with self._database.transaction() as session:
-            row = await deployments.get_deployment(session, deployment_id)
+            row = await deployments.get_live_deployment(session, deployment_id)
             if row.state in (DeploymentState.UNLOADING, DeploymentState.UNLOADED):
                 return row
             await jobs.cancel_open_jobs(session, deployment_id=deployment_id, now=now)
@@ -98,25 +99,8 @@ class DeploymentLifecycle:
             for residency in await deployments.residencies_of(session, deployment_id):
                 if residency.state == ResidencyState.COLD:
                     continue
-                if residency.state == ResidencyState.LOADING and not await self._node_connected(
-                    session, residency.node_id
-                ):
-                    # Nothing runs there: the worker is away and its queued load was cancelled.
-                    await deployments.set_residency_state(
-                        session, residency, ResidencyState.COLD, now=now, pid=0
-                    )
-                else:
-                    await deployments.set_residency_state(
-                        session, residency, ResidencyState.UNLOADING, now=now
-                    )
-                    await jobs.create_job(
-                        session,
-                        job_type=JobType.UNLOAD,
-                        deployment_id=deployment_id,
-                        node_id=residency.node_id,
-                        residency_id=residency.residency_id,
-                        now=now,
-                    )
+                connected = await self._node_connected(session, residency.node_id)
+                await stop_residency(session, residency, worker_connected=connected, now=now)
                 changed.append(residency)
             still_live = any(r.state != ResidencyState.COLD for r in changed)
             await deployments.move_deployment(
@@ -143,7 +127,7 @@ class DeploymentLifecycle:
         now = self._clock.now()
         created: list[ServingJob] = []
         async with self._database.transaction() as session:
-            await deployments.get_deployment(session, deployment_id)
+            await deployments.get_live_deployment(session, deployment_id)
             for residency in await deployments.residencies_of(session, deployment_id):
                 if residency.state != ResidencyState.RESIDENT:
                     continue

@@ -8,6 +8,7 @@ import logging
 import sys
 from pathlib import Path
 
+from gantry.common.inference_limits import LimitSettingsError, add_limit_arguments, limits_from
 from gantry.common.metrics import add_metrics_argument, start_metrics
 from gantry.common.process import (
     add_log_format_argument,
@@ -25,6 +26,7 @@ from gantry.common.tls import (
     server_tls_from,
 )
 from gantry.controlplane.app import ControlPlaneSettings, start_control_plane
+from gantry.controlplane.inference_service import InferenceSettings
 from gantry.controlplane.lifecycle import DEFAULT_LEASE_SECONDS
 from gantry.controlplane.persistence.database import DatabaseNotInitialised
 from gantry.controlplane.reconciler import ReconcilerSettings
@@ -74,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         default=DEFAULT_LEASE_SECONDS,
         help="job lease length; an unrenewed lease is re-queued with a new token",
     )
+    add_limit_arguments(parser)
     add_log_format_argument(parser)
     add_metrics_argument(parser)
     args = parser.parse_args(argv)
@@ -92,6 +95,10 @@ def main(argv: list[str] | None = None) -> int:
             if given is not None:
                 given.credentials()  # every file readable now, not at the first connection
     except TlsSettingsError as exc:
+        parser.error(str(exc))
+    try:
+        limits = limits_from(args)
+    except LimitSettingsError as exc:
         parser.error(str(exc))
     setup_logging("controlplane", args.log_format)
     setup_tracing("gantry-controlplane")
@@ -113,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         tls=tls,
         health_listen=args.health_listen,
         scheduler_tls=scheduler_tls,
+        inference=InferenceSettings(limits=limits),
     )
 
     async def serve() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from gantry.common.clock import Clock
 from gantry.common.errors import GantryError
+from gantry.controlplane.domain.deletion_rules import node_delete_refusal
 from gantry.controlplane.domain.transitions import JobType, NodeState, ResidencyState
 from gantry.controlplane.job_handlers import abandon_pipeline_jobs
 from gantry.controlplane.lifecycle import DeploymentLifecycle
@@ -38,11 +39,11 @@ class NodeAdmin:
         connected = self._hub.get(node_id) is not None
         changed: list[Residency] = []
         async with self._database.transaction() as session:
-            node = await nodes.get_node(session, node_id)
+            node = _live(await nodes.get_node(session, node_id))
             if node.state == NodeState.DISABLED:
                 return node
             await nodes.set_node_state(
-                session, node, NodeState.DISABLED, disabled_reason=reason or "disabled"
+                session, node, NodeState.DISABLED, now=now, disabled_reason=reason or "disabled"
             )
             touched: set[str] = set()
             for residency in await deployments.residencies_on_node(session, node_id):
@@ -110,10 +111,12 @@ class NodeAdmin:
         now = self._clock.now()
         stream = self._hub.get(node_id)
         async with self._database.transaction() as session:
-            node = await nodes.get_node(session, node_id)
+            node = _live(await nodes.get_node(session, node_id))
             if node.state != NodeState.DISABLED:
                 return node
-            await nodes.set_node_state(session, node, NodeState.DISCONNECTED, disabled_reason="")
+            await nodes.set_node_state(
+                session, node, NodeState.DISCONNECTED, now=now, disabled_reason=""
+            )
             if stream is not None and stream.generation == node.generation:
                 await nodes.set_node_state(session, node, NodeState.CONNECTED, last_seen_at=now)
             await audit.record_event(
@@ -134,7 +137,7 @@ class NodeAdmin:
         opened is closed: whoever holds the old credential is cut off at once."""
         now = self._clock.now()
         async with self._database.transaction() as session:
-            node = await nodes.get_node(session, node_id)
+            node = _live(await nodes.get_node(session, node_id))
             credential = await nodes.rotate_credential(session, node)
             await audit.record_event(
                 session,
@@ -150,3 +153,56 @@ class NodeAdmin:
                 GantryError("UNAUTHENTICATED", f"the credential of node {node_id} was rotated")
             )
         return node, credential
+
+    async def delete(self, node_id: str, *, actor: str) -> Node:
+        """Deleted (kept for its history): refused (NODE_IN_USE) while it is connected and
+        enabled, holds a residency that is not COLD, or has a job open. Its credential stops
+        working at once and a stream it still holds (a disabled node's drained worker) is closed.
+        Deleting a deleted node changes nothing."""
+        now = self._clock.now()
+        async with self._database.transaction() as session:
+            node = await nodes.lock_node(session, node_id)
+            if node.deleted_at is not None:
+                return node
+            refusal = node_delete_refusal(
+                node_id,
+                state=node.state,
+                stream_open=self._hub.get(node_id) is not None,
+                warm_residency_ids=[
+                    r.residency_id
+                    for r in await deployments.residencies_on_node(session, node_id)
+                    if r.state != ResidencyState.COLD
+                ],
+                open_job_ids=await nodes.open_job_ids_on_node(session, node_id),
+            )
+            if refusal is not None:
+                raise refusal
+            await nodes.mark_deleted(session, node, now=now)
+            await audit.record_event(
+                session,
+                actor=actor,
+                action="node.delete",
+                subject_kind="node",
+                subject_id=node_id,
+                now=now,
+                name=node.name,
+                state=node.state,
+            )
+        stream = self._hub.get(node_id)
+        if stream is not None:
+            stream.close(GantryError("UNAUTHENTICATED", f"node {node_id} was deleted"))
+        # Never placeable again (not connected); the scheduler's next snapshot omits it entirely.
+        self._lifecycle.announcer.node(node, ())
+        return node
+
+
+def _live(node: Node) -> Node:
+    """A deleted node takes no more operations but delete (a new one may take its name)."""
+    if node.deleted_at is not None:
+        raise GantryError(
+            "NOT_FOUND",
+            f"node {node.node_id} was deleted; register a new node instead",
+            kind="node",
+            id=node.node_id,
+        )
+    return node

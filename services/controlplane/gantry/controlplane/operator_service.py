@@ -19,10 +19,12 @@ from gantry.common.manifest import check_relative_path, validate_manifest
 from gantry.controlplane import convert
 from gantry.controlplane.audit_feed import AuditFeed
 from gantry.controlplane.authn import ControlPlaneAuthenticator
+from gantry.controlplane.deployment_admin import DeploymentAdmin
 from gantry.controlplane.domain.capability_degradation import CapabilityDegradation
 from gantry.controlplane.evidence_pipeline import EvidencePipeline, approved_source
 from gantry.controlplane.invariants import check_invariants
 from gantry.controlplane.lifecycle import DeploymentLifecycle
+from gantry.controlplane.lifecycle_rpcs import DeploymentLifecycleRpcs
 from gantry.controlplane.node_admin import NodeAdmin
 from gantry.controlplane.observability_rpcs import ObservabilityRpcs
 from gantry.controlplane.paging import page_of
@@ -39,7 +41,9 @@ from gantry.controlplane.persistence.database import Database
 from gantry.controlplane.persistence.models import Deployment
 from gantry.controlplane.persistence.transitions import retry_on_conflict
 from gantry.controlplane.pipeline_service import EvidencePipelineRpcs
+from gantry.controlplane.registry_admin_rpcs import RegistryAdminRpcs
 from gantry.controlplane.scheduler_link import SchedulerLink
+from gantry.controlplane.state_history_rpcs import StateHistoryRpcs
 from gantry.controlplane.tenant_service import TenantPolicyRpcs
 from gantry.controlplane.validation import (
     MAX_API_KEY_NAME_CHARS,
@@ -59,6 +63,9 @@ class ControlPlaneService(
     EvidencePipelineRpcs,
     TenantPolicyRpcs,
     ObservabilityRpcs,
+    StateHistoryRpcs,
+    RegistryAdminRpcs,
+    DeploymentLifecycleRpcs,
     control_plane_pb2_grpc.ControlPlaneServicer,
 ):
     def __init__(
@@ -74,12 +81,17 @@ class ControlPlaneService(
         hub: WorkerHub,
         audit_feed: AuditFeed,
         degradation: CapabilityDegradation | None = None,
+        deployment_admin: DeploymentAdmin | None = None,
     ) -> None:
         self._database = database
         self._hub = hub
         self._audit_feed = audit_feed
         self._degradation = degradation or CapabilityDegradation(clock)
         self._lifecycle = lifecycle
+        # Delete, restart, scale (lifecycle_rpcs.py); app.py gives it the reconciler to wake.
+        self._deployment_admin = deployment_admin or DeploymentAdmin(
+            database=database, hub=hub, lifecycle=lifecycle, clock=clock
+        )
         self._node_admin = node_admin
         self._authenticator = authenticator
         self._clock = clock
@@ -111,7 +123,12 @@ class ControlPlaneService(
     ) -> cp.ListNodesResponse:
         page = page_of(request.page_size, request.page_token)
         async with self._database.transaction() as session:
-            rows = await nodes.list_nodes(session, after=page.after, limit=page.fetch)
+            rows = await nodes.list_nodes(
+                session,
+                after=page.after,
+                limit=page.fetch,
+                include_deleted=request.include_deleted,
+            )
         items, next_token = page.split(rows, key=lambda row: row.node_id)
         return cp.ListNodesResponse(
             nodes=[convert.node(r) for r in items], next_page_token=next_token
@@ -253,7 +270,12 @@ class ControlPlaneService(
     ) -> cp.ListArtifactSetsResponse:
         page = page_of(request.page_size, request.page_token)
         async with self._database.transaction() as session:
-            rows = await artifacts.list_artifact_sets(session, after=page.after, limit=page.fetch)
+            rows = await artifacts.list_artifact_sets(
+                session,
+                after=page.after,
+                limit=page.fetch,
+                include_deleted=request.include_deleted,
+            )
         items, next_token = page.split(rows, key=lambda row: row.artifact_set_id)
         return cp.ListArtifactSetsResponse(
             artifact_sets=[convert.artifact_set(r) for r in items], next_page_token=next_token
@@ -301,7 +323,7 @@ class ControlPlaneService(
             async with self._database.transaction() as session:
                 source = await approved_source(session, approval_id)
                 profile = source.profile
-                await artifacts.get_artifact_set(session, profile.artifact_set_id)
+                await artifacts.get_live_artifact_set(session, profile.artifact_set_id)
                 row = await deployments.create_deployment(
                     session,
                     capability=request.capability,
@@ -367,7 +389,12 @@ class ControlPlaneService(
     ) -> cp.ListDeploymentsResponse:
         page = page_of(request.page_size, request.page_token)
         async with self._database.transaction() as session:
-            rows = await deployments.list_deployments(session, after=page.after, limit=page.fetch)
+            rows = await deployments.list_deployments(
+                session,
+                after=page.after,
+                limit=page.fetch,
+                include_deleted=request.include_deleted,
+            )
             items, next_token = page.split(rows, key=lambda row: row.deployment_id)
             bound = await bindings.bound_deployment_ids(session, [r.deployment_id for r in items])
             messages = [

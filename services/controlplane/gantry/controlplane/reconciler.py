@@ -230,7 +230,7 @@ class Reconciler:
                 if not _is_stale(node, heard, self._liveness):
                     continue
                 values = {} if heard is None else {"last_seen_at": _latest(node, heard)}
-                await nodes.set_node_state(session, node, NodeState.DISCONNECTED, **values)
+                await nodes.set_node_state(session, node, NodeState.DISCONNECTED, now=now, **values)
                 await settle_node_deployments(session, node.node_id, now=now)
                 stale.append((node, heard))
         for node, heard in stale:

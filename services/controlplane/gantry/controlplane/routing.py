@@ -54,7 +54,7 @@ class DeploymentResolver:
         if target == "deployment_id":
             deployment_id = parse_id(request.deployment_id, field="deployment_id")
             async with self._database.transaction() as session:
-                deployment = await deployments.get_deployment(session, deployment_id)
+                deployment = await deployments.get_live_deployment(session, deployment_id)
             return self._routable(deployment, name=f"deployment {deployment_id}")
         raise invalid_argument("set capability or deployment_id", field="target")
 

@@ -129,7 +129,10 @@ class Invocations:
         if payload == "embed":
             result.embed.CopyFrom(
                 await host.embed(
-                    list(invoke.embed.inputs), trace_context=child_context, timeout_s=timeout_s
+                    list(invoke.embed.inputs),
+                    trace_context=child_context,
+                    timeout_s=timeout_s,
+                    truncate=invoke.embed.truncate,
                 )
             )
             return
@@ -140,5 +143,6 @@ class Invocations:
                 list(invoke.rerank.documents),
                 trace_context=child_context,
                 timeout_s=timeout_s,
+                truncate=invoke.rerank.truncate,
             )
         )

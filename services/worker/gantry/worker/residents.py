@@ -48,11 +48,22 @@ class SupervisedHost(Protocol):
     def ready(self) -> model_host_pb2.HostReady: ...
 
     async def embed(
-        self, inputs: list[str], *, trace_context: dict[str, str], timeout_s: float
+        self,
+        inputs: list[str],
+        *,
+        trace_context: dict[str, str],
+        timeout_s: float,
+        truncate: bool = ...,
     ) -> wg.EmbedResult: ...
 
     async def rerank(
-        self, query: str, documents: list[str], *, trace_context: dict[str, str], timeout_s: float
+        self,
+        query: str,
+        documents: list[str],
+        *,
+        trace_context: dict[str, str],
+        timeout_s: float,
+        truncate: bool = ...,
     ) -> wg.RerankResult: ...
 
     async def ping(self, *, timeout_s: float) -> model_host_pb2.Pong: ...

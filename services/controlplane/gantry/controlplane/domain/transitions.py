@@ -85,8 +85,11 @@ DEPLOYMENT_TRANSITIONS: Mapping[DeploymentState, frozenset[DeploymentState]] = {
     # DEGRADED -> PENDING: the last healthy residency went too; -> READY: it healed.
     D.DEGRADED: frozenset({D.READY, D.UNLOADING, D.PENDING, D.FAILED}),
     D.UNLOADING: frozenset({D.UNLOADED, D.FAILED}),
-    D.UNLOADED: frozenset(),
-    D.FAILED: frozenset({D.UNLOADING, D.UNLOADED}),
+    # UNLOADED/FAILED -> PENDING: only an operator's RestartDeployment (deployment_admin.py) brings
+    # a stopped deployment back, from a fresh start; nothing automatic takes these edges
+    # (EXPLICIT_ONLY keeps derived walks off them; settle_deployment leaves stopped states alone).
+    D.UNLOADED: frozenset({D.PENDING}),
+    D.FAILED: frozenset({D.UNLOADING, D.UNLOADED, D.PENDING}),
 }
 
 NODE_TRANSITIONS: Mapping[NodeState, frozenset[NodeState]] = {
@@ -95,6 +98,13 @@ NODE_TRANSITIONS: Mapping[NodeState, frozenset[NodeState]] = {
     NodeState.DISCONNECTED: frozenset({NodeState.CONNECTED, NodeState.DISABLED}),
     # Enabling a node lets its worker connect again; it is DISCONNECTED until it does.
     NodeState.DISABLED: frozenset({NodeState.DISCONNECTED}),
+}
+
+# Edges only an operator's explicit request takes, one checked step at a time: a derived walk
+# (`shortest_path`, e.g. a deployment found READY after an adoption) never passes through them, so
+# nothing automatic brings a stopped deployment back.
+EXPLICIT_ONLY: Mapping[str, frozenset[tuple[str, str]]] = {
+    "deployment": frozenset({(D.UNLOADED, D.PENDING), (D.FAILED, D.PENDING)}),
 }
 
 TERMINAL_JOB_STATES = frozenset(s for s, targets in JOB_TRANSITIONS.items() if not targets)
@@ -128,6 +138,7 @@ def shortest_path(machine: str, current: str, target: str) -> list[str]:
     the recorded one; each step is still a checked, compare-and-set transition.
     """
     table = MACHINES[machine]
+    explicit_only = EXPLICIT_ONLY.get(machine, frozenset())
     previous: dict[str, str] = {}
     frontier = [str(current)]
     seen = {str(current)}
@@ -140,6 +151,8 @@ def shortest_path(machine: str, current: str, target: str) -> list[str]:
                     path.append(previous[path[-1]])
                 return list(reversed(path))[1:]
             for step in table.get(state, frozenset()):
+                if (state, str(step)) in explicit_only:
+                    continue
                 if str(step) not in seen:
                     seen.add(str(step))
                     previous[str(step)] = state

@@ -10,10 +10,19 @@ from sqlalchemy import select, text
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gantry.common.artifact_gate import gate_manifest_paths
-from gantry.common.errors import not_found
+from gantry.common.errors import GantryError, not_found
 from gantry.common.ids import new_id
 from gantry.common.manifest import ManifestEntry, manifest_digest
-from gantry.controlplane.persistence.models import ArtifactFile, ArtifactSet
+from gantry.controlplane.persistence.jobs import OPEN_JOB_STATES
+from gantry.controlplane.persistence.models import (
+    ArtifactFile,
+    ArtifactSet,
+    CompatibilityAssessment,
+    Deployment,
+    RuntimeProbe,
+    RuntimeProfile,
+    ServingJob,
+)
 
 
 async def create_artifact_set(
@@ -88,6 +97,8 @@ async def find_registered(
         .where(
             ArtifactSet.location == location,
             ArtifactSet.manifest_digest == manifest_digest(manifest),
+            # A deleted set is not brought back: registering its bytes again makes a new one.
+            ArtifactSet.deleted_at.is_(None),
         )
         .order_by(ArtifactSet.created_at, ArtifactSet.artifact_set_id)
         .limit(1)
@@ -112,12 +123,81 @@ async def get_manifest(session: AsyncSession, artifact_set_id: str) -> list[Mani
 
 
 async def list_artifact_sets(
-    session: AsyncSession, *, after: str, limit: int
+    session: AsyncSession, *, after: str, limit: int, include_deleted: bool = False
 ) -> Sequence[ArtifactSet]:
-    query = (
+    query = select(ArtifactSet).where(ArtifactSet.artifact_set_id > after)
+    if not include_deleted:
+        query = query.where(ArtifactSet.deleted_at.is_(None))
+    return (await session.scalars(query.order_by(ArtifactSet.artifact_set_id).limit(limit))).all()
+
+
+async def get_live_artifact_set(session: AsyncSession, artifact_set_id: str) -> ArtifactSet:
+    """The artifact set for new work (an assessment, a profile, a probe, a deployment): refused
+    once deleted. Read under a shared row lock on PostgreSQL, so a DeleteArtifactSet (which takes
+    the row exclusively) and the work it would orphan cannot both commit."""
+    row = await session.scalar(
         select(ArtifactSet)
-        .where(ArtifactSet.artifact_set_id > after)
-        .order_by(ArtifactSet.artifact_set_id)
-        .limit(limit)
+        .where(ArtifactSet.artifact_set_id == artifact_set_id)
+        .with_for_update(read=True)
+        .execution_options(populate_existing=True)
     )
-    return (await session.scalars(query)).all()
+    if row is None:
+        raise not_found("artifact set", artifact_set_id)
+    if row.deleted_at is not None:
+        raise GantryError(
+            "ARTIFACT_SET_DELETED",
+            f"artifact set {artifact_set_id} was deleted; register the directory again for a"
+            " new one",
+            artifact_set_id=artifact_set_id,
+        )
+    return row
+
+
+async def lock_artifact_set(session: AsyncSession, artifact_set_id: str) -> ArtifactSet:
+    """The row under an exclusive lock (PostgreSQL): new work naming it waits for the delete."""
+    row = await session.scalar(
+        select(ArtifactSet)
+        .where(ArtifactSet.artifact_set_id == artifact_set_id)
+        .with_for_update()
+        .execution_options(populate_existing=True)
+    )
+    if row is None:
+        raise not_found("artifact set", artifact_set_id)
+    return row
+
+
+async def deployments_using(session: AsyncSession, artifact_set_id: str) -> list[str]:
+    """The deployments that are not deleted and serve (or may serve again) this artifact set."""
+    query = (
+        select(Deployment.deployment_id)
+        .where(Deployment.artifact_set_id == artifact_set_id, Deployment.deleted_at.is_(None))
+        .order_by(Deployment.created_at, Deployment.deployment_id)
+    )
+    return list((await session.scalars(query)).all())
+
+
+async def open_pipeline_jobs_on(session: AsyncSession, artifact_set_id: str) -> list[str]:
+    """Inspections and probes of this artifact set still queued or running."""
+    assessed = select(CompatibilityAssessment.assessment_id).where(
+        CompatibilityAssessment.artifact_set_id == artifact_set_id
+    )
+    probed = (
+        select(RuntimeProbe.probe_id)
+        .join(RuntimeProfile, RuntimeProfile.profile_id == RuntimeProbe.profile_id)
+        .where(RuntimeProfile.artifact_set_id == artifact_set_id)
+    )
+    query = (
+        select(ServingJob.job_id)
+        .where(
+            ServingJob.state.in_(OPEN_JOB_STATES),
+            ServingJob.assessment_id.in_(assessed) | ServingJob.probe_id.in_(probed),
+        )
+        .order_by(ServingJob.created_at, ServingJob.job_id)
+    )
+    return list((await session.scalars(query)).all())
+
+
+async def mark_deleted(session: AsyncSession, row: ArtifactSet, *, now: dt.datetime) -> None:
+    """Only the record: its manifest and history stay, the files on disk are never touched."""
+    row.deleted_at = now
+    await session.flush()

@@ -151,3 +151,36 @@ async def follow_deployment_state(
     )
     if result.rowcount:  # type: ignore[attr-defined]
         session.info[ROUTING_CHANGED] = True
+
+
+async def unbind_deployment(
+    session: AsyncSession, *, deployment_id: str, now: dt.datetime
+) -> list[str]:
+    """Forget a deployment in every binding (it is being deleted); the capabilities changed.
+
+    A binding that names only it is removed; one with a pending deployment keeps waiting for
+    that one (it takes over when READY, as ever); a binding waiting for it stops waiting.
+    """
+    rows = (
+        await session.scalars(
+            select(CapabilityBinding)
+            .where(
+                (CapabilityBinding.deployment_id == deployment_id)
+                | (CapabilityBinding.pending_deployment_id == deployment_id)
+            )
+            .order_by(CapabilityBinding.capability)
+        )
+    ).all()
+    for row in rows:
+        if row.pending_deployment_id == deployment_id:
+            row.pending_deployment_id = None
+        if row.deployment_id == deployment_id:
+            row.deployment_id = None
+        if row.deployment_id is None and row.pending_deployment_id is None:
+            await session.delete(row)
+        else:
+            row.updated_at = now
+    if rows:
+        await session.flush()
+        session.info[ROUTING_CHANGED] = True
+    return [row.capability for row in rows]

@@ -16,7 +16,7 @@ from gantry.controlplane.domain.transitions import (
     ResidencyState,
     shortest_path,
 )
-from gantry.controlplane.persistence import bindings
+from gantry.controlplane.persistence import bindings, state_history
 from gantry.controlplane.persistence.models import Deployment, Residency
 from gantry.controlplane.persistence.transitions import compare_and_set
 
@@ -61,6 +61,13 @@ async def create_deployment(
         candidate_id=candidate_id,
     )
     session.add(row)
+    await state_history.record_creation(
+        session,
+        subject_kind="deployment",
+        subject_id=row.deployment_id,
+        state=row.state,
+        at=now,
+    )
     await session.flush()
     return row
 
@@ -72,16 +79,81 @@ async def get_deployment(session: AsyncSession, deployment_id: str) -> Deploymen
     return row
 
 
-async def list_deployments(
-    session: AsyncSession, *, after: str, limit: int
-) -> Sequence[Deployment]:
-    query = (
+async def get_live_deployment(session: AsyncSession, deployment_id: str) -> Deployment:
+    """The deployment for an operation that acts on it (bind, unload, restart, scale, a health
+    check, an embed by id): DEPLOYMENT_DELETED once deleted. Reads (GetDeployment) still see it."""
+    return check_live(await get_deployment(session, deployment_id))
+
+
+def check_live(row: Deployment) -> Deployment:
+    """The row, unless it was deleted (DEPLOYMENT_DELETED: no new work may name it)."""
+    if row.deleted_at is not None:
+        raise GantryError(
+            "DEPLOYMENT_DELETED",
+            f"deployment {row.deployment_id} was deleted; deploy its approval again for a new one",
+            deployment_id=row.deployment_id,
+        )
+    return row
+
+
+async def lock_deployment(session: AsyncSession, deployment_id: str) -> Deployment:
+    """The row read fresh under an exclusive lock (PostgreSQL; SQLite writers are serialised):
+    a delete and a restart or scale of the same deployment cannot both commit on stale reads."""
+    row = await session.scalar(
         select(Deployment)
-        .where(Deployment.deployment_id > after)
-        .order_by(Deployment.deployment_id)
-        .limit(limit)
+        .where(Deployment.deployment_id == deployment_id)
+        .with_for_update()
+        .execution_options(populate_existing=True)
     )
-    return (await session.scalars(query)).all()
+    if row is None:
+        raise not_found("deployment", deployment_id)
+    return row
+
+
+async def list_deployments(
+    session: AsyncSession, *, after: str, limit: int, include_deleted: bool = False
+) -> Sequence[Deployment]:
+    query = select(Deployment).where(Deployment.deployment_id > after)
+    if not include_deleted:
+        query = query.where(Deployment.deleted_at.is_(None))
+    return (await session.scalars(query.order_by(Deployment.deployment_id).limit(limit))).all()
+
+
+async def mark_deployment_deleted(
+    session: AsyncSession, deployment: Deployment, *, now: dt.datetime
+) -> None:
+    """Only marks the row: its residencies, jobs, history and audit trail stay."""
+    deployment.deleted_at = now
+    deployment.updated_at = now
+    await session.flush()
+
+
+async def set_scale(
+    session: AsyncSession,
+    deployment: Deployment,
+    *,
+    replicas: int,
+    min_replicas: int,
+    max_replicas: int,
+    now: dt.datetime,
+) -> None:
+    """An operator's scale: replicas and bounds together, compare-and-set on (state, replicas)
+    as read, like `set_replicas` (a concurrent autoscale or unload loses, never overwrites)."""
+    await set_replicas(session, deployment, replicas=replicas, now=now)
+    deployment.min_replicas = min_replicas
+    deployment.max_replicas = max_replicas
+    await session.flush()
+
+
+async def clear_load_failures(
+    session: AsyncSession, deployment: Deployment, *, now: dt.datetime
+) -> None:
+    """A fresh start (RestartDeployment): no failed loads counted, no last failure shown."""
+    deployment.load_failure_count = 0
+    deployment.last_failure_reason = ""
+    deployment.last_failure_message = ""
+    deployment.updated_at = now
+    await session.flush()
 
 
 async def set_deployment_state(
@@ -153,6 +225,14 @@ async def create_residency(
         updated_at=now,
     )
     session.add(row)
+    await state_history.record_creation(
+        session,
+        subject_kind="residency",
+        subject_id=row.residency_id,
+        state=row.state,
+        at=now,
+        deployment_id=deployment_id,
+    )
     await session.flush()
     return row
 
@@ -216,14 +296,18 @@ async def move_deployment(
     """Walk the table's shortest path to `target`, one compare-and-set per step; True if moved."""
     if deployment.state == target:
         return False
-    for step in shortest_path("deployment", deployment.state, target):
+    path = shortest_path("deployment", deployment.state, target)
+    for index, step in enumerate(path):
+        # The failure belongs to the step that ends the walk: the history shows it once, where
+        # the deployment arrived, not on each state it passed through.
+        final = index == len(path) - 1
         await set_deployment_state(
             session,
             deployment,
             DeploymentState(step),
             now=now,
-            failure_reason=failure_reason,
-            failure_message=failure_message,
+            failure_reason=failure_reason if final else "",
+            failure_message=failure_message if final else "",
         )
     return True
 
@@ -231,7 +315,11 @@ async def move_deployment(
 async def deployments_in_states(
     session: AsyncSession, states: Iterable[DeploymentState]
 ) -> Sequence[Deployment]:
-    query = select(Deployment).where(Deployment.state.in_(list(states)))
+    # A deleted deployment is UNLOADED or FAILED and stays so; the filter keeps every loop
+    # (reconciler, autoscaler, scheduler snapshots) off it whatever the states asked for.
+    query = select(Deployment).where(
+        Deployment.state.in_(list(states)), Deployment.deleted_at.is_(None)
+    )
     return (await session.scalars(query.order_by(Deployment.created_at))).all()
 
 

@@ -21,6 +21,7 @@ from gantry.common import tokens
 from gantry.common.errors import GantryError, not_found
 from gantry.common.ids import new_id
 from gantry.controlplane.domain.transitions import TERMINAL_JOB_STATES, JobState, JobType
+from gantry.controlplane.persistence import state_history
 from gantry.controlplane.persistence.models import ServingJob
 from gantry.controlplane.persistence.transitions import compare_and_set
 
@@ -62,6 +63,14 @@ async def create_job(
         updated_at=now,
     )
     session.add(row)
+    await state_history.record_creation(
+        session,
+        subject_kind="job",
+        subject_id=row.job_id,
+        state=row.state,
+        at=now,
+        deployment_id=deployment_id,
+    )
     await session.flush()
     return row
 

@@ -14,7 +14,9 @@ from gantry.common.errors import GantryError, not_found
 from gantry.common.ids import new_id
 from gantry.controlplane.domain.transitions import NodeState
 from gantry.controlplane.liveness import SeenBatch
-from gantry.controlplane.persistence.models import Node
+from gantry.controlplane.persistence import state_history
+from gantry.controlplane.persistence.jobs import OPEN_JOB_STATES
+from gantry.controlplane.persistence.models import Node, ServingJob
 from gantry.controlplane.persistence.transitions import compare_and_set
 
 # Nodes per `record_last_seen` statement: far below SQLite's and PostgreSQL's bind limits.
@@ -25,7 +27,10 @@ async def register_node(
     session: AsyncSession, *, name: str, labels: dict[str, str], now: dt.datetime
 ) -> tuple[Node, str]:
     """A new node and its credential; the credential is returned once, only its hash is stored."""
-    existing = await session.scalar(select(Node).where(Node.name == name))
+    # A deleted node keeps its row (and name) for its history: the name is free again.
+    existing = await session.scalar(
+        select(Node).where(Node.name == name, Node.deleted_at.is_(None))
+    )
     if existing is not None:
         raise GantryError("ALREADY_EXISTS", f"a node named {name!r} exists", name=name)
     node_id = new_id()
@@ -42,6 +47,9 @@ async def register_node(
         created_at=now,
     )
     session.add(node)
+    await state_history.record_creation(
+        session, subject_kind="node", subject_id=node_id, state=node.state, at=now
+    )
     await session.flush()
     return node, credential
 
@@ -53,9 +61,15 @@ async def get_node(session: AsyncSession, node_id: str) -> Node:
     return node
 
 
-async def list_nodes(session: AsyncSession, *, after: str, limit: int) -> Sequence[Node]:
-    query = select(Node).where(Node.node_id > after).order_by(Node.node_id).limit(limit)
-    return (await session.scalars(query)).all()
+async def list_nodes(
+    session: AsyncSession, *, after: str, limit: int, include_deleted: bool = False
+) -> Sequence[Node]:
+    """Nodes by id; deleted ones only when asked (placement, snapshots and the scheduler's view
+    never see them)."""
+    query = select(Node).where(Node.node_id > after)
+    if not include_deleted:
+        query = query.where(Node.deleted_at.is_(None))
+    return (await session.scalars(query.order_by(Node.node_id).limit(limit))).all()
 
 
 async def mark_connected(
@@ -75,6 +89,7 @@ async def mark_connected(
             machine="node",
             expected=node.state,
             target=NodeState.CONNECTED,
+            now=now,
         )
     node.generation = generation
     node.hostname = hostname
@@ -113,6 +128,7 @@ async def disconnect_all(session: AsyncSession, *, now: dt.datetime) -> int:
             machine="node",
             expected=NodeState.CONNECTED,
             target=NodeState.DISCONNECTED,
+            now=now,
         )
     return len(rows)
 
@@ -131,12 +147,17 @@ async def claim_generation(
     Two streams of one node racing (an old process reconnecting, a new one starting) cannot both
     win: the UPDATE holds `generation >= current` in its WHERE, so the check and the write are one.
     """
+    # Read for the history only: the UPDATE below stays the one check-and-write.
+    previous_state = await session.scalar(select(Node.state).where(Node.node_id == node_id))
     result = await session.execute(
         update(Node)
         .where(
             Node.node_id == node_id,
             Node.generation <= generation,
             Node.state != NodeState.DISABLED,
+            # DeleteNode locks the row: a Hello racing it either lands first (and the delete is
+            # refused: CONNECTED) or waits and matches nothing here.
+            Node.deleted_at.is_(None),
         )
         .values(
             state=NodeState.CONNECTED,
@@ -150,7 +171,20 @@ async def claim_generation(
     node = await get_node(session, node_id)
     await session.refresh(node)
     if result.rowcount == 1:  # type: ignore[attr-defined]
+        if previous_state is not None and previous_state != NodeState.CONNECTED:
+            await state_history.record_change(
+                session,
+                Node,
+                node_id,
+                machine="node",
+                from_state=previous_state,
+                to_state=NodeState.CONNECTED,
+                values={},
+                at=now,
+            )
         return node
+    if node.deleted_at is not None:
+        raise GantryError("UNAUTHENTICATED", f"node {node_id} was deleted")
     if node.state == NodeState.DISABLED:
         raise GantryError("NODE_DISABLED", f"node {node_id} is disabled", node_id=node_id)
     raise GantryError(
@@ -163,7 +197,7 @@ async def claim_generation(
 async def nodes_in_state(
     session: AsyncSession, state: NodeState, *, seen_before: dt.datetime | None = None
 ) -> Sequence[Node]:
-    query = select(Node).where(Node.state == state)
+    query = select(Node).where(Node.state == state, Node.deleted_at.is_(None))
     if seen_before is not None:
         query = query.where((Node.last_seen_at < seen_before) | (Node.last_seen_at.is_(None)))
     return (await session.scalars(query)).all()
@@ -189,10 +223,22 @@ async def record_last_seen(session: AsyncSession, batch: SeenBatch) -> None:
 
 
 async def set_node_state(
-    session: AsyncSession, node: Node, target: NodeState, **values: Any
+    session: AsyncSession,
+    node: Node,
+    target: NodeState,
+    *,
+    now: dt.datetime | None = None,
+    **values: Any,
 ) -> None:
     await compare_and_set(
-        session, Node, node.node_id, machine="node", expected=node.state, target=target, **values
+        session,
+        Node,
+        node.node_id,
+        machine="node",
+        expected=node.state,
+        target=target,
+        now=now,
+        **values,
     )
     await session.refresh(node)
 
@@ -203,3 +249,35 @@ async def rotate_credential(session: AsyncSession, node: Node) -> str:
     node.credential_hash = tokens.hash_token(credential)
     await session.flush()
     return credential
+
+
+async def lock_node(session: AsyncSession, node_id: str) -> Node:
+    """The node read under a row lock (PostgreSQL; SQLite's writers already take turns): a Hello
+    racing a delete waits for it instead of slipping in between its checks and its write."""
+    node = await session.scalar(
+        select(Node)
+        .where(Node.node_id == node_id)
+        .with_for_update()
+        .execution_options(populate_existing=True)
+    )
+    if node is None:
+        raise not_found("node", node_id)
+    return node
+
+
+async def mark_deleted(session: AsyncSession, node: Node, *, now: dt.datetime) -> None:
+    """Deleted: the row stays for its history. No token hashes to an empty string, so the
+    credential it had matches nothing from now on (the authenticator refuses it first anyway)."""
+    node.deleted_at = now
+    node.credential_hash = ""
+    await session.flush()
+
+
+async def open_job_ids_on_node(session: AsyncSession, node_id: str) -> list[str]:
+    """Jobs of any type still queued, leased or running on the node, oldest first."""
+    query = (
+        select(ServingJob.job_id)
+        .where(ServingJob.node_id == node_id, ServingJob.state.in_(OPEN_JOB_STATES))
+        .order_by(ServingJob.created_at, ServingJob.job_id)
+    )
+    return list((await session.scalars(query)).all())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
@@ -12,6 +13,7 @@ from gantry.common.errors import GantryError
 from gantry.controlplane.domain.pipeline_states import check_assessment_transition
 from gantry.controlplane.domain.probe_transitions import check_probe_transition
 from gantry.controlplane.domain.transitions import check_transition
+from gantry.controlplane.persistence.state_history import record_change
 
 T = TypeVar("T")
 
@@ -30,12 +32,15 @@ async def compare_and_set(
     machine: str,
     expected: str,
     target: str,
+    now: dt.datetime | None = None,
     **values: Any,
 ) -> None:
     """`UPDATE model SET state=target WHERE pk=key AND state=expected`; losing is an error.
 
     Two control-plane replicas racing for the same row cannot both win: the loser's UPDATE matches
-    no row and raises INVALID_STATE_TRANSITION instead of overwriting.
+    no row and raises INVALID_STATE_TRANSITION instead of overwriting. A real move of a recorded
+    machine (deployment, residency, node, job) leaves its history row in the same transaction;
+    `now` is its time when `values` write none.
     """
     if expected != target:
         pipeline_check = _PIPELINE_CHECKS.get(machine)
@@ -58,6 +63,17 @@ async def compare_and_set(
             expected=expected,
             target=target,
             conflict="true",
+        )
+    if expected != target:
+        await record_change(
+            session,
+            model,
+            key,
+            machine=machine,
+            from_state=expected,
+            to_state=target,
+            values=values,
+            at=now,
         )
 
 

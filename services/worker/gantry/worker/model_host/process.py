@@ -302,16 +302,22 @@ class ModelHost:
     # -- serving -------------------------------------------------------------------------------
 
     async def embed(
-        self, inputs: Sequence[str], *, trace_context: Mapping[str, str], timeout_s: float
+        self,
+        inputs: Sequence[str],
+        *,
+        trace_context: Mapping[str, str],
+        timeout_s: float,
+        truncate: bool = False,
     ) -> worker_gateway_pb2.EmbedResult:
-        """Embed `inputs` in the child. Raises GantryError: INVALID_PAYLOAD, INVOKE_FAILED,
-        RUNTIME_CRASHED (the child died meanwhile), RUNTIME_UNRESPONSIVE, DEADLINE_EXCEEDED,
-        QUEUE_FULL, DEPLOYMENT_NOT_READY."""
+        """Embed `inputs` in the child. Raises GantryError: INVALID_PAYLOAD, INPUT_TOO_LONG (an
+        input past the model's token limit without `truncate`), INVOKE_FAILED, RUNTIME_CRASHED
+        (the child died meanwhile), RUNTIME_UNRESPONSIVE, DEADLINE_EXCEEDED, QUEUE_FULL,
+        DEPLOYMENT_NOT_READY."""
         if not inputs:
             raise GantryError("INVALID_PAYLOAD", "an embed request needs at least one input")
         request = model_host_pb2.HostRequest(
             trace_context=dict(trace_context),
-            embed=worker_gateway_pb2.EmbedPayload(inputs=list(inputs)),
+            embed=worker_gateway_pb2.EmbedPayload(inputs=list(inputs), truncate=truncate),
         )
         response = await self._call(request, timeout_s=timeout_s)
         return self._embed_result(response, len(inputs))
@@ -323,6 +329,7 @@ class ModelHost:
         *,
         trace_context: Mapping[str, str],
         timeout_s: float,
+        truncate: bool = False,
     ) -> worker_gateway_pb2.RerankResult:
         """Score each document against `query` in the child (a cross-encoder host); one score
         per document, in their order. Raises GantryError as `embed` does (INVALID_PAYLOAD from
@@ -331,7 +338,9 @@ class ModelHost:
             raise GantryError("INVALID_PAYLOAD", "a rerank request needs a query and documents")
         request = model_host_pb2.HostRequest(
             trace_context=dict(trace_context),
-            rerank=worker_gateway_pb2.RerankPayload(query=query, documents=list(documents)),
+            rerank=worker_gateway_pb2.RerankPayload(
+                query=query, documents=list(documents), truncate=truncate
+            ),
         )
         response = await self._call(request, timeout_s=timeout_s)
         kind = response.WhichOneof("kind")

@@ -32,6 +32,7 @@ from gantry.worker.model_host import probe_evidence
 from gantry.worker.model_host.adapters import ModelAdapter
 from gantry.worker.model_host.adapters.base import DEFAULT_MAX_BATCH_INPUTS
 from gantry.worker.model_host.inbox import ChannelClosed, Inbox, InboxItem, Queued, ResponseWriter
+from gantry.worker.model_host.input_lengths import length_refusal
 from gantry.worker.model_host.probe_evidence import LoadRecord
 
 logger = logging.getLogger("gantry.model_host")
@@ -148,6 +149,8 @@ class ModelServer:
                         request, GantryError("INVALID_PAYLOAD", "embed request has no inputs")
                     )
                     continue
+                if self._refused_for_length(request):
+                    continue
                 self._run_batch(self._collect_batch(request))
                 continue
             if kind == "rerank":
@@ -219,11 +222,28 @@ class ModelServer:
                 self._carried.append(item)
                 break
             assert isinstance(item, Queued)
-            if not self._still_wanted(item):
+            if not self._still_wanted(item) or self._refused_for_length(item.request):
                 continue
             batch.append(item.request)
             total_inputs += len(item.request.embed.inputs)
         return batch
+
+    def _refused_for_length(self, request: model_host_pb2.HostRequest) -> bool:
+        """True (after answering INPUT_TOO_LONG) for an input past the model's token limit.
+
+        Checked per request before batching: each request's own indexes, and one request's
+        overlong input never fails its batch-mates."""
+        try:
+            refusal = length_refusal(self._adapter, request)
+        except Exception as exc:
+            logger.exception("counting the tokens of request %d failed", request.request_id)
+            refusal = GantryError(
+                "INVOKE_FAILED", f"counting tokens failed: {type(exc).__name__}: {exc}"
+            )
+        if refusal is None:
+            return False
+        self._answer_failure(request, refusal)
+        return True
 
     # -- health, probe, unload -------------------------------------------------------------------
 
@@ -333,6 +353,8 @@ class ModelServer:
                 request,
                 GantryError("INVALID_PAYLOAD", "a rerank request needs a query and documents"),
             )
+            return
+        if self._refused_for_length(request):
             return
         span = self._tracer.start_span(
             "model_host.rerank",

@@ -108,6 +108,22 @@ class ModelAdapter(abc.ABC):
     def rerank(self, query: str, documents: Sequence[str]) -> np.ndarray:
         raise self.unsupported("rerank")
 
+    # -- input lengths: refused unless the request asks for truncation --------------------------
+
+    @property
+    def token_limit(self) -> int:
+        """The most tokens one input (a query + document pair for a cross-encoder) may hold, as
+        the library truncates to; 0 when the model declares none (nothing is refused then)."""
+        return 0
+
+    def embed_token_counts(self, inputs: Sequence[str]) -> list[int]:
+        """Each input's tokens as the forward pass would see them, untruncated."""
+        raise self.unsupported("embed")
+
+    def rerank_token_counts(self, query: str, documents: Sequence[str]) -> list[int]:
+        """Each (query, document) pair's tokens as the forward pass would see them, untruncated."""
+        raise self.unsupported("rerank")
+
     def unsupported(self, kind: str) -> GantryError:
         return GantryError(
             "INVALID_PAYLOAD",
@@ -187,3 +203,28 @@ def check_output(
         problem=problem,
         detail=problem or healthy,
     )
+
+
+# transformers' stand-in for "no declared maximum" is 1e30; a limit past this is no limit.
+_NO_DECLARED_LIMIT = 1_000_000
+
+
+def declared_token_limit(max_seq_length: object) -> int:
+    """A library's `max_seq_length` as a limit to enforce; 0 when it declares none."""
+    if isinstance(max_seq_length, int) and 0 < max_seq_length < _NO_DECLARED_LIMIT:
+        return max_seq_length
+    return 0
+
+
+def token_counts(tokenizer: Any, *texts: Sequence[str]) -> list[int]:
+    """Tokens per text (or per pair, given two sequences) with the special tokens the model adds,
+    untruncated: what sentence-transformers feeds the model before cutting to its limit."""
+    encoded = tokenizer(
+        *(list(column) for column in texts),
+        add_special_tokens=True,
+        truncation=False,
+        return_attention_mask=False,
+        return_token_type_ids=False,
+        verbose=False,  # the "longer than the maximum" warning is ours to answer, not to log
+    )
+    return [len(ids) for ids in encoded["input_ids"]]

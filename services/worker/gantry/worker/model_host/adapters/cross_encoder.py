@@ -19,6 +19,8 @@ from gantry.worker.model_host.adapters.base import (
     ForwardCheck,
     ModelAdapter,
     check_output,
+    declared_token_limit,
+    token_counts,
 )
 
 if TYPE_CHECKING:
@@ -49,6 +51,18 @@ class SentenceTransformersCrossEncoder(ModelAdapter):
                 adapter=self.name,
             )
         return model
+
+    @property
+    def token_limit(self) -> int:
+        # A model without a text tokenizer (or a stand-in) declares nothing to enforce.
+        model = self._require_loaded()
+        if getattr(model, "tokenizer", None) is None:
+            return 0
+        return declared_token_limit(getattr(model, "max_seq_length", None))
+
+    def rerank_token_counts(self, query: str, documents: Sequence[str]) -> list[int]:
+        model = self._require_loaded()
+        return token_counts(model.tokenizer, [query] * len(documents), documents)
 
     def rerank(self, query: str, documents: Sequence[str]) -> np.ndarray:
         import numpy as np

@@ -13,6 +13,8 @@ from gantry.worker.model_host.adapters.base import (
     ForwardCheck,
     ModelAdapter,
     check_output,
+    declared_token_limit,
+    token_counts,
 )
 
 if TYPE_CHECKING:
@@ -49,6 +51,20 @@ class SentenceTransformersEmbedding(ModelAdapter):
     @property
     def dim(self) -> int:
         return self._dim
+
+    @property
+    def token_limit(self) -> int:
+        # A model without a text tokenizer (or a stand-in) declares nothing to enforce.
+        model = self._require_loaded()
+        if getattr(model, "tokenizer", None) is None:
+            return 0
+        return declared_token_limit(getattr(model, "max_seq_length", None))
+
+    def embed_token_counts(self, inputs: Sequence[str]) -> list[int]:
+        model = self._require_loaded()
+        # encode() puts the default prompt (if the model declares one) before each text.
+        prompt = (model.prompts or {}).get(model.default_prompt_name or "", "")
+        return token_counts(model.tokenizer, [prompt + text for text in inputs])
 
     def embed(self, inputs: Sequence[str]) -> np.ndarray:
         import numpy as np

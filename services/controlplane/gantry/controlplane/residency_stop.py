@@ -1,0 +1,39 @@
+"""Stopping one residency the way every operator action and the autoscaler stop one.
+
+UNLOADING with an UNLOAD job until its worker confirms the process exited (custody ends only when
+it is reaped), or COLD at once for a load whose worker is away: its queued load was cancelled and
+nothing runs there. Unload, restart, scale down and the autoscaler share it, so none of them can
+drift from the custody rule.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from gantry.controlplane.domain.transitions import JobType, ResidencyState
+from gantry.controlplane.persistence import deployments, jobs
+from gantry.controlplane.persistence.models import Residency
+
+
+async def stop_residency(
+    session: AsyncSession, residency: Residency, *, worker_connected: bool, now: dt.datetime
+) -> None:
+    if residency.state == ResidencyState.LOADING and not worker_connected:
+        await deployments.set_residency_state(
+            session, residency, ResidencyState.COLD, now=now, pid=0
+        )
+        return
+    await deployments.set_residency_state(session, residency, ResidencyState.UNLOADING, now=now)
+    if not await jobs.open_jobs_for_residency(
+        session, residency.residency_id, job_type=JobType.UNLOAD
+    ):
+        await jobs.create_job(
+            session,
+            job_type=JobType.UNLOAD,
+            deployment_id=residency.deployment_id,
+            node_id=residency.node_id,
+            residency_id=residency.residency_id,
+            now=now,
+        )

@@ -1,0 +1,241 @@
+"""The README's shell blocks run as pasted against a real `gantry up`.
+
+One `gantry up` (a child process on free ports, its own state directory) serves every block. Each
+fenced `sh`/`bash` block of README.md runs in bash (`-e -o pipefail`) in order, from a directory
+laid out like the repository root: `.venv` (a link to this checkout's) and `.gantry` (the
+instance's state), so `.venv/bin/gantry`, `$(cat .gantry/operator.token)` and the like work
+unchanged; only the control plane's default address is rewritten to the instance's (and
+GANTRY_ADDRESS / GANTRY_STATE_DIR point at it too). A block that cannot run as pasted (it starts
+the services itself, runs until Ctrl-C, needs a model that is not bundled) carries a visible
+marker on the line before its fence:
+
+    <!-- readme-test: skip (why) -->
+
+Every other block must exit 0. The static test below needs no `gantry up`: it checks that every
+skip says why and that no runnable block holds a `<PLACEHOLDER>` (a block with ids to fill in
+either captures them in shell or is skipped).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import pytest
+
+from gantry.common.auth import auth_metadata
+from gantry.v1 import inference_pb2, inference_pb2_grpc
+
+REPO = Path(__file__).resolve().parents[2]
+README = REPO / "README.md"
+DEFAULT_ADDRESSES = ("127.0.0.1:50051", "localhost:50051")
+SKIP = re.compile(r"^<!--\s*readme-test:\s*skip\s*\((?P<why>.+)\)\s*-->\s*$")
+FENCE = re.compile(r"^```(?P<info>[\w+-]*)\s*$")
+PLACEHOLDER = re.compile(r"<[A-Z][A-Z_]+>")
+RUN_LANGUAGES = {"sh", "bash", "shell"}
+READY_TIMEOUT_S = 240.0
+BLOCK_TIMEOUT_S = 120.0
+
+
+@dataclass(frozen=True)
+class Block:
+    line: int  # of the opening fence, 1-based
+    language: str
+    text: str
+    skip: str | None  # the reason, when marked
+
+    @property
+    def title(self) -> str:
+        first = next((s for s in self.text.splitlines() if s.strip()), "")
+        return f"README.md:{self.line} {first.strip()[:60]}"
+
+
+def readme_blocks(text: str) -> list[Block]:
+    """Every fenced block in order, with the skip marker (if any) on the line before it."""
+    blocks: list[Block] = []
+    lines = text.splitlines()
+    index = 0
+    while index < len(lines):
+        fence = FENCE.match(lines[index])
+        if fence is None:
+            index += 1
+            continue
+        end = next(
+            (j for j in range(index + 1, len(lines)) if lines[j].startswith("```")), len(lines)
+        )
+        previous = next((lines[j] for j in range(index - 1, -1, -1) if lines[j].strip()), "")
+        marker = SKIP.match(previous.strip())
+        blocks.append(
+            Block(
+                line=index + 1,
+                language=fence.group("info").lower(),
+                text="\n".join(lines[index + 1 : end]) + "\n",
+                skip=marker.group("why").strip() if marker else None,
+            )
+        )
+        index = end + 1
+    return blocks
+
+
+def shell_blocks(text: str) -> list[Block]:
+    return [b for b in readme_blocks(text) if b.language in RUN_LANGUAGES]
+
+
+def static_problems(text: str) -> list[str]:
+    problems = []
+    for block in shell_blocks(text):
+        if block.skip is not None:
+            continue
+        if found := sorted(set(PLACEHOLDER.findall(block.text))):
+            problems.append(f"{block.title}: placeholders {' '.join(found)} in a block that runs")
+    for number, line in enumerate(text.splitlines(), 1):
+        if "readme-test:" in line and SKIP.match(line.strip()) is None:
+            problems.append(f"README.md:{number}: malformed marker (want: skip (reason))")
+    return problems
+
+
+def test_readme_blocks_are_runnable_or_skipped_with_a_reason() -> None:
+    assert static_problems(README.read_text()) == []
+
+
+def test_the_static_check_can_fail() -> None:
+    bad = (
+        "```sh\ngantry unload <DEPLOYMENT_ID>\n```\n"
+        "<!-- readme-test: skip -->\n```sh\nmake run\n```\n"
+        "<!-- readme-test: skip (starts the services) -->\n```sh\nmake run <X_Y>\n```\n"
+    )
+    assert static_problems(bad) == [
+        "README.md:1 gantry unload <DEPLOYMENT_ID>: placeholders <DEPLOYMENT_ID> in a block "
+        "that runs",
+        "README.md:4: malformed marker (want: skip (reason))",
+    ]
+    blocks = shell_blocks(bad)
+    assert [b.skip for b in blocks] == [None, None, "starts the services"]
+
+
+# ---- the real run -------------------------------------------------------------------------------
+
+
+def _free_address() -> str:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{sock.getsockname()[1]}"
+
+
+@dataclass(frozen=True)
+class Instance:
+    root: Path  # laid out like the repository root: .venv, .gantry
+    address: str
+    log: Path
+
+
+def _tail(path: Path, lines: int = 40) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def _wait_serving(process: subprocess.Popen[bytes], instance: Instance) -> None:
+    """Until an Embed of the bundled model answers (what `gantry up` prints as ready)."""
+    key = instance.root / ".gantry" / "client.key"
+    request = inference_pb2.EmbedRequest(capability="minilm", inputs=["ready?"])
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    with grpc.insecure_channel(instance.address) as channel:
+        stub = inference_pb2_grpc.InferenceStub(channel)
+        while True:
+            if process.poll() is not None:
+                pytest.fail(f"gantry up exited {process.returncode}:\n{_tail(instance.log)}")
+            if key.exists():
+                try:
+                    stub.Embed(request, metadata=auth_metadata(key.read_text().strip()), timeout=30)
+                    return
+                except grpc.RpcError:
+                    pass  # not deployed yet
+            if time.monotonic() > deadline:
+                pytest.fail(
+                    f"gantry up not serving in {READY_TIMEOUT_S:g}s:\n{_tail(instance.log)}"
+                )
+            time.sleep(0.5)
+
+
+@pytest.fixture(scope="module")
+def gantry_up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Instance]:
+    root = tmp_path_factory.mktemp("readme")
+    (root / ".venv").symlink_to(REPO / ".venv")
+    instance = Instance(root=root, address=_free_address(), log=root / "gantry-up.log")
+    with instance.log.open("wb") as log:
+        process = subprocess.Popen(
+            [
+                *(sys.executable, "-m", "gantry.cli.main"),
+                *("--state-dir", str(root / ".gantry"), "--address", instance.address),
+                *("up", "--scheduler-address", _free_address(), "--no-metrics"),
+            ],
+            cwd=root,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,  # its own group: the teardown ends everything it started
+        )
+    try:
+        _wait_serving(process, instance)
+        yield instance
+    finally:
+        process.send_signal(signal.SIGTERM)  # `gantry up` stops its children in order
+        try:
+            process.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+def _rewritten(block: Block, address: str) -> str:
+    text = block.text
+    for default in DEFAULT_ADDRESSES:
+        text = text.replace(default, address)
+    return text
+
+
+@pytest.mark.e2e
+def test_readme_shell_blocks_run_against_gantry_up(gantry_up: Instance) -> None:
+    blocks = shell_blocks(README.read_text())
+    env = {
+        **os.environ,
+        "GANTRY_ADDRESS": gantry_up.address,
+        "GANTRY_STATE_DIR": str(gantry_up.root / ".gantry"),
+        "PATH": f"{REPO / '.venv' / 'bin'}{os.pathsep}{os.environ['PATH']}",
+    }
+    failures, skipped, ran = [], [], []
+    for block in blocks:
+        if block.skip is not None:
+            skipped.append(f"{block.title}: {block.skip}")
+            continue
+        try:
+            done = subprocess.run(
+                ["bash", "-e", "-o", "pipefail", "-c", _rewritten(block, gantry_up.address)],
+                cwd=gantry_up.root,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                text=True,
+                timeout=BLOCK_TIMEOUT_S,
+            )
+        except subprocess.TimeoutExpired:
+            failures.append(f"{block.title}: still running after {BLOCK_TIMEOUT_S:g}s")
+            continue
+        ran.append(block.title)
+        if done.returncode != 0:
+            output = (done.stdout + done.stderr)[-2000:]
+            failures.append(f"{block.title}: exit {done.returncode}\n{output}")
+    print("ran:", *ran, "skipped:", *skipped, sep="\n  ")
+    assert ran, "no README block ran"
+    assert failures == [], "\n\n".join(failures)
