@@ -39,6 +39,8 @@ REPO = Path(__file__).resolve().parents[2]
 README = REPO / "README.md"
 DEFAULT_ADDRESSES = ("127.0.0.1:50051", "localhost:50051")
 SKIP = re.compile(r"^<!--\s*readme-test:\s*skip\s*\((?P<why>.+)\)\s*-->\s*$")
+# What a block that runs must print (comma-separated), e.g. the reason of a failure it shows.
+EXPECT = re.compile(r"^<!--\s*readme-test:\s*expect\s*\((?P<what>.+)\)\s*-->\s*$")
 FENCE = re.compile(r"^```(?P<info>[\w+-]*)\s*$")
 PLACEHOLDER = re.compile(r"<[A-Z][A-Z_]+>")
 RUN_LANGUAGES = {"sh", "bash", "shell"}
@@ -52,6 +54,7 @@ class Block:
     language: str
     text: str
     skip: str | None  # the reason, when marked
+    expect: tuple[str, ...] = ()  # what its output must hold
 
     @property
     def title(self) -> str:
@@ -74,12 +77,18 @@ def readme_blocks(text: str) -> list[Block]:
         )
         previous = next((lines[j] for j in range(index - 1, -1, -1) if lines[j].strip()), "")
         marker = SKIP.match(previous.strip())
+        expected = EXPECT.match(previous.strip())
         blocks.append(
             Block(
                 line=index + 1,
                 language=fence.group("info").lower(),
                 text="\n".join(lines[index + 1 : end]) + "\n",
                 skip=marker.group("why").strip() if marker else None,
+                expect=tuple(
+                    part.strip() for part in expected.group("what").split(",") if part.strip()
+                )
+                if expected
+                else (),
             )
         )
         index = end + 1
@@ -98,7 +107,8 @@ def static_problems(text: str) -> list[str]:
         if found := sorted(set(PLACEHOLDER.findall(block.text))):
             problems.append(f"{block.title}: placeholders {' '.join(found)} in a block that runs")
     for number, line in enumerate(text.splitlines(), 1):
-        if "readme-test:" in line and SKIP.match(line.strip()) is None:
+        marker = line.strip()
+        if "readme-test:" in line and not (SKIP.match(marker) or EXPECT.match(marker)):
             problems.append(f"README.md:{number}: malformed marker (want: skip (reason))")
     return problems
 
@@ -205,6 +215,34 @@ def _rewritten(block: Block, address: str) -> str:
     return text
 
 
+def _run_block(
+    block: Block, instance: Instance, env: dict[str, str]
+) -> subprocess.CompletedProcess[str] | None:
+    """Run one block in its own session; whatever it left running (a worker it started in the
+    background) is ended with it, so a failing block leaks no process. None: it timed out."""
+    process = subprocess.Popen(
+        ["bash", "-e", "-o", "pipefail", "-c", _rewritten(block, instance.address)],
+        cwd=instance.root,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        stdout, stderr = process.communicate(timeout=BLOCK_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return None
+    finally:
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        process.wait()
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+
+
 @pytest.mark.e2e
 def test_readme_shell_blocks_run_against_gantry_up(gantry_up: Instance) -> None:
     blocks = shell_blocks(README.read_text())
@@ -219,23 +257,17 @@ def test_readme_shell_blocks_run_against_gantry_up(gantry_up: Instance) -> None:
         if block.skip is not None:
             skipped.append(f"{block.title}: {block.skip}")
             continue
-        try:
-            done = subprocess.run(
-                ["bash", "-e", "-o", "pipefail", "-c", _rewritten(block, gantry_up.address)],
-                cwd=gantry_up.root,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                capture_output=True,
-                text=True,
-                timeout=BLOCK_TIMEOUT_S,
-            )
-        except subprocess.TimeoutExpired:
+        outcome = _run_block(block, gantry_up, env)
+        if outcome is None:
             failures.append(f"{block.title}: still running after {BLOCK_TIMEOUT_S:g}s")
             continue
+        done = outcome
         ran.append(block.title)
+        output = done.stdout + done.stderr
         if done.returncode != 0:
-            output = (done.stdout + done.stderr)[-2000:]
-            failures.append(f"{block.title}: exit {done.returncode}\n{output}")
+            failures.append(f"{block.title}: exit {done.returncode}\n{output[-2000:]}")
+        elif missing := [text for text in block.expect if text not in output]:
+            failures.append(f"{block.title}: printed none of {missing}\n{output[-2000:]}")
     print("ran:", *ran, "skipped:", *skipped, sep="\n  ")
     assert ran, "no README block ran"
     assert failures == [], "\n\n".join(failures)

@@ -178,6 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     register.set_defaults(handler=operator_commands.artifacts_register)
     register.add_argument("directory", metavar="DIR", help="a directory under the artifact root")
+    add_output_argument(register)
     register.add_argument("--name", help="artifact set name (default: the directory name)")
     register.add_argument(
         "--artifact-root",
@@ -342,9 +343,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_output_argument(bind)
 
     deployment_commands.add_wait_arguments(deploy)
+    add_output_argument(deploy)
     unload = command("unload", operator_commands.unload, "unload a deployment")
     unload.add_argument("deployment_id", metavar="DEPLOYMENT_ID")
     deployment_commands.add_wait_arguments(unload)
+    add_output_argument(unload)
     deployment_commands.add_restart_arguments(
         command(
             "restart",

@@ -14,7 +14,7 @@ from gantry.cli import deployment_commands
 from gantry.cli.artifacts import artifact_location, hash_directory
 from gantry.cli.connection import DEFAULT_TIMEOUT_S, CommandContext, paged
 from gantry.cli.deployment_wait import Goal
-from gantry.cli.output import print_records
+from gantry.cli.output import print_json, print_records, wants_json
 from gantry.cli.tables import enum_label, format_bytes
 from gantry.v1 import common_pb2, control_plane_pb2, control_plane_pb2_grpc
 
@@ -70,6 +70,9 @@ def artifacts_register(context: CommandContext, args: argparse.Namespace) -> int
             f" (same manifest digest {registered.manifest_digest[:16]}…); nothing changed",
             file=sys.stderr,
         )
+    if wants_json(args):
+        print_json(registered)
+        return 0
     size = sum(entry.size_bytes for entry in manifest)
     print(f"artifact_set_id  {registered.artifact_set_id}")
     print(f"manifest_digest  {registered.manifest_digest}")
@@ -104,11 +107,16 @@ def deployments(context: CommandContext, args: argparse.Namespace) -> int:
             deployment.capability,
             _deployment_state(deployment.state)
             + ("/deleted" if deployment.HasField("deleted_at") else ""),
-            ",".join(r.node_id for r in deployment.residencies) or "-",
-            ",".join(_residency_state(r.state) for r in deployment.residencies) or "-",
+            ",".join(r.node_id for r in _placed(deployment)) or "-",
+            ",".join(_residency_state(r.state) for r in _placed(deployment)) or "-",
         ],
     )
     return 0
+
+
+def _placed(deployment: control_plane_pb2.Deployment) -> list[common_pb2.Residency]:
+    # COLD residencies are history (a restart, a drained node): `gantry describe` shows them.
+    return [r for r in deployment.residencies if r.state != common_pb2.RESIDENCY_STATE_COLD]
 
 
 def deploy(context: CommandContext, args: argparse.Namespace) -> int:
@@ -130,11 +138,15 @@ def deploy(context: CommandContext, args: argparse.Namespace) -> int:
         print(
             f"deployment {deployment.deployment_id} ({deployment.capability}, {bound}):"
             f" {_deployment_state(deployment.state)}",
+            # With --output json, stdout holds the JSON only: this line goes with the progress.
+            file=sys.stderr if wants_json(args) else sys.stdout,
             flush=True,
         )
         # --wait (the default): until READY with its replicas resident, or its failure (exit 1).
         settled = deployment_commands.settle(stub, metadata, deployment, args, goal=Goal.READY)
-    if not args.no_wait:
+    if wants_json(args):
+        print_json(settled)
+    elif not args.no_wait:
         print(deployment_commands.summary(settled))
     return 0
 
@@ -152,5 +164,8 @@ def unload(context: CommandContext, args: argparse.Namespace) -> int:
         deployment = deployment_commands.settle(
             stub, metadata, deployment, args, goal=Goal.UNLOADED
         )
+    if wants_json(args):
+        print_json(deployment)
+        return 0
     print(f"deployment {deployment.deployment_id}: {_deployment_state(deployment.state)}")
     return 0
