@@ -14,6 +14,7 @@ import grpc
 from gantry.cli import (
     artifact_set_commands,
     bench_command,
+    check_command,
     delete_commands,
     deployment_commands,
     describe_commands,
@@ -344,6 +345,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     deployment_commands.add_wait_arguments(deploy)
     add_output_argument(deploy)
+    check_command.add_check_arguments(
+        command(
+            "check",
+            check_command.check_command,
+            "deep health now: a real forward pass on every resident replica (exit 1 if one fails)",
+        )
+    )
+
     unload = command("unload", operator_commands.unload, "unload a deployment")
     unload.add_argument("deployment_id", metavar="DEPLOYMENT_ID")
     deployment_commands.add_wait_arguments(unload)
