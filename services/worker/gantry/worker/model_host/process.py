@@ -24,6 +24,7 @@ from gantry.worker.model_host import sandbox
 from gantry.worker.model_host.environments import host_environment
 from gantry.worker.model_host.exit_status import describe_returncode, exit_evidence
 from gantry.worker.model_host.framing import FrameError, read_frame_async, write_frame_async
+from gantry.worker.model_host.host_answers import checked_embed
 from gantry.worker.model_host.host_process import HostProcess, SpawnedProcess
 from gantry.worker.model_host.inbox import DEFAULT_INBOX_LIMIT
 from gantry.worker.model_host.landlock import Isolation
@@ -320,7 +321,7 @@ class ModelHost:
             embed=worker_gateway_pb2.EmbedPayload(inputs=list(inputs), truncate=truncate),
         )
         response = await self._call(request, timeout_s=timeout_s)
-        return self._embed_result(response, len(inputs))
+        return checked_embed(response, input_count=len(inputs), dim=self.ready.dim)
 
     async def rerank(
         self,
@@ -636,27 +637,6 @@ class ModelHost:
             deployment_id=self.deployment_id,
             pid=str(self.pid),
         )
-
-    def _embed_result(
-        self, response: model_host_pb2.HostResponse, input_count: int
-    ) -> worker_gateway_pb2.EmbedResult:
-        kind = response.WhichOneof("kind")
-        if kind == "failure":
-            raise GantryError.from_failure(response.failure)
-        if kind != "embed":
-            raise GantryError("INVOKE_FAILED", f"model host answered an embed with {kind!r}")
-        result = response.embed
-        if (
-            result.count != input_count
-            or result.dim != self.ready.dim
-            or len(result.float32_le) != result.count * result.dim * 4
-        ):
-            raise GantryError(
-                "INVOKE_FAILED",
-                f"model host answered {result.count}x{result.dim} with {len(result.float32_le)} "
-                f"bytes for {input_count} inputs of width {self.ready.dim}",
-            )
-        return result
 
     async def _dispatch_responses(self) -> None:
         try:
