@@ -71,3 +71,4 @@ from tests.fixtures.tiny_model import (  # noqa: E402, F401  (shared fixtures)
     tiny_cross_encoder_dir,
     tiny_model_dir,
 )
+from tests.fixtures.tiny_whisper import tiny_whisper_dir  # noqa: E402, F401

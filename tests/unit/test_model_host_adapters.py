@@ -27,8 +27,12 @@ from gantry.worker.model_host.probe_evidence import LoadRecord, network_guard_in
 from gantry.worker.model_host.serving import ModelServer, ServingSettings
 
 
-def test_the_registry_names_exactly_the_two_executable_adapters() -> None:
-    assert sorted(ADAPTERS) == ["sentence_transformers", "sentence_transformers_cross_encoder"]
+def test_the_registry_names_exactly_the_executable_adapters() -> None:
+    assert sorted(ADAPTERS) == [
+        "sentence_transformers",
+        "sentence_transformers_cross_encoder",
+        "transformers_whisper",
+    ]
     assert isinstance(adapter_for("sentence_transformers"), SentenceTransformersEmbedding)
     assert isinstance(
         adapter_for("sentence_transformers_cross_encoder"), SentenceTransformersCrossEncoder

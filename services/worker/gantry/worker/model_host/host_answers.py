@@ -1,7 +1,8 @@
 """Checking a model host's answer before the worker trusts it (pure).
 
 The host is a sandboxed child running third-party model code: its answer is input like any other,
-so an embed answer whose shape or byte count disagrees with the request is refused, never sent on.
+so an answer whose shape disagrees with the request (an embed's rows or bytes, a rerank's scores,
+a transcript's segment times) is refused, never sent on.
 """
 
 from __future__ import annotations
@@ -30,4 +31,44 @@ def checked_embed(
             f"model host answered {result.count}x{result.dim} with {len(result.float32_le)} "
             f"bytes for {input_count} inputs of width {dim}",
         )
+    return result
+
+
+def _expect(response: model_host_pb2.HostResponse, kind: str, what: str) -> None:
+    answered = response.WhichOneof("kind")
+    if answered == "failure":
+        raise GantryError.from_failure(response.failure)
+    if answered != kind:
+        raise GantryError("INVOKE_FAILED", f"model host answered {what} with {answered!r}")
+
+
+def checked_rerank(
+    response: model_host_pb2.HostResponse, *, document_count: int
+) -> worker_gateway_pb2.RerankResult:
+    """The rerank result, when it has one score per document; its failure raised."""
+    _expect(response, "rerank", "a rerank")
+    if len(response.rerank.scores) != document_count:
+        raise GantryError(
+            "INVOKE_FAILED",
+            f"model host answered {len(response.rerank.scores)} scores for "
+            f"{document_count} documents",
+        )
+    return response.rerank
+
+
+def checked_transcribe(
+    response: model_host_pb2.HostResponse,
+) -> worker_gateway_pb2.TranscribeResult:
+    """The transcription, when its segments are in order inside the clip; its failure raised."""
+    _expect(response, "transcribe", "a transcribe")
+    result = response.transcribe
+    previous_start = 0.0
+    for index, segment in enumerate(result.segments):
+        if not (previous_start <= segment.start_s <= segment.end_s <= result.audio_seconds + 1e-6):
+            raise GantryError(
+                "INVOKE_FAILED",
+                f"model host answered segment {index} at {segment.start_s:g}-{segment.end_s:g} s "
+                f"for a {result.audio_seconds:g} s clip (out of order or outside it)",
+            )
+        previous_start = segment.start_s
     return result

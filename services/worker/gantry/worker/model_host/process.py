@@ -1,5 +1,5 @@
 """The worker's seam to one model host child: start (spawned, or forked by a warm pool), await
-ready, multiplex embeds, stop, verify."""
+ready, multiplex embeds, reranks and transcriptions, stop, verify."""
 
 from __future__ import annotations
 
@@ -24,7 +24,11 @@ from gantry.worker.model_host import sandbox
 from gantry.worker.model_host.environments import host_environment
 from gantry.worker.model_host.exit_status import describe_returncode, exit_evidence
 from gantry.worker.model_host.framing import FrameError, read_frame_async, write_frame_async
-from gantry.worker.model_host.host_answers import checked_embed
+from gantry.worker.model_host.host_answers import (
+    checked_embed,
+    checked_rerank,
+    checked_transcribe,
+)
 from gantry.worker.model_host.host_process import HostProcess, SpawnedProcess
 from gantry.worker.model_host.inbox import DEFAULT_INBOX_LIMIT
 from gantry.worker.model_host.landlock import Isolation
@@ -344,18 +348,20 @@ class ModelHost:
             ),
         )
         response = await self._call(request, timeout_s=timeout_s)
-        kind = response.WhichOneof("kind")
-        if kind == "failure":
-            raise GantryError.from_failure(response.failure)
-        if kind != "rerank":
-            raise GantryError("INVOKE_FAILED", f"model host answered a rerank with {kind!r}")
-        if len(response.rerank.scores) != len(documents):
-            raise GantryError(
-                "INVOKE_FAILED",
-                f"model host answered {len(response.rerank.scores)} scores for "
-                f"{len(documents)} documents",
-            )
-        return response.rerank
+        return checked_rerank(response, document_count=len(documents))
+
+    async def transcribe(
+        self,
+        payload: worker_gateway_pb2.TranscribePayload,
+        *,
+        trace_context: Mapping[str, str],
+        timeout_s: float,
+    ) -> worker_gateway_pb2.TranscribeResult:
+        """Transcribe one clip in the child (a Whisper host; decoding happens there). Raises
+        GantryError as `embed` does (INVALID_PAYLOAD for audio it cannot take, naming the field)."""
+        request = model_host_pb2.HostRequest(trace_context=dict(trace_context))
+        request.transcribe.CopyFrom(payload)
+        return checked_transcribe(await self._call(request, timeout_s=timeout_s))
 
     async def ping(self, *, timeout_s: float) -> model_host_pb2.Pong:
         """Liveness: the child's reader thread answers even mid forward pass. Raises GantryError

@@ -1,9 +1,10 @@
 """The model host's serving loop: the main thread runs the adapter's requests, one at a time.
 
-Embeds are micro-batched; reranks, health checks and probe checks run alone. Frames arrive through
-the reader thread's `Inbox` (which answers pings itself). A request whose timeout passed while it
-was queued, or that its caller cancelled, is never run. A request kind the adapter does not serve
-is answered INVALID_PAYLOAD. Shutdown releases the model and answers HostUnloaded before exiting.
+Embeds are micro-batched; reranks, transcriptions, health checks and probe checks run alone.
+Frames arrive through the reader thread's `Inbox` (which answers pings itself). A request whose
+timeout passed while it was queued, or that its caller cancelled, is never run. A request kind the
+adapter does not serve is answered INVALID_PAYLOAD. Shutdown releases the model and answers
+HostUnloaded before exiting.
 """
 
 from __future__ import annotations
@@ -140,7 +141,7 @@ class ModelServer:
                 return 0
             if not self._still_wanted(item):
                 continue
-            if kind in ("embed", "rerank") and kind not in self._adapter.serves:
+            if kind in ("embed", "rerank", "transcribe") and kind not in self._adapter.serves:
                 self._answer_failure(request, self._wrong_kind(kind))
                 continue
             if kind == "embed":
@@ -155,6 +156,10 @@ class ModelServer:
                 continue
             if kind == "rerank":
                 self._run_rerank(request)
+                continue
+            if kind == "transcribe":
+                # One clip per call, never batched: a clip is up to 60 windows of generation.
+                self._run_transcribe(request)
                 continue
             if kind == "health":
                 self._answer_health(request)
@@ -374,6 +379,36 @@ class ModelServer:
                 request_id=request.request_id,
                 rerank=worker_gateway_pb2.RerankResult(scores=scores.tolist()),
             )
+        )
+
+    # -- transcribe ------------------------------------------------------------------------------
+
+    def _run_transcribe(self, request: model_host_pb2.HostRequest) -> None:
+        audio = request.transcribe.audio
+        span = self._tracer.start_span(
+            "model_host.transcribe",
+            context=extract_context(request.trace_context),
+            attributes={
+                "gantry.audio_bytes": len(audio.data),
+                "gantry.media_type": audio.media_type,
+            },
+        )
+        try:
+            result = self._adapter.transcribe(request.transcribe)
+        except GantryError as exc:
+            # The client's audio (INVALID_PAYLOAD): answered as it is, and no forward pass failed.
+            logger.info("transcribe request %d refused: %s", request.request_id, exc.message)
+            span.set_status(trace.Status(trace.StatusCode.ERROR, exc.reason))
+            span.end()
+            self._answer_failure(request, exc)
+            return
+        except Exception as exc:
+            self._fail(request, span, exc)
+            return
+        span.set_attribute("gantry.audio_seconds", result.audio_seconds)
+        span.end()
+        self._responses.send(
+            model_host_pb2.HostResponse(request_id=request.request_id, transcribe=result)
         )
 
     # -- shared ----------------------------------------------------------------------------------

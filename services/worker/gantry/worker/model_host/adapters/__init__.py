@@ -15,10 +15,15 @@ from gantry.worker.model_host.adapters.cross_encoder import SentenceTransformers
 from gantry.worker.model_host.adapters.sentence_transformers_embedding import (
     SentenceTransformersEmbedding,
 )
+from gantry.worker.model_host.adapters.whisper import TransformersWhisper
 
 ADAPTERS: Mapping[str, type[ModelAdapter]] = {
     adapter.name: adapter
-    for adapter in (SentenceTransformersEmbedding, SentenceTransformersCrossEncoder)
+    for adapter in (
+        SentenceTransformersEmbedding,
+        SentenceTransformersCrossEncoder,
+        TransformersWhisper,
+    )
 }
 DEFAULT_ADAPTER = SentenceTransformersEmbedding.name
 

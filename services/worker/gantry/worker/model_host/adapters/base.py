@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from gantry.common.errors import GantryError
-from gantry.v1 import common_pb2
+from gantry.v1 import common_pb2, worker_gateway_pb2
 
 if TYPE_CHECKING:
     import numpy as np
@@ -56,8 +56,9 @@ class ModelAdapter(abc.ABC):
     """One way of running a model in the host. Subclasses set the class attributes below."""
 
     name: ClassVar[str]
-    task: ClassVar[str]  # "embedding", "reranking"
-    serves: ClassVar[frozenset[str]]  # the HostRequest kinds it answers: "embed", "rerank"
+    task: ClassVar[str]  # "embedding", "reranking", "speech_recognition"
+    # The HostRequest kinds it answers: "embed", "rerank", "transcribe".
+    serves: ClassVar[frozenset[str]]
     # What the adapter passes to the library, recorded as offline evidence (not assumed).
     local_files_only: ClassVar[bool] = True
     trust_remote_code: ClassVar[bool] = False
@@ -108,6 +109,12 @@ class ModelAdapter(abc.ABC):
     def rerank(self, query: str, documents: Sequence[str]) -> np.ndarray:
         raise self.unsupported("rerank")
 
+    def transcribe(
+        self, payload: worker_gateway_pb2.TranscribePayload
+    ) -> worker_gateway_pb2.TranscribeResult:
+        """One clip's transcript (speech recognition adapters)."""
+        raise self.unsupported("transcribe")
+
     # -- input lengths: refused unless the request asks for truncation --------------------------
 
     @property
@@ -151,8 +158,13 @@ class ModelAdapter(abc.ABC):
     def max_batch_inputs(self) -> int:
         return self._max_batch_inputs
 
-    def runtime_versions(self) -> dict[str, str]:
+    def library_versions(self) -> dict[str, str]:
+        """The versions of the libraries beyond torch and transformers this adapter runs on."""
         import sentence_transformers
+
+        return {"sentence_transformers": sentence_transformers.__version__}
+
+    def runtime_versions(self) -> dict[str, str]:
         import torch
         import transformers
 
@@ -161,7 +173,7 @@ class ModelAdapter(abc.ABC):
             "python": platform.python_version(),
             "torch": torch.__version__,
             "transformers": transformers.__version__,
-            "sentence_transformers": sentence_transformers.__version__,
+            **self.library_versions(),
             "device": str(device),
         }
         if device.type == "cuda":
