@@ -92,6 +92,11 @@ def test_every_gate_from_the_cli_then_deploy_deployments_and_unload(
     out = capsys.readouterr().out
     assert "profile      prof-1" in out
     assert "sentence_transformers on cpu (normalize=true" in out
+    speech = ("--adapter", "transformers_whisper", "--language", "en", "--task", "translate")
+    assert gantry(fake, state, "profile", "asm-1", "--name", "whisper-cpu", *speech) == 0
+    capsys.readouterr()
+    sent = fake.control_plane.profiles[-1].adapter
+    assert (sent.adapter, sent.language, sent.task) == ("transformers_whisper", "en", "translate")
 
     assert gantry(fake, state, "probe", "prof-1", "--wait-timeout", "30") == 0
     captured = capsys.readouterr()

@@ -65,7 +65,7 @@ async def test_a_facts_script_that_hangs_is_killed_at_the_timeout(tmp_path: Path
     assert environment.unavailable_reason == "the facts script did not finish within 0.3s"
 
 
-async def test_the_workers_own_interpreter_offers_both_sentence_transformers_adapters() -> None:
+async def test_the_workers_own_interpreter_offers_the_text_and_whisper_adapters() -> None:
     environment = await collect_environment("", sys.executable)
     assert environment.available is True
     assert environment.environment_id == "default"
@@ -73,8 +73,9 @@ async def test_the_workers_own_interpreter_offers_both_sentence_transformers_ada
     assert list(environment.adapters) == [
         "sentence_transformers",
         "sentence_transformers_cross_encoder",
+        "transformers_whisper",
     ]
-    assert list(environment.modalities) == ["text"]
+    assert list(environment.modalities) == ["audio", "text"]
     assert {"python", "torch", "transformers", "sentence-transformers"} <= set(environment.versions)
     assert environment.device in {"cpu", "cuda"}
     assert environment.device_name

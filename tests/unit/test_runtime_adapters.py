@@ -54,7 +54,11 @@ def test_both_names_resolve_to_their_own_adapter() -> None:
     assert isinstance(embedding, SentenceTransformersEmbedding)
     assert isinstance(cross_encoder, SentenceTransformersCrossEncoder)
     assert (embedding.task, cross_encoder.task) == ("embedding", "reranking")
-    assert [adapter.name for adapter in registered_adapters()] == [EMBEDDING, CROSS_ENCODER]
+    assert [adapter.name for adapter in registered_adapters()] == [
+        EMBEDDING,
+        CROSS_ENCODER,
+        "transformers_whisper",
+    ]
     assert all(isinstance(adapter, RuntimeAdapter) for adapter in registered_adapters())
 
 
@@ -71,7 +75,7 @@ def test_an_unknown_adapter_is_runtime_incompatible_naming_the_supported_ones() 
     assert error.metadata == {"adapter": "vllm"}
     assert error.message == (
         "adapter 'vllm' is not supported; supported: "
-        "sentence_transformers, sentence_transformers_cross_encoder"
+        "sentence_transformers, sentence_transformers_cross_encoder, transformers_whisper"
     )
 
 
@@ -106,6 +110,7 @@ def test_a_gguf_inspection_is_run_by_no_adapter_and_each_says_why() -> None:
     assert reasons == {
         EMBEDDING: "runs sentence-transformers layouts, not gguf",
         CROSS_ENCODER: "runs sentence-transformers layouts, not gguf",
+        "transformers_whisper": "runs transformers layouts, not gguf",
     }
 
 

@@ -276,9 +276,16 @@ def build_parser() -> argparse.ArgumentParser:
     profile.add_argument(
         "--adapter",
         default="sentence_transformers",
-        help="sentence_transformers (embeddings) or sentence_transformers_cross_encoder",
+        help="sentence_transformers (embeddings), sentence_transformers_cross_encoder "
+        "(reranking) or transformers_whisper (speech recognition)",
     )
     profile.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1 (default cpu)")
+    profile.add_argument(
+        "--language", default="", help="transformers_whisper: a code such as en (default: detect)"
+    )
+    profile.add_argument(
+        "--task", default="", help="transformers_whisper: transcribe (default) or translate"
+    )
     profile.add_argument("--normalize", action="store_true", help="L2-normalise embeddings")
     profile.add_argument("--max-batch-size", type=int, default=0, metavar="N")
     profile.add_argument("--max-input-length", type=int, default=0, metavar="TOKENS")

@@ -60,6 +60,8 @@ def profile(context: CommandContext, args: argparse.Namespace) -> int:
             max_batch_size=args.max_batch_size,
             max_input_length=args.max_input_length,
             allow_pickle_weights=args.allow_pickle_weights,
+            language=args.language,
+            task=args.task,
         ),
         ram_estimate_bytes=args.ram_estimate,
         vram_estimate_bytes=args.vram_estimate,

@@ -15,7 +15,14 @@ from gantry.v1 import common_pb2
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 # The adapters a worker can execute in this version (one module per adapter on the worker side).
-SUPPORTED_ADAPTERS = frozenset({"sentence_transformers", "sentence_transformers_cross_encoder"})
+SUPPORTED_ADAPTERS = frozenset(
+    {"sentence_transformers", "sentence_transformers_cross_encoder", "transformers_whisper"}
+)
+# Adapter settings only speech recognition reads: the decoder's language and task.
+WHISPER_ADAPTER = "transformers_whisper"
+WHISPER_TASKS = ("transcribe", "translate")
+# Whisper's language tokens are ISO 639-1 codes, plus a few three-letter ones ("haw", "yue").
+_LANGUAGE_CODE = re.compile(r"[a-z]{2,3}")
 
 MAX_LABELS = 64
 _LABEL_KEY = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._/-]{0,62})$")
@@ -92,7 +99,8 @@ def check_supported_adapter(name: str) -> str:
 
 
 def check_adapter_settings(adapter: common_pb2.AdapterSettings) -> common_pb2.AdapterSettings:
-    """The settings' own limits (device, batch size, input length); the name is checked apart."""
+    """The settings' own limits (device, batch size, input length, Whisper's language and task);
+    the name is checked apart."""
     if adapter.device and not _DEVICE.fullmatch(adapter.device):
         raise invalid_argument(
             f"device {adapter.device!r} is not cpu or cuda[:N]", field="adapter.device"
@@ -109,7 +117,34 @@ def check_adapter_settings(adapter: common_pb2.AdapterSettings) -> common_pb2.Ad
             field="adapter.max_input_length",
             limit=str(MAX_INPUT_LENGTH_TOKENS),
         )
+    _check_speech_settings(adapter)
     return adapter
+
+
+def _check_speech_settings(adapter: common_pb2.AdapterSettings) -> None:
+    """language and task: a short code (or empty: detected per clip) and transcribe/translate
+    (or empty: transcribe), for Whisper only; another adapter would silently ignore them."""
+    if adapter.adapter != WHISPER_ADAPTER:
+        for name in ("language", "task"):
+            if getattr(adapter, name):
+                raise invalid_argument(
+                    f"adapter.{name} is read only by {WHISPER_ADAPTER}, not "
+                    f"{adapter.adapter or 'the default adapter'}",
+                    field=f"adapter.{name}",
+                )
+        return
+    if adapter.language and not _LANGUAGE_CODE.fullmatch(adapter.language):
+        raise invalid_argument(
+            f"adapter.language must be empty (detected per clip) or a 2-3 letter lowercase "
+            f"language code such as 'en', got {adapter.language[:40]!r}",
+            field="adapter.language",
+        )
+    if adapter.task and adapter.task not in WHISPER_TASKS:
+        raise invalid_argument(
+            f"adapter.task must be empty (transcribe) or one of {', '.join(WHISPER_TASKS)}, "
+            f"got {adapter.task[:40]!r}",
+            field="adapter.task",
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

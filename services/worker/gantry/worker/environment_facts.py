@@ -95,6 +95,16 @@ elif st_dirs is None:
 else:
     facts["notes"].append("sentence_transformers is installed without torch or transformers")
 
+# transformers_whisper: torch, and a transformers that ships its whisper model package.
+transformers_dirs = package_dirs("transformers") or []
+has_whisper = any(
+    os.path.isdir(os.path.join(directory, "models", "whisper")) for directory in transformers_dirs
+)
+if package_dirs("torch") is not None and has_whisper:
+    facts["adapters"].append("transformers_whisper")
+else:
+    facts["notes"].append("transformers_whisper needs torch and transformers' whisper models")
+
 facts["device"] = "cpu"
 facts["device_name"] = platform.processor() or platform.machine() or "cpu"
 facts["cuda_available"] = False

@@ -2,8 +2,9 @@
 
 Nothing here can be executed in this issue except through sentence-transformers (see
 `sentence_transformers.py`, which also claims a `*ForSequenceClassification` config with one
-label: a cross-encoder). vLLM serves the same layout as transformers and cannot be told apart
-statically, so a generation model gets a note saying so rather than a guess.
+label: a cross-encoder) and Whisper speech recognition (`whisper.py` adds its audio details).
+vLLM serves the same layout as transformers and cannot be told apart statically,
+so a generation model gets a note saying so rather than a guess.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from gantry.worker.inspection import whisper
 from gantry.worker.inspection.artifact_files import NOTE, ArtifactFiles, Draft, finding, keep
 
 CONFIG = "config.json"
@@ -157,4 +159,6 @@ def inspect(files: ArtifactFiles) -> Draft:
     draft.details = model_details(config)
     if draft.task == "generation":
         draft.findings.append(finding(NOTE, _GENERATION_NOTE, CONFIG))
+    if draft.model_type == whisper.MODEL_TYPE:
+        whisper.add_details(files, config, draft)
     return draft
