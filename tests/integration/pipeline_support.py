@@ -33,6 +33,26 @@ async def refusal(call: Awaitable[Any]) -> tuple[grpc.StatusCode, str]:
     return caught.value.code(), info.reason if info is not None else ""
 
 
+async def refusal_with_metadata(
+    call: Awaitable[Any],
+) -> tuple[grpc.StatusCode, str, dict[str, str]]:
+    """The status code, ErrorInfo reason and its metadata an RPC is refused with."""
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await call
+    info = error_info_of(caught.value)
+    assert info is not None, caught.value
+    return caught.value.code(), info.reason, dict(info.metadata)
+
+
+async def audited(gantry: Pipeline, action: str, subject_id: str) -> list[cp.AuditEvent]:
+    """The audit events of one action on one subject."""
+    listed = await gantry.op.ListAuditEvents(
+        cp.ListAuditEventsRequest(filter=cp.AuditEventFilter(action=action, subject_id=subject_id)),
+        metadata=gantry.md,
+    )
+    return list(listed.events)
+
+
 @dataclass
 class Pipeline:
     harness: Harness

@@ -13,13 +13,18 @@ from pathlib import Path
 import grpc
 import pytest
 
-from gantry.common.status import error_info_of
 from gantry.v1 import common_pb2
 from gantry.v1 import control_plane_pb2 as cp
 from gantry.v1 import inference_pb2 as inf
 from gantry.v1 import worker_gateway_pb2 as wg
 from tests.integration.harness import wait_for
-from tests.integration.pipeline_support import Pipeline, make_model_dir, pipeline_of
+from tests.integration.pipeline_support import (
+    Pipeline,
+    audited,
+    make_model_dir,
+    pipeline_of,
+    refusal_with_metadata,
+)
 from tests.integration.scripted_worker import ScriptedWorker
 
 RESIDENT = common_pb2.RESIDENCY_STATE_RESIDENT
@@ -33,20 +38,7 @@ async def gantry(database_url: str, tmp_path: Path) -> AsyncIterator[Pipeline]:
         yield pipeline
 
 
-async def refused(call) -> tuple[grpc.StatusCode, str, dict[str, str]]:  # type: ignore[no-untyped-def]
-    with pytest.raises(grpc.aio.AioRpcError) as caught:
-        await call
-    info = error_info_of(caught.value)
-    assert info is not None, caught.value
-    return caught.value.code(), info.reason, dict(info.metadata)
-
-
-async def audited(gantry: Pipeline, action: str, subject_id: str) -> list[cp.AuditEvent]:
-    listed = await gantry.op.ListAuditEvents(
-        cp.ListAuditEventsRequest(filter=cp.AuditEventFilter(action=action, subject_id=subject_id)),
-        metadata=gantry.md,
-    )
-    return list(listed.events)
+refused = refusal_with_metadata
 
 
 async def listed_ids(gantry: Pipeline, *, include_deleted: bool = False) -> set[str]:

@@ -12,7 +12,13 @@ from pathlib import Path
 
 from gantry.cli.connection import DEFAULT_TIMEOUT_S, CommandContext, paged
 from gantry.cli.errors import CliError
-from gantry.cli.output import add_output_argument, print_json, print_records, wants_json
+from gantry.cli.output import (
+    add_output_argument,
+    print_json,
+    print_records,
+    print_secret_record,
+    wants_json,
+)
 from gantry.cli.state import write_secret
 from gantry.cli.tables import format_timestamp
 from gantry.v1 import control_plane_pb2, control_plane_pb2_grpc
@@ -89,19 +95,13 @@ def keys_create(context: CommandContext, args: argparse.Namespace) -> int:
         )
     if key_file is not None:
         write_secret(key_file, created.api_key)
-    if wants_json(args):
-        shown = control_plane_pb2.CreateApiKeyResponse()
-        shown.CopyFrom(created)
-        if key_file is not None:
-            shown.ClearField("api_key")  # kept in the file only
-        print_json(shown)
-    else:
-        print(f"api_key_id  {created.api_key_id}")
-        print(f"tenant      {created.tenant_id}")
-        if key_file is None:
-            print(f"api_key     {created.api_key}")
-        else:
-            print(f"api_key     written to {key_file} (mode 0600)")
+    print_secret_record(
+        args,
+        created,
+        secret_field="api_key",
+        fields=[("api_key_id", created.api_key_id), ("tenant", created.tenant_id)],
+        written_to=key_file,
+    )
     print(
         "The key is shown only once (only its hash is stored); clients send it as"
         " `authorization: Bearer KEY` on Inference calls.",

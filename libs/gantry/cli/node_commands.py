@@ -19,7 +19,13 @@ from gantry.cli.connection import DEFAULT_TIMEOUT_S, CommandContext, paged
 from gantry.cli.delete_commands import add_delete_kind
 from gantry.cli.errors import CliError
 from gantry.cli.jobs_commands import resolve_node_id
-from gantry.cli.output import add_output_argument, print_json, print_records, wants_json
+from gantry.cli.output import (
+    add_output_argument,
+    print_json,
+    print_records,
+    print_secret_record,
+    wants_json,
+)
 from gantry.cli.state import write_secret
 from gantry.cli.tables import enum_label, format_timestamp
 from gantry.v1 import common_pb2, control_plane_pb2, control_plane_pb2_grpc
@@ -219,19 +225,13 @@ def _show_credential(
     written_to: Path | None = args.credential_file
     if written_to is not None:
         write_secret(written_to, response.credential)
-    if wants_json(args):
-        shown = control_plane_pb2.RegisterNodeResponse()
-        shown.CopyFrom(response)
-        if written_to is not None:
-            shown.ClearField("credential")  # kept in the file only
-        print_json(shown)
-    else:
-        print(f"node_id     {response.node.node_id}")
-        print(f"name        {response.node.name}")
-        if written_to is None:
-            print(f"credential  {response.credential}")
-        else:
-            print(f"credential  written to {written_to} (mode 0600)")
+    print_secret_record(
+        args,
+        response,
+        secret_field="credential",
+        fields=[("node_id", response.node.node_id), ("name", response.node.name)],
+        written_to=written_to,
+    )
     print(f"node {response.node.name} {verb}.", file=sys.stderr)
     for line in credential_notes(response.node, address=context.address, written_to=written_to):
         print(line, file=sys.stderr)

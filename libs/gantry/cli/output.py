@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, TypeVar
 
 from google.protobuf import json_format
@@ -63,3 +64,30 @@ def print_records(
         print_json(records)
     else:
         print(render_table(headers, [list(row(record)) for record in records]))
+
+
+def print_secret_record(
+    args: argparse.Namespace,
+    response: Message,
+    *,
+    secret_field: str,
+    fields: Sequence[tuple[str, str]],
+    written_to: Path | None,
+) -> None:
+    """A response that carries a secret shown once (a node credential, a client key): the record
+    with the secret, or with where it was written (then the JSON omits it: it is kept in the file
+    only). The caller writes the file first."""
+    if wants_json(args):
+        shown = type(response)()
+        shown.CopyFrom(response)
+        if written_to is not None:
+            shown.ClearField(secret_field)
+        print_json(shown)
+        return
+    secret = getattr(response, secret_field)
+    rows = [*fields, (secret_field, secret if written_to is None else "")]
+    width = max(len(name) for name, _ in rows) + 2
+    for name, value in rows[:-1]:
+        print(f"{name.ljust(width)}{value}")
+    where = secret if written_to is None else f"written to {written_to} (mode 0600)"
+    print(f"{secret_field.ljust(width)}{where}")
