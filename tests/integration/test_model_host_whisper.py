@@ -33,7 +33,7 @@ def _clip(seconds: float, seed: int) -> np.ndarray:
 
 def _pcm(samples: np.ndarray, *, timestamps: bool, language: str = "en") -> wg.TranscribePayload:
     return wg.TranscribePayload(
-        audio=wg.AudioPayload(
+        audio=common_pb2.Audio(
             data=samples.tobytes(), media_type="audio/pcm", sample_rate_hz=RATE, channels=1
         ),
         language=language,
@@ -151,13 +151,13 @@ async def test_the_host_transcribes_as_transformers_does_and_windows_long_audio(
 async def test_a_malformed_clip_is_invalid_payload_and_the_host_keeps_serving(
     whisper_host: ModelHost,
 ) -> None:
-    bad = wg.TranscribePayload(audio=wg.AudioPayload(data=b"RIFFnonsense", media_type="audio/wav"))
+    bad = wg.TranscribePayload(audio=common_pb2.Audio(data=b"RIFFnonsense", media_type="audio/wav"))
     with pytest.raises(GantryError) as caught:
         await whisper_host.transcribe(bad, trace_context={}, timeout_s=30)
     assert caught.value.reason == "INVALID_PAYLOAD"
     assert caught.value.failure_class is FailureClass.REQUEST
     assert caught.value.metadata["field"] == "audio"
-    wrong_type = wg.TranscribePayload(audio=wg.AudioPayload(data=b"x", media_type="audio/mpeg"))
+    wrong_type = wg.TranscribePayload(audio=common_pb2.Audio(data=b"x", media_type="audio/mpeg"))
     with pytest.raises(GantryError) as caught:
         await whisper_host.transcribe(wrong_type, trace_context={}, timeout_s=30)
     assert caught.value.metadata["field"] == "audio.media_type"

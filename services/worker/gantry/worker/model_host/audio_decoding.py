@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from gantry.common.errors import GantryError
-from gantry.v1 import worker_gateway_pb2
+from gantry.v1 import common_pb2
 
 TARGET_SAMPLE_RATE = 16_000
 # What one clip may be: bytes as sent (far below the pipe's 64 MiB frame bound), and seconds as
@@ -63,7 +63,7 @@ def invalid(message: str, *, field: str, **metadata: str) -> GantryError:
     return GantryError("INVALID_PAYLOAD", message, field=field, **metadata)
 
 
-def media_type_of(payload: worker_gateway_pb2.AudioPayload) -> str:
+def media_type_of(payload: common_pb2.Audio) -> str:
     """The canonical media type (`audio/wav`, `audio/flac`, `audio/pcm`), or INVALID_PAYLOAD."""
     # Parameters (`audio/wav; codecs=1`) say nothing the bytes do not.
     given = payload.media_type.split(";", 1)[0].strip().lower()
@@ -79,7 +79,7 @@ def media_type_of(payload: worker_gateway_pb2.AudioPayload) -> str:
 
 
 def decode_audio(
-    payload: worker_gateway_pb2.AudioPayload,
+    payload: common_pb2.Audio,
     *,
     max_bytes: int = MAX_AUDIO_BYTES,
     max_seconds: float = MAX_AUDIO_SECONDS,
@@ -137,7 +137,7 @@ def _check_seconds(frame_count: int, rate: int, max_seconds: float) -> None:
 
 
 def _decode_pcm(
-    payload: worker_gateway_pb2.AudioPayload, max_seconds: float
+    payload: common_pb2.Audio, max_seconds: float
 ) -> tuple[np.ndarray, int]:
     rate, channels = payload.sample_rate_hz, payload.channels
     if not MIN_SAMPLE_RATE_HZ <= rate <= MAX_SAMPLE_RATE_HZ:
