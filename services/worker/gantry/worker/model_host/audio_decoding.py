@@ -136,9 +136,7 @@ def _check_seconds(frame_count: int, rate: int, max_seconds: float) -> None:
         )
 
 
-def _decode_pcm(
-    payload: common_pb2.Audio, max_seconds: float
-) -> tuple[np.ndarray, int]:
+def _decode_pcm(payload: common_pb2.Audio, max_seconds: float) -> tuple[np.ndarray, int]:
     rate, channels = payload.sample_rate_hz, payload.channels
     if not MIN_SAMPLE_RATE_HZ <= rate <= MAX_SAMPLE_RATE_HZ:
         raise invalid(
