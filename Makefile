@@ -12,9 +12,21 @@ export TRANSFORMERS_OFFLINE := 1
 export HF_HUB_DISABLE_PROGRESS_BARS := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: run test test-unit test-integration lint proto docs bench clean venv
+.PHONY: run test test-unit test-integration lint proto docs bench clean venv vision-env
 
 venv: $(STAMP)
+
+# The image adapters' runtime environment (requirements-vision.txt says why it is separate).
+VISION_VENV := .venv-vision
+VISION_STAMP := $(VISION_VENV)/.installed
+
+vision-env: $(VISION_STAMP)
+
+$(VISION_STAMP): requirements-vision.txt libs/pyproject.toml services/worker/pyproject.toml
+	test -x $(VISION_VENV)/bin/python || $(PYTHON) -m venv $(VISION_VENV)
+	$(VISION_VENV)/bin/pip install -q --disable-pip-version-check -r requirements-vision.txt \
+		-e libs -e services/worker
+	touch $@
 
 $(STAMP): requirements-dev.txt libs/pyproject.toml services/*/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -34,10 +46,13 @@ $(PROTO_STAMP): $(STAMP) $(PROTO_FILES)
 docs: $(STAMP)
 	$(BIN)/python scripts/gen_api_docs.py docs/api
 
-run: $(PROTO_STAMP)
-	$(BIN)/gantry up
+# The worker maps the image adapters' environment as "vision" unless the caller maps its own.
+VISION_ENV_MAP := {"vision": "$(CURDIR)/$(VISION_VENV)/bin/python"}
 
-test: $(PROTO_STAMP)
+run: $(PROTO_STAMP) $(VISION_STAMP)
+	GANTRY_PYTHON_ENV_MAP_JSON=$${GANTRY_PYTHON_ENV_MAP_JSON:-'$(VISION_ENV_MAP)'} $(BIN)/gantry up
+
+test: $(PROTO_STAMP) $(VISION_STAMP)
 	$(BIN)/python -m pytest -q
 
 test-unit: $(PROTO_STAMP)
@@ -51,8 +66,8 @@ lint: $(PROTO_STAMP)
 	$(BIN)/ruff format --check libs services tests
 	$(BIN)/mypy libs/gantry/common libs/gantry/cli services
 
-bench: $(PROTO_STAMP)
+bench: $(PROTO_STAMP) $(VISION_STAMP)
 	$(BIN)/python -m tests.bench.run
 
 clean:
-	rm -rf $(VENV) $(PROTO_STAMP) libs/gantry/v1/*_pb2*.py libs/gantry/v1/*_pb2.pyi
+	rm -rf $(VENV) $(VISION_VENV) $(PROTO_STAMP) libs/gantry/v1/*_pb2*.py libs/gantry/v1/*_pb2.pyi

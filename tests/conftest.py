@@ -71,4 +71,7 @@ from tests.fixtures.tiny_model import (  # noqa: E402, F401  (shared fixtures)
     tiny_cross_encoder_dir,
     tiny_model_dir,
 )
+from tests.fixtures.tiny_siglip2 import tiny_siglip2_dir  # noqa: E402, F401
+from tests.fixtures.tiny_trocr import tiny_trocr_dir  # noqa: E402, F401
 from tests.fixtures.tiny_whisper import tiny_whisper_dir  # noqa: E402, F401
+from tests.fixtures.vision_env import vision_python  # noqa: E402, F401

@@ -101,6 +101,9 @@ async def main() -> int:
     from tests.bench.fleet import bench_fleet
 
     status |= await bench_fleet(summary)
+    from tests.bench.multimodal import bench_multimodal  # GANTRY_BENCH_MM_* (see its docstring)
+
+    status |= await bench_multimodal(summary)
     await stage_breakdown(direct_p50)
     from tests.bench.leak import bench_from_env  # GANTRY_BENCH_LEAK_CYCLES (default 100, 0 skips)
 

@@ -18,6 +18,7 @@ import pytest
 
 from gantry.common.auth import auth_metadata
 from gantry.common.grpc_server import insecure_channel
+from gantry.common.inference_limits import DEFAULT_LIMITS as DEFAULT_INFERENCE_LIMITS
 from gantry.common.status import error_info_of
 from gantry.controlplane.domain.transitions import DeploymentState
 from gantry.controlplane.persistence import deployments
@@ -141,15 +142,29 @@ async def test_an_oversize_embed_gets_a_typed_error_and_the_worker_stream_stays_
     serving: tuple[Harness, ScriptedWorker],
 ):
     harness, worker = serving
-    big = ["x" * 9000] * 1000  # 9 MB: under the server's receive limit, over Inference's bound
+    # 9 MB of text: inside the front door's bound (sized for the media calls), over the text limit.
+    big = ["x" * 9000] * 1000
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await harness.inference.Embed(
             inf.EmbedRequest(capability="tiny", inputs=big), metadata=harness.client_md
         )
     info = error_info_of(caught.value)
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert info is not None and info.reason == "INVALID_ARGUMENT"  # refused before parsing
+    assert info is not None and info.reason == "INVALID_PAYLOAD"
+    assert info.metadata["setting"] == "max_request_bytes"
     assert info.metadata["limit_bytes"] == str(8 * 1024 * 1024)
+    # Past the largest legal Inference request (41 MiB with the default limits), under the
+    # server's 64 MiB receive limit: refused before it is parsed.
+    front_door = DEFAULT_INFERENCE_LIMITS.largest_request_bytes
+    huge = ["x" * 1_000_000] * (front_door // 1_000_000 + 2)
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await harness.inference.Embed(
+            inf.EmbedRequest(capability="tiny", inputs=huge), metadata=harness.client_md
+        )
+    info = error_info_of(caught.value)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert info is not None and info.reason == "INVALID_ARGUMENT"  # refused before parsing
+    assert info.metadata["limit_bytes"] == str(front_door)
     assert worker.invokes.empty() and not worker.ended.is_set()
     call = harness.inference.Embed(
         inf.EmbedRequest(capability="tiny", inputs=["small"]),

@@ -2,11 +2,14 @@
 
 The host's text and segments equal a direct greedy `generate` of the same model on the same
 samples; a 70 s clip is three 30 s windows whose segment times are absolute; a malformed clip is
-INVALID_PAYLOAD and the host keeps serving. Prints load time and per-request latency (run -s).
+INVALID_PAYLOAD and the host keeps serving; the control plane's clip limit, carried on the
+payload, is the one the host holds a clip to (up to the control plane's own ceiling). Prints
+load time and per-request latency (run -s).
 """
 
 from __future__ import annotations
 
+import struct
 import sys
 import time
 from pathlib import Path
@@ -39,6 +42,16 @@ def _pcm(samples: np.ndarray, *, timestamps: bool, language: str = "en") -> wg.T
         language=language,
         timestamps=timestamps,
     )
+
+
+def _wav_declaring(seconds: float, samples: np.ndarray) -> bytes:
+    """A 16 kHz mono 16-bit WAV whose header declares `seconds` of audio but holds only
+    `samples`: the host checks the length from the header before reading any data."""
+    declared = int(seconds * RATE) * 2
+    fmt = struct.pack("<HHIIHH", 1, 1, RATE, RATE * 2, 2, 16)
+    header = b"RIFF" + struct.pack("<I", 36 + declared) + b"WAVE"
+    header += b"fmt " + struct.pack("<I", len(fmt)) + fmt + b"data" + struct.pack("<I", declared)
+    return header + samples.tobytes()
 
 
 class Direct:
@@ -179,3 +192,36 @@ async def test_a_malformed_clip_is_invalid_payload_and_the_host_keeps_serving(
     assert whisper_host.alive
     report = await whisper_host.check_model(timeout_s=30)
     assert report.model.status == wg.HEALTH_STATUS_OK
+
+
+async def test_the_clip_limit_is_the_control_planes_up_to_its_ceiling(
+    whisper_host: ModelHost,
+) -> None:
+    def payload(declared_s: float, limit_s: float, padding: int = 0) -> wg.TranscribePayload:
+        data = _wav_declaring(declared_s, _clip(1.0, seed=4)) + b"\0" * padding
+        return wg.TranscribePayload(
+            audio=common_pb2.Audio(data=data, media_type="audio/wav"),
+            language="en",
+            max_audio_seconds=limit_s,
+        )
+
+    async def refusal(request: wg.TranscribePayload) -> dict[str, str]:
+        with pytest.raises(GantryError) as caught:
+            await whisper_host.transcribe(request, trace_context={}, timeout_s=30)
+        assert caught.value.reason == "INVALID_PAYLOAD", caught.value
+        return dict(caught.value.metadata)
+
+    # An operator's --max-audio-seconds 3600: a clip declaring 1,900 s (past the host's own 30
+    # minutes) is not refused; its header says more than it holds, so 1 s is transcribed.
+    served = await whisper_host.transcribe(payload(1900, 3600), trace_context={}, timeout_s=60)
+    assert served.audio_seconds == 1.0
+    # The control plane's lower limit holds too, and a payload naming none gets the host's own.
+    assert (await refusal(payload(15, 10)))["limit"] == "10s"
+    assert (await refusal(payload(1900, 0)))["limit"] == "1800s"
+    # Past the control plane's ceiling (4 hours) the host does not follow the payload.
+    assert (await refusal(payload(15_000, 20_000)))["limit"] == "14400s"
+    # A clip past the host's 25 MiB default passes its bytes check when the control plane sent
+    # it (the control plane checked its bytes against its own setting): refused for its seconds.
+    big = await refusal(payload(20_000, 14_400, padding=26 * 1024 * 1024))
+    assert (big["field"], big["limit"]) == ("audio", "14400s")
+    assert whisper_host.alive

@@ -4,13 +4,23 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
+import grpc
 import pytest
 
 from gantry.cli.main import main
-from gantry.v1 import common_pb2, control_plane_pb2
-from tests.unit.test_cli_bootstrap import CLIENT_KEY, OPERATOR_TOKEN, FakeServer, running_fake
+from gantry.v1 import common_pb2, control_plane_pb2, control_plane_pb2_grpc
+from tests.unit.test_cli_bootstrap import (
+    CLIENT_KEY,
+    OPERATOR_TOKEN,
+    FakeControlPlane,
+    FakeServer,
+    running_fake,
+    serve,
+)
 
 
 @pytest.fixture
@@ -151,3 +161,92 @@ def test_embed_prints_dim_and_leading_values_or_json(
     document = json.loads(capsys.readouterr().out)
     assert document["dim"] == 4
     assert document["vectors"] == [[0.0, -0.5, 0.25, 0.333333343]]
+
+
+def test_profile_sends_the_preprocessing_flags_and_prints_what_was_bound(
+    fake: FakeServer, state: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        gantry(fake, state, "profile", "--help")
+    usage = " ".join(capsys.readouterr().out.split())
+    assert "transformers_trocr (text recognition in images)" in usage
+    assert "transformers_siglip2 (image embeddings and classification)" in usage
+
+    image = ("--adapter", "transformers_siglip2", "--image-size", "384")
+    channels = ("--image-mean", "0.5,0.5,0.5", "--image-std", "0.26862954,0.26130258,0.27577711")
+    assert gantry(fake, state, "profile", "asm-1", "--name", "siglip", *image, *channels) == 0
+    sent = fake.control_plane.profiles[-1].adapter
+    assert (sent.adapter, sent.image_size, list(sent.image_mean)) == (
+        "transformers_siglip2",
+        384,
+        [0.5, 0.5, 0.5],
+    )
+    assert list(sent.image_std) == pytest.approx([0.26862954, 0.26130258, 0.27577711])
+    assert sent.sampling_rate_hz == 0  # not given: the control plane fills it from inspection
+    # The fake echoes the settings sent, as the server echoes what it bound.
+    assert (
+        "preprocess   image_size=384 image_mean=0.5,0.5,0.5 image_std=0.26863,0.261303,0.275777"
+        in capsys.readouterr().out
+    )
+
+    speech = ("--adapter", "transformers_whisper", "--sampling-rate", "16000")
+    assert gantry(fake, state, "profile", "asm-1", "--name", "whisper", *speech) == 0
+    sent = fake.control_plane.profiles[-1].adapter
+    assert (sent.sampling_rate_hz, sent.image_size, list(sent.image_mean)) == (16000, 0, [])
+    assert "preprocess   sampling_rate=16000 Hz" in capsys.readouterr().out
+
+    # Bad forms are refused before anything is sent.
+    for flags in (("--image-mean", "0.5,x,0.5"), ("--image-std", "nan,1,1"), ("--image-size", "0")):
+        with pytest.raises(SystemExit) as exited:
+            gantry(fake, state, "profile", "asm-1", "--name", "bad", *flags)
+        assert exited.value.code == 2
+        assert flags[0] in capsys.readouterr().err
+    assert len(fake.control_plane.profiles) == 2
+
+
+class RecordingControlPlane(FakeControlPlane):
+    """The CLI fake, also keeping the node and environment each assessment and probe asked for."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked: list[tuple[str, str, str]] = []
+
+    def AssessCompatibility(self, request: Any, context: grpc.ServicerContext) -> Any:
+        self.asked.append(("assess", request.node_id, request.environment_id))
+        return super().AssessCompatibility(request, context)
+
+    def StartProbe(self, request: Any, context: grpc.ServicerContext) -> Any:
+        self.asked.append(("probe", request.node_id, ""))
+        return super().StartProbe(request, context)
+
+
+@contextmanager
+def recording_fake() -> Iterator[FakeServer]:
+    control_plane = RecordingControlPlane()
+    server, port = serve("127.0.0.1:0", control_plane)
+    address = f"127.0.0.1:{port}"
+    with grpc.insecure_channel(address) as channel:
+        yield FakeServer(control_plane, address, control_plane_pb2_grpc.ControlPlaneStub(channel))
+    server.stop(None)
+
+
+def test_assess_and_probe_take_a_node_by_id_or_name_and_assess_an_environment(
+    state: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    node_id = "0b6f3c55-5f7e-4d0c-9a51-2f1d6c3b8e11"
+    with recording_fake() as fake:
+        fake.control_plane.nodes.append(control_plane_pb2.Node(node_id=node_id, name="gpu-1"))
+        vision = ("--environment", "vision", "--no-wait")
+        assert gantry(fake, state, "assess", "as-1", "--node", "gpu-1", *vision) == 0
+        assert gantry(fake, state, "assess", "as-1", "--node", node_id, "--no-wait") == 0
+        assert gantry(fake, state, "assess", "as-1", "--no-wait") == 0
+        assert gantry(fake, state, "probe", "prof-1", "--node", "gpu-1", "--no-wait") == 0
+        assert gantry(fake, state, "assess", "as-1", "--node", "gpu-9", "--no-wait") == 1
+        assert "no node has the id or name 'gpu-9'" in capsys.readouterr().err
+        assert isinstance(fake.control_plane, RecordingControlPlane)
+        assert fake.control_plane.asked == [
+            ("assess", node_id, "vision"),
+            ("assess", node_id, ""),
+            ("assess", "", ""),
+            ("probe", node_id, ""),
+        ]

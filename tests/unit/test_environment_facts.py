@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import logging
+import re
 import sys
+from importlib import metadata
+from importlib.machinery import ModuleSpec
 from pathlib import Path
 
 import pytest
@@ -11,6 +16,7 @@ import pytest
 from gantry.common.digests import environment_fingerprint
 from gantry.common.errors import FailureClass, GantryError
 from gantry.worker.environment_facts import (
+    FACTS_SCRIPT,
     RuntimeEnvironments,
     collect_environment,
     environment_from_facts,
@@ -65,7 +71,10 @@ async def test_a_facts_script_that_hangs_is_killed_at_the_timeout(tmp_path: Path
     assert environment.unavailable_reason == "the facts script did not finish within 0.3s"
 
 
-async def test_the_workers_own_interpreter_offers_the_text_and_whisper_adapters() -> None:
+async def test_the_workers_own_interpreter_offers_the_text_and_whisper_adapters(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="gantry.worker.environment_facts")
     environment = await collect_environment("", sys.executable)
     assert environment.available is True
     assert environment.environment_id == "default"
@@ -77,6 +86,13 @@ async def test_the_workers_own_interpreter_offers_the_text_and_whisper_adapters(
     ]
     assert list(environment.modalities) == ["audio", "text"]
     assert {"python", "torch", "transformers", "sentence-transformers"} <= set(environment.versions)
+    # No torchvision beside torch 2.13 (it does not import there): no image adapter, and why.
+    assert "torchvision" not in environment.versions
+    logged = " ".join(record.getMessage() for record in caplog.records)
+    for adapter in ("transformers_trocr", "transformers_siglip2"):
+        assert re.search(rf"{adapter} needs [^;]*torchvision[^;]* \(not installed\)", logged), (
+            logged
+        )
     assert environment.device in {"cpu", "cuda"}
     assert environment.device_name
     # The one fingerprint function, over the environment's id, interpreter and versions.
@@ -100,6 +116,135 @@ def test_the_fingerprint_ignores_the_device_and_changes_with_a_version() -> None
     assert newer.fingerprint != on_cpu.fingerprint
     elsewhere = environment_from_facts("gpu-env", "/usr/bin/python3", facts)
     assert elsewhere.fingerprint != on_cpu.fingerprint
+
+
+def test_an_environment_with_the_image_adapters_declares_the_image_modality() -> None:
+    facts = {
+        "versions": {"python": "3.11.7", "torch": "2.14.1", "torchvision": "0.29.1"},
+        "adapters": ["transformers_whisper", "transformers_trocr", "transformers_siglip2"],
+    }
+    environment = environment_from_facts("vision", "/opt/vision/bin/python", facts)
+    assert list(environment.adapters) == [
+        "transformers_siglip2",
+        "transformers_trocr",
+        "transformers_whisper",
+    ]
+    assert list(environment.modalities) == ["audio", "image"]
+    # The versions of the image stack are part of what the fingerprint covers.
+    older = environment_from_facts(
+        "vision",
+        "/opt/vision/bin/python",
+        {**facts, "versions": {**facts["versions"], "torchvision": "0.29.0"}},  # type: ignore[dict-item]
+    )
+    assert older.fingerprint != environment.fingerprint
+
+
+def _facts_script_with(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    *,
+    versions: dict[str, str],
+    torchvision_requires: list[str],
+) -> dict[str, object]:
+    """The real facts script, run in this process over fake installed packages: the
+    distributions in `versions` are installed (torch, torchvision, Pillow; transformers is this
+    interpreter's own, which ships the image models), nothing else of the image stack is."""
+    fakeable = {"torch": "torch", "torchvision": "torchvision", "PIL": "Pillow"}
+    real_find_spec, real_version = importlib.util.find_spec, metadata.version
+
+    def find_spec(name: str, package: str | None = None) -> ModuleSpec | None:
+        if name in fakeable:
+            installed = fakeable[name] in versions
+            return ModuleSpec(name, None, is_package=True) if installed else None
+        return real_find_spec(name, package)
+
+    def version(distribution: str) -> str:
+        if distribution in ("torch", "torchvision", "Pillow", "sentence-transformers"):
+            if distribution not in versions:
+                raise metadata.PackageNotFoundError(distribution)
+            return versions[distribution]
+        return real_version(distribution)
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    monkeypatch.setattr(metadata, "version", version)
+    monkeypatch.setattr(metadata, "requires", lambda distribution: torchvision_requires)
+    exec(FACTS_SCRIPT, {"__name__": "gantry_facts"})
+    answer: dict[str, object] = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    return answer
+
+
+IMAGE_STACK = {"torch": "2.14.1", "torchvision": "0.29.1", "Pillow": "13.0.0"}
+TORCHVISION_0_29_1 = [
+    "numpy",
+    "torch (>=2.14.0)",
+    "pillow (!=8.3.*,>=5.3.0)",
+    "scipy ; extra == 'scipy'",
+]
+
+
+def test_the_facts_script_offers_the_image_adapters_with_torchvision_and_pillow(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    facts = _facts_script_with(
+        monkeypatch, capsys, versions=IMAGE_STACK, torchvision_requires=TORCHVISION_0_29_1
+    )
+    adapters = facts["adapters"]
+    assert isinstance(adapters, list)
+    assert {"transformers_trocr", "transformers_siglip2"} <= set(adapters)
+    assert facts["versions"] == {
+        "python": facts["versions"]["python"],  # type: ignore[index]
+        "transformers": metadata.version("transformers"),
+        **IMAGE_STACK,
+    }
+
+
+@pytest.mark.parametrize(
+    ("versions", "requires", "why"),
+    [
+        (
+            {"torch": "2.13.0", "Pillow": "13.0.0"},
+            TORCHVISION_0_29_1,
+            "needs torchvision (not installed)",
+        ),
+        (
+            {"torch": "2.14.1", "torchvision": "0.29.1"},
+            TORCHVISION_0_29_1,
+            "needs Pillow (not installed)",
+        ),
+        (
+            {"Pillow": "13.0.0"},
+            [],
+            "needs torch, torchvision (not installed)",
+        ),
+        # The one this issue met: PyPI's torchvision beside the light torch 2.13.0 CPU build.
+        (
+            {**IMAGE_STACK, "torch": "2.13.0+cpu"},
+            TORCHVISION_0_29_1,
+            "needs a torchvision built for torch 2.13.0+cpu (torchvision 0.29.1 requires "
+            "torch>=2.14.0)",
+        ),
+        (
+            {**IMAGE_STACK, "torchvision": "0.24.0"},
+            ["torch==2.9.0"],
+            "needs a torchvision built for torch 2.14.1 (torchvision 0.24.0 requires torch==2.9.0)",
+        ),
+    ],
+)
+def test_the_facts_script_says_what_an_image_adapter_lacks(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    versions: dict[str, str],
+    requires: list[str],
+    why: str,
+) -> None:
+    facts = _facts_script_with(
+        monkeypatch, capsys, versions=versions, torchvision_requires=requires
+    )
+    adapters, notes = facts["adapters"], facts["notes"]
+    assert isinstance(adapters, list) and isinstance(notes, list)
+    assert not {"transformers_trocr", "transformers_siglip2"} & set(adapters)
+    for adapter in ("transformers_trocr", "transformers_siglip2"):
+        assert f"{adapter} {why}" in notes, notes
 
 
 def test_adapters_this_worker_does_not_know_are_not_labels() -> None:

@@ -123,7 +123,14 @@ def test_embedding_in_an_environment_without_the_adapter_is_not_executable(
             "RUNTIME_ENVIRONMENT_UNAVAILABLE",
             "adapter 'sentence_transformers' cannot be imported in runtime environment 'default'",
             "modules.json",
-        )
+        ),
+        # The environment runs nothing that takes text at all: assess it in another one.
+        _finding(
+            "",  # a note: it explains, refuses nothing
+            "runtime environment 'default' runs no adapter that takes text input (its adapters "
+            "take nothing); 'sentence_transformers' takes text: assess it in an environment that "
+            "offers text (its environment_id)",
+        ),
     ]
 
 

@@ -13,6 +13,7 @@ from gantry.worker.model_host.environments import (
     DEFAULT_EXECUTABLE,
     ENV_MAP_FILE,
     ENV_MAP_JSON,
+    configured_environment_ids,
     resolve_python,
 )
 
@@ -87,11 +88,33 @@ def test_id_missing_from_a_configured_map_never_falls_back(executables: dict[str
         ENV_MAP_JSON: json.dumps({"torch-2.13": executables["torch-python"]}),
         DEFAULT_EXECUTABLE: executables["default-python"],
     }
-    for missing in ("torch-2.12", "default"):
-        with pytest.raises(GantryError) as caught:
-            resolve_python(missing, env)
-        assert caught.value.reason == "RUNTIME_ENVIRONMENT_UNAVAILABLE"
-        assert "torch-2.13" in caught.value.message
+    with pytest.raises(GantryError) as caught:
+        resolve_python("torch-2.12", env)
+    assert caught.value.reason == "RUNTIME_ENVIRONMENT_UNAVAILABLE"
+    assert "torch-2.13" in caught.value.message
+
+
+def test_default_id_beside_a_map_is_the_default_environment_unless_the_map_names_it(
+    tmp_path: Path, executables: dict[str, str]
+) -> None:
+    # `--environment default` on a worker with a vision map: the environment "" means, which the
+    # worker's facts call "default" (configured_environment_ids offers it as "").
+    env = {
+        ENV_MAP_JSON: json.dumps({"vision": executables["torch-python"]}),
+        DEFAULT_EXECUTABLE: executables["default-python"],
+    }
+    assert resolve_python("default", env) == resolve_python("", env)
+    assert resolve_python("default", env) == executables["default-python"]
+    assert "" in configured_environment_ids(env)
+    # A map that names "default" itself wins, from the inline JSON or from the file.
+    named = {**env, ENV_MAP_JSON: json.dumps({"default": executables["torch-python"]})}
+    assert resolve_python("default", named) == executables["torch-python"]
+    in_file = {**env, ENV_MAP_FILE: _map_file(tmp_path, {"default": executables["file-python"]})}
+    assert resolve_python("default", in_file) == executables["file-python"]
+    # A map that cannot be read may name "default": that is its problem, not a guess.
+    with pytest.raises(GantryError) as caught:
+        resolve_python("default", {**env, ENV_MAP_JSON: "{not json"})
+    assert caught.value.reason == "RUNTIME_ENVIRONMENT_UNAVAILABLE"
 
 
 def test_mapped_executable_that_does_not_exist_is_unavailable(tmp_path: Path) -> None:

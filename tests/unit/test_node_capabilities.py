@@ -1,5 +1,7 @@
-"""What nodes offer placement and what deployments ask of it: labels from a node's inventory, a
-deployment's claims from its profile's envelope, and how the Announcer sends both."""
+"""What nodes offer placement and what deployments ask of it: labels from a node's inventory (its
+adapters, the modalities and environments they run in), a deployment's labels (its adapter, the
+modality that takes, its profile's environment) and claims from its profile's envelope, and how
+the Announcer sends both."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from google.protobuf import json_format
 from gantry.common.clock import ManualClock
 from gantry.common.errors import GantryError
 from gantry.controlplane.announcer import Announcer, scheduler_node, scheduler_residency
+from gantry.controlplane.domain.adapter_modalities import ADAPTER_MODALITIES, modality_of
 from gantry.controlplane.domain.deployment_requirements import (
     DEFAULT_SLOTS,
     NOTHING_CHARGED,
@@ -26,6 +29,7 @@ from gantry.controlplane.domain.node_capabilities import domains_from_json, doma
 from gantry.controlplane.persistence.models import Residency, RuntimeProfile
 from gantry.controlplane.route_cache import RouteCache
 from gantry.controlplane.scheduler_link import PlacementRefused
+from gantry.controlplane.validation import SUPPORTED_ADAPTERS
 from gantry.v1 import common_pb2, scheduler_pb2
 from gantry.v1 import worker_gateway_pb2 as wg
 
@@ -67,6 +71,7 @@ def test_a_cpu_node_carries_its_adapters_and_the_cpu() -> None:
         "adapter:sentence_transformers",
         "adapter:sentence_transformers_cross_encoder",
         "device:cpu",
+        "modality:text",
     ]
 
 
@@ -79,7 +84,9 @@ def test_a_node_with_vram_carries_cuda_and_its_gpu_model() -> None:
         "adapter:sentence_transformers",
         "device:cpu",
         "device:cuda",
+        "environment:default",
         "gpu.model:NVIDIA H200",
+        "modality:text",
     ]
 
 
@@ -92,6 +99,8 @@ def test_a_cpu_environment_names_no_gpu_model_and_ram_alone_is_no_gpu() -> None:
     assert _labels(_inventory(HOST_RAM, environments=(environment,))) == [
         "adapter:sentence_transformers",
         "device:cpu",
+        "environment:default",
+        "modality:text",
     ]
 
 
@@ -99,7 +108,73 @@ def test_an_inventory_from_before_domains_still_labels_the_node() -> None:
     assert _labels({"adapters": ["sentence_transformers"]}) == [
         "adapter:sentence_transformers",
         "device:cpu",
+        "modality:text",
     ]
+
+
+# The two environments of a worker that maps `.venv-vision` as "vision", as their facts say.
+DEFAULT_ENVIRONMENT = wg.RuntimeEnvironment(
+    environment_id="default",
+    adapters=[
+        "sentence_transformers",
+        "sentence_transformers_cross_encoder",
+        "transformers_whisper",
+    ],
+    modalities=["audio", "text"],
+    available=True,
+)
+VISION_ENVIRONMENT = wg.RuntimeEnvironment(
+    environment_id="vision",
+    adapters=["transformers_siglip2", "transformers_trocr", "transformers_whisper"],
+    modalities=["audio", "image"],
+    available=True,
+)
+
+
+def _inventory_of(*environments: wg.RuntimeEnvironment) -> dict[str, object]:
+    adapters = {a for environment in environments for a in environment.adapters}
+    return _inventory(HOST_RAM, adapters=tuple(adapters), environments=environments)
+
+
+def test_a_node_carries_the_modalities_and_environments_of_its_environments() -> None:
+    assert _labels(_inventory_of(DEFAULT_ENVIRONMENT, VISION_ENVIRONMENT)) == [
+        "adapter:sentence_transformers",
+        "adapter:sentence_transformers_cross_encoder",
+        "adapter:transformers_siglip2",
+        "adapter:transformers_trocr",
+        "adapter:transformers_whisper",
+        "device:cpu",
+        "environment:default",
+        "environment:vision",
+        "modality:audio",
+        "modality:image",
+        "modality:text",
+    ]
+
+
+def test_a_node_without_the_vision_environment_offers_no_image_input() -> None:
+    labels = _labels(_inventory_of(DEFAULT_ENVIRONMENT))
+    assert "modality:image" not in labels and "environment:vision" not in labels
+    assert {"modality:audio", "modality:text", "environment:default"} <= set(labels)
+
+
+def test_an_unavailable_environment_offers_nothing() -> None:
+    broken = wg.RuntimeEnvironment(
+        environment_id="vision", available=False, unavailable_reason="cannot run it"
+    )
+    labels = _labels(_inventory_of(DEFAULT_ENVIRONMENT, broken))
+    assert "environment:vision" not in labels and "modality:image" not in labels
+
+
+def test_declared_modalities_count_even_for_an_adapter_the_control_plane_does_not_know() -> None:
+    newer = wg.RuntimeEnvironment(
+        environment_id="video",
+        adapters=["some_video_adapter"],
+        modalities=["video"],
+        available=True,
+    )
+    labels = _labels(_inventory_of(newer))
+    assert {"adapter:some_video_adapter", "environment:video", "modality:video"} <= set(labels)
 
 
 def test_the_scheduler_hears_the_domains_the_hello_declared() -> None:
@@ -175,9 +250,67 @@ def test_the_gpu_of_a_device_string(device: str, index: int | None) -> None:
 
 def test_a_gpu_model_needs_a_cuda_node_with_its_adapter() -> None:
     cross_encoder = common_pb2.AdapterSettings(adapter="sentence_transformers_cross_encoder")
-    assert required_labels(cross_encoder) == ["adapter:sentence_transformers_cross_encoder"]
+    assert required_labels(cross_encoder) == [
+        "adapter:sentence_transformers_cross_encoder",
+        "modality:text",
+    ]
     on_gpu = common_pb2.AdapterSettings(adapter="sentence_transformers", device="cuda:1")
-    assert required_labels(on_gpu) == ["adapter:sentence_transformers", "device:cuda"]
+    assert required_labels(on_gpu) == [
+        "adapter:sentence_transformers",
+        "modality:text",
+        "device:cuda",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("adapter", "modality"),
+    [
+        ("sentence_transformers", "text"),
+        ("", "text"),  # the default adapter
+        ("sentence_transformers_cross_encoder", "text"),
+        ("transformers_whisper", "audio"),
+        ("transformers_trocr", "image"),
+        ("transformers_siglip2", "image"),
+    ],
+)
+def test_a_deployment_needs_the_modality_its_adapter_takes(adapter: str, modality: str) -> None:
+    assert modality_of(adapter) == modality
+    labels = required_labels(common_pb2.AdapterSettings(adapter=adapter))
+    assert f"modality:{modality}" in labels
+    assert set(ADAPTER_MODALITIES) == SUPPORTED_ADAPTERS  # one table for both
+
+
+def test_a_deployment_needs_the_environment_its_profile_names_unless_the_default() -> None:
+    siglip2 = common_pb2.AdapterSettings(adapter="transformers_siglip2")
+    assert required_labels(siglip2, environment_id="vision") == [
+        "adapter:transformers_siglip2",
+        "modality:image",
+        "environment:vision",
+    ]
+    for default in ("", "default"):
+        assert not any(
+            label.startswith("environment:")
+            for label in required_labels(siglip2, environment_id=default)
+        )
+    assert modality_of("vllm") is None
+    assert required_labels(common_pb2.AdapterSettings(adapter="vllm")) == ["adapter:vllm"]
+
+
+def test_an_image_deployment_fits_the_vision_node_and_not_the_text_one() -> None:
+    # The placement gate is a subset test (scheduler.policy.placement): what is missing is named.
+    needed = set(
+        required_labels(
+            common_pb2.AdapterSettings(adapter="transformers_trocr"), environment_id="vision"
+        )
+    )
+    vision_node = set(_labels(_inventory_of(DEFAULT_ENVIRONMENT, VISION_ENVIRONMENT)))
+    text_node = set(_labels(_inventory_of(DEFAULT_ENVIRONMENT)))
+    assert needed <= vision_node
+    assert sorted(needed - text_node) == [
+        "adapter:transformers_trocr",
+        "environment:vision",
+        "modality:image",
+    ]
 
 
 def test_the_stored_placement_policy_on_the_wire() -> None:

@@ -23,6 +23,7 @@ from gantry.cli import (
     inventory_commands,
     jobs_commands,
     key_commands,
+    media_commands,
     node_commands,
     operator_commands,
     pipeline_commands,
@@ -30,6 +31,7 @@ from gantry.cli import (
     reclaim_command,
     status_commands,
     tenant_commands,
+    transcribe_command,
 )
 from gantry.cli.connection import ADDRESS_ENV, DEFAULT_ADDRESS, CommandContext, command_tls
 from gantry.cli.errors import CliError, format_gantry_error, format_rpc_error
@@ -263,8 +265,14 @@ def build_parser() -> argparse.ArgumentParser:
         "assess", pipeline_commands.assess, "inspect an artifact set statically on a node"
     )
     assess.add_argument("artifact_set_id", metavar="ARTIFACT_SET_ID")
-    assess.add_argument("--node", metavar="NODE_ID", help="default: any connected node")
-    assess.add_argument("--environment", metavar="ENV_ID", help="default: the worker's default")
+    assess.add_argument(
+        "--node", metavar="NODE", help="a node id or name (default: any connected node)"
+    )
+    assess.add_argument(
+        "--environment",
+        metavar="ENV_ID",
+        help="the worker's runtime environment to inspect in, e.g. vision (default: its default)",
+    )
     _add_wait_options(assess)
     add_output_argument(assess)
 
@@ -277,7 +285,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--adapter",
         default="sentence_transformers",
         help="sentence_transformers (embeddings), sentence_transformers_cross_encoder "
-        "(reranking) or transformers_whisper (speech recognition)",
+        "(reranking), transformers_whisper (speech recognition), transformers_trocr (text "
+        "recognition in images) or transformers_siglip2 (image embeddings and classification)",
     )
     profile.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1 (default cpu)")
     profile.add_argument(
@@ -285,6 +294,36 @@ def build_parser() -> argparse.ArgumentParser:
     )
     profile.add_argument(
         "--task", default="", help="transformers_whisper: transcribe (default) or translate"
+    )
+    # Preprocessing: inspection fills in what is left unset; a value given must agree with the
+    # artifact's own processor (the control plane refuses one that does not).
+    profile.add_argument(
+        "--image-size",
+        type=pipeline_commands.positive_whole,
+        default=0,
+        metavar="N",
+        help="image adapters: the square side the processor hands the model (default: inspected)",
+    )
+    profile.add_argument(
+        "--image-mean",
+        type=pipeline_commands.channel_values,
+        default=[],
+        metavar="A,B,C",
+        help="image adapters: per-channel normalisation mean (default: inspected)",
+    )
+    profile.add_argument(
+        "--image-std",
+        type=pipeline_commands.channel_values,
+        default=[],
+        metavar="A,B,C",
+        help="image adapters: per-channel normalisation std (default: inspected)",
+    )
+    profile.add_argument(
+        "--sampling-rate",
+        type=pipeline_commands.positive_whole,
+        default=0,
+        metavar="HZ",
+        help="transformers_whisper: the feature extractor's sampling rate (default: inspected)",
     )
     profile.add_argument("--normalize", action="store_true", help="L2-normalise embeddings")
     profile.add_argument("--max-batch-size", type=int, default=0, metavar="N")
@@ -304,7 +343,9 @@ def build_parser() -> argparse.ArgumentParser:
         "probe a profile (gantry probe PROFILE_ID), or: probe show|cancel PROBE_ID, probe list",
     )
     probe.add_argument("words", nargs="+", metavar="PROFILE_ID | show PROBE_ID | list")
-    probe.add_argument("--node", metavar="NODE_ID", help="default: the assessing node")
+    probe.add_argument(
+        "--node", metavar="NODE", help="a node id or name (default: the assessing node)"
+    )
     _add_wait_options(probe)
     add_output_argument(probe)
 
@@ -404,6 +445,9 @@ def build_parser() -> argparse.ArgumentParser:
     target.add_argument("--capability", default="minilm")
     target.add_argument("--deployment-id")
     embed_parser.add_argument("--json", action="store_true", help="print every value as JSON")
+    # ocr, embed-image, classify, transcribe: images and audio, with the local client key.
+    media_commands.add_media_commands(command)
+    transcribe_command.add_transcribe_command(command)
 
     bench_command.add_bench_arguments(
         command(

@@ -5,16 +5,19 @@ JSON); a refused gate exits 1."""
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 
 from gantry.cli import pipeline
 from gantry.cli.connection import DEFAULT_TIMEOUT_S, CommandContext, paged
 from gantry.cli.errors import CliError
+from gantry.cli.jobs_commands import resolve_node_id  # one rule for NODE arguments
 from gantry.cli.output import message_dict, print_json, print_records, wants_json
 from gantry.cli.tables import enum_label, format_bytes
 from gantry.v1 import common_pb2, control_plane_pb2, control_plane_pb2_grpc
 
 DEFAULT_WAIT_S = 600.0
+UINT32_MAX = 2**32 - 1  # AdapterSettings.image_size and sampling_rate_hz
 
 
 def _say(line: str) -> None:
@@ -25,6 +28,32 @@ def _print(lines: list[str]) -> None:
     print("\n".join(lines))
 
 
+def channel_values(text: str) -> list[float]:
+    """`--image-mean` / `--image-std`: comma-separated numbers, one per channel ("0.5,0.5,0.5").
+    Only their form is checked here; the control plane checks them against the artifact."""
+    try:
+        values = [float(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not comma-separated numbers, one per channel (such as 0.5,0.5,0.5)"
+        ) from None
+    if not all(math.isfinite(value) for value in values):
+        raise argparse.ArgumentTypeError(f"{text!r}: every channel's value must be finite")
+    return values
+
+
+def positive_whole(text: str) -> int:
+    """`--image-size` / `--sampling-rate`: a whole number from 1 (leaving the flag out is 0:
+    inspection's value)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if not 1 <= value <= UINT32_MAX:
+        raise argparse.ArgumentTypeError(f"must be 1..{UINT32_MAX}, not {value}")
+    return value
+
+
 def assess(context: CommandContext, args: argparse.Namespace) -> int:
     metadata = context.operator_metadata()
     with context.open_channel() as channel:
@@ -33,7 +62,7 @@ def assess(context: CommandContext, args: argparse.Namespace) -> int:
             stub,
             metadata,
             artifact_set_id=args.artifact_set_id,
-            node_id=args.node or "",
+            node_id=resolve_node_id(stub, args.node, metadata) if args.node else "",
             environment_id=args.environment or "",
             say=_say,
             timeout_s=args.wait_timeout,
@@ -62,6 +91,10 @@ def profile(context: CommandContext, args: argparse.Namespace) -> int:
             allow_pickle_weights=args.allow_pickle_weights,
             language=args.language,
             task=args.task,
+            image_size=args.image_size,
+            image_mean=args.image_mean,
+            image_std=args.image_std,
+            sampling_rate_hz=args.sampling_rate,
         ),
         ram_estimate_bytes=args.ram_estimate,
         vram_estimate_bytes=args.vram_estimate,
@@ -90,11 +123,27 @@ def describe_profile(profile: control_plane_pb2.RuntimeProfile) -> list[str]:
         f" max_batch_size={adapter.max_batch_size or 'default'},"
         f" max_input_length={adapter.max_input_length or 'default'},"
         f" allow_pickle_weights={str(adapter.allow_pickle_weights).lower()})",
+        *_preprocessing_lines(adapter),
         f"envelope     ram {format_bytes(profile.ram_envelope_bytes)}"
         f" (estimate {format_bytes(profile.ram_estimate_bytes)}),"
         f" vram {format_bytes(profile.vram_envelope_bytes)}"
         f" (estimate {format_bytes(profile.vram_estimate_bytes)})",
     ]
+
+
+def _preprocessing_lines(adapter: common_pb2.AdapterSettings) -> list[str]:
+    """What the profile bound of its model's preprocessing (inspection's, unless the operator's
+    flags said it); no line for a profile that binds none (the text adapters)."""
+    bound = []
+    if adapter.image_size:
+        bound.append(f"image_size={adapter.image_size}")
+    for name in ("image_mean", "image_std"):
+        values = list(getattr(adapter, name))
+        if values:
+            bound.append(f"{name}={','.join(f'{value:g}' for value in values)}")
+    if adapter.sampling_rate_hz:
+        bound.append(f"sampling_rate={adapter.sampling_rate_hz} Hz")
+    return [f"preprocess   {' '.join(bound)}"] if bound else []
 
 
 def probe(context: CommandContext, args: argparse.Namespace) -> int:
@@ -130,7 +179,7 @@ def probe(context: CommandContext, args: argparse.Namespace) -> int:
                 stub,
                 metadata,
                 profile_id=words[0],
-                node_id=args.node or "",
+                node_id=resolve_node_id(stub, args.node, metadata) if args.node else "",
                 say=_say,
                 timeout_s=args.wait_timeout,
                 wait=not args.no_wait,

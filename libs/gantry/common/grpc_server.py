@@ -7,7 +7,7 @@ kubelet's gRPC probe, an image HEALTHCHECK); it shares the main server's health 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,7 +16,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from gantry.common.auth import Authenticator
-from gantry.common.interceptors import GantryServerInterceptor
+from gantry.common.interceptors import DEFAULT_LIMITS, GantryServerInterceptor, ServiceLimit
 from gantry.common.tls import ClientTls, ServerTls
 
 # Generous limits: embeddings for large batches exceed gRPC's 4 MiB default.
@@ -75,10 +75,15 @@ async def create_server(
     authenticator: Authenticator | None,
     tls: ServerTls | None = None,
     health_listen: str | None = None,
+    limits: Mapping[str, ServiceLimit] = DEFAULT_LIMITS,
 ) -> RunningServer:
-    """Bind and start a server; `listen` may use port 0 (tests), the bound port is returned."""
+    """Bind and start a server; `listen` may use port 0 (tests), the bound port is returned.
+
+    `limits` bounds each service's requests by size and calls in flight before a handler runs
+    (interceptors.DEFAULT_LIMITS unless the service sizes its own)."""
     server = grpc.aio.server(
-        interceptors=[GantryServerInterceptor(authenticator)], options=SERVER_OPTIONS
+        interceptors=[GantryServerInterceptor(authenticator, limits=limits)],
+        options=SERVER_OPTIONS,
     )
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

@@ -1,6 +1,11 @@
 """The bounds on one Inference call: the defaults the CLI splits its calls (and refuses bench flags)
 by, and the settings the control plane enforces, from its flags, else the environment.
 
+Text calls (Embed, Rerank) are bounded by count, characters and bytes; media calls by images per
+call, bytes per image and per call, pixels per image (read from the image's header), bytes and
+seconds per clip (read from the clip's header), and labels per ClassifyImage call (each label a
+text, within `max_input_chars`, all of them within `max_request_bytes`).
+
 A server may run with lower (or higher) limits than the defaults; every refusal names the limit in
 its error metadata, so a client learns the server's own value from the first refusal.
 """
@@ -23,6 +28,31 @@ MAX_REQUEST_TEXT_BYTES = 8 * 1024 * 1024
 # text leaves room for the envelope, and 4,096 vectors of 1,024 float32 answer in 16 MiB.
 MAX_INPUTS_CEILING = 4096
 MAX_REQUEST_BYTES_CEILING = 32 * 1024 * 1024
+
+MAX_IMAGES = 64  # images per RecognizeText, EmbedImage or ClassifyImage call
+MAX_IMAGE_BYTES = 16 * 1024 * 1024  # encoded bytes of one image
+# All of one call's images together: with the labels' text and the envelope, the Invoke stays
+# well inside the worker stream's 64 MiB frame (one image at its limit is half of this).
+MAX_IMAGE_REQUEST_BYTES = 32 * 1024 * 1024
+# Width x height of one image, read from its header: 8K (7680 x 4320) is 33 MP. A decoded RGB image
+# at the limit is 120 MB in the model host, which resizes it to the model's input at once.
+MAX_IMAGE_PIXELS = 40_000_000
+# One clip's encoded bytes: the model host's own bound (model_host/audio_decoding.MAX_AUDIO_BYTES),
+# 13.6 minutes of 16 kHz mono 16-bit WAV; FLAC holds about twice as much.
+MAX_AUDIO_BYTES = 25 * 1024 * 1024
+# One clip's length, read from its header: 60 of Whisper's 30 s windows, each a full generate.
+MAX_AUDIO_SECONDS = 30 * 60
+MAX_LABELS = 1024  # candidate labels per ClassifyImage call (ImageNet's 1,000 classes fit)
+
+# Media ceilings: no image or clip may make an Invoke past the 64 MiB frame on its own, with room
+# for the envelope; Pillow's own decompression-bomb bound (a 256 MiB RGB bitmap), which is also
+# the model host's when a request names no limit; 4 hours is 480 windows of one generate each.
+MEDIA_BYTES_CEILING = 48 * 1024 * 1024
+MAX_IMAGES_CEILING = 1024
+MAX_IMAGE_PIXELS_CEILING = 89_478_485
+MAX_AUDIO_SECONDS_CEILING = 4 * 60 * 60
+# What a request holds beside its payload (ids, media types, the target): far below this.
+REQUEST_ENVELOPE_BYTES = 1024 * 1024
 
 
 class LimitSettingsError(ValueError):
@@ -60,18 +90,85 @@ LIMIT_SETTINGS: tuple[LimitSetting, ...] = (
         "--max-request-bytes",
         "GANTRY_MAX_REQUEST_BYTES",
         MAX_REQUEST_BYTES_CEILING,
-        "UTF-8 bytes of text in one call, all texts together",
+        "UTF-8 bytes of text in one call, all texts together (a ClassifyImage call's labels)",
+    ),
+    LimitSetting(
+        "max_images",
+        "--max-images",
+        "GANTRY_MAX_IMAGES",
+        MAX_IMAGES_CEILING,
+        "images per RecognizeText, EmbedImage or ClassifyImage call",
+    ),
+    LimitSetting(
+        "max_image_bytes",
+        "--max-image-bytes",
+        "GANTRY_MAX_IMAGE_BYTES",
+        MEDIA_BYTES_CEILING,
+        "encoded bytes of one image",
+    ),
+    LimitSetting(
+        "max_image_request_bytes",
+        "--max-image-request-bytes",
+        "GANTRY_MAX_IMAGE_REQUEST_BYTES",
+        MEDIA_BYTES_CEILING,
+        "encoded bytes of all images in one call",
+    ),
+    LimitSetting(
+        "max_image_pixels",
+        "--max-image-pixels",
+        "GANTRY_MAX_IMAGE_PIXELS",
+        MAX_IMAGE_PIXELS_CEILING,
+        "width x height of one image, read from its header",
+    ),
+    LimitSetting(
+        "max_audio_bytes",
+        "--max-audio-bytes",
+        "GANTRY_MAX_AUDIO_BYTES",
+        MEDIA_BYTES_CEILING,
+        "encoded bytes of one Transcribe clip",
+    ),
+    LimitSetting(
+        "max_audio_seconds",
+        "--max-audio-seconds",
+        "GANTRY_MAX_AUDIO_SECONDS",
+        MAX_AUDIO_SECONDS_CEILING,
+        "seconds of one Transcribe clip, read from its header",
+    ),
+    LimitSetting(
+        "max_labels",
+        "--max-labels",
+        "GANTRY_MAX_LABELS",
+        MAX_INPUTS_CEILING,
+        "candidate labels per ClassifyImage call",
     ),
 )
 
 
 @dataclass(frozen=True, kw_only=True)
 class InferenceLimits:
-    """The limits the control plane enforces on each Embed and Rerank call."""
+    """The limits the control plane enforces on each Inference call."""
 
     max_inputs: int = MAX_INPUTS
     max_input_chars: int = MAX_INPUT_CHARS
     max_request_bytes: int = MAX_REQUEST_TEXT_BYTES
+    max_images: int = MAX_IMAGES
+    max_image_bytes: int = MAX_IMAGE_BYTES
+    max_image_request_bytes: int = MAX_IMAGE_REQUEST_BYTES
+    max_image_pixels: int = MAX_IMAGE_PIXELS
+    max_audio_bytes: int = MAX_AUDIO_BYTES
+    max_audio_seconds: int = MAX_AUDIO_SECONDS
+    max_labels: int = MAX_LABELS
+
+    @property
+    def largest_request_bytes(self) -> int:
+        """The largest Inference request these limits let through, serialized: texts, images
+        with their labels, or one clip, plus the envelope. A front door bounding requests by
+        size before parsing them must take at least this, or it refuses legal calls."""
+        return REQUEST_ENVELOPE_BYTES + max(
+            self.max_request_bytes,
+            self.max_image_request_bytes + self.max_request_bytes,
+            self.max_audio_bytes,
+        )
 
     def __post_init__(self) -> None:
         for setting in LIMIT_SETTINGS:
@@ -87,7 +184,7 @@ assert {setting.field for setting in LIMIT_SETTINGS} == {f.name for f in fields(
 
 
 def add_limit_arguments(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("limits on one Embed/Rerank call (flag, else environment)")
+    group = parser.add_argument_group("limits on one Inference call (flag, else environment)")
     for setting in LIMIT_SETTINGS:
         group.add_argument(
             setting.flag,

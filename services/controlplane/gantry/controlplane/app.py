@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from gantry.common import tokens
 from gantry.common.clock import Clock, SystemClock
 from gantry.common.grpc_server import RunningServer, ServiceBinding, create_server
+from gantry.common.interceptors import DEFAULT_LIMITS, ServiceLimit
 from gantry.common.tls import ClientTls, ServerTls
 from gantry.controlplane.audit_feed import AuditFeed
 from gantry.controlplane.authn import ControlPlaneAuthenticator
@@ -72,6 +73,25 @@ class ControlPlane:
         await self.gateway.close()  # the streams' last writes, before the database goes
         await self.scheduler.stop()
         await self.database.close()
+
+
+INFERENCE_PREFIX = "/gantry.v1.Inference/"
+
+
+def front_door_limits(inference: InferenceSettings) -> dict[str, ServiceLimit]:
+    """The per-service request bounds, Inference's sized to the largest call its limits allow.
+
+    The front door refuses an oversize request before parsing it; sized below the media limits it
+    would refuse a legal image or clip with a bare size error instead of the setting that binds.
+    """
+    default = DEFAULT_LIMITS[INFERENCE_PREFIX]
+    largest = max(default.max_request_bytes or 0, inference.limits.largest_request_bytes)
+    return {
+        **DEFAULT_LIMITS,
+        INFERENCE_PREFIX: ServiceLimit(
+            max_request_bytes=largest, max_in_flight=default.max_in_flight
+        ),
+    }
 
 
 async def bootstrap_operator_token(database: Database, token: str, clock: Clock) -> None:
@@ -205,6 +225,7 @@ async def start_control_plane(
         authenticator=authenticator,
         tls=settings.tls,
         health_listen=settings.health_listen,
+        limits=front_door_limits(settings.inference),
     )
     scheduler.start()
     if settings.run_reconciler:

@@ -19,6 +19,7 @@ from gantry.controlplane import convert
 from gantry.controlplane.domain.deployment_health import LIVE_STATES
 from gantry.controlplane.domain.pipeline_states import AssessmentState, CandidateStatus
 from gantry.controlplane.domain.probe_transitions import ProbeState
+from gantry.controlplane.domain.profile_preprocessing import bind_preprocessing
 from gantry.controlplane.domain.transitions import DeploymentState, JobState, JobType, NodeState
 from gantry.controlplane.lifecycle import DeploymentLifecycle
 from gantry.controlplane.persistence import (
@@ -222,6 +223,9 @@ class EvidencePipeline:
                 adapter.CopyFrom(settings)
                 adapter.adapter = inspection.adapters[0]
             _check_profile_gate(assessment, inspection, adapter)
+            # The preprocessing inspection read (image size and normalisation, sampling rate),
+            # bound where the operator left it unset; a disagreeing value is refused.
+            adapter = bind_preprocessing(adapter, inspection.details)
             row = await profiles.create_profile(
                 session,
                 name=name,

@@ -1,5 +1,6 @@
-"""Inference.Embed and Inference.Rerank: the front door. Caller's tenant from its key, route via
-the scheduler."""
+"""The Inference front door: the caller's tenant from its key, the deployment from the binding or
+its id, the scheduler's dispatch, the chosen worker's answer. Embed and Rerank are answered here;
+the media RPCs' bodies live in media_inference.py and take the same path (`_invoke`)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,7 @@ import asyncio
 import datetime as dt
 import math
 import time
-from collections.abc import Awaitable, Sequence
-from dataclasses import dataclass, field
-from typing import TypeVar
+from collections.abc import Sequence
 
 import grpc
 from google.protobuf import timestamp_pb2
@@ -18,34 +17,47 @@ from gantry.common.auth import current_principal
 from gantry.common.clock import Clock
 from gantry.common.errors import GantryError
 from gantry.common.ids import new_id
-from gantry.common.inference_limits import InferenceLimits
 from gantry.common.telemetry import inject_context, tracer
 from gantry.controlplane import metrics
 from gantry.controlplane.domain.capability_degradation import CapabilityDegradation
 from gantry.controlplane.domain.work_cost import embed_cost, rerank_cost
+from gantry.controlplane.inference_calls import (
+    DEFAULT_MAX_INVOKE_SECONDS,
+    OPERATION_OF_PAYLOAD,
+    RUNTIME_OUTCOMES,
+    CallBudget,
+    InferenceSettings,
+    counted,
+    work_outcome,
+)
 from gantry.controlplane.inference_validation import validate_inputs, validate_rerank
+from gantry.controlplane.media_inference import MediaInference
 from gantry.controlplane.persistence.database import Database
 from gantry.controlplane.route_cache import RouteCache
-from gantry.controlplane.routing import DeploymentResolver
+from gantry.controlplane.routing import DeploymentResolver, TargetedRequest
 from gantry.controlplane.scheduler_link import SchedulerLink
 from gantry.controlplane.vector_wire import vectors_wire
-from gantry.controlplane.worker_sessions import WorkerHub
+from gantry.controlplane.worker_sessions import InvokePayload, WorkerHub
 from gantry.v1 import common_pb2, inference_pb2, inference_pb2_grpc, scheduler_pb2
 from gantry.v1 import worker_gateway_pb2 as wg
 
-_tracer = tracer("gantry.controlplane")
-_Answer = TypeVar("_Answer")
+# Kept importable from here, where callers have always found them.
+__all__ = [
+    "DEFAULT_MAX_INVOKE_SECONDS",
+    "CallBudget",
+    "InferenceService",
+    "InferenceSettings",
+    "ranked",
+    "work_cost",
+    "work_outcome",
+]
 
-DEFAULT_MAX_INVOKE_SECONDS = 300.0
-_OUTCOME_BY_CLASS = {
-    common_pb2.FAILURE_CLASS_INFRA: scheduler_pb2.WORK_OUTCOME_INFRA_FAILURE,
-    common_pb2.FAILURE_CLASS_REQUEST: scheduler_pb2.WORK_OUTCOME_REQUEST_FAILURE,
-    common_pb2.FAILURE_CLASS_CONFIG: scheduler_pb2.WORK_OUTCOME_REQUEST_FAILURE,
-}
+_tracer = tracer("gantry.controlplane")
 
 
 def work_cost(payload: wg.EmbedPayload | wg.RerankPayload) -> int:
-    """The call's cost for the scheduler (domain/work_cost.py): bytes of text, at least 1."""
+    """A text call's cost for the scheduler (domain/work_cost.py): bytes of text, at least 1.
+    A media call's cost comes from its headers, read by its handler (media_inference.py)."""
     if isinstance(payload, wg.RerankPayload):
         return rerank_cost(payload.query, payload.documents)
     return embed_cost(payload.inputs)
@@ -59,51 +71,6 @@ def ranked(scores: Sequence[float], top_n: int) -> list[inference_pb2.RankedDocu
     if top_n:
         order = order[:top_n]
     return [inference_pb2.RankedDocument(index=index, score=scores[index]) for index in order]
-
-
-@dataclass(frozen=True, kw_only=True)
-class InferenceSettings:
-    # The server's own bound on one call, applied only when the client asks for longer or sets
-    # no deadline: a client that asks for 120 s gets 120 s.
-    max_invoke_seconds: float = DEFAULT_MAX_INVOKE_SECONDS
-    limits: InferenceLimits = field(default_factory=InferenceLimits)
-
-
-@dataclass(frozen=True, slots=True)
-class CallBudget:
-    """How long one call may take, and whose limit that is."""
-
-    seconds: float
-    client_bounded: bool  # the client's deadline, not the server cap, is the binding limit
-
-    @classmethod
-    def of(cls, client_remaining: float | None, *, max_seconds: float) -> CallBudget:
-        if client_remaining is not None and client_remaining <= max_seconds:
-            return cls(seconds=max(0.0, client_remaining), client_bounded=True)
-        return cls(seconds=max_seconds, client_bounded=False)
-
-
-def work_outcome(error: BaseException | None, budget: CallBudget) -> scheduler_pb2.WorkOutcome:
-    """How finished work counts for the scheduler's health accounting; one place decides.
-
-    A client that goes away is CANCELLED, never INFRA. A deadline that passes counts as INFRA
-    (a timeout, per CONTRACTS.md) only when it was the server's own cap: a deadline the client
-    chose says nothing about the residency, and counting it would let any client with tight
-    deadlines trip breakers on healthy residencies. The client still sees DEADLINE_EXCEEDED.
-    """
-    if error is None:
-        return scheduler_pb2.WORK_OUTCOME_SUCCESS
-    if isinstance(error, asyncio.CancelledError):
-        return scheduler_pb2.WORK_OUTCOME_CANCELLED
-    if isinstance(error, GantryError):
-        if error.reason == "DEADLINE_EXCEEDED" and budget.client_bounded:
-            return scheduler_pb2.WORK_OUTCOME_CANCELLED
-        return _OUTCOME_BY_CLASS[error.failure_class.value]
-    return scheduler_pb2.WORK_OUTCOME_INFRA_FAILURE
-
-
-# Outcomes that say something about the runtime (a bad request or a client that left does not).
-_RUNTIME_OUTCOMES = (scheduler_pb2.WORK_OUTCOME_SUCCESS, scheduler_pb2.WORK_OUTCOME_INFRA_FAILURE)
 
 
 class InferenceService(inference_pb2_grpc.InferenceServicer):
@@ -128,16 +95,39 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
         self._clock = clock
         self._settings = settings or InferenceSettings()
         self._resolver = resolver or DeploymentResolver(database=database, routes=routes)
+        self._media = MediaInference(
+            invoke=self._invoke, resolve=self._resolve, settings=self._settings
+        )
 
     async def Embed(
         self, request: inference_pb2.EmbedRequest, context: grpc.aio.ServicerContext
     ) -> inference_pb2.EmbedResponse:
-        return await _counted(metrics.EMBED, self._embed(request, context))
+        return await counted(metrics.EMBED, self._embed(request, context))
 
     async def Rerank(
         self, request: inference_pb2.RerankRequest, context: grpc.aio.ServicerContext
     ) -> inference_pb2.RerankResponse:
-        return await _counted(metrics.RERANK, self._rerank(request, context))
+        return await counted(metrics.RERANK, self._rerank(request, context))
+
+    async def Transcribe(
+        self, request: inference_pb2.TranscribeRequest, context: grpc.aio.ServicerContext
+    ) -> inference_pb2.TranscribeResponse:
+        return await counted(metrics.TRANSCRIBE, self._media.transcribe(request, context))
+
+    async def RecognizeText(
+        self, request: inference_pb2.RecognizeTextRequest, context: grpc.aio.ServicerContext
+    ) -> inference_pb2.RecognizeTextResponse:
+        return await counted(metrics.RECOGNIZE_TEXT, self._media.recognize_text(request, context))
+
+    async def EmbedImage(
+        self, request: inference_pb2.EmbedImageRequest, context: grpc.aio.ServicerContext
+    ) -> inference_pb2.EmbedResponse:
+        return await counted(metrics.EMBED_IMAGE, self._media.embed_image(request, context))
+
+    async def ClassifyImage(
+        self, request: inference_pb2.ClassifyImageRequest, context: grpc.aio.ServicerContext
+    ) -> inference_pb2.ClassifyImageResponse:
+        return await counted(metrics.CLASSIFY_IMAGE, self._media.classify_image(request, context))
 
     async def _embed(
         self, request: inference_pb2.EmbedRequest, context: grpc.aio.ServicerContext
@@ -205,11 +195,16 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
         *,
         tenant_id: str,
         deployment_id: str,
-        request: inference_pb2.EmbedRequest | inference_pb2.RerankRequest,
-        payload: wg.EmbedPayload | wg.RerankPayload,
+        request: TargetedRequest,
+        payload: InvokePayload,
         budget: CallBudget,
+        cost: int | None = None,
     ) -> tuple[str, wg.InvokeResult]:
         """Dispatch through the scheduler and invoke on the chosen worker, within the budget.
+
+        `payload` is any of the worker's Invoke payloads; it names the operation the stages are
+        counted as. `cost` is the work's size for the fair queue (None: a text payload's own,
+        `work_cost`; a media handler passes what its headers said).
 
         Once the work is submitted the scheduler hears exactly one WorkFinished for it, whatever
         happens: the answer, a failure, the deadline, or the client going away (the handler task
@@ -220,7 +215,11 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
         work_id = new_id()
         error: BaseException | None = None
         refused = False
-        operation = metrics.RERANK if isinstance(payload, wg.RerankPayload) else metrics.EMBED
+        operation = OPERATION_OF_PAYLOAD[type(payload)]
+        if cost is None:
+            if not isinstance(payload, wg.EmbedPayload | wg.RerankPayload):
+                raise TypeError(f"a {type(payload).__name__} needs its cost from its handler")
+            cost = work_cost(payload)
         stage_started = time.perf_counter()
         try:
             async with asyncio.timeout_at(deadline_at):
@@ -232,7 +231,7 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
                             priority=request.priority or common_pb2.PRIORITY_INTERACTIVE,
                             deployment_id=deployment_id,
                             capability=request.capability,
-                            cost=work_cost(payload),
+                            cost=cost,
                             # Work still queued past the call's budget has no one to answer.
                             timeout_seconds=budget.seconds,
                         ),
@@ -283,14 +282,12 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
                 self._scheduler.work_finished(
                     work_id, outcome, reason=error.reason if isinstance(error, GantryError) else ""
                 )
-                if self._degradation is not None and outcome in _RUNTIME_OUTCOMES:
+                if self._degradation is not None and outcome in RUNTIME_OUTCOMES:
                     self._degradation.record(
                         request.capability, succeeded=outcome == scheduler_pb2.WORK_OUTCOME_SUCCESS
                     )
 
-    async def _resolve(
-        self, operation: str, request: inference_pb2.EmbedRequest | inference_pb2.RerankRequest
-    ) -> str:
+    async def _resolve(self, operation: str, request: TargetedRequest) -> str:
         """capability | deployment_id -> a routable deployment, or a typed reason why not.
 
         By capability the binding alone decides (routing.py): never another deployment.
@@ -299,17 +296,3 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
         deployment_id = await self._resolver.resolve(request)
         metrics.stage_finished(operation, metrics.STAGE_RESOLVE, time.perf_counter() - started)
         return deployment_id
-
-
-async def _counted(operation: str, answer: Awaitable[_Answer]) -> _Answer:
-    """Await one call's answer and count it, whatever it is: the status and reason the client
-    sees (validation errors included) and the whole call's latency."""
-    started = time.perf_counter()
-    error: BaseException | None = None
-    try:
-        return await answer
-    except BaseException as failure:
-        error = failure
-        raise
-    finally:
-        metrics.invocation_answered(operation, error, time.perf_counter() - started)

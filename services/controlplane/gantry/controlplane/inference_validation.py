@@ -1,4 +1,5 @@
-"""The checks on one Embed or Rerank call before anything is scheduled: pure, no IO.
+"""The checks on one Embed or Rerank call before anything is scheduled: pure, no IO. The media
+calls' checks (media_validation.py) build on the same refusals.
 
 Every refusal is INVALID_ARGUMENT and names the offending `field` (`inputs`, `inputs[3]`, `query`,
 `documents[7]`). A limit refusal keeps its reason (INVALID_PAYLOAD) and carries the server's
@@ -15,7 +16,10 @@ from gantry.common.errors import GantryError, invalid_argument
 from gantry.common.inference_limits import DEFAULT_LIMITS, InferenceLimits
 
 
-def _over_limit(message: str, *, setting: str, limit: int, value: int, field: str) -> GantryError:
+def over_limit(
+    message: str, *, setting: str, limit: int, value: int | str, field: str
+) -> GantryError:
+    """INVALID_PAYLOAD naming the field, the setting, the server's limit and the request's value."""
     return GantryError(
         "INVALID_PAYLOAD",
         message,
@@ -28,7 +32,7 @@ def _over_limit(message: str, *, setting: str, limit: int, value: int, field: st
 
 def _check_count(count: int, *, field: str, limits: InferenceLimits) -> None:
     if count > limits.max_inputs:
-        raise _over_limit(
+        raise over_limit(
             f"{count} {field} in one call; this server takes at most {limits.max_inputs}",
             setting="max_inputs",
             limit=limits.max_inputs,
@@ -37,10 +41,10 @@ def _check_count(count: int, *, field: str, limits: InferenceLimits) -> None:
         )
 
 
-def _check_total(texts: Sequence[str], *, field: str, limits: InferenceLimits) -> None:
+def check_total(texts: Sequence[str], *, field: str, limits: InferenceLimits) -> None:
     total = sum(len(text.encode("utf-8", errors="surrogatepass")) for text in texts)
     if total > limits.max_request_bytes:
-        error = _over_limit(
+        error = over_limit(
             f"the call holds {total} bytes of text; this server takes at most "
             f"{limits.max_request_bytes} per call",
             setting="max_request_bytes",
@@ -52,11 +56,12 @@ def _check_total(texts: Sequence[str], *, field: str, limits: InferenceLimits) -
         raise error
 
 
-def _check_text(text: str, *, field: str, limits: InferenceLimits) -> None:
+def check_text(text: str, *, field: str, limits: InferenceLimits) -> None:
+    """One text: not the empty string, and within max_input_chars."""
     if not text:
         raise GantryError("EMPTY_INPUT", f"{field} is an empty string", field=field)
     if len(text) > limits.max_input_chars:
-        raise _over_limit(
+        raise over_limit(
             f"{field} holds {len(text)} characters; this server takes at most "
             f"{limits.max_input_chars} per text",
             setting="max_input_chars",
@@ -72,19 +77,19 @@ def validate_inputs(inputs: Sequence[str], limits: InferenceLimits = DEFAULT_LIM
     if not inputs:
         raise invalid_argument("inputs must hold at least one text", field="inputs")
     _check_count(len(inputs), field="inputs", limits=limits)
-    _check_total(inputs, field="inputs", limits=limits)
+    check_total(inputs, field="inputs", limits=limits)
     for index, text in enumerate(inputs):
-        _check_text(text, field=f"inputs[{index}]", limits=limits)
+        check_text(text, field=f"inputs[{index}]", limits=limits)
 
 
 def validate_rerank(
     query: str, documents: Sequence[str], limits: InferenceLimits = DEFAULT_LIMITS
 ) -> None:
     """The same bounds as Embed's inputs: the query, the documents count, each text, the call."""
-    _check_text(query, field="query", limits=limits)
+    check_text(query, field="query", limits=limits)
     if not documents:
         raise invalid_argument("documents must hold at least one text", field="documents")
     _check_count(len(documents), field="documents", limits=limits)
-    _check_total((query, *documents), field="documents", limits=limits)
+    check_total((query, *documents), field="documents", limits=limits)
     for index, text in enumerate(documents):
-        _check_text(text, field=f"documents[{index}]", limits=limits)
+        check_text(text, field=f"documents[{index}]", limits=limits)

@@ -34,6 +34,10 @@ STAGE_WORKER = "worker"
 STAGE_TOTAL = "total"
 EMBED = "Embed"
 RERANK = "Rerank"
+TRANSCRIBE = "Transcribe"
+RECOGNIZE_TEXT = "RecognizeText"
+EMBED_IMAGE = "EmbedImage"
+CLASSIFY_IMAGE = "ClassifyImage"
 FENCED_REASONS = frozenset({"STALE_GENERATION", "LEASE_TOKEN_INVALID"})
 
 _meter = meter("gantry.controlplane")

@@ -2,7 +2,8 @@
 
 The scheduler is asked with what each replica charges (its profile's envelope: the larger of the
 operator's estimate and the probe's measured peak, for RAM and VRAM), the labels a node must carry
-(`adapter:<name>`, and `device:cuda` for a model on a GPU) and the deployment's placement policy.
+(`adapter:<name>`, `modality:<input>`, `environment:<id>` for a profile's named environment, and
+`device:cuda` for a model on a GPU) and the deployment's placement policy.
 
 A refusal (no eligible node, no capacity) is recorded on the deployment with each node's reason;
 it stays PENDING and the reconciler asks again with backoff; a node connecting or a residency
@@ -113,7 +114,7 @@ class Placer:
                 replicas=replicas,
                 required_adapter=adapter.adapter,
                 claims=charge.claims(),
-                required_labels=required_labels(adapter),
+                required_labels=required_labels(adapter, environment_id=deployment.environment_id),
                 policy=placement_policy(deployment.placement_policy),
             )
         except PlacementRefused as refusal:

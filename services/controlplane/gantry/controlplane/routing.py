@@ -30,7 +30,14 @@ STOPPED_DEPLOYMENT_STATES = frozenset(
 
 
 # The inference requests with the `target` oneof (capability | deployment_id).
-TargetedRequest = inference_pb2.EmbedRequest | inference_pb2.RerankRequest
+TargetedRequest = (
+    inference_pb2.EmbedRequest
+    | inference_pb2.RerankRequest
+    | inference_pb2.TranscribeRequest
+    | inference_pb2.RecognizeTextRequest
+    | inference_pb2.EmbedImageRequest
+    | inference_pb2.ClassifyImageRequest
+)
 
 
 class DeploymentResolver:

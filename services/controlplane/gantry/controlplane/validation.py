@@ -6,23 +6,32 @@ database work; an adapter no worker can run is RUNTIME_INCOMPATIBLE, never a fal
 
 from __future__ import annotations
 
+import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gantry.common.errors import GantryError, invalid_argument
+from gantry.controlplane.domain.adapter_modalities import (
+    ADAPTER_MODALITIES,
+    IMAGE_ADAPTERS,
+    WHISPER_ADAPTER,
+)
 from gantry.controlplane.domain.autoscale import PlacementPolicyName
 from gantry.v1 import common_pb2
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 # The adapters a worker can execute in this version (one module per adapter on the worker side).
-SUPPORTED_ADAPTERS = frozenset(
-    {"sentence_transformers", "sentence_transformers_cross_encoder", "transformers_whisper"}
-)
-# Adapter settings only speech recognition reads: the decoder's language and task.
-WHISPER_ADAPTER = "transformers_whisper"
+SUPPORTED_ADAPTERS = frozenset(ADAPTER_MODALITIES)
+# Adapter settings only speech recognition reads: the decoder's language and task, the rate.
 WHISPER_TASKS = ("transcribe", "translate")
 # Whisper's language tokens are ISO 639-1 codes, plus a few three-letter ones ("haw", "yue").
 _LANGUAGE_CODE = re.compile(r"[a-z]{2,3}")
+MAX_SAMPLING_RATE_HZ = 384_000  # the highest rate audio interfaces record at
+# Adapter settings only the image adapters read: the processor's size and normalisation.
+_IMAGE_ADAPTER_NAMES = ", ".join(sorted(IMAGE_ADAPTERS))
+MAX_IMAGE_SIZE = 8192  # pixels per side; image encoders take a few hundred
+_CHANNEL_COUNTS = (1, 3)  # one value for every channel, or one per RGB channel
 
 MAX_LABELS = 64
 _LABEL_KEY = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._/-]{0,62})$")
@@ -99,8 +108,8 @@ def check_supported_adapter(name: str) -> str:
 
 
 def check_adapter_settings(adapter: common_pb2.AdapterSettings) -> common_pb2.AdapterSettings:
-    """The settings' own limits (device, batch size, input length, Whisper's language and task);
-    the name is checked apart."""
+    """The settings' own limits (device, batch size, input length, Whisper's language, task and
+    sampling rate, the image adapters' preprocessing); the name is checked apart."""
     if adapter.device and not _DEVICE.fullmatch(adapter.device):
         raise invalid_argument(
             f"device {adapter.device!r} is not cpu or cuda[:N]", field="adapter.device"
@@ -118,21 +127,32 @@ def check_adapter_settings(adapter: common_pb2.AdapterSettings) -> common_pb2.Ad
             limit=str(MAX_INPUT_LENGTH_TOKENS),
         )
     _check_speech_settings(adapter)
+    _check_image_settings(adapter)
     return adapter
 
 
+def _read_only_by(adapter: common_pb2.AdapterSettings, name: str, readers: str) -> GantryError:
+    return invalid_argument(
+        f"adapter.{name} is read only by {readers}, not {adapter.adapter or 'the default adapter'}",
+        field=f"adapter.{name}",
+    )
+
+
 def _check_speech_settings(adapter: common_pb2.AdapterSettings) -> None:
-    """language and task: a short code (or empty: detected per clip) and transcribe/translate
-    (or empty: transcribe), for Whisper only; another adapter would silently ignore them."""
+    """language, task and sampling_rate_hz: a short code (or empty: detected per clip),
+    transcribe/translate (or empty: transcribe) and a rate (or 0: the one inspection read), for
+    Whisper only; another adapter would silently ignore them."""
     if adapter.adapter != WHISPER_ADAPTER:
-        for name in ("language", "task"):
+        for name in ("language", "task", "sampling_rate_hz"):
             if getattr(adapter, name):
-                raise invalid_argument(
-                    f"adapter.{name} is read only by {WHISPER_ADAPTER}, not "
-                    f"{adapter.adapter or 'the default adapter'}",
-                    field=f"adapter.{name}",
-                )
+                raise _read_only_by(adapter, name, WHISPER_ADAPTER)
         return
+    if adapter.sampling_rate_hz > MAX_SAMPLING_RATE_HZ:
+        raise invalid_argument(
+            f"adapter.sampling_rate_hz must be at most {MAX_SAMPLING_RATE_HZ}",
+            field="adapter.sampling_rate_hz",
+            limit=str(MAX_SAMPLING_RATE_HZ),
+        )
     if adapter.language and not _LANGUAGE_CODE.fullmatch(adapter.language):
         raise invalid_argument(
             f"adapter.language must be empty (detected per clip) or a 2-3 letter lowercase "
@@ -145,6 +165,41 @@ def _check_speech_settings(adapter: common_pb2.AdapterSettings) -> None:
             f"got {adapter.task[:40]!r}",
             field="adapter.task",
         )
+
+
+def _check_image_settings(adapter: common_pb2.AdapterSettings) -> None:
+    """image_size, image_mean and image_std (0 / empty: what inspection read), for the image
+    adapters only; another adapter would silently ignore them. A mean or std is one value for
+    every channel or one per RGB channel, finite; a std is positive (it divides)."""
+    if adapter.adapter not in IMAGE_ADAPTERS:
+        for name in ("image_size", "image_mean", "image_std"):
+            if getattr(adapter, name):
+                raise _read_only_by(adapter, name, _IMAGE_ADAPTER_NAMES)
+        return
+    if adapter.image_size > MAX_IMAGE_SIZE:
+        raise invalid_argument(
+            f"adapter.image_size must be at most {MAX_IMAGE_SIZE} pixels",
+            field="adapter.image_size",
+            limit=str(MAX_IMAGE_SIZE),
+        )
+    _check_normalisation("image_mean", adapter.image_mean)
+    _check_normalisation("image_std", adapter.image_std)
+
+
+def _check_normalisation(name: str, values: Sequence[float]) -> None:
+    if not values:
+        return
+    field = f"adapter.{name}"
+    if len(values) not in _CHANNEL_COUNTS:
+        raise invalid_argument(
+            f"{field} must hold 1 value (every channel) or 3 (R, G, B), got {len(values)}",
+            field=field,
+            limit="3",
+        )
+    if not all(math.isfinite(value) for value in values):
+        raise invalid_argument(f"{field} must hold finite numbers", field=field)
+    if name == "image_std" and not all(value > 0 for value in values):
+        raise invalid_argument(f"{field} must be positive (it divides)", field=field)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

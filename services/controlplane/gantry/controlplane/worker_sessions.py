@@ -25,6 +25,24 @@ log = logging.getLogger(__name__)
 DEFAULT_OUTBOX_LIMIT = 4096
 DEFAULT_PENDING_INVOKES_LIMIT = 1024
 
+InvokePayload = (
+    wg.EmbedPayload
+    | wg.RerankPayload
+    | wg.TranscribePayload
+    | wg.RecognizeTextPayload
+    | wg.EmbedImagePayload
+    | wg.ClassifyImagePayload
+)
+# Each payload's field in Invoke's oneof, and the outcome a worker answers it with.
+INVOKE_KINDS: Mapping[type, tuple[str, str]] = {
+    wg.EmbedPayload: ("embed", "embed"),
+    wg.RerankPayload: ("rerank", "rerank"),
+    wg.TranscribePayload: ("transcribe", "transcribe"),
+    wg.RecognizeTextPayload: ("recognize_text", "recognize_text"),
+    wg.EmbedImagePayload: ("embed_image", "embed"),
+    wg.ClassifyImagePayload: ("classify_image", "classify_image"),
+}
+
 
 @dataclass(frozen=True, kw_only=True)
 class WorkerStreamSettings:
@@ -234,7 +252,7 @@ class WorkerHub:
         node_id: str,
         request_id: str,
         deployment_id: str,
-        payload: wg.EmbedPayload | wg.RerankPayload,
+        payload: InvokePayload,
         timeout: float,
         trace_context: Mapping[str, str],
         deadline: timestamp_pb2.Timestamp,
@@ -255,12 +273,8 @@ class WorkerHub:
             deadline=deadline,
             timeout=_duration(timeout),
         )
-        if isinstance(payload, wg.EmbedPayload):
-            invoke.embed.CopyFrom(payload)
-            expected = "embed"
-        else:
-            invoke.rerank.CopyFrom(payload)
-            expected = "rerank"
+        kind, expected = INVOKE_KINDS[type(payload)]
+        getattr(invoke, kind).CopyFrom(payload)
         message = wg.ControlMessage(trace_context=trace_context, invoke=invoke)
         check_fits_stream(message)
         future = stream.begin_invoke(request_id)

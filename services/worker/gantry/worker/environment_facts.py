@@ -8,9 +8,12 @@ that fails, times out or answers nonsense, makes that environment `available=fal
 reason; jobs that need it fail RUNTIME_ENVIRONMENT_UNAVAILABLE (class CONFIG), never a fallback.
 
 The script imports torch (for the device facts) only where GPU device nodes exist, and never
-sentence-transformers: whether an adapter is importable is read from the installed packages
-without importing them (importing sentence-transformers costs seconds per environment at every
-start); the probe proves it for real.
+sentence-transformers, torchvision or Pillow: whether an adapter is importable is read from the
+installed packages without importing them (importing sentence-transformers costs seconds per
+environment at every start, and torchvision beside a torch it was not built for fails in C++
+registration rather than with an ImportError); the probe proves it for real. An adapter left out
+gets a note saying what it lacks ("transformers_trocr needs torchvision (not installed)"), logged
+with the environment's facts. The modalities an environment declares are its adapters'.
 """
 
 from __future__ import annotations
@@ -56,9 +59,10 @@ import importlib.util
 import json
 import os
 import platform
+import re
 
 facts = {"versions": {"python": platform.python_version()}, "adapters": [], "notes": []}
-for dist in ("torch", "transformers", "sentence-transformers"):
+for dist in ("torch", "transformers", "sentence-transformers", "torchvision", "Pillow"):
     try:
         facts["versions"][dist] = metadata.version(dist)
     except metadata.PackageNotFoundError:
@@ -104,6 +108,84 @@ if package_dirs("torch") is not None and has_whisper:
     facts["adapters"].append("transformers_whisper")
 else:
     facts["notes"].append("transformers_whisper needs torch and transformers' whisper models")
+
+
+def release(version):
+    match = re.match(r"\d+(\.\d+)*", version)
+    return tuple(int(part) for part in match.group(0).split(".")) if match else ()
+
+
+def torch_mismatch():
+    # The torch requirement torchvision's metadata states that the installed torch breaks ("" when
+    # met): PyPI's torchvision pins the torch it was built against, and beside another one it
+    # fails in C++ operator registration at import, not with an ImportError.
+    try:
+        requirements = metadata.requires("torchvision") or []
+    except metadata.PackageNotFoundError:
+        return ""  # importable without metadata (a source tree): the probe will tell
+    installed = release(facts["versions"].get("torch", ""))
+    for requirement in requirements:
+        name, _, marker = requirement.partition(";")
+        found = re.match(r"\s*torch(?![\w.-])\s*\(?([^)]*)\)?\s*$", name)
+        if found is None or "extra" in marker:
+            continue
+        for clause in found.group(1).split(","):
+            clause = clause.strip()
+            op = next((o for o in (">=", "==", "<=", "<", ">") if clause.startswith(o)), None)
+            if op is None:
+                continue  # "!=", "~=": not how torchvision pins torch
+            wanted = release(clause[len(op) :].strip())
+            size = max(len(installed), len(wanted))
+            have = installed + (0,) * (size - len(installed))
+            want = wanted + (0,) * (size - len(wanted))
+            met = {
+                ">=": have >= want,
+                "==": have == want,
+                "<=": have <= want,
+                "<": have < want,
+                ">": have > want,
+            }[op]
+            if not met:
+                return "torch" + clause
+    return ""
+
+
+# The image adapters: torch, torchvision (transformers' image processors need it, built for the
+# installed torch) and Pillow (images are decoded with it), and a transformers that ships their
+# model packages.
+image_modules = (("torch", "torch"), ("torchvision", "torchvision"), ("Pillow", "PIL"))
+missing = [dist for dist, module in image_modules if package_dirs(module) is None]
+if not transformers_dirs:
+    missing.append("transformers")
+mismatch = "" if missing else torch_mismatch()
+for adapter, model_packages in (
+    ("transformers_trocr", ("trocr", "vision_encoder_decoder")),
+    ("transformers_siglip2", ("siglip2",)),
+):
+    unshipped = [
+        name
+        for name in model_packages
+        if not any(os.path.isdir(os.path.join(d, "models", name)) for d in transformers_dirs)
+    ]
+    if missing:
+        facts["notes"].append("%s needs %s (not installed)" % (adapter, ", ".join(missing)))
+    elif mismatch:
+        facts["notes"].append(
+            "%s needs a torchvision built for torch %s (torchvision %s requires %s)"
+            % (
+                adapter,
+                facts["versions"].get("torch", "?"),
+                facts["versions"].get("torchvision", "?"),
+                mismatch,
+            )
+        )
+    elif unshipped:
+        facts["notes"].append(
+            "%s needs transformers' %s models (not in transformers %s)"
+            % (adapter, ", ".join(unshipped), facts["versions"].get("transformers", "?"))
+        )
+    else:
+        facts["adapters"].append(adapter)
 
 facts["device"] = "cpu"
 facts["device_name"] = platform.processor() or platform.machine() or "cpu"

@@ -27,6 +27,10 @@ _tracer = tracer("gantry.worker")
 
 DEFAULT_MAX_IN_FLIGHT = 1024
 DEFAULT_INVOKE_TIMEOUT_S = 30.0
+# Invoke's payloads this worker hands to a model host (the oneof's field names).
+_PAYLOADS = frozenset(
+    {"embed", "rerank", "transcribe", "recognize_text", "embed_image", "classify_image"}
+)
 
 
 def invoke_timeout_s(invoke: wg.Invoke, *, now: float | None = None) -> float:
@@ -112,11 +116,16 @@ class Invocations:
         self._emit(result)
 
     async def _run(self, invoke: wg.Invoke, result: wg.InvokeResult) -> None:
-        """Hand the payload to the deployment's host; its answer goes into `result`."""
+        """Hand the payload to the deployment's host; its answer goes into `result`.
+
+        Whether this host's adapter does that kind of work is the host's to say: an embedding
+        host asked to transcribe answers INVALID_PAYLOAD, the client's error."""
         payload = invoke.WhichOneof("payload")
-        if payload not in ("embed", "rerank"):
+        if payload not in _PAYLOADS:
             raise GantryError(
-                "INVALID_PAYLOAD", f"invocation {invoke.request_id} carries no embed or rerank"
+                "INVALID_PAYLOAD",
+                f"invocation {invoke.request_id} carries no payload this worker serves "
+                f"({payload or 'none'})",
             )
         host = self._supervisor.host_for_invoke(invoke.deployment_id)
         timeout_s = invoke_timeout_s(invoke)
@@ -135,14 +144,38 @@ class Invocations:
                     truncate=invoke.embed.truncate,
                 )
             )
-            return
-        # Whether this host's adapter reranks is the host's to say (INVALID_PAYLOAD if not).
-        result.rerank.CopyFrom(
-            await host.rerank(
-                invoke.rerank.query,
-                list(invoke.rerank.documents),
-                trace_context=child_context,
-                timeout_s=timeout_s,
-                truncate=invoke.rerank.truncate,
+        elif payload == "rerank":
+            result.rerank.CopyFrom(
+                await host.rerank(
+                    invoke.rerank.query,
+                    list(invoke.rerank.documents),
+                    trace_context=child_context,
+                    timeout_s=timeout_s,
+                    truncate=invoke.rerank.truncate,
+                )
             )
-        )
+        elif payload == "transcribe":
+            result.transcribe.CopyFrom(
+                await host.transcribe(
+                    invoke.transcribe, trace_context=child_context, timeout_s=timeout_s
+                )
+            )
+        elif payload == "recognize_text":
+            result.recognize_text.CopyFrom(
+                await host.recognize_text(
+                    invoke.recognize_text, trace_context=child_context, timeout_s=timeout_s
+                )
+            )
+        elif payload == "embed_image":
+            # Image embeddings answer as text embeddings do: one EmbedResult.
+            result.embed.CopyFrom(
+                await host.embed_image(
+                    invoke.embed_image, trace_context=child_context, timeout_s=timeout_s
+                )
+            )
+        else:
+            result.classify_image.CopyFrom(
+                await host.classify_image(
+                    invoke.classify_image, trace_context=child_context, timeout_s=timeout_s
+                )
+            )

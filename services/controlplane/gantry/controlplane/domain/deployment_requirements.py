@@ -1,5 +1,6 @@
-"""What a deployment asks of placement: the labels a node must carry, what each replica charges
-there (its envelope and its slots), and the policy that picks among the nodes that fit. Pure.
+"""What a deployment asks of placement: the labels a node must carry (its adapter, the input that
+adapter takes, the environment its profile names, a GPU), what each replica charges there (its
+envelope and its slots), and the policy that picks among the nodes that fit. Pure.
 
 Every replica of a deployment charges the same: RAM always (the profile's envelope, which may be
 0 bytes for a deployment made before profiles and then charges nothing), and VRAM on the GPU its
@@ -11,7 +12,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gantry.controlplane.domain.node_capabilities import DEVICE_CUDA, adapter_label
+from gantry.controlplane.domain.adapter_modalities import modality_of
+from gantry.controlplane.domain.node_capabilities import (
+    DEFAULT_ENVIRONMENT_ID,
+    DEVICE_CUDA,
+    adapter_label,
+    environment_label,
+    modality_label,
+)
 from gantry.v1 import common_pb2, scheduler_pb2
 
 # Calls a model host takes at once when its adapter sets neither max_concurrency nor
@@ -71,9 +79,20 @@ def residency_charge(
     )
 
 
-def required_labels(adapter: common_pb2.AdapterSettings) -> list[str]:
-    """A node must support the adapter, and hold a GPU for a model that runs on one."""
+def required_labels(adapter: common_pb2.AdapterSettings, *, environment_id: str = "") -> list[str]:
+    """A node must support the adapter and the input it takes (`modality:image` for an image
+    adapter), offer the environment the profile names when it names one besides the default,
+    and hold a GPU for a model that runs on one.
+
+    The default environment is not required by label: every worker offers one, and inventories
+    stored before environments reported availability would otherwise refuse every deployment.
+    """
     labels = [adapter_label(adapter.adapter)]
+    modality = modality_of(adapter.adapter)
+    if modality is not None:
+        labels.append(modality_label(modality))
+    if environment_id not in ("", DEFAULT_ENVIRONMENT_ID):
+        labels.append(environment_label(environment_id))
     if cuda_device(adapter.device) is not None:
         labels.append(DEVICE_CUDA)
     return labels

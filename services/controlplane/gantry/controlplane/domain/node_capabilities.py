@@ -2,9 +2,12 @@
 capability labels derived from its last Hello. Pure.
 
 Labels are derived, never stored, so they always follow the stored inventory: `adapter:<name>` per
-adapter its environments support, `device:cpu` always, `device:cuda` when it declares a VRAM or
-unified domain, and `gpu.model:<name>` for each GPU model its environments reported. A label is a
-hint for placement, never a security property.
+adapter its environments support, `modality:<m>` per input those adapters take (what the
+environments declared, and what the control plane's table says of each adapter: an inventory
+stored before environments declared modalities still offers them), `environment:<id>` per
+environment its worker reported available, `device:cpu` always, `device:cuda` when it declares a
+VRAM or unified domain, and `gpu.model:<name>` for each GPU model its environments reported. A
+label is a hint for placement, never a security property.
 """
 
 from __future__ import annotations
@@ -12,9 +15,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from gantry.controlplane.domain.adapter_modalities import modality_of
 from gantry.v1 import common_pb2
 
 ADAPTER_PREFIX = "adapter:"
+MODALITY_PREFIX = "modality:"
+ENVIRONMENT_PREFIX = "environment:"
+DEFAULT_ENVIRONMENT_ID = "default"  # how workers name the environment an empty id means
 DEVICE_CPU = "device:cpu"
 DEVICE_CUDA = "device:cuda"
 GPU_MODEL_PREFIX = "gpu.model:"
@@ -25,6 +32,14 @@ _GPU_KINDS = frozenset({common_pb2.RESOURCE_KIND_VRAM, common_pb2.RESOURCE_KIND_
 
 def adapter_label(adapter: str) -> str:
     return f"{ADAPTER_PREFIX}{adapter}"
+
+
+def modality_label(modality: str) -> str:
+    return f"{MODALITY_PREFIX}{modality}"
+
+
+def environment_label(environment_id: str) -> str:
+    return f"{ENVIRONMENT_PREFIX}{environment_id or DEFAULT_ENVIRONMENT_ID}"
 
 
 def domains_to_json(domains: Iterable[common_pb2.ResourceDomain]) -> list[dict[str, Any]]:
@@ -59,14 +74,21 @@ def domains_from_json(stored: Sequence[Mapping[str, Any]]) -> list[common_pb2.Re
 def node_labels(inventory: Mapping[str, Any]) -> list[str]:
     """The capability labels of a node, sorted, from its stored inventory."""
     labels = {DEVICE_CPU}
-    labels.update(adapter_label(name) for name in inventory.get("adapters", []))
+    adapters = [str(name) for name in inventory.get("adapters", [])]
+    labels.update(adapter_label(name) for name in adapters)
+    modalities = {modality_of(name) for name in adapters}
     if any(d.kind in _GPU_KINDS for d in domains_from_json(inventory.get("domains", []))):
         labels.add(DEVICE_CUDA)
     for environment in inventory.get("environments", []):
-        # Stored with MessageToDict's names: "deviceName".
+        # Stored with MessageToDict's names ("deviceName", "environmentId"), empty fields left
+        # out: an unavailable environment has no "available" and no adapters.
+        if environment.get("available") is True:
+            labels.add(environment_label(str(environment.get("environmentId", ""))))
+            modalities.update(str(m) for m in environment.get("modalities", []))
         model = str(environment.get("deviceName", "")).strip()
         if environment.get("device") == "cuda" and model:
             labels.add(f"{GPU_MODEL_PREFIX}{model}")
+    labels.update(modality_label(m) for m in modalities if m)
     return sorted(labels)
 
 

@@ -99,3 +99,23 @@ def keep(details: dict[str, str], config: Mapping[str, Any], *keys: str) -> None
             isinstance(value, list) and all(isinstance(v, (str, int, float)) for v in value)
         ):
             details[key] = text(value)
+
+
+def keep_prefixed(
+    details: dict[str, str], config: Mapping[str, Any], prefix: str, keys: tuple[str, ...]
+) -> None:
+    """`keep`, each key stored as `prefix + key` (a sub-config's keys: "encoder_image_size")."""
+    found: dict[str, str] = {}
+    keep(found, config, *keys)
+    details.update({f"{prefix}{key}": value for key, value in found.items()})
+
+
+def sub_config(config: Mapping[str, Any], name: str) -> dict[str, Any]:
+    """A nested config object ("encoder", "vision_config"), or {} when it is not one."""
+    value = config.get(name)
+    return value if isinstance(value, dict) else {}
+
+
+def positive_int(value: object) -> int | None:
+    """A JSON integer above 0 (sizes, widths, counts); None for anything else (bools too)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None

@@ -6,7 +6,8 @@ gate's refusals as findings (executable code, `auto_map`, foreign module or acti
 the inspected environment: each registered runtime adapter's `inspect_support` says whether it
 runs the layout, the environment's facts whether it can be imported there. An Inspection is
 executable only when an adapter runs its layout, the environment can import that adapter, and no
-finding refuses it.
+finding refuses it. An environment that runs no adapter of the layout's input at all (no image
+adapter without torchvision) gets a note naming the modality it lacks.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from gantry.worker.inspection import (
 from gantry.worker.inspection.artifact_files import (
     ENVIRONMENT_UNAVAILABLE,
     INCOMPATIBLE,
+    NOTE,
     ArtifactFiles,
     Draft,
     finding,
@@ -108,7 +110,36 @@ def inspect_artifact(
                         draft.key_path,
                     )
                 )
+                findings.extend(_modality_notes(adapter, environment_id, environment_adapters))
     inspection.adapters.extend(adapters)
     inspection.executable = bool(adapters)
     inspection.findings.extend(findings)
     return inspection
+
+
+def _modality_notes(
+    adapter: str, environment_id: str, environment_adapters: Collection[str]
+) -> list[wg.InspectionFinding]:
+    """Why an environment lacks an adapter, when it lacks the adapter's whole modality: it runs
+    nothing that takes that input (an environment without torchvision runs no image adapter),
+    so the model must be assessed in another environment, not just with another adapter."""
+    registered = {runtime.name: runtime for runtime in registered_adapters()}
+    offered = sorted(
+        {
+            m
+            for name in environment_adapters
+            if name in registered
+            for m in registered[name].modalities
+        }
+    )
+    needed = registered[adapter].modalities
+    return [
+        finding(
+            NOTE,
+            f"runtime environment {environment_id!r} runs no adapter that takes {modality} "
+            f"input (its adapters take {', '.join(offered) or 'nothing'}); {adapter!r} takes "
+            f"{modality}: assess it in an environment that offers {modality} (its environment_id)",
+        )
+        for modality in needed
+        if modality not in offered
+    ]

@@ -2,8 +2,9 @@
 
 Nothing here can be executed in this issue except through sentence-transformers (see
 `sentence_transformers.py`, which also claims a `*ForSequenceClassification` config with one
-label: a cross-encoder) and Whisper speech recognition (`whisper.py` adds its audio details).
-vLLM serves the same layout as transformers and cannot be told apart statically,
+label: a cross-encoder), Whisper speech recognition (`whisper.py` adds its audio details), TrOCR
+text recognition and SigLIP2 image/text embeddings (`trocr.py`, `siglip2.py` add their image
+preprocessing). vLLM serves the same layout as transformers and cannot be told apart statically,
 so a generation model gets a note saying so rather than a guess.
 """
 
@@ -12,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from gantry.worker.inspection import whisper
+from gantry.worker.inspection import siglip2, trocr, whisper
 from gantry.worker.inspection.artifact_files import NOTE, ArtifactFiles, Draft, finding, keep
 
 CONFIG = "config.json"
@@ -161,4 +162,8 @@ def inspect(files: ArtifactFiles) -> Draft:
         draft.findings.append(finding(NOTE, _GENERATION_NOTE, CONFIG))
     if draft.model_type == whisper.MODEL_TYPE:
         whisper.add_details(files, config, draft)
+    elif draft.model_type == trocr.MODEL_TYPE:
+        trocr.add_details(files, config, draft)
+    elif draft.model_type == siglip2.MODEL_TYPE:
+        siglip2.add_details(files, config, architectures(config), draft)
     return draft

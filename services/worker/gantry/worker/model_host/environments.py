@@ -159,23 +159,26 @@ def resolve_python(environment_id: str, env: Mapping[str, str]) -> str:
 
     An empty id is the worker's default environment: GANTRY_PYTHON_EXECUTABLE, else this
     interpreter. A named id must be in a configured map (the inline JSON is consulted before the
-    file); only when no map is configured at all does "default" mean the default environment.
+    file). "default" is the name the worker's facts, its inventory and the control plane give the
+    empty id's environment, so an operator may pass it: it is the default environment too, unless
+    a map names "default" itself (then the map's executable, as `configured_environment_ids` offers
+    it). That is no fallback: both names mean one environment.
     """
     default_executable = env.get(DEFAULT_EXECUTABLE, "").strip() or sys.executable
     if not environment_id:
         return _checked_executable(default_executable, environment_id)
     environment_maps = _configured_maps(env, environment_id)
+    for environment_map in environment_maps:
+        if environment_id in environment_map:
+            return _checked_executable(environment_map[environment_id], environment_id)
+    if environment_id == DEFAULT_ENVIRONMENT_ID:  # no map names it: the empty id's environment
+        return _checked_executable(default_executable, environment_id)
     if not environment_maps:
-        if environment_id == DEFAULT_ENVIRONMENT_ID:
-            return _checked_executable(default_executable, environment_id)
         raise _unavailable(
             environment_id,
             f"runtime environment {environment_id!r} is not configured on this worker "
             f"(set {ENV_MAP_JSON} or {ENV_MAP_FILE})",
         )
-    for environment_map in environment_maps:
-        if environment_id in environment_map:
-            return _checked_executable(environment_map[environment_id], environment_id)
     known = sorted({name for environment_map in environment_maps for name in environment_map})
     raise _unavailable(
         environment_id,

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import logging
 import os
 import signal
 import socket
 import sys
 import time
+from collections.abc import Mapping
 
 from setproctitle import setproctitle
 
@@ -37,10 +39,29 @@ PRELOADED_MODULES = (
     "numpy",
     "torch",
     "transformers",
-    "sentence_transformers",
-    "sentence_transformers.cross_encoder",
     "transformers.models.bert.modeling_bert",
 )
+# Each runtime environment holds the libraries of its adapters only: the default one
+# sentence-transformers, an image one torchvision and Pillow (transformers' image processors need
+# torchvision, which does not import beside the default environment's torch). A stack is
+# preloaded where its first module is installed; a failing import of an installed one is still
+# the server's failure.
+OPTIONAL_PRELOADS: Mapping[str, tuple[str, ...]] = {
+    "sentence_transformers": ("sentence_transformers", "sentence_transformers.cross_encoder"),
+    "torchvision": (
+        "torchvision",
+        "PIL.Image",
+        "gantry.worker.model_host.image_decoding",
+        "transformers.models.vit.image_processing_vit",
+        "transformers.models.vision_encoder_decoder.modeling_vision_encoder_decoder",
+        "transformers.models.vit.modeling_vit",
+        "transformers.models.trocr.modeling_trocr",
+        "transformers.models.trocr.processing_trocr",
+        "transformers.models.siglip2.modeling_siglip2",
+        "transformers.models.siglip2.image_processing_siglip2",
+        "transformers.models.siglip2.processing_siglip2",
+    ),
+}
 
 logger = logging.getLogger("gantry.fork_server")
 
@@ -59,10 +80,16 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
 def _preload() -> None:
     for name in PRELOADED_MODULES:
         importlib.import_module(name)
-    # Attributes sentence_transformers resolves lazily; touching them imports their modules.
-    import sentence_transformers
+    for stack, modules in OPTIONAL_PRELOADS.items():
+        if importlib.util.find_spec(stack) is None:
+            continue
+        for name in modules:
+            importlib.import_module(name)
+    if "sentence_transformers" in sys.modules:
+        # Attributes sentence_transformers resolves lazily; touching them imports their modules.
+        import sentence_transformers
 
-    _ = (sentence_transformers.SentenceTransformer, sentence_transformers.CrossEncoder)
+        _ = (sentence_transformers.SentenceTransformer, sentence_transformers.CrossEncoder)
     # transformers >= 5 builds its checkpoint-conversion table (about a thousand regexes, half a
     # second) at a model's first load and keeps it in the module: build it once, here. Pure
     # Python, no torch op; other versions simply lack it.

@@ -27,7 +27,18 @@ logger = logging.getLogger("gantry.model_host")
 
 DEFAULT_INBOX_LIMIT = 256
 # Work kinds count against the inbox bound; control frames (shutdown) never are refused.
-WORK_KINDS = frozenset({"embed", "rerank", "transcribe", "health", "probe_check"})
+WORK_KINDS = frozenset(
+    {
+        "embed",
+        "rerank",
+        "transcribe",
+        "recognize_text",
+        "embed_image",
+        "classify_image",
+        "health",
+        "probe_check",
+    }
+)
 
 # After the channel closes nobody can receive an answer; if the main thread is stuck in a forward
 # pass this long, the reader thread ends the process itself.

@@ -1,5 +1,5 @@
 """The worker's seam to one model host child: start (spawned, or forked by a warm pool), await
-ready, multiplex embeds, reranks and transcriptions, stop, verify."""
+ready, multiplex its requests (`host_calls`), stop, verify."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import os
 import shutil
 import socket
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -24,11 +24,7 @@ from gantry.worker.model_host import sandbox
 from gantry.worker.model_host.environments import host_environment
 from gantry.worker.model_host.exit_status import describe_returncode, exit_evidence
 from gantry.worker.model_host.framing import FrameError, read_frame_async, write_frame_async
-from gantry.worker.model_host.host_answers import (
-    checked_embed,
-    checked_rerank,
-    checked_transcribe,
-)
+from gantry.worker.model_host.host_calls import HostCalls
 from gantry.worker.model_host.host_process import HostProcess, SpawnedProcess
 from gantry.worker.model_host.inbox import DEFAULT_INBOX_LIMIT
 from gantry.worker.model_host.landlock import Isolation
@@ -70,8 +66,9 @@ class HostLaunchSpec:
     inbox_limit: int = DEFAULT_INBOX_LIMIT
 
 
-class ModelHost:
-    """One running model host child. Create with `await ModelHost.start(spec)`.
+class ModelHost(HostCalls):
+    """One running model host child. Create with `await ModelHost.start(spec)`; what it asks
+    the child (embed, rerank, transcribe, recognize_text, ...) is `HostCalls`.
 
     After an unexpected exit (reported to `on_exit`) the host answers RUNTIME_CRASHED; the owner
     still calls `stop()`, which closes the channel and returns the exit evidence. A host its owner
@@ -303,96 +300,6 @@ class ModelHost:
             if not future.done():
                 future.set_exception(self._unresponsive)
         self._kill()
-
-    # -- serving -------------------------------------------------------------------------------
-
-    async def embed(
-        self,
-        inputs: Sequence[str],
-        *,
-        trace_context: Mapping[str, str],
-        timeout_s: float,
-        truncate: bool = False,
-    ) -> worker_gateway_pb2.EmbedResult:
-        """Embed `inputs` in the child. Raises GantryError: INVALID_PAYLOAD, INPUT_TOO_LONG (an
-        input past the model's token limit without `truncate`), INVOKE_FAILED, RUNTIME_CRASHED
-        (the child died meanwhile), RUNTIME_UNRESPONSIVE, DEADLINE_EXCEEDED, QUEUE_FULL,
-        DEPLOYMENT_NOT_READY."""
-        if not inputs:
-            raise GantryError("INVALID_PAYLOAD", "an embed request needs at least one input")
-        request = model_host_pb2.HostRequest(
-            trace_context=dict(trace_context),
-            embed=worker_gateway_pb2.EmbedPayload(inputs=list(inputs), truncate=truncate),
-        )
-        response = await self._call(request, timeout_s=timeout_s)
-        return checked_embed(response, input_count=len(inputs), dim=self.ready.dim)
-
-    async def rerank(
-        self,
-        query: str,
-        documents: Sequence[str],
-        *,
-        trace_context: Mapping[str, str],
-        timeout_s: float,
-        truncate: bool = False,
-    ) -> worker_gateway_pb2.RerankResult:
-        """Score each document against `query` in the child (a cross-encoder host); one score
-        per document, in their order. Raises GantryError as `embed` does (INVALID_PAYLOAD from
-        a host whose adapter does not rerank)."""
-        if not query or not documents:
-            raise GantryError("INVALID_PAYLOAD", "a rerank request needs a query and documents")
-        request = model_host_pb2.HostRequest(
-            trace_context=dict(trace_context),
-            rerank=worker_gateway_pb2.RerankPayload(
-                query=query, documents=list(documents), truncate=truncate
-            ),
-        )
-        response = await self._call(request, timeout_s=timeout_s)
-        return checked_rerank(response, document_count=len(documents))
-
-    async def transcribe(
-        self,
-        payload: worker_gateway_pb2.TranscribePayload,
-        *,
-        trace_context: Mapping[str, str],
-        timeout_s: float,
-    ) -> worker_gateway_pb2.TranscribeResult:
-        """Transcribe one clip in the child (a Whisper host; decoding happens there). Raises
-        GantryError as `embed` does (INVALID_PAYLOAD for audio it cannot take, naming the field)."""
-        request = model_host_pb2.HostRequest(trace_context=dict(trace_context))
-        request.transcribe.CopyFrom(payload)
-        return checked_transcribe(await self._call(request, timeout_s=timeout_s))
-
-    async def ping(self, *, timeout_s: float) -> model_host_pb2.Pong:
-        """Liveness: the child's reader thread answers even mid forward pass. Raises GantryError
-        (DEADLINE_EXCEEDED when it did not answer in time, RUNTIME_CRASHED, ...)."""
-        request = model_host_pb2.HostRequest(ping=model_host_pb2.Ping())
-        response = await self._call(request, timeout_s=timeout_s, queue_timeout=False)
-        if response.WhichOneof("kind") != "pong":
-            raise GantryError("INVOKE_FAILED", "model host answered a ping with something else")
-        return response.pong
-
-    async def check_model(self, *, timeout_s: float) -> worker_gateway_pb2.HealthReport:
-        """One real forward pass on the probe text in the child; the report's model layer."""
-        request = model_host_pb2.HostRequest(health=model_host_pb2.HealthCheck())
-        response = await self._call(request, timeout_s=timeout_s)
-        kind = response.WhichOneof("kind")
-        if kind == "failure":
-            raise GantryError.from_failure(response.failure)
-        if kind != "health":
-            raise GantryError("INVOKE_FAILED", f"model host answered a health check with {kind!r}")
-        return response.health
-
-    async def probe_check(self, *, timeout_s: float) -> model_host_pb2.ProbeResult:
-        """A probe's evidence from the child: one forward pass, its output and the memory."""
-        request = model_host_pb2.HostRequest(probe_check=model_host_pb2.ProbeCheck())
-        response = await self._call(request, timeout_s=timeout_s)
-        kind = response.WhichOneof("kind")
-        if kind == "failure":
-            raise GantryError.from_failure(response.failure)
-        if kind != "probe":
-            raise GantryError("HEALTH_FAILED", f"model host answered a probe check with {kind!r}")
-        return response.probe
 
     def rss_bytes(self) -> int:
         """Current RSS of the child; 0 only when the process is gone (or /proc is unreadable)."""

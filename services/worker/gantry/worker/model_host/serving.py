@@ -1,10 +1,11 @@
 """The model host's serving loop: the main thread runs the adapter's requests, one at a time.
 
-Embeds are micro-batched; reranks, transcriptions, health checks and probe checks run alone.
-Frames arrive through the reader thread's `Inbox` (which answers pings itself). A request whose
-timeout passed while it was queued, or that its caller cancelled, is never run. A request kind the
-adapter does not serve is answered INVALID_PAYLOAD. Shutdown releases the model and answers
-HostUnloaded before exiting.
+Embeds are micro-batched; reranks, health checks, probe checks and media requests (transcriptions,
+text recognition, image embeddings and classifications: `media_serving`) run alone. Frames arrive
+through the reader thread's `Inbox` (which answers pings itself). A request whose timeout passed
+while it was queued, or that its caller cancelled, is never run. A request kind the adapter does
+not serve is answered INVALID_PAYLOAD. Shutdown releases the model and answers HostUnloaded before
+exiting.
 """
 
 from __future__ import annotations
@@ -34,10 +35,13 @@ from gantry.worker.model_host.adapters import ModelAdapter
 from gantry.worker.model_host.adapters.base import DEFAULT_MAX_BATCH_INPUTS
 from gantry.worker.model_host.inbox import ChannelClosed, Inbox, InboxItem, Queued, ResponseWriter
 from gantry.worker.model_host.input_lengths import length_refusal
+from gantry.worker.model_host.media_serving import MEDIA_KINDS, MediaRequests
 from gantry.worker.model_host.probe_evidence import LoadRecord
 
 logger = logging.getLogger("gantry.model_host")
 
+# The request kinds an adapter answers (or refuses by kind, INVALID_PAYLOAD): `ModelAdapter.serves`.
+SERVED_KINDS = frozenset({"embed", "rerank"}) | MEDIA_KINDS
 
 # Test hooks, honoured only when GANTRY_MODEL_HOST_TEST_HOOKS=1: an input equal to one of these
 # makes the forward pass hang (so a test can kill the child mid-request), take a while, or fail.
@@ -123,6 +127,9 @@ class ModelServer:
         # A frame taken off the inbox that did not fit the current batch; it starts the next one.
         self._carried: collections.deque[InboxItem] = collections.deque()
         self._tracer = tracer("gantry.model_host")
+        self._media = MediaRequests(
+            adapter=adapter, responses=responses, tracer=self._tracer, fail=self._fail
+        )
 
     def serve(self) -> int:
         while True:
@@ -141,7 +148,7 @@ class ModelServer:
                 return 0
             if not self._still_wanted(item):
                 continue
-            if kind in ("embed", "rerank", "transcribe") and kind not in self._adapter.serves:
+            if kind in SERVED_KINDS and kind not in self._adapter.serves:
                 self._answer_failure(request, self._wrong_kind(kind))
                 continue
             if kind == "embed":
@@ -157,9 +164,8 @@ class ModelServer:
             if kind == "rerank":
                 self._run_rerank(request)
                 continue
-            if kind == "transcribe":
-                # One clip per call, never batched: a clip is up to 60 windows of generation.
-                self._run_transcribe(request)
+            if kind in MEDIA_KINDS:
+                self._media.run(request)
                 continue
             if kind == "health":
                 self._answer_health(request)
@@ -379,36 +385,6 @@ class ModelServer:
                 request_id=request.request_id,
                 rerank=worker_gateway_pb2.RerankResult(scores=scores.tolist()),
             )
-        )
-
-    # -- transcribe ------------------------------------------------------------------------------
-
-    def _run_transcribe(self, request: model_host_pb2.HostRequest) -> None:
-        audio = request.transcribe.audio
-        span = self._tracer.start_span(
-            "model_host.transcribe",
-            context=extract_context(request.trace_context),
-            attributes={
-                "gantry.audio_bytes": len(audio.data),
-                "gantry.media_type": audio.media_type,
-            },
-        )
-        try:
-            result = self._adapter.transcribe(request.transcribe)
-        except GantryError as exc:
-            # The client's audio (INVALID_PAYLOAD): answered as it is, and no forward pass failed.
-            logger.info("transcribe request %d refused: %s", request.request_id, exc.message)
-            span.set_status(trace.Status(trace.StatusCode.ERROR, exc.reason))
-            span.end()
-            self._answer_failure(request, exc)
-            return
-        except Exception as exc:
-            self._fail(request, span, exc)
-            return
-        span.set_attribute("gantry.audio_seconds", result.audio_seconds)
-        span.end()
-        self._responses.send(
-            model_host_pb2.HostResponse(request_id=request.request_id, transcribe=result)
         )
 
     # -- shared ----------------------------------------------------------------------------------

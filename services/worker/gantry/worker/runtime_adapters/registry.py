@@ -13,12 +13,16 @@ from gantry.common.errors import GantryError
 from gantry.worker.runtime_adapters.base import RuntimeAdapter
 from gantry.worker.runtime_adapters.cross_encoder import SentenceTransformersCrossEncoder
 from gantry.worker.runtime_adapters.sentence_transformers import SentenceTransformersEmbedding
+from gantry.worker.runtime_adapters.siglip2 import TransformersSiglip2
+from gantry.worker.runtime_adapters.trocr import TransformersTrOCR
 from gantry.worker.runtime_adapters.whisper import TransformersWhisper
 
 _ADAPTERS: tuple[RuntimeAdapter, ...] = (
     SentenceTransformersEmbedding(),
     SentenceTransformersCrossEncoder(),
     TransformersWhisper(),
+    TransformersTrOCR(),
+    TransformersSiglip2(),
 )
 RUNTIME_ADAPTERS: Mapping[str, RuntimeAdapter] = {adapter.name: adapter for adapter in _ADAPTERS}
 DEFAULT_ADAPTER = SentenceTransformersEmbedding.name

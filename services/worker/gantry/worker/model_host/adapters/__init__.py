@@ -15,6 +15,8 @@ from gantry.worker.model_host.adapters.cross_encoder import SentenceTransformers
 from gantry.worker.model_host.adapters.sentence_transformers_embedding import (
     SentenceTransformersEmbedding,
 )
+from gantry.worker.model_host.adapters.siglip2 import TransformersSiglip2
+from gantry.worker.model_host.adapters.trocr import TransformersTrOCR
 from gantry.worker.model_host.adapters.whisper import TransformersWhisper
 
 ADAPTERS: Mapping[str, type[ModelAdapter]] = {
@@ -23,6 +25,8 @@ ADAPTERS: Mapping[str, type[ModelAdapter]] = {
         SentenceTransformersEmbedding,
         SentenceTransformersCrossEncoder,
         TransformersWhisper,
+        TransformersTrOCR,
+        TransformersSiglip2,
     )
 }
 DEFAULT_ADAPTER = SentenceTransformersEmbedding.name

@@ -20,6 +20,7 @@ from gantry.v1 import common_pb2, worker_gateway_pb2
 
 if TYPE_CHECKING:
     import numpy as np
+    from PIL import Image as PILImage
 
 DEFAULT_MAX_BATCH_INPUTS = 32
 HEALTH_PROBE_TEXT = "Gantry model host health probe."
@@ -56,8 +57,10 @@ class ModelAdapter(abc.ABC):
     """One way of running a model in the host. Subclasses set the class attributes below."""
 
     name: ClassVar[str]
-    task: ClassVar[str]  # "embedding", "reranking", "speech_recognition"
-    # The HostRequest kinds it answers: "embed", "rerank", "transcribe".
+    # "embedding", "reranking", "speech_recognition", "ocr", "image_embedding"
+    task: ClassVar[str]
+    # The HostRequest kinds it answers: "embed", "rerank", "transcribe", "recognize_text",
+    # "embed_image", "classify_image".
     serves: ClassVar[frozenset[str]]
     # What the adapter passes to the library, recorded as offline evidence (not assumed).
     local_files_only: ClassVar[bool] = True
@@ -114,6 +117,20 @@ class ModelAdapter(abc.ABC):
     ) -> worker_gateway_pb2.TranscribeResult:
         """One clip's transcript (speech recognition adapters)."""
         raise self.unsupported("transcribe")
+
+    # Image requests take decoded RGB images (`image_decoding`): the serving loop decodes them.
+
+    def recognize_text(self, images: Sequence[PILImage.Image]) -> list[str]:
+        """One text per image, in their order (OCR adapters)."""
+        raise self.unsupported("recognize_text")
+
+    def embed_image(self, images: Sequence[PILImage.Image]) -> np.ndarray:
+        """One row of width `dim` per image, in the space `embed` puts texts in."""
+        raise self.unsupported("embed_image")
+
+    def classify_image(self, images: Sequence[PILImage.Image], labels: Sequence[str]) -> np.ndarray:
+        """An images x labels array of probabilities in [0, 1], each label scored on its own."""
+        raise self.unsupported("classify_image")
 
     # -- input lengths: refused unless the request asks for truncation --------------------------
 

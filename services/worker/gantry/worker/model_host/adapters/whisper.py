@@ -10,12 +10,14 @@ An empty language (request and settings) is detected once per clip, on its first
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from gantry.common.errors import GantryError
+from gantry.common.inference_limits import MAX_AUDIO_SECONDS_CEILING, MEDIA_BYTES_CEILING
 from gantry.v1 import common_pb2, worker_gateway_pb2
 from gantry.worker.model_host.adapters.base import ForwardCheck, ModelAdapter, check_output
 
@@ -24,6 +26,24 @@ TASKS = ("transcribe", "translate")
 # long as the model produced one (a string, from generated ids the vocabulary holds).
 PROBE_SECONDS = 1.0
 PROBE_FREQUENCY_HZ = 440.0
+
+
+def clip_limits(payload: worker_gateway_pb2.TranscribePayload) -> tuple[int, float]:
+    """The bytes and seconds one clip may be in this host: (max_bytes, max_seconds).
+
+    A payload from the control plane carries its seconds limit, which its operator may raise past
+    the host's 30-minute default: that limit holds, bounded by the highest the control plane lets
+    an operator set. The payload carries no bytes limit; the control plane checked the clip's bytes
+    against its own setting before sending it, so the host then bounds them only by the highest
+    that setting may be (below the pipe's 64 MiB frame), not by its default, which would refuse a
+    raised setting's clips. A payload naming no limit (0, or not a finite number) gets the host's
+    own defaults for both."""
+    from gantry.worker.model_host.audio_decoding import MAX_AUDIO_BYTES, MAX_AUDIO_SECONDS
+
+    asked = payload.max_audio_seconds
+    if math.isfinite(asked) and asked > 0:
+        return MEDIA_BYTES_CEILING, min(asked, float(MAX_AUDIO_SECONDS_CEILING))
+    return MAX_AUDIO_BYTES, float(MAX_AUDIO_SECONDS)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -99,7 +119,8 @@ class TransformersWhisper(ModelAdapter):
 
         self._require_loaded()
         language = self._checked_language(payload.language or self._language, field="language")
-        audio = decode_audio(payload.audio)
+        max_bytes, max_seconds = clip_limits(payload)
+        audio = decode_audio(payload.audio, max_bytes=max_bytes, max_seconds=max_seconds)
         samples = audio.samples
         result = worker_gateway_pb2.TranscribeResult(audio_seconds=audio.seconds)
         texts: list[str] = []

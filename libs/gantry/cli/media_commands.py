@@ -1,0 +1,328 @@
+"""`gantry ocr`, `embed-image` and `classify`, and what they share with `gantry transcribe`
+(transcribe_command.py): media files read and typed locally (media_files), sent with the local
+client key in as many Inference calls as the server's per-call bounds need, and printed in the
+order the files were given.
+
+A file that cannot be sent (missing, unreadable, empty, an unknown or wrong media type) is a usage
+error: one line, exit 2, before any call. A refused call prints the way every command prints one
+(errors.py), exit 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+import grpc
+
+from gantry.cli.connection import CommandContext, Metadata
+from gantry.cli.embed import vector_values
+from gantry.cli.errors import CliError
+from gantry.cli.media_files import (
+    IMAGE_TYPES,
+    MediaFile,
+    MediaFileError,
+    read_media_file,
+    split_image_calls,
+)
+from gantry.cli.output import add_output_argument, print_json, wants_json
+from gantry.cli.tables import render_table
+from gantry.common.arg_types import non_negative, positive_seconds
+from gantry.common.inference_limits import MAX_IMAGE_REQUEST_BYTES, MAX_IMAGES
+from gantry.v1 import common_pb2, inference_pb2, inference_pb2_grpc
+
+Handler = Callable[[CommandContext, argparse.Namespace], int]
+AddCommand = Callable[[str, Handler, str], argparse.ArgumentParser]
+Response = TypeVar("Response")
+
+# A call may wait for a model host to come back, and a window is a full generate on CPU.
+CALL_TIMEOUT_S = 120.0
+_SHOWN_VALUES = 8
+
+
+def add_media_commands(command: AddCommand) -> None:
+    """Register ocr, embed-image and classify through main.py's `command(name, handler, help)`."""
+    ocr = command("ocr", ocr_command, "read the line of text in each image (RecognizeText)")
+    _add_image_arguments(ocr)
+    embed_image = command(
+        "embed-image", embed_image_command, "embed images with the local client key (EmbedImage)"
+    )
+    _add_image_arguments(embed_image)
+    classify = command(
+        "classify", classify_command, "score each image against labels (ClassifyImage)"
+    )
+    _add_image_arguments(classify)
+    classify.add_argument(
+        "--labels",
+        nargs="+",
+        action="extend",
+        required=True,
+        metavar="LABEL",
+        help='candidate labels, each one argument ("a photo of a cat"; commas are kept); '
+        "repeatable. They take every word up to the next option: give the FILEs first, or "
+        "after -- (classify --labels a b -- x.png)",
+    )
+    classify.add_argument(
+        "--top-k", type=non_negative, default=0, metavar="K", help="best K per image (0: all)"
+    )
+
+
+def add_target_arguments(parser: argparse.ArgumentParser) -> None:
+    target = parser.add_mutually_exclusive_group(required=True)
+    target.add_argument("--capability", metavar="NAME", help="the capability to call")
+    target.add_argument("--deployment-id", metavar="ID", help="one deployment, by id")
+    parser.add_argument(
+        "--timeout",
+        type=positive_seconds,
+        default=CALL_TIMEOUT_S,
+        metavar="SECONDS",
+        help=f"deadline of each call (default {CALL_TIMEOUT_S:g}; a clip sent whole gets it per "
+        "30 s of audio)",
+    )
+    add_output_argument(parser)
+
+
+def _add_image_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.set_defaults(command_parser=parser)
+    parser.add_argument("files", nargs="*", metavar="FILE", help="PNG, JPEG or WebP images")
+    add_target_arguments(parser)
+    parser.add_argument(
+        "--media-type",
+        choices=IMAGE_TYPES,
+        help="every FILE's type (default: each file's, from its first bytes)",
+    )
+
+
+def usage_errors(handler: Handler) -> Handler:
+    """A MediaFileError is a usage error: one line and exit 2, like argparse's own."""
+
+    @functools.wraps(handler)
+    def run(context: CommandContext, args: argparse.Namespace) -> int:
+        try:
+            return handler(context, args)
+        except MediaFileError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+
+    return run
+
+
+def target_of(args: argparse.Namespace) -> dict[str, str]:
+    if args.deployment_id:
+        return {"deployment_id": args.deployment_id}
+    return {"capability": args.capability}
+
+
+def _float32(value: float) -> float:
+    # As `gantry embed` prints: nine significant digits round-trip a float32 exactly.
+    return float(f"{value:.9g}")
+
+
+def one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _expect(count: int, expected: int, what: str) -> None:
+    if count != expected:
+        raise CliError(f"the server answered {count} {what} for {expected} images")
+
+
+# -- images ---------------------------------------------------------------------------------------
+
+
+def _read_images(args: argparse.Namespace, command: str) -> list[MediaFile]:
+    if not args.files:
+        # `classify --labels a b x.png` gives x.png to --labels: say how to end the labels.
+        hint = " (before --labels, or after the labels and --)" if command == "classify" else ""
+        args.command_parser.error(f"give at least one FILE{hint}")
+    return [
+        read_media_file(path, accepted=IMAGE_TYPES, command=command, declared=args.media_type)
+        for path in args.files
+    ]
+
+
+def _image_calls(
+    context: CommandContext,
+    images: Sequence[MediaFile],
+    call: Callable[[inference_pb2_grpc.InferenceStub, list[common_pb2.Image], Metadata], Response],
+) -> list[tuple[range, Response]]:
+    """Each run of images (split_image_calls) sent by `call`, with the images each answer is for.
+
+    The runs stay within the control plane's default bounds (inference_limits); a server run with
+    lower ones refuses a call by naming its limit."""
+    metadata = context.client_metadata()
+    calls = split_image_calls(
+        [len(image.data) for image in images],
+        max_images=MAX_IMAGES,
+        max_request_bytes=MAX_IMAGE_REQUEST_BYTES,
+    )
+    answered: list[tuple[range, Response]] = []
+    with context.open_channel() as channel:
+        stub = inference_pb2_grpc.InferenceStub(channel)
+        for number, indexes in enumerate(calls, start=1):
+            payload = [
+                common_pb2.Image(data=images[index].data, media_type=images[index].media_type)
+                for index in indexes
+            ]
+            try:
+                answered.append((indexes, call(stub, payload, metadata)))
+            except grpc.RpcError:
+                if len(calls) > 1:
+                    # The error's indexes (images[2]) count within this call, not all the files.
+                    print(
+                        f"note: call {number} of {len(calls)} failed; it held files "
+                        f"{indexes.start}..{indexes.stop - 1} ({images[indexes.start].path} .. "
+                        f"{images[indexes.stop - 1].path}), so images[i] in the error is file "
+                        f"{indexes.start}+i",
+                        file=sys.stderr,
+                    )
+                raise
+    return answered
+
+
+def _calls_record(answered: Sequence[tuple[range, Any]]) -> list[dict[str, Any]]:
+    return [
+        {"deployment_id": response.deployment_id, "node_id": response.node_id, "images": len(run)}
+        for run, response in answered
+    ]
+
+
+@usage_errors
+def ocr_command(context: CommandContext, args: argparse.Namespace) -> int:
+    images = _read_images(args, "ocr")
+    target = target_of(args)
+
+    def call(
+        stub: inference_pb2_grpc.InferenceStub, payload: list[common_pb2.Image], metadata: Metadata
+    ) -> inference_pb2.RecognizeTextResponse:
+        request = inference_pb2.RecognizeTextRequest(images=payload, **target)
+        response: inference_pb2.RecognizeTextResponse = stub.RecognizeText(
+            request, metadata=metadata, timeout=args.timeout
+        )
+        _expect(len(response.texts), len(payload), "texts")
+        return response
+
+    answered = _image_calls(context, images, call)
+    texts = [text for _, response in answered for text in response.texts]
+    if wants_json(args):
+        first = answered[0][1]
+        print_json(
+            {
+                "deployment_id": first.deployment_id,
+                "node_id": first.node_id,
+                "results": [
+                    {"file": image.path, "media_type": image.media_type, "text": text}
+                    for image, text in zip(images, texts, strict=True)
+                ],
+                "calls": _calls_record(answered),
+            }
+        )
+        return 0
+    # One line per file, FILE<TAB>text: `cut -f2` gives the texts (whitespace runs made one space).
+    for image, text in zip(images, texts, strict=True):
+        print(f"{image.path}\t{one_line(text)}")
+    return 0
+
+
+@usage_errors
+def embed_image_command(context: CommandContext, args: argparse.Namespace) -> int:
+    images = _read_images(args, "embed-image")
+    target = target_of(args)
+
+    def call(
+        stub: inference_pb2_grpc.InferenceStub, payload: list[common_pb2.Image], metadata: Metadata
+    ) -> inference_pb2.EmbedResponse:
+        request = inference_pb2.EmbedImageRequest(images=payload, **target)
+        response: inference_pb2.EmbedResponse = stub.EmbedImage(
+            request, metadata=metadata, timeout=args.timeout
+        )
+        _expect(len(response.vectors), len(payload), "vectors")
+        return response
+
+    answered = _image_calls(context, images, call)
+    responses = [response for _, response in answered]
+    vectors = [
+        vector_values(vector, response.encoding)
+        for response in responses
+        for vector in response.vectors
+    ]
+    first = responses[0]
+    dim = first.dim or (len(vectors[0]) if vectors else 0)
+    if wants_json(args):
+        print_json(
+            {
+                "deployment_id": first.deployment_id,
+                "node_id": first.node_id,
+                "dim": dim,
+                "files": [image.path for image in images],
+                "vectors": [[_float32(value) for value in vector] for vector in vectors],
+                # One entry per EmbedImage call, as `gantry embed` lists its Embed calls.
+                "calls": [
+                    {
+                        "deployment_id": response.deployment_id,
+                        "node_id": response.node_id,
+                        "vectors": len(response.vectors),
+                    }
+                    for response in responses
+                ],
+            }
+        )
+        return 0
+    in_calls = f" in {len(responses)} calls" if len(responses) > 1 else ""
+    print(f"{len(vectors)} vector(s), dim {dim}, deployment {first.deployment_id}{in_calls}")
+    for index, (image, vector) in enumerate(zip(images, vectors, strict=True)):
+        head = ", ".join(f"{value:+.4f}" for value in vector[:_SHOWN_VALUES])
+        more = ", …" if len(vector) > _SHOWN_VALUES else ""
+        print(f"[{index}] {image.path!r}: [{head}{more}]")
+    return 0
+
+
+@usage_errors
+def classify_command(context: CommandContext, args: argparse.Namespace) -> int:
+    images = _read_images(args, "classify")
+    target = target_of(args)
+
+    def call(
+        stub: inference_pb2_grpc.InferenceStub, payload: list[common_pb2.Image], metadata: Metadata
+    ) -> inference_pb2.ClassifyImageResponse:
+        request = inference_pb2.ClassifyImageRequest(
+            images=payload, labels=args.labels, top_k=args.top_k, **target
+        )
+        response: inference_pb2.ClassifyImageResponse = stub.ClassifyImage(
+            request, metadata=metadata, timeout=args.timeout
+        )
+        _expect(len(response.results), len(payload), "results")
+        return response
+
+    answered = _image_calls(context, images, call)
+    results = [result for _, response in answered for result in response.results]
+    if wants_json(args):
+        first = answered[0][1]
+        print_json(
+            {
+                "deployment_id": first.deployment_id,
+                "node_id": first.node_id,
+                "results": [
+                    {
+                        "file": image.path,
+                        # Every field, index 0 included (proto JSON would leave it out).
+                        "labels": [
+                            {"label": s.label, "index": s.index, "score": _float32(s.score)}
+                            for s in result.labels
+                        ],
+                    }
+                    for image, result in zip(images, results, strict=True)
+                ],
+                "calls": _calls_record(answered),
+            }
+        )
+        return 0
+    rows: list[list[str]] = []
+    for image, result in zip(images, results, strict=True):
+        for rank, score in enumerate(result.labels):
+            rows.append([image.path if rank == 0 else "", score.label, f"{score.score:.4f}"])
+    print(render_table(["FILE", "LABEL", "SCORE"], rows))
+    return 0

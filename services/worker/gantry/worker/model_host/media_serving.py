@@ -1,0 +1,158 @@
+"""The model host's media requests: a clip to transcribe, images to read, embed or classify.
+
+Each runs alone, never batched with another request: one request's images are already a batch
+(generated or embedded `max_batch_size` at a time by the adapter), and a clip is up to 60 windows
+of generation. The bytes are decoded here, in the host only (`audio_decoding` inside the Whisper
+adapter, `image_decoding` here for every image adapter), so a payload the host cannot take is
+answered INVALID_PAYLOAD naming the field, and no forward pass is counted as failed. Each request
+is one span, `model_host.<kind>`, with what it carried (bytes, media types, pixels once decoded).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+from opentelemetry import trace
+
+from gantry.common.errors import GantryError
+from gantry.common.telemetry import extract_context
+from gantry.v1 import model_host_pb2, worker_gateway_pb2
+from gantry.worker.model_host.adapters import ModelAdapter
+from gantry.worker.model_host.image_decoding import decode_images
+from gantry.worker.model_host.inbox import ResponseWriter
+from gantry.worker.model_host.input_lengths import first_overlong
+
+if TYPE_CHECKING:
+    from PIL import Image as PILImage
+
+logger = logging.getLogger("gantry.model_host")
+
+MEDIA_KINDS = frozenset({"transcribe", "recognize_text", "embed_image", "classify_image"})
+
+# The serving loop's answer to a forward pass that raised: logged, recorded on the span,
+# INVOKE_FAILED unless it is a GantryError already.
+FailForwardPass = Callable[[model_host_pb2.HostRequest, trace.Span, Exception], None]
+
+
+class MediaRequests:
+    """Runs one media request on the adapter and answers it."""
+
+    def __init__(
+        self,
+        *,
+        adapter: ModelAdapter,
+        responses: ResponseWriter,
+        tracer: trace.Tracer,
+        fail: FailForwardPass,
+    ) -> None:
+        self._adapter = adapter
+        self._responses = responses
+        self._tracer = tracer
+        self._fail = fail
+
+    def run(self, request: model_host_pb2.HostRequest) -> None:
+        """Answer `request`, whose kind is one of MEDIA_KINDS and served by the adapter."""
+        kind = request.WhichOneof("kind")
+        span = self._tracer.start_span(
+            f"model_host.{kind}",
+            context=extract_context(request.trace_context),
+            attributes=_payload_attributes(request),
+        )
+        try:
+            response = self._answer(request, span)
+        except GantryError as exc:
+            # The client's payload (INVALID_PAYLOAD, INPUT_TOO_LONG): answered as it is, and no
+            # forward pass failed.
+            logger.info("%s request %d refused: %s", kind, request.request_id, exc.message)
+            span.set_status(trace.Status(trace.StatusCode.ERROR, exc.reason))
+            span.end()
+            self._responses.fail(request, exc)
+            return
+        except Exception as exc:
+            self._fail(request, span, exc)
+            return
+        span.end()
+        response.request_id = request.request_id
+        self._responses.send(response)
+
+    def _answer(
+        self, request: model_host_pb2.HostRequest, span: trace.Span
+    ) -> model_host_pb2.HostResponse:
+        kind = request.WhichOneof("kind")
+        adapter = self._adapter
+        if kind == "transcribe":
+            transcript = adapter.transcribe(request.transcribe)
+            span.set_attribute("gantry.audio_seconds", transcript.audio_seconds)
+            return model_host_pb2.HostResponse(transcribe=transcript)
+        if kind == "recognize_text":
+            payload = request.recognize_text
+            images = decode_images(payload.images, max_pixels=payload.max_image_pixels)
+            span.set_attribute("gantry.image_pixels", _pixels(images))
+            texts = adapter.recognize_text(images)
+            return model_host_pb2.HostResponse(
+                recognize_text=worker_gateway_pb2.RecognizeTextResult(texts=texts)
+            )
+        if kind == "embed_image":
+            payload_images = request.embed_image
+            images = decode_images(
+                payload_images.images, max_pixels=payload_images.max_image_pixels
+            )
+            span.set_attribute("gantry.image_pixels", _pixels(images))
+            vectors = adapter.embed_image(images)
+            return model_host_pb2.HostResponse(
+                embed=worker_gateway_pb2.EmbedResult(
+                    count=vectors.shape[0],
+                    dim=vectors.shape[1],
+                    float32_le=vectors.tobytes(order="C"),
+                )
+            )
+        if kind == "classify_image":
+            return self._classify(request.classify_image, span)
+        raise GantryError("INVALID_PAYLOAD", f"{kind!r} is not a media request")
+
+    def _classify(
+        self, payload: worker_gateway_pb2.ClassifyImagePayload, span: trace.Span
+    ) -> model_host_pb2.HostResponse:
+        labels = list(payload.labels)
+        if not labels:
+            raise GantryError(
+                "INVALID_PAYLOAD", "a classify_image request needs labels", field="labels"
+            )
+        # A label is a text like any other: past the model's token limit it is refused, never
+        # silently cut (there is no truncate for labels).
+        refusal = first_overlong(
+            self._adapter.embed_token_counts(labels), self._adapter.token_limit, field="labels"
+        )
+        if refusal is not None:
+            raise refusal
+        images = decode_images(payload.images, max_pixels=payload.max_image_pixels)
+        span.set_attribute("gantry.image_pixels", _pixels(images))
+        scores = self._adapter.classify_image(images, labels)
+        return model_host_pb2.HostResponse(
+            classify_image=worker_gateway_pb2.ClassifyImageResult(
+                count=len(images), labels=len(labels), scores=scores.reshape(-1).tolist()
+            )
+        )
+
+
+def _pixels(images: Sequence[PILImage.Image]) -> int:
+    return sum(image.width * image.height for image in images)
+
+
+def _payload_attributes(request: model_host_pb2.HostRequest) -> dict[str, str | int]:
+    kind = request.WhichOneof("kind")
+    if kind == "transcribe":
+        audio = request.transcribe.audio
+        return {"gantry.audio_bytes": len(audio.data), "gantry.media_type": audio.media_type}
+    payload = getattr(request, kind or "")
+    images = list(getattr(payload, "images", ()))
+    attributes: dict[str, str | int] = {
+        "gantry.image_count": len(images),
+        "gantry.image_bytes": sum(len(image.data) for image in images),
+        "gantry.media_type": ",".join(sorted({image.media_type for image in images})),
+    }
+    if kind == "classify_image":
+        attributes["gantry.label_count"] = len(request.classify_image.labels)
+    return attributes
