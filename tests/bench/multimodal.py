@@ -5,12 +5,13 @@ For transformers_whisper (the default environment), transformers_trocr and trans
 in the same run, the Gantry side first (so a cold page cache is the host's to pay):
 
 - Gantry: a model host child spawned cold by `ModelHost.start` with the adapter, in the
-  environment's python (the warm pool is not used: it forks from a server of the default
-  environment only, and a spawned host is what every environment gets). Load is the wall time of
-  `ModelHost.start`: spawn, imports, sandbox, load, first forward pass (the health check). Memory
-  is what Gantry records: the host's own readings in its HostReady (VmRSS after the load) and in
-  the ProbeResult of a probe check right after it (VmHWM, the peak), and a probe again after the
-  timed requests.
+  environment's python (the warm pool, which forks hosts in each environment from a server that
+  preloaded that environment's stack, is not used: a cold spawn pays the imports the direct child
+  pays, so like is compared with like; tests/bench/warm_pool.py measures the pool). Load is the
+  wall time of `ModelHost.start`: spawn, imports, sandbox, load, first forward pass (the health
+  check). Memory is what Gantry records: the host's own readings in its HostReady (VmRSS after
+  the load) and in the ProbeResult of a probe check right after it (VmHWM, the peak), and a probe
+  again after the timed requests.
 - Direct: tests/bench/multimodal_direct.py in a child of the same python, importing only torch and
   transformers and loading the same directory with `from_pretrained(local_files_only=True)`. Load
   is the wall time from its spawn to its first request answered (imports, load, first request);

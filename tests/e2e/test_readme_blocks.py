@@ -18,6 +18,7 @@ either captures them in shell or is skipped).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -34,6 +35,7 @@ import pytest
 
 from gantry.common.auth import auth_metadata
 from gantry.v1 import inference_pb2, inference_pb2_grpc
+from gantry.worker.model_host.environments import ENV_MAP_JSON
 
 REPO = Path(__file__).resolve().parents[2]
 README = REPO / "README.md"
@@ -45,7 +47,8 @@ FENCE = re.compile(r"^```(?P<info>[\w+-]*)\s*$")
 PLACEHOLDER = re.compile(r"<[A-Z][A-Z_]+>")
 RUN_LANGUAGES = {"sh", "bash", "shell"}
 READY_TIMEOUT_S = 240.0
-BLOCK_TIMEOUT_S = 120.0
+# The media walkthrough builds three tiny models and walks each through every gate in one block.
+BLOCK_TIMEOUT_S = 300.0
 
 
 @dataclass(frozen=True)
@@ -179,9 +182,10 @@ def _wait_serving(process: subprocess.Popen[bytes], instance: Instance) -> None:
 
 
 @pytest.fixture(scope="module")
-def gantry_up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Instance]:
+def gantry_up(tmp_path_factory: pytest.TempPathFactory, vision_python: str) -> Iterator[Instance]:
     root = tmp_path_factory.mktemp("readme")
     (root / ".venv").symlink_to(REPO / ".venv")
+    (root / "scripts").symlink_to(REPO / "scripts")  # tiny_models.py, sample_media.py
     instance = Instance(root=root, address=_free_address(), log=root / "gantry-up.log")
     with instance.log.open("wb") as log:
         process = subprocess.Popen(
@@ -191,6 +195,8 @@ def gantry_up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Instance]:
                 *("up", "--scheduler-address", _free_address(), "--no-metrics"),
             ],
             cwd=root,
+            # As `make run` does: the image adapters' environment mapped as "vision".
+            env={**os.environ, ENV_MAP_JSON: json.dumps({"vision": vision_python})},
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=log,

@@ -1,11 +1,14 @@
 """The media RPCs through a real in-process gRPC server (interceptor, error mapping, registered
 methods), with the scheduler link, the worker hub and the resolver as named fakes: what each
 handler sends (the payload with the control plane's limits, the cost its headers say) and how it
-answers (the response it builds, the typed refusals it gives before anything is scheduled)."""
+answers (the response it builds, the typed refusals it gives before anything is scheduled), and
+how a worker answer the control plane refuses is reported to the scheduler (Embed and
+Rerank too)."""
 
 from __future__ import annotations
 
 import io
+import math
 import struct
 import wave
 from collections.abc import AsyncIterator
@@ -304,3 +307,83 @@ async def test_a_worker_score_outside_zero_to_one_fails_the_call_as_infra(served
         )
     )
     assert (code, reason) == (grpc.StatusCode.INTERNAL, "INVOKE_FAILED")
+
+
+_GARBAGE = [
+    (
+        "Transcribe",
+        inference_pb2.TranscribeRequest(capability="s", audio=_wav(1.0), timestamps=True),
+        wg.InvokeResult(
+            transcribe=wg.TranscribeResult(
+                audio_seconds=1.0,
+                segments=[common_pb2.TranscriptSegment(start_s=math.nan, end_s=1.0)],
+            )
+        ),
+    ),
+    (
+        "Transcribe",
+        inference_pb2.TranscribeRequest(capability="s", audio=_wav(1.0)),
+        wg.InvokeResult(transcribe=wg.TranscribeResult(audio_seconds=math.inf)),
+    ),
+    (
+        "RecognizeText",
+        inference_pb2.RecognizeTextRequest(capability="o", images=[_png(2, 2), _png(2, 2)]),
+        wg.InvokeResult(recognize_text=wg.RecognizeTextResult(texts=["one"])),
+    ),
+    (
+        "EmbedImage",
+        inference_pb2.EmbedImageRequest(capability="c", images=[_png(2, 2)]),
+        wg.InvokeResult(embed=wg.EmbedResult(count=2, dim=1, float32_le=_floats(1, 2))),
+    ),
+    (
+        "EmbedImage",
+        inference_pb2.EmbedImageRequest(capability="c", images=[_png(2, 2)]),
+        wg.InvokeResult(embed=wg.EmbedResult(count=1, dim=2, float32_le=_floats(1))),
+    ),
+    (
+        "ClassifyImage",
+        inference_pb2.ClassifyImageRequest(capability="c", images=[_png(2, 2)], labels=["x"]),
+        wg.InvokeResult(classify_image=wg.ClassifyImageResult(count=1, labels=1, scores=[-0.5])),
+    ),
+    (
+        "ClassifyImage",
+        inference_pb2.ClassifyImageRequest(capability="c", images=[_png(2, 2)], labels=["x"]),
+        wg.InvokeResult(classify_image=wg.ClassifyImageResult(count=1, labels=2, scores=[0, 1])),
+    ),
+    (
+        "Rerank",
+        inference_pb2.RerankRequest(capability="r", query="q", documents=["a", "b"]),
+        wg.InvokeResult(rerank=wg.RerankResult(scores=[0.5, math.nan])),
+    ),
+    (
+        "Embed",
+        inference_pb2.EmbedRequest(capability="e", inputs=["a"]),
+        wg.InvokeResult(embed=wg.EmbedResult(count=1, dim=2, float32_le=_floats(1, 2, 3))),
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("rpc", "request_", "answer"),
+    _GARBAGE,
+    ids=[
+        "nan-segment-time",
+        "infinite-clip-length",
+        "one-text-for-two-images",
+        "two-vectors-for-one-image",
+        "short-embedding-block",
+        "negative-label-score",
+        "score-matrix-of-the-wrong-shape",
+        "nan-rerank-score",
+        "malformed-embedding-block",
+    ],
+)
+async def test_an_answer_the_control_plane_refuses_is_reported_as_the_residencys_failure(
+    served: Served, rpc: str, request_: object, answer: wg.InvokeResult
+) -> None:
+    # Checked before WorkFinished: the scheduler and the breakers count a model host that
+    # returns garbage as an INFRA failure of its residency, never as a success.
+    served.hub.answers.append(answer)
+    code, reason, _ = await _refusal(getattr(served.stub, rpc)(request_, metadata=served.md))
+    assert (code, reason) == (grpc.StatusCode.INTERNAL, "INVOKE_FAILED")
+    assert served.link.finished == [(scheduler_pb2.WORK_OUTCOME_INFRA_FAILURE, "INVOKE_FAILED")]

@@ -85,6 +85,7 @@ async def test_submitted_work_carries_its_cost_and_the_call_budget():
         request=request,
         payload=wg.RerankPayload(query=request.query, documents=list(request.documents)),
         budget=CallBudget(seconds=12.5, client_bounded=True),
+        answer=lambda result: result,
     )
     [work] = link.submitted
     assert node_id == "n1"

@@ -8,7 +8,8 @@ import asyncio
 import datetime as dt
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 import grpc
 from google.protobuf import timestamp_pb2
@@ -53,6 +54,7 @@ __all__ = [
 ]
 
 _tracer = tracer("gantry.controlplane")
+_Answer = TypeVar("_Answer")
 
 
 def work_cost(payload: wg.EmbedPayload | wg.RerankPayload) -> int:
@@ -61,6 +63,17 @@ def work_cost(payload: wg.EmbedPayload | wg.RerankPayload) -> int:
     if isinstance(payload, wg.RerankPayload):
         return rerank_cost(payload.query, payload.documents)
     return embed_cost(payload.inputs)
+
+
+def embedding_response(
+    result: wg.EmbedResult, encoding: inference_pb2.VectorEncoding
+) -> inference_pb2.EmbedResponse:
+    """The vectors of `result` as the client's response (its deployment and node left unset):
+    a block whose size disagrees with count x dim is INVOKE_FAILED (vector_wire)."""
+    encoding = encoding or inference_pb2.VECTOR_ENCODING_FLOAT_LIST
+    response = inference_pb2.EmbedResponse(dim=result.dim, encoding=encoding)
+    response.MergeFromString(vectors_wire(result, encoding))
+    return response
 
 
 def ranked(scores: Sequence[float], top_n: int) -> list[inference_pb2.RankedDocument]:
@@ -143,19 +156,15 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
         ) as span:
             deployment_id = await self._resolve(metrics.EMBED, request)
             span.set_attribute("gantry.deployment_id", deployment_id)
-            node_id, outcome = await self._invoke(
+            node_id, response = await self._invoke(
                 tenant_id=tenant_id,
                 deployment_id=deployment_id,
                 request=request,
                 payload=wg.EmbedPayload(inputs=inputs, truncate=request.truncate),
                 budget=budget,
+                answer=lambda result: embedding_response(result.embed, request.encoding),
             )
-            result = outcome.embed
-            encoding = request.encoding or inference_pb2.VECTOR_ENCODING_FLOAT_LIST
-            response = inference_pb2.EmbedResponse(
-                dim=result.dim, deployment_id=deployment_id, node_id=node_id, encoding=encoding
-            )
-            response.MergeFromString(vectors_wire(result, encoding))
+            response.deployment_id, response.node_id = deployment_id, node_id
             return response
 
     async def _rerank(
@@ -175,7 +184,7 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
             span.set_attribute("gantry.deployment_id", deployment_id)
             # Whether the deployment's adapter reranks is its model host's to say: a rerank sent
             # to an embedding deployment comes back INVALID_PAYLOAD, as the client's error.
-            node_id, outcome = await self._invoke(
+            node_id, results = await self._invoke(
                 tenant_id=tenant_id,
                 deployment_id=deployment_id,
                 request=request,
@@ -183,11 +192,10 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
                     query=request.query, documents=documents, truncate=request.truncate
                 ),
                 budget=budget,
+                answer=lambda result: ranked(list(result.rerank.scores), request.top_n),
             )
             return inference_pb2.RerankResponse(
-                results=ranked(list(outcome.rerank.scores), request.top_n),
-                deployment_id=deployment_id,
-                node_id=node_id,
+                results=results, deployment_id=deployment_id, node_id=node_id
             )
 
     async def _invoke(
@@ -198,13 +206,18 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
         request: TargetedRequest,
         payload: InvokePayload,
         budget: CallBudget,
+        answer: Callable[[wg.InvokeResult], _Answer],
         cost: int | None = None,
-    ) -> tuple[str, wg.InvokeResult]:
-        """Dispatch through the scheduler and invoke on the chosen worker, within the budget.
+    ) -> tuple[str, _Answer]:
+        """Dispatch through the scheduler and invoke on the chosen worker, within the budget;
+        the chosen node and the worker's result as `answer` checked and shaped it.
 
         `payload` is any of the worker's Invoke payloads; it names the operation the stages are
         counted as. `cost` is the work's size for the fair queue (None: a text payload's own,
-        `work_cost`; a media handler passes what its headers said).
+        `work_cost`; a media handler passes what its headers said). `answer` runs before the
+        work is reported finished, so a result the control plane refuses (wrong counts, scores
+        that are not numbers or not probabilities: INVOKE_FAILED, class INFRA) counts against
+        the residency that gave it, in the scheduler and the breakers, never as a success.
 
         Once the work is submitted the scheduler hears exactly one WorkFinished for it, whatever
         happens: the answer, a failure, the deadline, or the client going away (the handler task
@@ -264,7 +277,7 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
                 metrics.stage_finished(
                     operation, metrics.STAGE_WORKER, time.perf_counter() - stage_started
                 )
-            return dispatch.node_id, result
+            return dispatch.node_id, answer(result)
         except TimeoutError:
             error = GantryError(
                 "DEADLINE_EXCEEDED",

@@ -2,7 +2,9 @@
 
 The worker's answer is trusted for nothing: a count that does not match the request, a score that
 is not a probability, a time that is not a number is the worker failing (INVOKE_FAILED, class
-INFRA), never something sent on to the client as if it were an answer.
+INFRA), never something sent on to the client as if it were an answer. Each check runs inside
+the invoke path (InferenceService._invoke's `answer`), before the work is reported finished, so
+the scheduler and the breakers count a refused answer against the residency that gave it.
 """
 
 from __future__ import annotations

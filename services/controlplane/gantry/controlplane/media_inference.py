@@ -10,9 +10,9 @@ Transcribe sent to an embedding deployment comes back INVALID_PAYLOAD, as the cl
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Generic, Protocol, TypeVar
 
 import grpc
 
@@ -35,6 +35,7 @@ from gantry.v1 import inference_pb2
 from gantry.v1 import worker_gateway_pb2 as wg
 
 _tracer = tracer("gantry.controlplane")
+_Answer = TypeVar("_Answer")
 _SPAN_OF_OPERATION = {
     metrics.TRANSCRIBE: "controlplane.transcribe",
     metrics.RECOGNIZE_TEXT: "controlplane.recognize_text",
@@ -44,7 +45,8 @@ _SPAN_OF_OPERATION = {
 
 
 class Invoke(Protocol):
-    """InferenceService._invoke: dispatch through the scheduler, invoke on the chosen worker."""
+    """InferenceService._invoke: dispatch through the scheduler, invoke on the chosen worker, and
+    check and shape its result with `answer` before the work is reported finished."""
 
     def __call__(
         self,
@@ -54,8 +56,9 @@ class Invoke(Protocol):
         request: TargetedRequest,
         payload: InvokePayload,
         budget: CallBudget,
+        answer: Callable[[wg.InvokeResult], _Answer],
         cost: int | None = None,
-    ) -> Awaitable[tuple[str, wg.InvokeResult]]: ...
+    ) -> Awaitable[tuple[str, _Answer]]: ...
 
 
 class Resolve(Protocol):
@@ -65,10 +68,10 @@ class Resolve(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
-class _Served:
+class _Served(Generic[_Answer]):
     deployment_id: str
     node_id: str
-    result: wg.InvokeResult
+    answer: _Answer  # the worker's result, checked and shaped (media_answers)
 
 
 class MediaInference:
@@ -97,8 +100,9 @@ class MediaInference:
             payload=payload,
             cost=audio_cost(header.seconds),
             attributes={"gantry.audio_seconds": round(header.seconds, 3)},
+            answer=lambda result: transcription(result.transcribe, timestamps=request.timestamps),
         )
-        response = transcription(served.result.transcribe, timestamps=request.timestamps)
+        response = served.answer
         response.deployment_id, response.node_id = served.deployment_id, served.node_id
         return response
 
@@ -116,9 +120,10 @@ class MediaInference:
             ),
             cost=image_cost(header.pixels for header in headers),
             attributes={"gantry.image_count": len(headers)},
+            answer=lambda result: recognized_texts(result.recognize_text, images=len(headers)),
         )
         return inference_pb2.RecognizeTextResponse(
-            texts=recognized_texts(served.result.recognize_text, images=len(headers)),
+            texts=served.answer,
             deployment_id=served.deployment_id,
             node_id=served.node_id,
         )
@@ -137,16 +142,12 @@ class MediaInference:
             ),
             cost=image_cost(header.pixels for header in headers),
             attributes={"gantry.image_count": len(headers)},
+            answer=lambda result: _embeddings(
+                result, images=len(headers), encoding=request.encoding
+            ),
         )
-        result = checked_image_embeddings(served.result.embed, images=len(headers))
-        encoding = request.encoding or inference_pb2.VECTOR_ENCODING_FLOAT_LIST
-        response = inference_pb2.EmbedResponse(
-            dim=result.dim,
-            deployment_id=served.deployment_id,
-            node_id=served.node_id,
-            encoding=encoding,
-        )
-        response.MergeFromString(vectors_wire(result, encoding))
+        response = served.answer
+        response.deployment_id, response.node_id = served.deployment_id, served.node_id
         return response
 
     async def classify_image(
@@ -165,14 +166,12 @@ class MediaInference:
             ),
             cost=classify_cost((header.pixels for header in headers), labels),
             attributes={"gantry.image_count": len(headers), "gantry.label_count": len(labels)},
+            answer=lambda result: classifications(
+                result.classify_image, labels=labels, images=len(headers), top_k=request.top_k
+            ),
         )
         return inference_pb2.ClassifyImageResponse(
-            results=classifications(
-                served.result.classify_image,
-                labels=labels,
-                images=len(headers),
-                top_k=request.top_k,
-            ),
+            results=served.answer,
             deployment_id=served.deployment_id,
             node_id=served.node_id,
         )
@@ -186,8 +185,10 @@ class MediaInference:
         payload: InvokePayload,
         cost: int,
         attributes: Mapping[str, str | int | float],
-    ) -> _Served:
-        """Resolve the target and invoke the checked payload within the call's budget."""
+        answer: Callable[[wg.InvokeResult], _Answer],
+    ) -> _Served[_Answer]:
+        """Resolve the target and invoke the checked payload within the call's budget; the
+        worker's result comes back as `answer` checked and shaped it, inside the invoke path."""
         tenant_id = current_principal().subject
         budget = CallBudget.of(
             context.time_remaining(), max_seconds=self._settings.max_invoke_seconds
@@ -198,12 +199,25 @@ class MediaInference:
         ) as span:
             deployment_id = await self._resolve(operation, request)
             span.set_attribute("gantry.deployment_id", deployment_id)
-            node_id, result = await self._invoke(
+            node_id, answered = await self._invoke(
                 tenant_id=tenant_id,
                 deployment_id=deployment_id,
                 request=request,
                 payload=payload,
                 budget=budget,
+                answer=answer,
                 cost=cost,
             )
-            return _Served(deployment_id=deployment_id, node_id=node_id, result=result)
+            return _Served(deployment_id=deployment_id, node_id=node_id, answer=answered)
+
+
+def _embeddings(
+    result: wg.InvokeResult, *, images: int, encoding: inference_pb2.VectorEncoding
+) -> inference_pb2.EmbedResponse:
+    """One vector per image in `encoding` (deployment and node left unset); a block whose size
+    disagrees with count x dim is INVOKE_FAILED (vector_wire)."""
+    checked = checked_image_embeddings(result.embed, images=images)
+    encoding = encoding or inference_pb2.VECTOR_ENCODING_FLOAT_LIST
+    response = inference_pb2.EmbedResponse(dim=checked.dim, encoding=encoding)
+    response.MergeFromString(vectors_wire(checked, encoding))
+    return response
