@@ -13,7 +13,7 @@ from gantry.controlplane.inference_validation import validate_rerank
 
 
 def _pairs(scores: list[float], top_n: int = 0) -> list[tuple[int, float]]:
-    return [(result.index, result.score) for result in ranked(scores, top_n)]
+    return [(result.index, result.score) for result in ranked(scores, top_n, documents=len(scores))]
 
 
 def test_results_go_highest_score_first() -> None:
@@ -45,8 +45,17 @@ def test_top_n_keeps_the_best_and_zero_or_more_than_all_keeps_every_one() -> Non
 @pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
 def test_a_non_finite_score_is_the_worker_failing_not_an_order(bad: float) -> None:
     with pytest.raises(GantryError) as caught:
-        ranked([0.5, bad], 0)
+        ranked([0.5, bad], 0, documents=2)
     assert caught.value.reason == "INVOKE_FAILED"
+
+
+@pytest.mark.parametrize("scores", [[0.5], [0.5, 0.25, 0.75]])
+def test_a_score_count_other_than_the_documents_is_the_worker_failing(scores: list[float]) -> None:
+    # An extra score would rank a document the request does not hold; a missing one loses one.
+    with pytest.raises(GantryError) as caught:
+        ranked(scores, 0, documents=2)
+    assert caught.value.reason == "INVOKE_FAILED"
+    assert "scores for 2 documents" in caught.value.message
 
 
 def test_valid_requests_pass() -> None:

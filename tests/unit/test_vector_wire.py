@@ -64,3 +64,14 @@ def test_a_block_that_disagrees_with_count_and_dim_is_the_workers_fault() -> Non
 def test_rows_of_width_zero_are_empty_vectors_one_per_input() -> None:
     result = worker_gateway_pb2.EmbedResult(count=3, dim=0, float32_le=b"")
     assert len(_parsed(result, FLOATS).vectors) == 3
+
+
+@pytest.mark.parametrize("inputs", [1, 3])
+def test_a_vector_count_other_than_the_inputs_is_the_worker_failing(inputs: int) -> None:
+    from gantry.controlplane.inference_service import embedding_response
+
+    assert len(embedding_response(_block(2, 4), FLOATS, inputs=2).vectors) == 2
+    with pytest.raises(GantryError) as caught:
+        embedding_response(_block(2, 4), FLOATS, inputs=inputs)
+    assert caught.value.reason == "INVOKE_FAILED"
+    assert f"2 vectors for {inputs} inputs" in caught.value.message

@@ -37,8 +37,8 @@ MAX_IMAGE_REQUEST_BYTES = 32 * 1024 * 1024
 # Width x height of one image, read from its header: 8K (7680 x 4320) is 33 MP. A decoded RGB image
 # at the limit is 120 MB in the model host, which resizes it to the model's input at once.
 MAX_IMAGE_PIXELS = 40_000_000
-# One clip's encoded bytes: the model host's own bound (model_host/audio_decoding.MAX_AUDIO_BYTES),
-# 13.6 minutes of 16 kHz mono 16-bit WAV; FLAC holds about twice as much.
+# One clip's encoded bytes: the model host's default bound too (model_host/audio_decoding
+# .MAX_AUDIO_BYTES; a host told the control plane's limits takes up to the ceiling), 13.6 minutes of 16 kHz mono 16-bit WAV; FLAC holds about twice as much.
 MAX_AUDIO_BYTES = 25 * 1024 * 1024
 # One clip's length, read from its header: 60 of Whisper's 30 s windows, each a full generate.
 MAX_AUDIO_SECONDS = 30 * 60

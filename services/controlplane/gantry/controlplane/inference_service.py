@@ -66,18 +66,31 @@ def work_cost(payload: wg.EmbedPayload | wg.RerankPayload) -> int:
 
 
 def embedding_response(
-    result: wg.EmbedResult, encoding: inference_pb2.VectorEncoding
+    result: wg.EmbedResult, encoding: inference_pb2.VectorEncoding, *, inputs: int
 ) -> inference_pb2.EmbedResponse:
     """The vectors of `result` as the client's response (its deployment and node left unset):
-    a block whose size disagrees with count x dim is INVOKE_FAILED (vector_wire)."""
+    one per input, else INVOKE_FAILED; a block whose size disagrees with count x dim is
+    INVOKE_FAILED too (vector_wire)."""
+    if result.count != inputs:
+        raise GantryError(
+            "INVOKE_FAILED", f"the worker returned {result.count} vectors for {inputs} inputs"
+        )
     encoding = encoding or inference_pb2.VECTOR_ENCODING_FLOAT_LIST
     response = inference_pb2.EmbedResponse(dim=result.dim, encoding=encoding)
     response.MergeFromString(vectors_wire(result, encoding))
     return response
 
 
-def ranked(scores: Sequence[float], top_n: int) -> list[inference_pb2.RankedDocument]:
-    """Documents by score, highest first, ties by lower index; the first `top_n` (0 = all)."""
+def ranked(
+    scores: Sequence[float], top_n: int, *, documents: int
+) -> list[inference_pb2.RankedDocument]:
+    """Documents by score, highest first, ties by lower index; the first `top_n` (0 = all).
+    One finite score per document, else INVOKE_FAILED (an extra score would name a document
+    the request does not hold)."""
+    if len(scores) != documents:
+        raise GantryError(
+            "INVOKE_FAILED", f"the worker returned {len(scores)} scores for {documents} documents"
+        )
     if any(not math.isfinite(score) for score in scores):
         raise GantryError("INVOKE_FAILED", "the worker returned a non-finite rerank score")
     order = sorted(range(len(scores)), key=lambda index: (-scores[index], index))
@@ -162,7 +175,9 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
                 request=request,
                 payload=wg.EmbedPayload(inputs=inputs, truncate=request.truncate),
                 budget=budget,
-                answer=lambda result: embedding_response(result.embed, request.encoding),
+                answer=lambda result: embedding_response(
+                    result.embed, request.encoding, inputs=len(inputs)
+                ),
             )
             response.deployment_id, response.node_id = deployment_id, node_id
             return response
@@ -192,7 +207,9 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
                     query=request.query, documents=documents, truncate=request.truncate
                 ),
                 budget=budget,
-                answer=lambda result: ranked(list(result.rerank.scores), request.top_n),
+                answer=lambda result: ranked(
+                    list(result.rerank.scores), request.top_n, documents=len(documents)
+                ),
             )
             return inference_pb2.RerankResponse(
                 results=results, deployment_id=deployment_id, node_id=node_id
