@@ -13,6 +13,7 @@ through `DetachableProcessor` and detached after. The model host is a real child
 from __future__ import annotations
 
 import asyncio
+import gc
 import socket
 import statistics
 import time
@@ -254,6 +255,10 @@ async def test_a_collector_that_refuses_or_hangs_never_slows_an_embed(
             before = dropped_observations()
             processor = attach_export(detachable)
             without, with_failing = [], []
+            # This process holds the whole suite's heap: a full collection here can pause it for
+            # a second or more, which says nothing about export (CI once saw a 1.75 s Embed).
+            gc.collect()
+            gc.disable()
             try:
                 # Interleaved, so a change in the machine's load hits both sides alike.
                 for call in range(CALLS_PER_PHASE):
@@ -268,14 +273,25 @@ async def test_a_collector_that_refuses_or_hangs_never_slows_an_embed(
                     what=f"the {collector} collector's exports to give up",
                 )
             finally:
+                gc.enable()
                 await asyncio.to_thread(detach_export, detachable, processor)
             after = dropped_observations()
 
-            slowest = max(with_failing)
-            median_on, median_off = statistics.median(with_failing), statistics.median(without)
-            assert slowest < EXPORT_TIMEOUT_S / 2, (
-                f"{collector}: an Embed took {slowest:.2f}s with a failing collector"
+            # An export on the request path would cost every call (or every call that meets a
+            # full queue) a connect attempt or the exporter's timeout: the median shows the first,
+            # the slow calls the second. One stray stall of the shared machine is not an export:
+            # a call is slow when it takes a third of the timeout, and the calls with export may
+            # have one more of those than the calls without.
+            slow = EXPORT_TIMEOUT_S / 3
+            slow_on = [round(took, 2) for took in with_failing if took >= slow]
+            slow_off = [round(took, 2) for took in without if took >= slow]
+            assert len(slow_on) <= len(slow_off) + 1, (
+                f"{collector}: Embeds of {slow_on}s with a failing collector, {slow_off}s without"
             )
+            assert max(with_failing) < EXPORT_TIMEOUT_S, (
+                f"{collector}: an Embed took {max(with_failing):.2f}s with a failing collector"
+            )
+            median_on, median_off = statistics.median(with_failing), statistics.median(without)
             assert median_on <= median_off + 0.010, (
                 f"{collector}: median Embed {median_on * 1000:.1f} ms with a failing collector, "
                 f"{median_off * 1000:.1f} ms without"
