@@ -1,12 +1,13 @@
-"""Build a tiny random model directory an operator can register to try a media adapter against
-`make run`: the test fixtures' own builders (tests/fixtures/tiny_*.py), so what is tried is what
-the tests serve. No hub, no network: configs of a few hidden units, random weights (seeded),
-tokenizers built locally. The outputs are random tokens; what they show is the pipeline, not a
-model's accuracy.
+"""Build a tiny random model directory an operator can register to try a media adapter (or text
+generation) against `make run`: the test fixtures' own builders (tests/fixtures/tiny_*.py), so
+what is tried is what the tests serve. No hub, no network: configs of a few hidden units, random
+weights (seeded), tokenizers built locally. The outputs are random tokens; what they show is the
+pipeline, not a model's accuracy.
 
     .venv/bin/python scripts/tiny_models.py whisper .gantry/artifacts/tiny-whisper
     .venv/bin/python scripts/tiny_models.py trocr .gantry/artifacts/tiny-trocr
     .venv/bin/python scripts/tiny_models.py siglip2 .gantry/artifacts/tiny-siglip2
+    .venv/bin/python scripts/tiny_models.py causal_lm .gantry/artifacts/tiny-causal-lm
 
 Run it from the repository root with .venv's interpreter (torch, transformers, tokenizers; the
 image processors' configs are written as JSON, so the vision environment is not needed to build).
@@ -74,6 +75,14 @@ KINDS: dict[str, TinyModel] = {
             "classify .gantry/samples/text.png --capability tiny-siglip "
             '--labels "a photo of a cat" "the text gantry"',
         ),
+    ),
+    "causal_lm": TinyModel(
+        module="tests.fixtures.tiny_causal_lm",
+        builder="build_tiny_causal_lm",
+        adapter="transformers_causal_lm",
+        environment="",
+        capability="tiny-chat",
+        try_it=('generate "Once upon a time" --capability tiny-chat --max-tokens 32',),
     ),
 }
 

@@ -67,6 +67,7 @@ async def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncI
             yield url
 
 
+from tests.fixtures.tiny_causal_lm import tiny_causal_lm_dir  # noqa: E402, F401
 from tests.fixtures.tiny_model import (  # noqa: E402, F401  (shared fixtures)
     tiny_cross_encoder_dir,
     tiny_model_dir,

@@ -71,7 +71,7 @@ async def test_a_facts_script_that_hangs_is_killed_at_the_timeout(tmp_path: Path
     assert environment.unavailable_reason == "the facts script did not finish within 0.3s"
 
 
-async def test_the_workers_own_interpreter_offers_the_text_and_whisper_adapters(
+async def test_the_workers_own_interpreter_offers_the_text_whisper_and_causal_lm_adapters(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.INFO, logger="gantry.worker.environment_facts")
@@ -82,6 +82,7 @@ async def test_the_workers_own_interpreter_offers_the_text_and_whisper_adapters(
     assert list(environment.adapters) == [
         "sentence_transformers",
         "sentence_transformers_cross_encoder",
+        "transformers_causal_lm",
         "transformers_whisper",
     ]
     assert list(environment.modalities) == ["audio", "text"]

@@ -288,6 +288,7 @@ def test_a_gguf_file_is_read_from_its_header_and_refused(tmp_path: Path) -> None
             ("llama.context_length", uint32_type, struct.pack("<I", 2048)),
         ],
     )
+    # Two tensor infos of zeros: unnamed F32 scalars at offset 0 (the tensor data follows).
     files = _layout(tmp_path, {"tiny-llama.Q4_K_M.gguf": model + b"\x00" * 64})
     assert _inspect(files) == wg.Inspection(
         inspector="gguf",
@@ -300,7 +301,9 @@ def test_a_gguf_file_is_read_from_its_header_and_refused(tmp_path: Path) -> None
         findings=[
             _finding(
                 "RUNTIME_INCOMPATIBLE",
-                "assessed but no adapter executes gguf in this issue",
+                "assessed but no adapter executes gguf in this issue: a llama generation model "
+                "with gguf (F32) weights, which 'llama_cpp_server' would serve; this worker does "
+                "not run it",
                 "tiny-llama.Q4_K_M.gguf",
             )
         ],
@@ -311,6 +314,17 @@ def test_a_gguf_file_is_read_from_its_header_and_refused(tmp_path: Path) -> None
             "general.architecture": "llama",
             "general.name": "tiny llama",
             "llama.context_length": "2048",
+            "context_length": "2048",
+            "chat_template": "false",
+            "tensor_types": "F32:2",
+            "dominant_tensor_type": "F32",
+            "quantization": "F32",
+            "parameter_count_estimate": "2",
+            "tensor_bytes": "8",
+            "weights_bytes_estimate": "264",
+            "weights_bytes_basis": "size of tiny-llama.Q4_K_M.gguf: a lower bound of a load's "
+            "memory (the KV cache and compute buffers come on top)",
+            "candidate_adapters": "llama_cpp_server",
         },
     )
 
@@ -475,7 +489,7 @@ def test_a_layout_no_inspector_knows_says_what_was_looked_for(tmp_path: Path) ->
 @pytest.mark.parametrize(
     ("architecture", "model_type", "task", "modalities"),
     [
-        ("LlamaForCausalLM", "llama", "generation", ["text"]),
+        ("LlamaForCausalLM", "llama", "text-generation", ["text"]),
         ("WhisperForConditionalGeneration", "whisper", "speech-recognition", ["audio", "text"]),
         ("ViTForImageClassification", "vit", "image-classification", ["image"]),
         ("BertForSequenceClassification", "bert", "text-classification", ["text"]),
@@ -509,5 +523,6 @@ def test_a_generation_model_carries_the_vllm_note(tmp_path: Path) -> None:
         },
     )
     notes = [f for f in _inspect(files).findings if f.reason == ""]
-    assert len(notes) == 1
+    # With the note that there is no chat template (`test_inspect_causal_lm`).
+    assert len(notes) == 2
     assert "vLLM could serve this layout too" in notes[0].message

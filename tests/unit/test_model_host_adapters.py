@@ -39,6 +39,7 @@ def test_the_registry_names_exactly_the_executable_adapters() -> None:
     assert sorted(ADAPTERS) == [
         "sentence_transformers",
         "sentence_transformers_cross_encoder",
+        "transformers_causal_lm",
         "transformers_siglip2",
         "transformers_trocr",
         "transformers_whisper",

@@ -60,6 +60,7 @@ def test_both_names_resolve_to_their_own_adapter() -> None:
         "transformers_whisper",
         "transformers_trocr",
         "transformers_siglip2",
+        "transformers_causal_lm",
     ]
     assert all(isinstance(adapter, RuntimeAdapter) for adapter in registered_adapters())
 
@@ -77,8 +78,8 @@ def test_an_unknown_adapter_is_runtime_incompatible_naming_the_supported_ones() 
     assert error.metadata == {"adapter": "vllm"}
     assert error.message == (
         "adapter 'vllm' is not supported; supported: "
-        "sentence_transformers, sentence_transformers_cross_encoder, transformers_siglip2, "
-        "transformers_trocr, transformers_whisper"
+        "sentence_transformers, sentence_transformers_cross_encoder, transformers_causal_lm, "
+        "transformers_siglip2, transformers_trocr, transformers_whisper"
     )
 
 
@@ -116,6 +117,7 @@ def test_a_gguf_inspection_is_run_by_no_adapter_and_each_says_why() -> None:
         "transformers_whisper": "runs transformers layouts, not gguf",
         "transformers_trocr": "runs transformers layouts, not gguf",
         "transformers_siglip2": "runs transformers layouts, not gguf",
+        "transformers_causal_lm": "runs transformers layouts, not gguf",
     }
 
 

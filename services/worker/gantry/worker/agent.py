@@ -7,7 +7,8 @@ supervised by `supervision.Supervisor`; every change of a resident sends an Inve
 The outbox to the control plane is bounded (`outbox_limit`). When it is full the stream is not
 being read; a message that does not fit is dropped and counted: job results stay unacknowledged
 and are resent after the next reconnect, the inventory goes whole in every report and in Hello,
-and a dropped InvokeResult makes that invocation time out at the control plane.
+a dropped InvokeResult makes that invocation time out at the control plane, and a streamed
+generation's delta that does not fit is carried into its next one (`invocations.ProgressRelay`).
 """
 
 from __future__ import annotations
@@ -185,6 +186,7 @@ class WorkerAgent:
         self._invocations = Invocations(
             supervisor=self.supervisor,
             emit=lambda result: self._send(wg.WorkerMessage(invoke_result=result)),
+            emit_progress=lambda progress: self._offer(wg.WorkerMessage(invoke_progress=progress)),
             max_in_flight=settings.max_in_flight_invokes,
         )
         self._job_handlers: dict[str, Callable[[wg.JobAssignment, wg.JobResult], Awaitable[None]]]
@@ -340,6 +342,10 @@ class WorkerAgent:
             self._outbox.put_nowait(None)
 
     def _send(self, message: wg.WorkerMessage) -> None:
+        self._offer(message)
+
+    def _offer(self, message: wg.WorkerMessage) -> bool:
+        """Queue `message` for the control plane; False (counted and logged) when it is full."""
         message.node_id = self.node_id
         message.generation = self.generation
         if self._outbox.qsize() >= self.settings.outbox_limit:
@@ -350,8 +356,9 @@ class WorkerAgent:
                 message.WhichOneof("kind"),
                 self.outbox_dropped,
             )
-            return
+            return False
         self._outbox.put_nowait(message)
+        return True
 
     def _hello(self) -> wg.Hello:
         return wg.Hello(

@@ -109,6 +109,12 @@ if package_dirs("torch") is not None and has_whisper:
 else:
     facts["notes"].append("transformers_whisper needs torch and transformers' whisper models")
 
+# transformers_causal_lm: torch and transformers (AutoModelForCausalLM is in every release).
+if package_dirs("torch") is not None and transformers_dirs:
+    facts["adapters"].append("transformers_causal_lm")
+else:
+    facts["notes"].append("transformers_causal_lm needs torch and transformers")
+
 
 def release(version):
     match = re.match(r"\d+(\.\d+)*", version)

@@ -4,8 +4,11 @@
 - The timeout is `Invoke.timeout` (relative, so clocks need not agree); only when it is unset is the
   absolute `deadline` used, then a default. The model host learns it too and never runs a request
   that waited past it in its own queue.
-- `CancelInvoke` stops the wait, tells the model host to drop the request if still queued, and
-  sends no InvokeResult (the caller is gone).
+- `CancelInvoke` stops the wait, tells the model host to drop the request if still queued (or
+  to stop a generation between two tokens), and sends no InvokeResult (the caller is gone).
+- A streamed generation's deltas go out as InvokeProgress, in order, before its InvokeResult. A
+  delta the outbox refuses is not lost: its text is carried into the next one (one pending
+  delta per invocation at most), and what is still pending goes out before the result.
 """
 
 from __future__ import annotations
@@ -29,8 +32,10 @@ DEFAULT_MAX_IN_FLIGHT = 1024
 DEFAULT_INVOKE_TIMEOUT_S = 30.0
 # Invoke's payloads this worker hands to a model host (the oneof's field names).
 _PAYLOADS = frozenset(
-    {"embed", "rerank", "transcribe", "recognize_text", "embed_image", "classify_image"}
+    {"embed", "rerank", "transcribe", "recognize_text", "embed_image", "classify_image", "generate"}
 )
+# Sends one InvokeProgress to the control plane; False when it could not be queued.
+EmitProgress = Callable[[wg.InvokeProgress], bool]
 
 
 def invoke_timeout_s(invoke: wg.Invoke, *, now: float | None = None) -> float:
@@ -43,16 +48,43 @@ def invoke_timeout_s(invoke: wg.Invoke, *, now: float | None = None) -> float:
     return DEFAULT_INVOKE_TIMEOUT_S
 
 
+class ProgressRelay:
+    """One streamed invocation's deltas on their way out, coalesced while the outbox is full."""
+
+    def __init__(self, request_id: str, emit: EmitProgress) -> None:
+        self._request_id = request_id
+        self._emit = emit
+        self._pending: wg.GenerateDelta | None = None
+
+    def send(self, delta: wg.GenerateDelta) -> None:
+        if self._pending is not None:
+            delta = wg.GenerateDelta(
+                text=self._pending.text + delta.text, completion_tokens=delta.completion_tokens
+            )
+        progress = wg.InvokeProgress(request_id=self._request_id, generate=delta)
+        self._pending = None if self._emit(progress) else delta
+
+    def flush(self) -> None:
+        """Send what is still pending (before the result, which must come after it)."""
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            self.send(pending)
+
+
 class Invocations:
     def __init__(
         self,
         *,
         supervisor: Supervisor,
         emit: Callable[[wg.InvokeResult], None],
+        emit_progress: EmitProgress | None = None,
         max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
     ) -> None:
+        """`emit_progress` sends streamed deltas; without it a streamed generation's text comes
+        only with its result."""
         self._supervisor = supervisor
         self._emit = emit
+        self._emit_progress = emit_progress
         self._max_in_flight = max_in_flight
         self._in_flight: dict[str, asyncio.Task[None]] = {}
 
@@ -166,6 +198,22 @@ class Invocations:
                     invoke.recognize_text, trace_context=child_context, timeout_s=timeout_s
                 )
             )
+        elif payload == "generate":
+            relay = (
+                ProgressRelay(invoke.request_id, self._emit_progress)
+                if invoke.generate.stream and self._emit_progress is not None
+                else None
+            )
+            result.generate.CopyFrom(
+                await host.generate(
+                    invoke.generate,
+                    trace_context=child_context,
+                    timeout_s=timeout_s,
+                    on_delta=relay.send if relay is not None else None,
+                )
+            )
+            if relay is not None:
+                relay.flush()
         elif payload == "embed_image":
             # Image embeddings answer as text embeddings do: one EmbedResult.
             result.embed.CopyFrom(

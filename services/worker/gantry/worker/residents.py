@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -81,6 +81,15 @@ class SupervisedHost(Protocol):
     async def classify_image(
         self, payload: wg.ClassifyImagePayload, *, trace_context: dict[str, str], timeout_s: float
     ) -> wg.ClassifyImageResult: ...
+
+    async def generate(
+        self,
+        payload: wg.GeneratePayload,
+        *,
+        trace_context: dict[str, str],
+        timeout_s: float,
+        on_delta: Callable[[wg.GenerateDelta], None] | None = ...,
+    ) -> wg.GenerateResult: ...
 
     async def ping(self, *, timeout_s: float) -> model_host_pb2.Pong: ...
 

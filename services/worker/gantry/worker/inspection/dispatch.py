@@ -36,6 +36,8 @@ from gantry.worker.inspection.weights import weight_format
 from gantry.worker.runtime_adapters.registry import registered_adapters
 
 Inspector = Callable[[ArtifactFiles], Draft]
+# A draft's details key naming, comma-joined, the adapters that would serve its layout.
+CANDIDATE_ADAPTERS = "candidate_adapters"
 
 
 def choose_inspector(files: ArtifactFiles) -> Inspector:
@@ -88,13 +90,7 @@ def inspect_artifact(
         if adapter.inspect_support(inspection).supported
     ]
     if not supporting:
-        findings.append(
-            finding(
-                INCOMPATIBLE,
-                f"assessed but no adapter executes {draft.inspector} in this issue",
-                draft.key_path,
-            )
-        )
+        findings.append(finding(INCOMPATIBLE, _no_adapter_message(draft, weights), draft.key_path))
     refused = any(f.reason == INCOMPATIBLE for f in findings)
     adapters: list[str] = []
     if not refused:
@@ -115,6 +111,29 @@ def inspect_artifact(
     inspection.executable = bool(adapters)
     inspection.findings.extend(findings)
     return inspection
+
+
+def _no_adapter_message(draft: Draft, weights: str) -> str:
+    """Why nothing runs the layout; a draft that names the adapters that would serve it
+    (details["candidate_adapters"]) gets them said, with what was found, so the refusal tells
+    which runtime to add rather than only no."""
+    message = f"assessed but no adapter executes {draft.inspector} in this issue"
+    registered = {adapter.name for adapter in registered_adapters()}
+    candidates = [
+        name
+        for name in draft.details.get(CANDIDATE_ADAPTERS, "").split(",")
+        if name and name not in registered
+    ]
+    if not candidates:
+        return message
+    found = " ".join(part for part in (draft.model_type, draft.task) if part)
+    quantization = draft.details.get("quantization")
+    stored = f"{weights or 'unknown'}{f' ({quantization})' if quantization else ''}"
+    return (
+        f"{message}: a {found} model with {stored} weights, which "
+        f"{' or '.join(map(repr, candidates))} would serve; this worker does not run "
+        f"{'it' if len(candidates) == 1 else 'them'}"
+    )
 
 
 def _modality_notes(

@@ -4,8 +4,10 @@ Nothing here can be executed in this issue except through sentence-transformers 
 `sentence_transformers.py`, which also claims a `*ForSequenceClassification` config with one
 label: a cross-encoder), Whisper speech recognition (`whisper.py` adds its audio details), TrOCR
 text recognition and SigLIP2 image/text embeddings (`trocr.py`, `siglip2.py` add their image
-preprocessing). vLLM serves the same layout as transformers and cannot be told apart statically,
-so a generation model gets a note saying so rather than a guess.
+preprocessing) and causal language models, text-generation (a `*ForCausalLM` or `*LMHeadModel`
+architecture: `causal_lm.py` adds the context length and whether there is a chat template).
+vLLM serves the same layout as transformers and cannot be told apart statically, so a generation
+model gets a note saying so rather than a guess.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from gantry.worker.inspection import siglip2, trocr, whisper
+from gantry.worker.inspection import causal_lm, siglip2, trocr, whisper
 from gantry.worker.inspection.artifact_files import NOTE, ArtifactFiles, Draft, finding, keep
 
 CONFIG = "config.json"
@@ -24,8 +26,8 @@ _TASKS = (
     ("ForTokenClassification", "token-classification"),
     ("ForQuestionAnswering", "question-answering"),
     ("ForMaskedLM", "fill-mask"),
-    ("ForCausalLM", "generation"),
-    ("LMHeadModel", "generation"),
+    ("ForCausalLM", causal_lm.TASK),
+    ("LMHeadModel", causal_lm.TASK),
     ("ForConditionalGeneration", "generation"),
     ("ForSpeechSeq2Seq", "speech-recognition"),
     ("ForCTC", "speech-recognition"),
@@ -77,6 +79,11 @@ _GENERATION_NOTE = (
     "a generation model: vLLM could serve this layout too, but vLLM and transformers layouts "
     "cannot be told apart statically; no adapter executes either in this issue"
 )
+_CAUSAL_LM_NOTE = (
+    "a causal language model: transformers_causal_lm runs it; vLLM could serve this layout too, "
+    "but vLLM and transformers layouts cannot be told apart statically"
+)
+_GENERATION_TASKS = frozenset({"generation", causal_lm.TASK})
 DETAIL_KEYS = (
     "hidden_size",
     "num_hidden_layers",
@@ -120,9 +127,9 @@ def task_of(config: Mapping[str, Any]) -> str:
     for architecture in architectures(config):
         for suffix, task in _TASKS:
             if architecture.endswith(suffix):
-                if task == "generation" and model_type in _AUDIO_TEXT_TYPES:
+                if task in _GENERATION_TASKS and model_type in _AUDIO_TEXT_TYPES:
                     return "speech-recognition"
-                if task == "generation" and model_type in _IMAGE_TEXT_TYPES:
+                if task in _GENERATION_TASKS and model_type in _IMAGE_TEXT_TYPES:
                     return "image-to-text"
                 return task
     return ""
@@ -160,6 +167,9 @@ def inspect(files: ArtifactFiles) -> Draft:
     draft.details = model_details(config)
     if draft.task == "generation":
         draft.findings.append(finding(NOTE, _GENERATION_NOTE, CONFIG))
+    elif draft.task == causal_lm.TASK:
+        draft.findings.append(finding(NOTE, _CAUSAL_LM_NOTE, CONFIG))
+        causal_lm.add_details(files, config, draft)
     if draft.model_type == whisper.MODEL_TYPE:
         whisper.add_details(files, config, draft)
     elif draft.model_type == trocr.MODEL_TYPE:

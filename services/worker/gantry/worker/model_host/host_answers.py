@@ -2,16 +2,19 @@
 
 The host is a sandboxed child running third-party model code: its answer is input like any other,
 so an answer whose shape disagrees with the request (an embed's rows or bytes, a rerank's scores,
-a transcript's segment times, a text per image, a classification's probabilities) is refused,
-never sent on.
+a transcript's segment times, a text per image, a classification's probabilities, a generation's
+finish reason, token counts and streamed text) is refused, never sent on.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from gantry.common.errors import GantryError
-from gantry.v1 import model_host_pb2, worker_gateway_pb2
+from gantry.v1 import common_pb2, model_host_pb2, worker_gateway_pb2
+
+_FINISHED = (common_pb2.FINISH_REASON_STOP, common_pb2.FINISH_REASON_LENGTH)
 
 
 def checked_embed(
@@ -115,4 +118,74 @@ def checked_classify_image(
                 f"model host answered score {score!r} for image {index // label_count}, label "
                 f"{index % label_count}: not a probability",
             )
+    return result
+
+
+class StreamedDeltas:
+    """The `generate_delta` frames of one generate request, checked as they come and passed on
+    in order. Deltas for a request that did not ask to stream, or whose token counts go back,
+    are kept from the caller, and `problem` says why the answer will be refused."""
+
+    def __init__(
+        self, *, stream: bool, forward: Callable[[worker_gateway_pb2.GenerateDelta], None] | None
+    ) -> None:
+        self.stream = stream
+        self._forward = forward
+        self._texts: list[str] = []
+        self.completion_tokens = 0
+        self.problem: str | None = None
+
+    @property
+    def text(self) -> str:
+        return "".join(self._texts)
+
+    def receive(self, response: model_host_pb2.HostResponse) -> None:
+        delta = response.generate_delta
+        if self.problem is not None:
+            return
+        if not self.stream:
+            self.problem = "model host streamed text for a generate request that did not ask for it"
+        elif delta.completion_tokens < self.completion_tokens:
+            self.problem = (
+                f"model host streamed a delta at {delta.completion_tokens} tokens after one at "
+                f"{self.completion_tokens}"
+            )
+        if self.problem is not None:
+            return
+        self._texts.append(delta.text)
+        self.completion_tokens = delta.completion_tokens
+        if self._forward is not None:
+            self._forward(delta)
+
+
+def checked_generate(
+    response: model_host_pb2.HostResponse, *, max_tokens: int, deltas: StreamedDeltas
+) -> worker_gateway_pb2.GenerateResult:
+    """The generation, when it says why it ended, its token counts are possible (a prompt of
+    some tokens, no more new ones than `max_tokens` when that is set, at least one for any text)
+    and, streamed, its text is the deltas joined; its failure raised."""
+    _expect(response, "generate", "a generate")
+    result = response.generate
+    problem = deltas.problem
+    if problem is None and result.finish_reason not in _FINISHED:
+        reason = common_pb2.FinishReason.Name(result.finish_reason)
+        problem = f"model host answered a generation with finish reason {reason}"
+    if problem is None and (
+        result.prompt_tokens == 0
+        or (max_tokens and result.completion_tokens > max_tokens)
+        or (result.text and result.completion_tokens == 0)
+        or result.completion_tokens < deltas.completion_tokens
+    ):
+        problem = (
+            f"model host answered {result.prompt_tokens} prompt and {result.completion_tokens} "
+            f"completion tokens ({len(result.text)} characters, {deltas.completion_tokens} "
+            f"tokens streamed) for at most {max_tokens or 'the default'} new tokens"
+        )
+    if problem is None and deltas.stream and deltas.text != result.text:
+        problem = (
+            f"model host streamed {len(deltas.text)} characters but answered a text of "
+            f"{len(result.text)} that is not them joined"
+        )
+    if problem is not None:
+        raise GantryError("INVOKE_FAILED", problem)
     return result

@@ -9,24 +9,34 @@ INVOKE_FAILED for an answer that disagrees with the request, and what `ModelHost
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from gantry.common.errors import GantryError
 from gantry.v1 import model_host_pb2, worker_gateway_pb2
 from gantry.worker.model_host.host_answers import (
+    StreamedDeltas,
     checked_classify_image,
     checked_embed,
+    checked_generate,
     checked_recognize_text,
     checked_rerank,
     checked_transcribe,
 )
+
+# Frames a request gets before its answer (a generation's deltas), in the order they came.
+OnProgress = Callable[[model_host_pb2.HostResponse], None]
 
 
 class HostCalls:
     """The requests a worker sends a running model host (mixed into `ModelHost`)."""
 
     async def _call(
-        self, request: model_host_pb2.HostRequest, *, timeout_s: float, queue_timeout: bool = True
+        self,
+        request: model_host_pb2.HostRequest,
+        *,
+        timeout_s: float,
+        queue_timeout: bool = True,
+        on_progress: OnProgress | None = None,
     ) -> model_host_pb2.HostResponse:
         raise NotImplementedError
 
@@ -136,6 +146,26 @@ class HostCalls:
         return checked_classify_image(
             response, image_count=len(payload.images), label_count=len(payload.labels)
         )
+
+    async def generate(
+        self,
+        payload: worker_gateway_pb2.GeneratePayload,
+        *,
+        trace_context: Mapping[str, str],
+        timeout_s: float,
+        on_delta: Callable[[worker_gateway_pb2.GenerateDelta], None] | None = None,
+    ) -> worker_gateway_pb2.GenerateResult:
+        """Generate text in the child (a causal LM host). With `payload.stream`, `on_delta` gets
+        each delta in order, on the event loop, before this returns the result (whose text is
+        them joined). Cancelling the awaiting task stops the generation in the child between two
+        tokens. Raises GantryError as `embed` does (INVALID_PAYLOAD naming the field: max_tokens
+        past the deployment's limit, messages to a model without a chat template, ...;
+        INPUT_TOO_LONG for a prompt that fills the model's context)."""
+        request = model_host_pb2.HostRequest(trace_context=dict(trace_context))
+        request.generate.CopyFrom(payload)
+        deltas = StreamedDeltas(stream=payload.stream, forward=on_delta)
+        response = await self._call(request, timeout_s=timeout_s, on_progress=deltas.receive)
+        return checked_generate(response, max_tokens=payload.max_tokens, deltas=deltas)
 
     async def ping(self, *, timeout_s: float) -> model_host_pb2.Pong:
         """Liveness: the child's reader thread answers even mid forward pass. Raises GantryError

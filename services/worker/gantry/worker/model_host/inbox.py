@@ -35,6 +35,7 @@ WORK_KINDS = frozenset(
         "recognize_text",
         "embed_image",
         "classify_image",
+        "generate",
         "health",
         "probe_check",
     }

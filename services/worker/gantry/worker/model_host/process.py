@@ -24,7 +24,7 @@ from gantry.worker.model_host import sandbox
 from gantry.worker.model_host.environments import host_environment
 from gantry.worker.model_host.exit_status import describe_returncode, exit_evidence
 from gantry.worker.model_host.framing import FrameError, read_frame_async, write_frame_async
-from gantry.worker.model_host.host_calls import HostCalls
+from gantry.worker.model_host.host_calls import HostCalls, OnProgress
 from gantry.worker.model_host.host_process import HostProcess, SpawnedProcess
 from gantry.worker.model_host.inbox import DEFAULT_INBOX_LIMIT
 from gantry.worker.model_host.landlock import Isolation
@@ -96,6 +96,8 @@ class ModelHost(HostCalls):
         self._start_ticks = process_start_ticks(process.pid)
         self._ready: model_host_pb2.HostReady | None = None
         self._pending: dict[int, asyncio.Future[model_host_pb2.HostResponse]] = {}
+        # Where the frames before an answer go (a generation's deltas), by request id.
+        self._progress: dict[int, OnProgress] = {}
         self._request_ids = itertools.count(1)
         self._write_lock = asyncio.Lock()
         self._stopping = False
@@ -355,9 +357,15 @@ class ModelHost(HostCalls):
             await write_frame_async(self._writer, request)
 
     async def _call(
-        self, request: model_host_pb2.HostRequest, *, timeout_s: float, queue_timeout: bool = True
+        self,
+        request: model_host_pb2.HostRequest,
+        *,
+        timeout_s: float,
+        queue_timeout: bool = True,
+        on_progress: OnProgress | None = None,
     ) -> model_host_pb2.HostResponse:
-        """Send one request and wait for its answer, at most `timeout_s`.
+        """Send one request and wait for its answer, at most `timeout_s`; `on_progress` gets the
+        frames that come before the answer (a generation's deltas).
 
         The child learns the timeout too (`timeout_ms`), so work still queued there past it is
         never run; a caller that gives up (timeout or cancellation) sends a CancelRequest.
@@ -378,6 +386,8 @@ class ModelHost(HostCalls):
             asyncio.get_running_loop().create_future()
         )
         self._pending[request_id] = future
+        if on_progress is not None:
+            self._progress[request_id] = on_progress
         answered = False
         try:
             async with asyncio.timeout(timeout_s):
@@ -399,6 +409,7 @@ class ModelHost(HostCalls):
             ) from exc
         finally:
             self._pending.pop(request_id, None)
+            self._progress.pop(request_id, None)
             # Not answered by the child (a timeout, or our caller's cancellation, which also
             # cancels the awaited future): the child may still hold it queued.
             gave_up = not future.done() or future.cancelled()
@@ -554,8 +565,12 @@ class ModelHost(HostCalls):
     async def _dispatch_responses(self) -> None:
         try:
             while (response := await self._read_answer()) is not None:
-                if response.WhichOneof("kind") == "unloaded":
+                kind = response.WhichOneof("kind")
+                if kind == "unloaded":
                     self._unloaded = response.unloaded  # answers Shutdown, which nobody awaits
+                    continue
+                if kind == "generate_delta":
+                    self._progressed(response)  # not an answer: the request stays pending
                     continue
                 future = self._pending.pop(response.request_id, None)
                 # None or done: the caller timed out or was cancelled; the answer has no taker.
@@ -568,6 +583,16 @@ class ModelHost(HostCalls):
         if not await self._exited_within(_CHANNEL_CLOSED_GRACE_S):
             logger.error("model host %s closed its channel but kept running; killing it", self.pid)
             self._kill()
+
+    def _progressed(self, response: model_host_pb2.HostResponse) -> None:
+        on_progress = self._progress.get(response.request_id)
+        if on_progress is None:
+            return  # the caller gave up; the child stops when it reads the CancelRequest
+        try:
+            on_progress(response)
+        except Exception:
+            # The caller's own fault: it must not end this reader and with it every caller.
+            logger.exception("progress of request %d was not taken", response.request_id)
 
     async def _watch_exit(self) -> int:
         returncode = await self._process.wait()

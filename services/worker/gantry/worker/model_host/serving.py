@@ -1,7 +1,8 @@
 """The model host's serving loop: the main thread runs the adapter's requests, one at a time.
 
-Embeds are micro-batched; reranks, health checks, probe checks and media requests (transcriptions,
-text recognition, image embeddings and classifications: `media_serving`) run alone. Frames arrive
+Embeds are micro-batched; reranks, health checks, probe checks, media requests (transcriptions,
+text recognition, image embeddings and classifications: `media_serving`) and generations
+(`generation_serving`, streamed and cancellable between tokens) run alone. Frames arrive
 through the reader thread's `Inbox` (which answers pings itself). A request whose timeout passed
 while it was queued, or that its caller cancelled, is never run. A request kind the adapter does
 not serve is answered INVALID_PAYLOAD. Shutdown releases the model and answers HostUnloaded before
@@ -33,6 +34,7 @@ from gantry.v1 import model_host_pb2, worker_gateway_pb2
 from gantry.worker.model_host import probe_evidence
 from gantry.worker.model_host.adapters import ModelAdapter
 from gantry.worker.model_host.adapters.base import DEFAULT_MAX_BATCH_INPUTS
+from gantry.worker.model_host.generation_serving import GENERATE_KIND, GenerateRequests
 from gantry.worker.model_host.inbox import ChannelClosed, Inbox, InboxItem, Queued, ResponseWriter
 from gantry.worker.model_host.input_lengths import length_refusal
 from gantry.worker.model_host.media_serving import MEDIA_KINDS, MediaRequests
@@ -41,7 +43,7 @@ from gantry.worker.model_host.probe_evidence import LoadRecord
 logger = logging.getLogger("gantry.model_host")
 
 # The request kinds an adapter answers (or refuses by kind, INVALID_PAYLOAD): `ModelAdapter.serves`.
-SERVED_KINDS = frozenset({"embed", "rerank"}) | MEDIA_KINDS
+SERVED_KINDS = frozenset({"embed", "rerank", GENERATE_KIND}) | MEDIA_KINDS
 
 # Test hooks, honoured only when GANTRY_MODEL_HOST_TEST_HOOKS=1: an input equal to one of these
 # makes the forward pass hang (so a test can kill the child mid-request), take a while, or fail.
@@ -130,6 +132,14 @@ class ModelServer:
         self._media = MediaRequests(
             adapter=adapter, responses=responses, tracer=self._tracer, fail=self._fail
         )
+        self._generations = GenerateRequests(
+            adapter=adapter,
+            inbox=inbox,
+            responses=responses,
+            tracer=self._tracer,
+            fail=self._fail,
+            test_hooks=settings.test_hooks,
+        )
 
     def serve(self) -> int:
         while True:
@@ -166,6 +176,9 @@ class ModelServer:
                 continue
             if kind in MEDIA_KINDS:
                 self._media.run(request)
+                continue
+            if kind == GENERATE_KIND:
+                self._generations.run(request)
                 continue
             if kind == "health":
                 self._answer_health(request)

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 
 from gantry.common.errors import GantryError
 from gantry.worker.runtime_adapters.base import RuntimeAdapter
+from gantry.worker.runtime_adapters.causal_lm import TransformersCausalLM
 from gantry.worker.runtime_adapters.cross_encoder import SentenceTransformersCrossEncoder
 from gantry.worker.runtime_adapters.sentence_transformers import SentenceTransformersEmbedding
 from gantry.worker.runtime_adapters.siglip2 import TransformersSiglip2
@@ -23,6 +24,7 @@ _ADAPTERS: tuple[RuntimeAdapter, ...] = (
     TransformersWhisper(),
     TransformersTrOCR(),
     TransformersSiglip2(),
+    TransformersCausalLM(),
 )
 RUNTIME_ADAPTERS: Mapping[str, RuntimeAdapter] = {adapter.name: adapter for adapter in _ADAPTERS}
 DEFAULT_ADAPTER = SentenceTransformersEmbedding.name

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 
 from gantry.common.errors import GantryError
 from gantry.worker.model_host.adapters.base import ForwardCheck, ModelAdapter, RuntimeFacts
+from gantry.worker.model_host.adapters.causal_lm import TransformersCausalLM
 from gantry.worker.model_host.adapters.cross_encoder import SentenceTransformersCrossEncoder
 from gantry.worker.model_host.adapters.sentence_transformers_embedding import (
     SentenceTransformersEmbedding,
@@ -27,6 +28,7 @@ ADAPTERS: Mapping[str, type[ModelAdapter]] = {
         TransformersWhisper,
         TransformersTrOCR,
         TransformersSiglip2,
+        TransformersCausalLM,
     )
 }
 DEFAULT_ADAPTER = SentenceTransformersEmbedding.name

@@ -10,7 +10,7 @@ from __future__ import annotations
 import abc
 import gc
 import platform
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -57,10 +57,10 @@ class ModelAdapter(abc.ABC):
     """One way of running a model in the host. Subclasses set the class attributes below."""
 
     name: ClassVar[str]
-    # "embedding", "reranking", "speech_recognition", "ocr", "image_embedding"
+    # "embedding", "reranking", "speech_recognition", "ocr", "image_embedding", "text_generation"
     task: ClassVar[str]
     # The HostRequest kinds it answers: "embed", "rerank", "transcribe", "recognize_text",
-    # "embed_image", "classify_image".
+    # "embed_image", "classify_image", "generate".
     serves: ClassVar[frozenset[str]]
     # What the adapter passes to the library, recorded as offline evidence (not assumed).
     local_files_only: ClassVar[bool] = True
@@ -131,6 +131,18 @@ class ModelAdapter(abc.ABC):
     def classify_image(self, images: Sequence[PILImage.Image], labels: Sequence[str]) -> np.ndarray:
         """An images x labels array of probabilities in [0, 1], each label scored on its own."""
         raise self.unsupported("classify_image")
+
+    def generate_text(
+        self,
+        payload: worker_gateway_pb2.GeneratePayload,
+        *,
+        on_text: Callable[[str, int], None] | None = None,
+        between_tokens: Callable[[], bool] | None = None,
+    ) -> worker_gateway_pb2.GenerateResult:
+        """Text generated for a prompt or chat (text generation adapters): `on_text` gets each
+        settled piece and the tokens so far, `between_tokens` says after each token whether to
+        stop (the caller cancelled)."""
+        raise self.unsupported("generate")
 
     # -- input lengths: refused unless the request asks for truncation --------------------------
 
