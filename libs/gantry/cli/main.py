@@ -20,6 +20,7 @@ from gantry.cli import (
     describe_commands,
     embed,
     events_commands,
+    generate_command,
     inventory_commands,
     jobs_commands,
     key_commands,
@@ -286,7 +287,8 @@ def build_parser() -> argparse.ArgumentParser:
         default="sentence_transformers",
         help="sentence_transformers (embeddings), sentence_transformers_cross_encoder "
         "(reranking), transformers_whisper (speech recognition), transformers_trocr (text "
-        "recognition in images) or transformers_siglip2 (image embeddings and classification)",
+        "recognition in images), transformers_siglip2 (image embeddings and classification) or "
+        "transformers_causal_lm (text generation)",
     )
     profile.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1 (default cpu)")
     profile.add_argument(
@@ -324,6 +326,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=0,
         metavar="HZ",
         help="transformers_whisper: the feature extractor's sampling rate (default: inspected)",
+    )
+    profile.add_argument(
+        "--max-new-tokens",
+        type=pipeline_commands.positive_whole,
+        default=0,
+        metavar="N",
+        help="transformers_causal_lm: the most new tokens one call may ask (default: the "
+        "adapter's, 1024)",
     )
     profile.add_argument("--normalize", action="store_true", help="L2-normalise embeddings")
     profile.add_argument("--max-batch-size", type=int, default=0, metavar="N")
@@ -448,6 +458,7 @@ def build_parser() -> argparse.ArgumentParser:
     # ocr, embed-image, classify, transcribe: images and audio, with the local client key.
     media_commands.add_media_commands(command)
     transcribe_command.add_transcribe_command(command)
+    generate_command.add_generate_command(command)
 
     bench_command.add_bench_arguments(
         command(

@@ -17,7 +17,7 @@ from gantry.cli.tables import enum_label, format_bytes
 from gantry.v1 import common_pb2, control_plane_pb2, control_plane_pb2_grpc
 
 DEFAULT_WAIT_S = 600.0
-UINT32_MAX = 2**32 - 1  # AdapterSettings.image_size and sampling_rate_hz
+UINT32_MAX = 2**32 - 1  # AdapterSettings.image_size, sampling_rate_hz and max_new_tokens
 
 
 def _say(line: str) -> None:
@@ -95,6 +95,7 @@ def profile(context: CommandContext, args: argparse.Namespace) -> int:
             image_mean=args.image_mean,
             image_std=args.image_std,
             sampling_rate_hz=args.sampling_rate,
+            max_new_tokens=args.max_new_tokens,
         ),
         ram_estimate_bytes=args.ram_estimate,
         vram_estimate_bytes=args.vram_estimate,
@@ -123,7 +124,7 @@ def describe_profile(profile: control_plane_pb2.RuntimeProfile) -> list[str]:
         f" max_batch_size={adapter.max_batch_size or 'default'},"
         f" max_input_length={adapter.max_input_length or 'default'},"
         f" allow_pickle_weights={str(adapter.allow_pickle_weights).lower()})",
-        *_preprocessing_lines(adapter),
+        *_bound_settings_lines(adapter),
         f"envelope     ram {format_bytes(profile.ram_envelope_bytes)}"
         f" (estimate {format_bytes(profile.ram_estimate_bytes)}),"
         f" vram {format_bytes(profile.vram_envelope_bytes)}"
@@ -131,9 +132,10 @@ def describe_profile(profile: control_plane_pb2.RuntimeProfile) -> list[str]:
     ]
 
 
-def _preprocessing_lines(adapter: common_pb2.AdapterSettings) -> list[str]:
+def _bound_settings_lines(adapter: common_pb2.AdapterSettings) -> list[str]:
     """What the profile bound of its model's preprocessing (inspection's, unless the operator's
-    flags said it); no line for a profile that binds none (the text adapters)."""
+    flags said it), and a causal LM's max new tokens when set; no line for a profile that binds
+    none (the text adapters)."""
     bound = []
     if adapter.image_size:
         bound.append(f"image_size={adapter.image_size}")
@@ -143,7 +145,10 @@ def _preprocessing_lines(adapter: common_pb2.AdapterSettings) -> list[str]:
             bound.append(f"{name}={','.join(f'{value:g}' for value in values)}")
     if adapter.sampling_rate_hz:
         bound.append(f"sampling_rate={adapter.sampling_rate_hz} Hz")
-    return [f"preprocess   {' '.join(bound)}"] if bound else []
+    lines = [f"preprocess   {' '.join(bound)}"] if bound else []
+    if adapter.max_new_tokens:
+        lines.append(f"generation   max_new_tokens={adapter.max_new_tokens}")
+    return lines
 
 
 def probe(context: CommandContext, args: argparse.Namespace) -> int:

@@ -54,6 +54,9 @@ REASONS: Mapping[str, ReasonSpec] = {
     "NO_CAPACITY": ReasonSpec(grpc.StatusCode.RESOURCE_EXHAUSTED, FailureClass.INFRA),
     "QUEUE_FULL": ReasonSpec(grpc.StatusCode.RESOURCE_EXHAUSTED, FailureClass.INFRA),
     "TENANT_QUOTA_EXCEEDED": ReasonSpec(grpc.StatusCode.RESOURCE_EXHAUSTED, FailureClass.REQUEST),
+    # A streaming caller that reads slower than its model writes, past the bounded backlog: the
+    # client's doing, never the runtime's (no breaker counts it).
+    "CLIENT_TOO_SLOW": ReasonSpec(grpc.StatusCode.RESOURCE_EXHAUSTED, FailureClass.REQUEST),
     "BUDGET_EXCEEDED": ReasonSpec(grpc.StatusCode.FAILED_PRECONDITION, FailureClass.REQUEST),
     "CIRCUIT_OPEN": ReasonSpec(grpc.StatusCode.UNAVAILABLE, FailureClass.INFRA),
     "INVALID_PAYLOAD": ReasonSpec(grpc.StatusCode.INVALID_ARGUMENT, FailureClass.REQUEST),

@@ -4,7 +4,9 @@ by, and the settings the control plane enforces, from its flags, else the enviro
 Text calls (Embed, Rerank) are bounded by count, characters and bytes; media calls by images per
 call, bytes per image and per call, pixels per image (read from the image's header), bytes and
 seconds per clip (read from the clip's header), and labels per ClassifyImage call (each label a
-text, within `max_input_chars`, all of them within `max_request_bytes`).
+text, within `max_input_chars`, all of them within `max_request_bytes`). A generation (Generate,
+GenerateStream) is bounded like a text call (its prompt or each message's content a text) and by
+the new tokens it may ask (`max_tokens`; a call that names none gets `default_max_tokens`).
 
 A server may run with lower (or higher) limits than the defaults; every refusal names the limit in
 its error metadata, so a client learns the server's own value from the first refusal.
@@ -38,11 +40,22 @@ MAX_IMAGE_REQUEST_BYTES = 32 * 1024 * 1024
 # at the limit is 120 MB in the model host, which resizes it to the model's input at once.
 MAX_IMAGE_PIXELS = 40_000_000
 # One clip's encoded bytes: the model host's default bound too (model_host/audio_decoding
-# .MAX_AUDIO_BYTES; a host told the control plane's limits takes up to the ceiling), 13.6 minutes of 16 kHz mono 16-bit WAV; FLAC holds about twice as much.
+# .MAX_AUDIO_BYTES; a host told the control plane's limits takes up to the ceiling), 13.6 minutes
+# of 16 kHz mono 16-bit WAV; FLAC holds about twice as much.
 MAX_AUDIO_BYTES = 25 * 1024 * 1024
 # One clip's length, read from its header: 60 of Whisper's 30 s windows, each a full generate.
 MAX_AUDIO_SECONDS = 30 * 60
 MAX_LABELS = 1024  # candidate labels per ClassifyImage call (ImageNet's 1,000 classes fit)
+# New tokens one generation may ask, and what a call that names none gets. A token is about 4 bytes
+# of text, so 4,096 tokens are about 16 KiB of answer; the ceiling is a 128k-token context.
+MAX_TOKENS = 4096
+DEFAULT_MAX_TOKENS = 256
+MAX_TOKENS_CEILING = 131_072
+# Constants of this version, not settings: a chat's turns, and the stop sequences of one call
+# (each checked against the text after every token, so their count and length bound that work).
+MAX_CHAT_MESSAGES = 256
+MAX_STOP_SEQUENCES = 16
+MAX_STOP_CHARS = 256
 
 # Media ceilings: no image or clip may make an Invoke past the 64 MiB frame on its own, with room
 # for the envelope; Pillow's own decompression-bomb bound (a 256 MiB RGB bitmap), which is also
@@ -141,6 +154,20 @@ LIMIT_SETTINGS: tuple[LimitSetting, ...] = (
         MAX_INPUTS_CEILING,
         "candidate labels per ClassifyImage call",
     ),
+    LimitSetting(
+        "max_tokens",
+        "--max-tokens",
+        "GANTRY_MAX_TOKENS",
+        MAX_TOKENS_CEILING,
+        "new tokens one Generate or GenerateStream call may ask (max_tokens)",
+    ),
+    LimitSetting(
+        "default_max_tokens",
+        "--default-max-tokens",
+        "GANTRY_DEFAULT_MAX_TOKENS",
+        MAX_TOKENS_CEILING,
+        "new tokens a generation gets when it asks none (max_tokens 0); at most --max-tokens",
+    ),
 )
 
 
@@ -158,6 +185,8 @@ class InferenceLimits:
     max_audio_bytes: int = MAX_AUDIO_BYTES
     max_audio_seconds: int = MAX_AUDIO_SECONDS
     max_labels: int = MAX_LABELS
+    max_tokens: int = MAX_TOKENS
+    default_max_tokens: int = DEFAULT_MAX_TOKENS
 
     @property
     def largest_request_bytes(self) -> int:
@@ -177,6 +206,20 @@ class InferenceLimits:
                 raise LimitSettingsError(
                     f"{setting.flag} must be between 1 and {setting.ceiling}, not {value}"
                 )
+        if self.default_max_tokens > self.max_tokens:
+            if self.default_max_tokens != DEFAULT_MAX_TOKENS:
+                raise _default_past_maximum(self.default_max_tokens, self.max_tokens)
+            # A maximum set below the default and no default given: a call naming none gets the
+            # maximum (limits_from refuses a default that was given, whatever its value).
+            object.__setattr__(self, "default_max_tokens", self.max_tokens)
+
+
+def _default_past_maximum(default: int, maximum: int) -> LimitSettingsError:
+    # A call that names no max_tokens must never be refused for the default it was given.
+    return LimitSettingsError(
+        "--default-max-tokens (GANTRY_DEFAULT_MAX_TOKENS) must be at most --max-tokens "
+        f"(GANTRY_MAX_TOKENS): {default} > {maximum}"
+    )
 
 
 DEFAULT_LIMITS = InferenceLimits()
@@ -216,4 +259,7 @@ def limits_from(args: argparse.Namespace, env: Mapping[str, str] | None = None) 
             raise LimitSettingsError(
                 f"{source} must be between 1 and {setting.ceiling}, not {chosen[setting.field]}"
             )
+    default = chosen.get("default_max_tokens")
+    if default is not None and default > chosen.get("max_tokens", MAX_TOKENS):
+        raise _default_past_maximum(default, chosen.get("max_tokens", MAX_TOKENS))
     return InferenceLimits(**chosen)

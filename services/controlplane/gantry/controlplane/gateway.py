@@ -1,12 +1,12 @@
 """WorkerGateway.Connect: the control plane's end of each worker's outbound stream.
 
 Hello binds the stream to one node generation by a single conditional UPDATE (fencing); anything
-from another generation is rejected and nothing from it is committed. Invoke results are resolved
-inline by the reader; everything else (heartbeats, job results, inventory) goes through a bounded
-per-stream queue to one writer task, in the order sent, so a slow write never delays an invoke
-result behind it. Results are committed idempotently and acknowledged. A heartbeat refreshes the
-stream's liveness in memory (liveness.py; the reconciler flushes `last_seen_at` in batches) and
-writes the database only to renew the leases of the jobs it names.
+from another generation is rejected and nothing from it is committed. Invoke results and progress
+are handed over inline by the reader; everything else (heartbeats, job results, inventory) goes
+through a bounded per-stream queue to one writer task, in the order sent, so a slow write never
+delays an invoke result behind it. Results are committed idempotently and acknowledged. A
+heartbeat refreshes the stream's liveness in memory (liveness.py; the reconciler flushes
+`last_seen_at` in batches) and writes the database only to renew the leases of the jobs it names.
 """
 
 from __future__ import annotations
@@ -248,6 +248,10 @@ class WorkerGatewayService(worker_gateway_pb2_grpc.WorkerGatewayServicer):
                 kind = message.WhichOneof("kind")
                 if kind == "invoke_result":
                     stream.resolve_invoke(message.invoke_result)
+                elif kind == "invoke_progress":
+                    # Inline like a result, and never waiting: a caller that falls behind has its
+                    # own call failed (worker_sessions), never this reader's other calls delayed.
+                    stream.progress_invoke(message.invoke_progress)
                 elif kind == "heartbeat" and self._heard_inline(stream, message, writes):
                     continue
                 elif kind in ("heartbeat", "job_result", "job_update", "inventory_report"):

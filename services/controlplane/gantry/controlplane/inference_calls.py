@@ -12,6 +12,7 @@ from typing import TypeVar
 from gantry.common.errors import GantryError
 from gantry.common.inference_limits import InferenceLimits
 from gantry.controlplane import metrics
+from gantry.controlplane.worker_sessions import DEFAULT_PROGRESS_LIMIT, InvokePayload
 from gantry.v1 import common_pb2, scheduler_pb2
 from gantry.v1 import worker_gateway_pb2 as wg
 
@@ -26,7 +27,8 @@ _OUTCOME_BY_CLASS = {
 # Outcomes that say something about the runtime (a bad request or a client that left does not).
 RUNTIME_OUTCOMES = (scheduler_pb2.WORK_OUTCOME_SUCCESS, scheduler_pb2.WORK_OUTCOME_INFRA_FAILURE)
 
-# The operation (metrics label) each payload is sent for: one RPC per payload kind.
+# The operation (metrics label) each payload is sent for: one RPC per payload kind, but for a
+# generation, whose two RPCs differ in `stream` (operation_of).
 OPERATION_OF_PAYLOAD: Mapping[type, str] = {
     wg.EmbedPayload: metrics.EMBED,
     wg.RerankPayload: metrics.RERANK,
@@ -34,7 +36,15 @@ OPERATION_OF_PAYLOAD: Mapping[type, str] = {
     wg.RecognizeTextPayload: metrics.RECOGNIZE_TEXT,
     wg.EmbedImagePayload: metrics.EMBED_IMAGE,
     wg.ClassifyImagePayload: metrics.CLASSIFY_IMAGE,
+    wg.GeneratePayload: metrics.GENERATE,
 }
+
+
+def operation_of(payload: InvokePayload) -> str:
+    """The RPC a payload is sent for, as the metrics name it."""
+    if isinstance(payload, wg.GeneratePayload) and payload.stream:
+        return metrics.GENERATE_STREAM
+    return OPERATION_OF_PAYLOAD[type(payload)]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -43,6 +53,9 @@ class InferenceSettings:
     # no deadline: a client that asks for 120 s gets 120 s.
     max_invoke_seconds: float = DEFAULT_MAX_INVOKE_SECONDS
     limits: InferenceLimits = field(default_factory=InferenceLimits)
+    # Streamed results (a GenerateStream's text) held for one caller that reads slower than its
+    # model writes; past it the call fails with CLIENT_TOO_SLOW (worker_sessions).
+    stream_backlog_limit: int = DEFAULT_PROGRESS_LIMIT
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,6 +1,7 @@
 """The Inference front door: the caller's tenant from its key, the deployment from the binding or
 its id, the scheduler's dispatch, the chosen worker's answer. Embed and Rerank are answered here;
-the media RPCs' bodies live in media_inference.py and take the same path (`_invoke`)."""
+the media RPCs' bodies live in media_inference.py, Generate's and GenerateStream's in
+generation_inference.py, and take the same path (`_invoke`)."""
 
 from __future__ import annotations
 
@@ -22,13 +23,14 @@ from gantry.common.telemetry import inject_context, tracer
 from gantry.controlplane import metrics
 from gantry.controlplane.domain.capability_degradation import CapabilityDegradation
 from gantry.controlplane.domain.work_cost import embed_cost, rerank_cost
+from gantry.controlplane.generation_inference import GenerationInference
 from gantry.controlplane.inference_calls import (
     DEFAULT_MAX_INVOKE_SECONDS,
-    OPERATION_OF_PAYLOAD,
     RUNTIME_OUTCOMES,
     CallBudget,
     InferenceSettings,
     counted,
+    operation_of,
     work_outcome,
 )
 from gantry.controlplane.inference_validation import validate_inputs, validate_rerank
@@ -38,7 +40,7 @@ from gantry.controlplane.route_cache import RouteCache
 from gantry.controlplane.routing import DeploymentResolver, TargetedRequest
 from gantry.controlplane.scheduler_link import SchedulerLink
 from gantry.controlplane.vector_wire import vectors_wire
-from gantry.controlplane.worker_sessions import InvokePayload, WorkerHub
+from gantry.controlplane.worker_sessions import InvokePayload, OnProgress, WorkerHub
 from gantry.v1 import common_pb2, inference_pb2, inference_pb2_grpc, scheduler_pb2
 from gantry.v1 import worker_gateway_pb2 as wg
 
@@ -124,6 +126,9 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
         self._media = MediaInference(
             invoke=self._invoke, resolve=self._resolve, settings=self._settings
         )
+        self._generation = GenerationInference(
+            invoke=self._invoke, resolve=self._resolve, settings=self._settings
+        )
 
     async def Embed(
         self, request: inference_pb2.EmbedRequest, context: grpc.aio.ServicerContext
@@ -154,6 +159,19 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
         self, request: inference_pb2.ClassifyImageRequest, context: grpc.aio.ServicerContext
     ) -> inference_pb2.ClassifyImageResponse:
         return await counted(metrics.CLASSIFY_IMAGE, self._media.classify_image(request, context))
+
+    async def Generate(
+        self, request: inference_pb2.GenerateRequest, context: grpc.aio.ServicerContext
+    ) -> inference_pb2.GenerateResponse:
+        return await counted(metrics.GENERATE, self._generation.generate(request, context))
+
+    async def GenerateStream(
+        self, request: inference_pb2.GenerateRequest, context: grpc.aio.ServicerContext
+    ) -> None:
+        # A coroutine that writes, not an async generator: a client that goes away cancels this
+        # task wherever it waits (a write included), so the invocation is cancelled at once and
+        # not whenever an abandoned generator is collected.
+        await counted(metrics.GENERATE_STREAM, self._generation.generate_stream(request, context))
 
     async def _embed(
         self, request: inference_pb2.EmbedRequest, context: grpc.aio.ServicerContext
@@ -225,6 +243,7 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
         budget: CallBudget,
         answer: Callable[[wg.InvokeResult], _Answer],
         cost: int | None = None,
+        on_progress: OnProgress | None = None,
     ) -> tuple[str, _Answer]:
         """Dispatch through the scheduler and invoke on the chosen worker, within the budget;
         the chosen node and the worker's result as `answer` checked and shaped it.
@@ -235,6 +254,8 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
         work is reported finished, so a result the control plane refuses (wrong counts, scores
         that are not numbers or not probabilities: INVOKE_FAILED, class INFRA) counts against
         the residency that gave it, in the scheduler and the breakers, never as a success.
+        `on_progress` takes what a streaming invocation sends before its result, in order
+        (worker_sessions bounds what waits for it); its failure fails the call.
 
         Once the work is submitted the scheduler hears exactly one WorkFinished for it, whatever
         happens: the answer, a failure, the deadline, or the client going away (the handler task
@@ -245,7 +266,7 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
         work_id = new_id()
         error: BaseException | None = None
         refused = False
-        operation = OPERATION_OF_PAYLOAD[type(payload)]
+        operation = operation_of(payload)
         if cost is None:
             if not isinstance(payload, wg.EmbedPayload | wg.RerankPayload):
                 raise TypeError(f"a {type(payload).__name__} needs its cost from its handler")
@@ -290,6 +311,8 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
                     timeout=max(0.0, deadline_at - loop.time()),
                     trace_context=trace_context,
                     deadline=wall_deadline,
+                    on_progress=on_progress,
+                    progress_limit=self._settings.stream_backlog_limit,
                 )
                 metrics.stage_finished(
                     operation, metrics.STAGE_WORKER, time.perf_counter() - stage_started

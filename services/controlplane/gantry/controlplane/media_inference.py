@@ -30,7 +30,7 @@ from gantry.controlplane.media_answers import (
 from gantry.controlplane.media_validation import validate_audio, validate_images, validate_labels
 from gantry.controlplane.routing import TargetedRequest
 from gantry.controlplane.vector_wire import vectors_wire
-from gantry.controlplane.worker_sessions import InvokePayload
+from gantry.controlplane.worker_sessions import InvokePayload, OnProgress
 from gantry.v1 import inference_pb2
 from gantry.v1 import worker_gateway_pb2 as wg
 
@@ -45,8 +45,9 @@ _SPAN_OF_OPERATION = {
 
 
 class Invoke(Protocol):
-    """InferenceService._invoke: dispatch through the scheduler, invoke on the chosen worker, and
-    check and shape its result with `answer` before the work is reported finished."""
+    """InferenceService._invoke: dispatch through the scheduler, invoke on the chosen worker (its
+    progress, if it streams, to `on_progress`), and check and shape its result with `answer`
+    before the work is reported finished."""
 
     def __call__(
         self,
@@ -58,6 +59,7 @@ class Invoke(Protocol):
         budget: CallBudget,
         answer: Callable[[wg.InvokeResult], _Answer],
         cost: int | None = None,
+        on_progress: OnProgress | None = None,
     ) -> Awaitable[tuple[str, _Answer]]: ...
 
 

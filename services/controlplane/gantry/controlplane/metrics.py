@@ -38,6 +38,8 @@ TRANSCRIBE = "Transcribe"
 RECOGNIZE_TEXT = "RecognizeText"
 EMBED_IMAGE = "EmbedImage"
 CLASSIFY_IMAGE = "ClassifyImage"
+GENERATE = "Generate"
+GENERATE_STREAM = "GenerateStream"
 FENCED_REASONS = frozenset({"STALE_GENERATION", "LEASE_TOKEN_INVALID"})
 
 _meter = meter("gantry.controlplane")

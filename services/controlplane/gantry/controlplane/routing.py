@@ -37,6 +37,7 @@ TargetedRequest = (
     | inference_pb2.RecognizeTextRequest
     | inference_pb2.EmbedImageRequest
     | inference_pb2.ClassifyImageRequest
+    | inference_pb2.GenerateRequest
 )
 
 

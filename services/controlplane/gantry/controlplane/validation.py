@@ -12,8 +12,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gantry.common.errors import GantryError, invalid_argument
+from gantry.common.inference_limits import MAX_TOKENS_CEILING
 from gantry.controlplane.domain.adapter_modalities import (
     ADAPTER_MODALITIES,
+    CAUSAL_LM_ADAPTER,
     IMAGE_ADAPTERS,
     WHISPER_ADAPTER,
 )
@@ -109,7 +111,8 @@ def check_supported_adapter(name: str) -> str:
 
 def check_adapter_settings(adapter: common_pb2.AdapterSettings) -> common_pb2.AdapterSettings:
     """The settings' own limits (device, batch size, input length, Whisper's language, task and
-    sampling rate, the image adapters' preprocessing); the name is checked apart."""
+    sampling rate, the image adapters' preprocessing, a causal LM's max new tokens); the name is
+    checked apart."""
     if adapter.device and not _DEVICE.fullmatch(adapter.device):
         raise invalid_argument(
             f"device {adapter.device!r} is not cpu or cuda[:N]", field="adapter.device"
@@ -128,6 +131,7 @@ def check_adapter_settings(adapter: common_pb2.AdapterSettings) -> common_pb2.Ad
         )
     _check_speech_settings(adapter)
     _check_image_settings(adapter)
+    _check_generation_settings(adapter)
     return adapter
 
 
@@ -164,6 +168,22 @@ def _check_speech_settings(adapter: common_pb2.AdapterSettings) -> None:
             f"adapter.task must be empty (transcribe) or one of {', '.join(WHISPER_TASKS)}, "
             f"got {adapter.task[:40]!r}",
             field="adapter.task",
+        )
+
+
+def _check_generation_settings(adapter: common_pb2.AdapterSettings) -> None:
+    """max_new_tokens (0: the adapter's default), for a causal LM only; another adapter would
+    silently ignore it. Its ceiling is the control plane's own for max_tokens: a deployment
+    cannot be asked for more than any call may ask."""
+    if adapter.adapter != CAUSAL_LM_ADAPTER:
+        if adapter.max_new_tokens:
+            raise _read_only_by(adapter, "max_new_tokens", CAUSAL_LM_ADAPTER)
+        return
+    if adapter.max_new_tokens > MAX_TOKENS_CEILING:
+        raise invalid_argument(
+            f"adapter.max_new_tokens must be at most {MAX_TOKENS_CEILING}",
+            field="adapter.max_new_tokens",
+            limit=str(MAX_TOKENS_CEILING),
         )
 
 

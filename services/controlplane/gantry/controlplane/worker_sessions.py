@@ -5,13 +5,19 @@ invocations is answered at once with QUEUE_FULL (RESOURCE_EXHAUSTED). Nothing is
 Messages that *retire* work (a CancelInvoke, the close marker) are always admitted: each pending
 invocation yields at most one cancel, so they stay within `pending_invokes_limit` extra slots and
 the outbox stays bounded by `outbox_limit + pending_invokes_limit + 1`.
+
+An invocation that streams (a GenerateStream) holds its worker's progress, in order, until its
+caller takes it: at most `progress_limit` items. The reader never waits for that caller (it serves
+every other call on the stream too): when a caller falls that far behind, its invocation fails
+with CLIENT_TOO_SLOW and the worker is told to drop it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping, Sequence
+from collections import deque
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from google.protobuf import duration_pb2, timestamp_pb2
@@ -24,6 +30,9 @@ log = logging.getLogger(__name__)
 
 DEFAULT_OUTBOX_LIMIT = 4096
 DEFAULT_PENDING_INVOKES_LIMIT = 1024
+# Progress items one streaming invocation holds for a caller that has not taken them yet (a
+# GenerateStream's text, about one token each, while its client reads slower than the model writes).
+DEFAULT_PROGRESS_LIMIT = 256
 
 InvokePayload = (
     wg.EmbedPayload
@@ -32,6 +41,7 @@ InvokePayload = (
     | wg.RecognizeTextPayload
     | wg.EmbedImagePayload
     | wg.ClassifyImagePayload
+    | wg.GeneratePayload
 )
 # Each payload's field in Invoke's oneof, and the outcome a worker answers it with.
 INVOKE_KINDS: Mapping[type, tuple[str, str]] = {
@@ -41,7 +51,52 @@ INVOKE_KINDS: Mapping[type, tuple[str, str]] = {
     wg.RecognizeTextPayload: ("recognize_text", "recognize_text"),
     wg.EmbedImagePayload: ("embed_image", "embed"),
     wg.ClassifyImagePayload: ("classify_image", "classify_image"),
+    wg.GeneratePayload: ("generate", "generate"),
 }
+# What a streaming caller does with each progress item, in order (e.g. write it to its client).
+OnProgress = Callable[[wg.InvokeProgress], Awaitable[None]]
+
+
+@dataclass(eq=False)
+class PendingInvoke:
+    """One invocation sent and not answered yet: its result and, when its caller takes progress,
+    the progress received so far and not yet taken (in order, at most `progress_limit`)."""
+
+    result: asyncio.Future[wg.InvokeResult]
+    progress_limit: int = 0  # 0: the caller takes no progress
+    progress: deque[wg.InvokeProgress] = field(default_factory=deque)
+    _arrived: asyncio.Future[None] | None = None
+
+    def __post_init__(self) -> None:
+        # The result (or a failure) ends the caller's wait for progress too.
+        self.result.add_done_callback(lambda _: self._wake())
+
+    def offer(self, item: wg.InvokeProgress) -> bool:
+        """Hold one progress item for the caller; False (nothing held) when it holds its limit."""
+        if len(self.progress) >= self.progress_limit:
+            return False
+        self.progress.append(item)
+        self._wake()
+        return True
+
+    async def next_progress(self) -> wg.InvokeProgress | None:
+        """The next progress item; None once the result is in and every item sent before it was
+        taken (a worker sends its progress before its result, and the reader keeps that order).
+        A failure (the stream lost, the backlog overflowed) is raised at once, not after the
+        backlog: its caller is answered with the failure, not with more text."""
+        while True:
+            if self.result.done() and not self.result.cancelled() and self.result.exception():
+                self.result.result()
+            if self.progress:
+                return self.progress.popleft()
+            if self.result.done():
+                return None
+            self._arrived = asyncio.get_running_loop().create_future()
+            await self._arrived
+
+    def _wake(self) -> None:
+        if self._arrived is not None and not self._arrived.done():
+            self._arrived.set_result(None)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -65,9 +120,7 @@ class WorkerStream:
     outbox_limit: int = DEFAULT_OUTBOX_LIMIT
     pending_invokes_limit: int = DEFAULT_PENDING_INVOKES_LIMIT
     outbox: asyncio.Queue[wg.ControlMessage | None] = field(init=False)
-    pending_invokes: dict[str, asyncio.Future[wg.InvokeResult]] = field(
-        init=False, default_factory=dict
-    )
+    pending_invokes: dict[str, PendingInvoke] = field(init=False, default_factory=dict)
     closed: bool = False
 
     def __post_init__(self) -> None:
@@ -96,8 +149,9 @@ class WorkerStream:
             )
         self.outbox.put_nowait(message)
 
-    def begin_invoke(self, request_id: str) -> asyncio.Future[wg.InvokeResult]:
-        """Register an invocation about to be sent; its result resolves the returned future."""
+    def begin_invoke(self, request_id: str, *, progress_limit: int = 0) -> PendingInvoke:
+        """Register an invocation about to be sent; its result resolves the returned pending
+        invocation, which holds up to `progress_limit` progress items for its caller."""
         if self.closed:
             raise GantryError("WORKER_UNAVAILABLE", f"node {self.node_id} is not connected")
         if len(self.pending_invokes) >= self.pending_invokes_limit:
@@ -110,21 +164,26 @@ class WorkerStream:
         if request_id in self.pending_invokes:
             raise GantryError("ALREADY_EXISTS", f"invocation {request_id} is already in flight")
         future: asyncio.Future[wg.InvokeResult] = asyncio.get_running_loop().create_future()
-        self.pending_invokes[request_id] = future
-        return future
+        pending = PendingInvoke(result=future, progress_limit=progress_limit)
+        self.pending_invokes[request_id] = pending
+        return pending
 
     def forget_invoke(self, request_id: str) -> None:
         self.pending_invokes.pop(request_id, None)
 
-    def cancel_invoke(self, request_id: str) -> None:
-        """Forget the invocation and tell the worker to drop it (the client went away or its
-        deadline passed). Only an invocation still pending is cancelled, so each yields at most
-        one CancelInvoke and the outbox stays bounded."""
-        future = self.pending_invokes.pop(request_id, None)
-        if future is None or self.closed:
+    def cancel_invoke(self, request_id: str, error: GantryError | None = None) -> None:
+        """Forget the invocation and tell the worker to drop it (the client went away, its
+        deadline passed, or it fell behind: then `error` is what its caller gets). Only an
+        invocation still pending is cancelled, so each yields at most one CancelInvoke and the
+        outbox stays bounded."""
+        pending = self.pending_invokes.pop(request_id, None)
+        if pending is None or self.closed:
             return
-        if not future.done():
-            future.cancel()
+        if not pending.result.done():
+            if error is None:
+                pending.result.cancel()
+            else:
+                pending.result.set_exception(error)
         self.outbox.put_nowait(
             wg.ControlMessage(cancel_invoke=wg.CancelInvoke(request_id=request_id))
         )
@@ -135,12 +194,44 @@ class WorkerStream:
         False when nobody waits any more (cancelled, timed out, or an unknown id): the late
         result is dropped, which is correct since its caller has already been answered.
         """
-        future = self.pending_invokes.pop(result.request_id, None)
-        if future is None or future.done():
+        pending = self.pending_invokes.pop(result.request_id, None)
+        if pending is None or pending.result.done():
             log.debug("late or unknown invoke result %s from %s", result.request_id, self.node_id)
             return False
-        future.set_result(result)
+        pending.result.set_result(result)
         return True
+
+    def progress_invoke(self, progress: wg.InvokeProgress) -> bool:
+        """Hand a progress item to its waiter, in order. Never awaits: call it inline from the
+        reader. A caller that holds `progress_limit` items already is too slow to be waited for:
+        its invocation fails (CLIENT_TOO_SLOW) and is cancelled on the worker.
+
+        False when nobody takes it: a late or unknown invocation (its caller was answered), or
+        one whose caller asked for no progress (logged: that worker breaks the protocol).
+        """
+        pending = self.pending_invokes.get(progress.request_id)
+        if pending is None or pending.result.done():
+            log.debug("late or unknown progress %s from %s", progress.request_id, self.node_id)
+            return False
+        if not pending.progress_limit:
+            log.warning(
+                "node %s sent progress for invocation %s, which asked for none; dropped",
+                self.node_id,
+                progress.request_id,
+            )
+            return False
+        if pending.offer(progress):
+            return True
+        self.cancel_invoke(
+            progress.request_id,
+            GantryError(
+                "CLIENT_TOO_SLOW",
+                f"the caller fell {pending.progress_limit} streamed results behind what the "
+                "model produced; the call was stopped",
+                limit=str(pending.progress_limit),
+            ),
+        )
+        return False
 
     def close(self, error: GantryError) -> None:
         if self.closed:
@@ -148,9 +239,9 @@ class WorkerStream:
         self.closed = True
         self.outbox.put_nowait(None)
         pending, self.pending_invokes = self.pending_invokes, {}
-        for future in pending.values():
-            if not future.done():
-                future.set_exception(error)
+        for invocation in pending.values():
+            if not invocation.result.done():
+                invocation.result.set_exception(error)
 
 
 # The old name: gateway.py and tests constructed `WorkerSession(node_id=..., generation=...)`.
@@ -256,12 +347,16 @@ class WorkerHub:
         timeout: float,
         trace_context: Mapping[str, str],
         deadline: timestamp_pb2.Timestamp,
+        on_progress: OnProgress | None = None,
+        progress_limit: int = DEFAULT_PROGRESS_LIMIT,
     ) -> wg.InvokeResult:
         """Send one invocation and wait for its result, at most `timeout` seconds.
 
         Returns a result whose outcome is the payload's kind; a failure is raised as the
-        client may see it. When the wait ends without a result (the timeout, or the caller is
-        cancelled because its client went away) the worker is told to drop the work with a
+        client may see it. With `on_progress`, each progress item the worker sends before its
+        result is awaited with it, in order (at most `progress_limit` wait their turn). When the
+        wait ends without a result (the timeout, the caller is cancelled because its client went
+        away, `on_progress` failed or fell behind) the worker is told to drop the work with a
         CancelInvoke.
         """
         stream = self.get(node_id)
@@ -277,24 +372,28 @@ class WorkerHub:
         getattr(invoke, kind).CopyFrom(payload)
         message = wg.ControlMessage(trace_context=trace_context, invoke=invoke)
         check_fits_stream(message)
-        future = stream.begin_invoke(request_id)
+        pending = stream.begin_invoke(
+            request_id, progress_limit=progress_limit if on_progress is not None else 0
+        )
         try:
             stream.send(message)
         except GantryError:
             stream.forget_invoke(request_id)
             raise
         try:
-            result = await asyncio.wait_for(future, timeout)
+            async with asyncio.timeout(timeout):
+                if on_progress is not None:
+                    while (item := await pending.next_progress()) is not None:
+                        await _unless_failed(on_progress(item), pending.result)
+                result = await pending.result
         except TimeoutError:
-            stream.cancel_invoke(request_id)
             raise GantryError(
                 "DEADLINE_EXCEEDED", f"no answer from node {node_id} within {timeout:.1f}s"
             ) from None
-        except asyncio.CancelledError:
-            stream.cancel_invoke(request_id)
-            raise
         finally:
-            stream.forget_invoke(request_id)
+            # Still pending only when no result came: the worker drops the work. An answered or
+            # failed invocation was forgotten already, and this does nothing.
+            stream.cancel_invoke(request_id)
         outcome = result.WhichOneof("outcome")
         if outcome == "failure":
             raise GantryError.for_client(result.failure)
@@ -303,6 +402,23 @@ class WorkerHub:
                 "INVOKE_FAILED", f"node {node_id} answered a {expected} invocation with {outcome!r}"
             )
         return result
+
+
+async def _unless_failed(step: Awaitable[None], result: asyncio.Future[wg.InvokeResult]) -> None:
+    """Await `step` (a write to a client, which waits while that client reads nothing) unless the
+    invocation fails first. A caller blocked in a write would otherwise hear of its failure (its
+    backlog overflowed, the stream was lost) only when its client read again or at its deadline,
+    and the scheduler would count the work as running until then."""
+    write = asyncio.ensure_future(step)
+    try:
+        await asyncio.wait((write, result), return_when=asyncio.FIRST_COMPLETED)
+        if not write.done() and result.done() and not result.cancelled():
+            if (failure := result.exception()) is not None:
+                raise failure
+        await write  # an answer that came meanwhile waits for the write before it
+    finally:
+        if not write.done():
+            write.cancel()
 
 
 # What one frame of the worker stream may carry (both ends set it as their receive limit).

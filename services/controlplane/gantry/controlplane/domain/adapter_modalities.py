@@ -16,6 +16,7 @@ DEFAULT_ADAPTER = "sentence_transformers"  # what an empty adapter name means
 WHISPER_ADAPTER = "transformers_whisper"
 TROCR_ADAPTER = "transformers_trocr"
 SIGLIP2_ADAPTER = "transformers_siglip2"
+CAUSAL_LM_ADAPTER = "transformers_causal_lm"  # text generation: Generate, GenerateStream
 
 TEXT = "text"
 AUDIO = "audio"
@@ -28,6 +29,7 @@ ADAPTER_MODALITIES: Mapping[str, str] = MappingProxyType(
         WHISPER_ADAPTER: AUDIO,
         TROCR_ADAPTER: IMAGE,
         SIGLIP2_ADAPTER: IMAGE,
+        CAUSAL_LM_ADAPTER: TEXT,
     }
 )
 IMAGE_ADAPTERS = frozenset(name for name, m in ADAPTER_MODALITIES.items() if m == IMAGE)

@@ -16,6 +16,13 @@ from what the control plane reads in their headers (never by decoding):
   30 KiB of text costs (7,500 tokens), so 30,000 for the window.
 - A ClassifyImage call costs its images plus the bytes of its labels (each label is encoded once
   per call; scoring images against labels is a dot product, too small to count).
+- A generation costs its prompt's bytes (the prompt, or every chat message's content) plus
+  TOKEN_UNITS per token it may produce (max_tokens, which the control plane always fills in before
+  counting: the call's default when it names none). The prompt is read once, in one forward pass;
+  each new token is one more pass, so the answer's half is priced as the text it would be, 4 bytes a
+  token. Counted up front, at the most the call may produce: the fair queue decides before anyone
+  knows where the model will stop, and a caller who asks 4,096 tokens to get 10 is charged for
+  reserving 4,096.
 
 These weights are a choice, not a measurement: they make the fair queue and budgets see media as
 work of the right order of magnitude. Changing them changes no contract (costs are relative).
@@ -29,6 +36,7 @@ from collections.abc import Iterable, Sequence
 IMAGE_BASE_UNITS = 1024
 PIXELS_PER_UNIT = 1000
 AUDIO_UNITS_PER_SECOND = 1000
+TOKEN_UNITS = 4  # a token of text is about 4 bytes of it
 
 
 def _utf8_bytes(text: str) -> int:
@@ -63,3 +71,11 @@ def audio_cost(seconds: float) -> int:
 def classify_cost(pixels: Iterable[int], labels: Sequence[str]) -> int:
     """Images scored against labels: the images, and each label's text once."""
     return image_cost(pixels) + sum(_utf8_bytes(label) for label in labels)
+
+
+def generate_cost(prompt_texts: Sequence[str], max_tokens: int) -> int:
+    """A generation: the bytes of its prompt (or of its chat messages' contents) plus TOKEN_UNITS
+    for each token it may produce."""
+    return max(
+        1, sum(_utf8_bytes(text) for text in prompt_texts) + TOKEN_UNITS * max(0, max_tokens)
+    )

@@ -1,0 +1,156 @@
+"""The checks on one Generate or GenerateStream call before anything is scheduled, and the worker
+payload they resolve to: pure, no IO.
+
+Every refusal is INVALID_ARGUMENT naming the offending `field` (`prompt`, `messages[2].role`,
+`stop[0]`, `sampling.temperature`, `max_tokens`). The texts (the prompt, each message's content)
+are bounded as Embed's inputs are (inference_validation: non-empty, `max_input_chars` each,
+`max_request_bytes` together); past one of the server's settings the reason is INVALID_PAYLOAD with
+the `setting`, its `limit` and the request's `value`. A call that names no max_tokens gets the
+server's default: the payload always carries an explicit count, so the cost counted for the fair
+queue is the work the worker may be asked to do.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from gantry.common.errors import invalid_argument
+from gantry.common.inference_limits import (
+    DEFAULT_LIMITS,
+    MAX_CHAT_MESSAGES,
+    MAX_STOP_CHARS,
+    MAX_STOP_SEQUENCES,
+    InferenceLimits,
+)
+from gantry.controlplane.domain.work_cost import generate_cost
+from gantry.controlplane.inference_validation import check_text, check_total, over_limit
+from gantry.v1 import common_pb2, inference_pb2
+from gantry.v1 import worker_gateway_pb2 as wg
+
+CHAT_ROLES = ("system", "user", "assistant")
+MAX_TEMPERATURE = 2.0  # past it, softmax(logits / t) is near uniform: noise, never a use
+MAX_TOP_P = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class CheckedGeneration:
+    """A call that passed every check: what the worker is sent, and what it costs."""
+
+    payload: wg.GeneratePayload
+    cost: int
+
+    @property
+    def max_tokens(self) -> int:
+        return self.payload.max_tokens
+
+
+def checked_generation(
+    request: inference_pb2.GenerateRequest,
+    limits: InferenceLimits = DEFAULT_LIMITS,
+    *,
+    stream: bool,
+) -> CheckedGeneration:
+    """The payload for the worker (explicit max_tokens, `stream` as asked) and its cost, or the
+    first refusal."""
+    texts = _prompt_texts(request, limits)
+    max_tokens = _max_tokens(request.max_tokens, limits)
+    stop = list(request.stop)
+    _check_stop(stop)
+    _check_sampling(request.sampling)
+    payload = wg.GeneratePayload(
+        prompt=request.prompt,
+        messages=request.messages,
+        max_tokens=max_tokens,
+        stop=stop,
+        sampling=request.sampling,
+        stream=stream,
+    )
+    return CheckedGeneration(payload=payload, cost=generate_cost(texts, max_tokens))
+
+
+def _prompt_texts(request: inference_pb2.GenerateRequest, limits: InferenceLimits) -> list[str]:
+    """Exactly one of prompt and messages; the texts the model reads, each checked."""
+    messages = list(request.messages)
+    if request.prompt and messages:
+        raise invalid_argument(
+            "set prompt or messages, not both (a prompt is continued as it is; messages are "
+            "rendered by the model's chat template)",
+            field="messages",
+        )
+    if not messages:
+        if not request.prompt:
+            raise invalid_argument("set prompt (a text to continue) or messages", field="prompt")
+        check_text(request.prompt, field="prompt", limits=limits)
+        check_total([request.prompt], field="prompt", limits=limits)
+        return [request.prompt]
+    if len(messages) > MAX_CHAT_MESSAGES:
+        raise invalid_argument(
+            f"{len(messages)} messages in one call; at most {MAX_CHAT_MESSAGES}",
+            field="messages",
+            limit=str(MAX_CHAT_MESSAGES),
+            value=str(len(messages)),
+        )
+    contents = [message.content for message in messages]
+    check_total(contents, field="messages", limits=limits)
+    for index, message in enumerate(messages):
+        _check_message(message, index, limits)
+    return contents
+
+
+def _check_message(message: common_pb2.ChatMessage, index: int, limits: InferenceLimits) -> None:
+    if message.role not in CHAT_ROLES:
+        raise invalid_argument(
+            f"messages[{index}].role is {message.role[:40]!r}; it must be one of "
+            + ", ".join(CHAT_ROLES),
+            field=f"messages[{index}].role",
+        )
+    check_text(message.content, field=f"messages[{index}].content", limits=limits)
+
+
+def _max_tokens(asked: int, limits: InferenceLimits) -> int:
+    """What the call may produce: its own max_tokens within the server's limit, or the default."""
+    if asked > limits.max_tokens:
+        raise over_limit(
+            f"max_tokens is {asked}; this server generates at most {limits.max_tokens} tokens "
+            "per call",
+            setting="max_tokens",
+            limit=limits.max_tokens,
+            value=asked,
+            field="max_tokens",
+        )
+    return asked or limits.default_max_tokens
+
+
+def _check_stop(stop: list[str]) -> None:
+    if len(stop) > MAX_STOP_SEQUENCES:
+        raise invalid_argument(
+            f"{len(stop)} stop sequences; at most {MAX_STOP_SEQUENCES}",
+            field="stop",
+            limit=str(MAX_STOP_SEQUENCES),
+            value=str(len(stop)),
+        )
+    for index, sequence in enumerate(stop):
+        if not sequence:
+            # An empty stop sequence would match before the first token: nothing could be said.
+            raise invalid_argument(f"stop[{index}] is an empty string", field=f"stop[{index}]")
+        if len(sequence) > MAX_STOP_CHARS:
+            raise invalid_argument(
+                f"stop[{index}] holds {len(sequence)} characters; at most {MAX_STOP_CHARS}",
+                field=f"stop[{index}]",
+                limit=str(MAX_STOP_CHARS),
+                value=str(len(sequence)),
+            )
+
+
+def _check_sampling(sampling: common_pb2.SamplingSettings) -> None:
+    for name, value, ceiling in (
+        ("temperature", sampling.temperature, MAX_TEMPERATURE),
+        ("top_p", sampling.top_p, MAX_TOP_P),
+    ):
+        if not math.isfinite(value) or not 0.0 <= value <= ceiling:
+            raise invalid_argument(
+                f"sampling.{name} is {value:g}; it must be a number from 0 to {ceiling:g}",
+                field=f"sampling.{name}",
+                limit=f"{ceiling:g}",
+            )

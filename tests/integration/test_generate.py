@@ -1,0 +1,164 @@
+"""Inference.Generate and GenerateStream end to end: the tiny causal LM walked through every gate to
+READY, then served over gRPC (control plane -> scheduler -> real worker -> model host) on SQLite
+and PostgreSQL.
+
+With greedy decoding the text is one text whichever way it is asked for: Generate's, the chunks of
+GenerateStream joined (in order; the last chunk carries the same finish reason and counts),
+grpcurl's GenerateStream as the README shows it, and what `gantry generate` prints. A chat is
+rendered by the model's own template; a max_tokens past the deployment's max_new_tokens is the
+model host's refusal naming the field, past the control plane's own limit the control plane's;
+neither moves the deployment off READY.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from gantry.cli.main import main as gantry_cli
+from gantry.common.status import error_info_of
+from gantry.v1 import common_pb2
+from gantry.v1 import control_plane_pb2 as cp
+from gantry.v1 import inference_pb2 as inf
+from tests.integration.harness import Harness, running_gantry
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+GRPCURL = REPO_ROOT / ".venv" / "bin" / "grpcurl"
+READY = cp.DEPLOYMENT_STATE_READY
+CAPABILITY = "tiny-lm"
+MAX_NEW_TOKENS = 48  # the deployment's bound, below the control plane's 4,096
+ENDED = (common_pb2.FINISH_REASON_STOP, common_pb2.FINISH_REASON_LENGTH)
+
+
+async def _lm_ready(harness: Harness, model_dir: Path) -> cp.Deployment:
+    await harness.start_worker(await harness.register_node("lm-node"))
+    artifact = await harness.register_model(model_dir, "tiny-causal-lm")
+    created = await harness.deploy(
+        artifact.artifact_set_id,
+        CAPABILITY,
+        adapter="transformers_causal_lm",
+        device="cpu",
+        max_new_tokens=MAX_NEW_TOKENS,
+    )
+    return await harness.wait_deployment(created.deployment_id, READY, timeout=180)
+
+
+def _grpcurl_stream(harness: Harness, body: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every message grpcurl printed for a server-streaming call (one JSON object each)."""
+    completed = subprocess.run(
+        [
+            str(GRPCURL),
+            *("-plaintext", "-H", f"authorization: Bearer {harness.api_key}"),
+            *("-d", json.dumps(body), harness.address, "gantry.v1.Inference/GenerateStream"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert completed.returncode == 0, completed.stderr
+    decoder, text, messages = json.JSONDecoder(), completed.stdout.strip(), []
+    while text:
+        message, end = decoder.raw_decode(text)
+        messages.append(message)
+        text = text[end:].lstrip()
+    return messages
+
+
+async def test_generate_and_generate_stream_serve_one_greedy_text_every_way(
+    database_url: str, tmp_path: Path, tiny_causal_lm_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = tmp_path / "artifacts"
+    root.mkdir()
+    async with running_gantry(database_url, root) as harness:
+        ready = await _lm_ready(harness, tiny_causal_lm_dir)
+        client = harness.client_md
+        request = inf.GenerateRequest(capability=CAPABILITY, prompt="The weather", max_tokens=24)
+
+        whole = await harness.inference.Generate(request, metadata=client, timeout=60)
+        assert whole.finish_reason in ENDED
+        assert 1 <= whole.completion_tokens <= 24 and whole.prompt_tokens >= 1
+        assert whole.deployment_id == ready.deployment_id and whole.node_id
+
+        chunks = [
+            chunk
+            async for chunk in harness.inference.GenerateStream(
+                request, metadata=client, timeout=60
+            )
+        ]
+        *texts, last = chunks
+        assert texts and all(chunk.text for chunk in texts)  # every chunk but the last has text
+        assert "".join(chunk.text for chunk in chunks) == whole.text
+        assert (last.finish_reason, last.prompt_tokens, last.completion_tokens) == (
+            whole.finish_reason,
+            whole.prompt_tokens,
+            whole.completion_tokens,
+        )
+        assert (last.deployment_id, last.node_id) == (whole.deployment_id, whole.node_id)
+
+        # A chat, rendered by the model's own template: a prompt of its own, the same every time.
+        chat = inf.GenerateRequest(
+            capability=CAPABILITY,
+            messages=[
+                common_pb2.ChatMessage(role="system", content="Be brief."),
+                common_pb2.ChatMessage(role="user", content="The weather"),
+            ],
+            max_tokens=8,
+        )
+        answered = await harness.inference.Generate(chat, metadata=client, timeout=60)
+        assert answered.finish_reason in ENDED and answered.prompt_tokens > whole.prompt_tokens
+        assert (await harness.inference.Generate(chat, metadata=client)).text == answered.text
+
+        # Past the deployment's bound: its model host refuses, naming the field and the limit.
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await harness.inference.Generate(
+                inf.GenerateRequest(
+                    capability=CAPABILITY, prompt="x", max_tokens=MAX_NEW_TOKENS + 1
+                ),
+                metadata=client,
+            )
+        info = error_info_of(caught.value)
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert info is not None and info.reason == "INVALID_PAYLOAD"
+        assert info.metadata["field"] == "max_tokens"
+        assert info.metadata["limit"] == str(MAX_NEW_TOKENS)
+        # Past the control plane's own: refused before anything is scheduled.
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await harness.inference.Generate(
+                inf.GenerateRequest(capability=CAPABILITY, prompt="x", max_tokens=5000),
+                metadata=client,
+            )
+        info = error_info_of(caught.value)
+        assert info is not None and info.metadata["setting"] == "max_tokens"
+        assert (await harness.deployment(ready.deployment_id)).state == READY
+
+        if GRPCURL.exists():  # the operator's path, as the README shows it
+            body = {"capability": CAPABILITY, "prompt": "The weather", "max_tokens": 24}
+            messages = await asyncio.to_thread(_grpcurl_stream, harness, body)
+            assert "".join(message.get("text", "") for message in messages) == whole.text
+            assert messages[-1]["finish_reason"] == common_pb2.FinishReason.Name(
+                whole.finish_reason
+            )
+
+        # `gantry generate` streams the same text to the terminal.
+        state = tmp_path / "state"
+        state.mkdir()
+        (state / "client.key").write_text(harness.api_key + "\n")
+        argv = [
+            *("--address", harness.address, "--state-dir", str(state)),
+            *("generate", "The weather", "--capability", CAPABILITY, "--max-tokens", "24"),
+        ]
+        capsys.readouterr()
+        assert await asyncio.to_thread(gantry_cli, argv) == 0
+        printed = capsys.readouterr()
+        assert printed.out == whole.text + "\n"
+        finish = common_pb2.FinishReason.Name(whole.finish_reason).removeprefix("FINISH_REASON_")
+        assert printed.err.startswith(
+            f"{finish}: {whole.prompt_tokens} prompt + {whole.completion_tokens} generated tokens"
+        )
