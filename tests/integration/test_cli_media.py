@@ -1,9 +1,12 @@
-"""`gantry transcribe` against the real in-process control plane and scheduler (SQLite and
-PostgreSQL), a real worker and model host serving the tiny Whisper walked through every gate: a
-65 s WAV goes window by window (three Transcribe calls, a summary on stderr) and its merged
-transcript equals one whole-clip Transcribe of the same file (text, language, every segment's
-times); the installed entry point in a child process prints the text, refuses an image as a usage
-error (exit 2) and prints the host's refusal of an unknown language (exit 1).
+"""`gantry transcribe` against the real in-process control plane and scheduler (on SQLite), a
+real worker and model host serving the tiny Whisper walked through every gate: a 65 s WAV goes
+window by window (three Transcribe calls, a summary on stderr) and its merged transcript equals
+one whole-clip Transcribe of the same file (text, language, every segment's times); the installed
+entry point in a child process prints the text, refuses an image as a usage error (exit 2) and
+prints the host's refusal of an unknown language (exit 1).
+
+One Gantry with the Whisper walked to READY serves the whole module (`speech`); the tests only
+transcribe and are refused, so neither changes what the other reads.
 
 The image commands (ocr, embed-image, classify) against the tiny TrOCR and SigLIP2 need the vision
 environment's worker; their integration tests are the lead's to add beside these."""
@@ -22,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import pytest_asyncio
 
 from gantry.cli.main import main as gantry_cli
 from gantry.v1 import common_pb2
@@ -32,6 +36,8 @@ from tests.integration.harness import Harness, running_gantry
 GANTRY = Path(sys.executable).with_name("gantry")  # the installed entry point
 CAPABILITY = "speech"
 RATE = 16_000
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")  # the module's Gantry lives in its loop
 
 
 def tone_wav(seconds: float) -> bytes:
@@ -55,12 +61,17 @@ class Speech:
     argv: list[str]  # the global options a client's `gantry` takes
 
 
-@pytest.fixture
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def speech(
-    database_url: str, tmp_path: Path, tiny_whisper_dir: Path
+    tmp_path_factory: pytest.TempPathFactory, tiny_whisper_dir: Path
 ) -> AsyncIterator[Speech]:
-    root = tmp_path / "artifacts"
+    """SQLite only: the CLI never touches the database, and what these tests check (the windows
+    it cuts, the merged transcript, its output and exit codes) is the same whichever store the
+    control plane keeps. The Transcribe RPC path on PostgreSQL is test_transcribe_rpc's."""
+    directory = tmp_path_factory.mktemp("cli-media")
+    root = directory / "artifacts"
     root.mkdir()
+    database_url = f"sqlite+aiosqlite:///{directory / 'gantry.db'}"
     async with running_gantry(database_url, root) as harness:
         await harness.start_worker(await harness.register_node("speech-node"))
         artifact = await harness.register_model(tiny_whisper_dir, "whisper-tiny")
@@ -70,7 +81,7 @@ async def speech(
         await harness.wait_deployment(
             deployment.deployment_id, cp.DEPLOYMENT_STATE_READY, timeout=120
         )
-        state = tmp_path / "state"
+        state = directory / "state"
         state.mkdir()
         (state / "client.key").write_text(harness.api_key + "\n")
         yield Speech(harness, ["--address", harness.address, "--state-dir", str(state)])
