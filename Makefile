@@ -12,7 +12,7 @@ export TRANSFORMERS_OFFLINE := 1
 export HF_HUB_DISABLE_PROGRESS_BARS := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: run test test-unit test-integration lint proto docs bench clean venv vision-env
+.PHONY: run test test-unit test-integration lint proto docs bench clean venv vision-env llama-env
 
 venv: $(STAMP)
 
@@ -26,6 +26,29 @@ $(VISION_STAMP): requirements-vision.txt libs/pyproject.toml services/worker/pyp
 	test -x $(VISION_VENV)/bin/python || $(PYTHON) -m venv $(VISION_VENV)
 	$(VISION_VENV)/bin/pip install -q --disable-pip-version-check -r requirements-vision.txt \
 		-e libs -e services/worker
+	touch $@
+
+# The managed llama.cpp server's environment (requirements-llama.txt says why it is separate and
+# why its first build takes about 15 minutes).
+LLAMA_VENV := .venv-llama
+LLAMA_STAMP := $(LLAMA_VENV)/.installed
+
+llama-env: $(LLAMA_STAMP)
+
+# PyPI has no llama-cpp-python wheel for this platform: the first build compiles llama.cpp
+# (about 15 minutes on 2 cores). The wheel is kept outside the checkout, so a fresh clone on the
+# same machine installs it in seconds; delete the folder to rebuild.
+LLAMA_WHEELS := $(HOME)/.cache/gantry/wheels
+LLAMA_CPP_VERSION := $(shell sed -n 's/^llama-cpp-python\[server\]==//p' requirements-llama.txt)
+
+$(LLAMA_STAMP): requirements-llama.txt
+	test -x $(LLAMA_VENV)/bin/python || $(PYTHON) -m venv $(LLAMA_VENV)
+	mkdir -p $(LLAMA_WHEELS)
+	ls $(LLAMA_WHEELS)/llama_cpp_python-$(LLAMA_CPP_VERSION)-*.whl > /dev/null 2>&1 || \
+		$(LLAMA_VENV)/bin/pip wheel -q --disable-pip-version-check --no-deps -w $(LLAMA_WHEELS) \
+		llama-cpp-python==$(LLAMA_CPP_VERSION)
+	$(LLAMA_VENV)/bin/pip install -q --disable-pip-version-check --find-links $(LLAMA_WHEELS) \
+		-r requirements-llama.txt
 	touch $@
 
 $(STAMP): requirements-dev.txt libs/pyproject.toml services/*/pyproject.toml
@@ -46,13 +69,15 @@ $(PROTO_STAMP): $(STAMP) $(PROTO_FILES)
 docs: $(STAMP)
 	$(BIN)/python scripts/gen_api_docs.py docs/api
 
-# The worker maps the image adapters' environment as "vision" unless the caller maps its own.
-VISION_ENV_MAP := {"vision": "$(CURDIR)/$(VISION_VENV)/bin/python"}
+# The worker maps the image adapters' environment as "vision" and the managed llama.cpp server's
+# as "llama" unless the caller maps its own.
+RUNTIME_ENV_MAP := {"vision": "$(CURDIR)/$(VISION_VENV)/bin/python", \
+	"llama": "$(CURDIR)/$(LLAMA_VENV)/bin/python"}
 
-run: $(PROTO_STAMP) $(VISION_STAMP)
-	GANTRY_PYTHON_ENV_MAP_JSON=$${GANTRY_PYTHON_ENV_MAP_JSON:-'$(VISION_ENV_MAP)'} $(BIN)/gantry up
+run: $(PROTO_STAMP) $(VISION_STAMP) $(LLAMA_STAMP)
+	GANTRY_PYTHON_ENV_MAP_JSON=$${GANTRY_PYTHON_ENV_MAP_JSON:-'$(RUNTIME_ENV_MAP)'} $(BIN)/gantry up
 
-test: $(PROTO_STAMP) $(VISION_STAMP)
+test: $(PROTO_STAMP) $(VISION_STAMP) $(LLAMA_STAMP)
 	$(BIN)/python -m pytest -q
 
 test-unit: $(PROTO_STAMP)
@@ -66,8 +91,8 @@ lint: $(PROTO_STAMP)
 	$(BIN)/ruff format --check libs services tests
 	$(BIN)/mypy libs/gantry/common libs/gantry/cli services
 
-bench: $(PROTO_STAMP) $(VISION_STAMP)
+bench: $(PROTO_STAMP) $(VISION_STAMP) $(LLAMA_STAMP)
 	$(BIN)/python -m tests.bench.run
 
 clean:
-	rm -rf $(VENV) $(VISION_VENV) $(PROTO_STAMP) libs/gantry/v1/*_pb2*.py libs/gantry/v1/*_pb2.pyi
+	rm -rf $(VENV) $(VISION_VENV) $(LLAMA_VENV) $(PROTO_STAMP) libs/gantry/v1/*_pb2*.py libs/gantry/v1/*_pb2.pyi

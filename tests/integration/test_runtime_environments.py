@@ -46,13 +46,21 @@ async def test_each_environment_offers_the_adapters_its_packages_allow_and_says_
         assert default.available and vision.available, listed
 
         assert default.python_executable == sys.executable
-        assert list(default.adapters) == [*TEXT_ADAPTERS, "transformers_whisper"]
+        assert list(default.adapters) == [
+            *TEXT_ADAPTERS,
+            "transformers_causal_lm",
+            "transformers_whisper",
+        ]
         assert list(default.modalities) == ["audio", "text"]
         assert "torchvision" not in default.versions
 
         assert vision.python_executable == vision_python
-        assert list(vision.adapters) == [*IMAGE_ADAPTERS, "transformers_whisper"]
-        assert list(vision.modalities) == ["audio", "image"]
+        assert list(vision.adapters) == [
+            "transformers_causal_lm",
+            *IMAGE_ADAPTERS,
+            "transformers_whisper",
+        ]
+        assert list(vision.modalities) == ["audio", "image", "text"]
         assert {"torch", "torchvision", "transformers", "Pillow"} <= set(vision.versions)
         assert "sentence-transformers" not in vision.versions
         assert vision.fingerprint and vision.fingerprint != default.fingerprint

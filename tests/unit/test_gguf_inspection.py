@@ -19,6 +19,7 @@ from gantry.worker.inspection import ArtifactFiles, gguf, inspect_artifact
 from tests.fixtures import tiny_gguf
 
 INCOMPATIBLE = "RUNTIME_INCOMPATIBLE"
+UNAVAILABLE = "RUNTIME_ENVIRONMENT_UNAVAILABLE"
 UINT8, UINT32, FLOAT32, STRING, ARRAY = 0, 4, 6, 8, 9
 F32, Q8_0 = 0, 8
 
@@ -125,12 +126,12 @@ def test_a_gguf_written_by_the_gguf_package_reports_each_fact_and_its_runtime(
         "(the KV cache and compute buffers come on top)",
         "candidate_adapters": "llama_cpp_server",
     }
+    # The worker runs llama_cpp_server (a managed server); this environment lacks it.
     assert list(inspection.findings) == [
         wg.InspectionFinding(
-            reason=INCOMPATIBLE,
-            message="assessed but no adapter executes gguf in this issue: a llama generation "
-            "model with gguf (Q8_0) weights, which 'llama_cpp_server' would serve; this worker "
-            "does not run it",
+            reason=UNAVAILABLE,
+            message="adapter 'llama_cpp_server' cannot be imported in runtime environment "
+            "'default'",
             path="tiny-llama.Q8_0.gguf",
         )
     ]
@@ -235,9 +236,7 @@ def test_a_head_that_stops_short_is_reported_cut_short_not_refused(
     assert inspection.details["context_length"] == str(tiny_gguf.CONTEXT_LENGTH)
     for unknown in ("chat_template", "tensor_types", "tensor_bytes"):
         assert unknown not in inspection.details
-    assert [f.message.split(":")[0] for f in inspection.findings] == [
-        "assessed but no adapter executes gguf in this issue"
-    ]
+    assert [f.reason for f in inspection.findings] == [UNAVAILABLE]
 
 
 def test_a_split_model_is_read_from_its_first_shard_and_weighed_whole(tmp_path: Path) -> None:

@@ -299,11 +299,10 @@ def test_a_gguf_file_is_read_from_its_header_and_refused(tmp_path: Path) -> None
         adapters=[],
         executable=False,
         findings=[
+            # llama_cpp_server runs it (a managed server), but not in this environment.
             _finding(
-                "RUNTIME_INCOMPATIBLE",
-                "assessed but no adapter executes gguf in this issue: a llama generation model "
-                "with gguf (F32) weights, which 'llama_cpp_server' would serve; this worker does "
-                "not run it",
+                "RUNTIME_ENVIRONMENT_UNAVAILABLE",
+                "adapter 'llama_cpp_server' cannot be imported in runtime environment 'default'",
                 "tiny-llama.Q4_K_M.gguf",
             )
         ],

@@ -61,6 +61,8 @@ def test_both_names_resolve_to_their_own_adapter() -> None:
         "transformers_trocr",
         "transformers_siglip2",
         "transformers_causal_lm",
+        "llama_cpp_server",
+        "vllm_server",
     ]
     assert all(isinstance(adapter, RuntimeAdapter) for adapter in registered_adapters())
 
@@ -77,9 +79,9 @@ def test_an_unknown_adapter_is_runtime_incompatible_naming_the_supported_ones() 
     assert (error.reason, error.failure_class) == ("RUNTIME_INCOMPATIBLE", FailureClass.CONFIG)
     assert error.metadata == {"adapter": "vllm"}
     assert error.message == (
-        "adapter 'vllm' is not supported; supported: "
+        "adapter 'vllm' is not supported; supported: llama_cpp_server, "
         "sentence_transformers, sentence_transformers_cross_encoder, transformers_causal_lm, "
-        "transformers_siglip2, transformers_trocr, transformers_whisper"
+        "transformers_siglip2, transformers_trocr, transformers_whisper, vllm_server"
     )
 
 
@@ -105,11 +107,12 @@ def test_a_reranker_with_two_labels_is_run_by_no_adapter() -> None:
     assert refused.reason == "reranking needs exactly one score per pair; num_labels=2"
 
 
-def test_a_gguf_inspection_is_run_by_no_adapter_and_each_says_why() -> None:
-    assert _supported(GGUF_INSPECTION) == []
+def test_a_gguf_inspection_is_run_by_the_llama_cpp_server_only_and_the_others_say_why() -> None:
+    assert _supported(GGUF_INSPECTION) == ["llama_cpp_server"]
     reasons = {
         adapter.name: adapter.inspect_support(GGUF_INSPECTION).reason
         for adapter in registered_adapters()
+        if adapter.name not in ("llama_cpp_server", "vllm_server")
     }
     assert reasons == {
         EMBEDDING: "runs sentence-transformers layouts, not gguf",

@@ -51,6 +51,7 @@ from gantry.worker.heartbeat_file import HeartbeatFile
 from gantry.worker.inspect_job import run_inspect
 from gantry.worker.invocations import DEFAULT_MAX_IN_FLIGHT, Invocations
 from gantry.worker.jobs import DeploymentJobQueues
+from gantry.worker.managed_server.host_factory import serving_host_factory
 from gantry.worker.model_host.environments import resolve_python
 from gantry.worker.model_host.inbox import DEFAULT_INBOX_LIMIT
 from gantry.worker.model_host.process import (
@@ -175,7 +176,8 @@ class WorkerAgent:
             settings.supervision(),
             on_change=self._report_inventory,
             clock=clock,
-            host_factory=host_factory or pooled,
+            # Managed server kinds start their server; every other adapter a model host.
+            host_factory=host_factory or serving_host_factory(pooled or ModelHost.start),
         )
         self.residents = self.supervisor.residents
         self.connected = asyncio.Event()

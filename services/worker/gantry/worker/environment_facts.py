@@ -60,9 +60,18 @@ import json
 import os
 import platform
 import re
+import sys
 
 facts = {"versions": {"python": platform.python_version()}, "adapters": [], "notes": []}
-for dist in ("torch", "transformers", "sentence-transformers", "torchvision", "Pillow"):
+for dist in (
+    "torch",
+    "transformers",
+    "sentence-transformers",
+    "torchvision",
+    "Pillow",
+    "llama-cpp-python",
+    "vllm",
+):
     try:
         facts["versions"][dist] = metadata.version(dist)
     except metadata.PackageNotFoundError:
@@ -114,6 +123,29 @@ if package_dirs("torch") is not None and transformers_dirs:
     facts["adapters"].append("transformers_causal_lm")
 else:
     facts["notes"].append("transformers_causal_lm needs torch and transformers")
+
+# Managed servers run an executable of this environment, not a model host. llama_cpp_server:
+# this interpreter must find the `llama_cpp.server` module and the server extra's packages
+# (found, not imported: importing llama_cpp loads the llama.cpp library). vllm_server: the `vllm`
+# executable beside this interpreter (sys.executable is the environment's own path, not resolved).
+llama_dirs = package_dirs("llama_cpp") or []
+server_missing = [
+    name for name in ("uvicorn", "fastapi", "sse_starlette", "pydantic_settings")
+    if package_dirs(name) is None
+]
+if not any(os.path.isfile(os.path.join(d, "server", "__main__.py")) for d in llama_dirs):
+    facts["notes"].append("llama_cpp_server needs llama-cpp-python's llama_cpp.server module")
+elif server_missing:
+    facts["notes"].append(
+        "llama_cpp_server needs llama-cpp-python[server] (missing %s)" % ", ".join(server_missing)
+    )
+else:
+    facts["adapters"].append("llama_cpp_server")
+vllm_executable = os.path.join(os.path.dirname(sys.executable), "vllm")
+if os.path.isfile(vllm_executable) and os.access(vllm_executable, os.X_OK):
+    facts["adapters"].append("vllm_server")
+else:
+    facts["notes"].append("vllm_server needs an executable %s" % vllm_executable)
 
 
 def release(version):

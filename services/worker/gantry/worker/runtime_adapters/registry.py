@@ -13,9 +13,11 @@ from gantry.common.errors import GantryError
 from gantry.worker.runtime_adapters.base import RuntimeAdapter
 from gantry.worker.runtime_adapters.causal_lm import TransformersCausalLM
 from gantry.worker.runtime_adapters.cross_encoder import SentenceTransformersCrossEncoder
+from gantry.worker.runtime_adapters.llama_cpp_server import LlamaCppServer
 from gantry.worker.runtime_adapters.sentence_transformers import SentenceTransformersEmbedding
 from gantry.worker.runtime_adapters.siglip2 import TransformersSiglip2
 from gantry.worker.runtime_adapters.trocr import TransformersTrOCR
+from gantry.worker.runtime_adapters.vllm_server import VllmServer
 from gantry.worker.runtime_adapters.whisper import TransformersWhisper
 
 _ADAPTERS: tuple[RuntimeAdapter, ...] = (
@@ -25,6 +27,9 @@ _ADAPTERS: tuple[RuntimeAdapter, ...] = (
     TransformersTrOCR(),
     TransformersSiglip2(),
     TransformersCausalLM(),
+    # Managed servers: a server process the worker runs, not a model host (`managed_server`).
+    LlamaCppServer(),
+    VllmServer(),
 )
 RUNTIME_ADAPTERS: Mapping[str, RuntimeAdapter] = {adapter.name: adapter for adapter in _ADAPTERS}
 DEFAULT_ADAPTER = SentenceTransformersEmbedding.name

@@ -1,0 +1,359 @@
+"""What the worker asks a managed server, over loopback HTTP: generate (streamed or not), embed
+where the kind serves it, a cheap ping (GET /v1/models), and a deep check (one real token).
+
+Every call is bounded (`timeout_s`, and at most `max_pending` at once: QUEUE_FULL beyond). A
+caller that is cancelled leaves its `async with` and httpx closes the connection, which is how
+an OpenAI-compatible server learns to stop generating (llama.cpp's checks for the disconnect
+between tokens). Errors are mapped once, in `_failure`.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import contextlib
+import logging
+import struct
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
+
+import httpx
+
+from gantry.common.errors import GantryError
+from gantry.v1 import common_pb2, model_host_pb2
+from gantry.v1 import worker_gateway_pb2 as wg
+from gantry.worker.managed_server.kinds import ServerKind
+from gantry.worker.managed_server.openai_protocol import (
+    EMBEDDINGS,
+    MODELS,
+    SseDecoder,
+    StreamAccumulator,
+    completion_request,
+    error_message,
+    generate_result,
+)
+from gantry.worker.model_host.environments import OFFLINE_ENVIRONMENT
+from gantry.worker.model_host.proc_facts import peak_rss_bytes_of, rss_bytes_of
+
+logger = logging.getLogger("gantry.worker.managed_server")
+
+OK = wg.HEALTH_STATUS_OK
+FAILED = wg.HEALTH_STATUS_FAILED
+NOT_CHECKED = wg.HEALTH_STATUS_NOT_CHECKED
+# The deep check's prompt: one greedy token of it proves the model runs.
+HEALTH_PROBE_PROMPT = "Hello"
+NO_CUDA_READINGS = "a managed server reports no CUDA allocator readings"
+
+
+class ServerCalls(abc.ABC):
+    """The calls of a running managed server; `ManagedServer` supplies the process side."""
+
+    _client: httpx.AsyncClient
+    _kind: ServerKind
+    _served_name: str
+    _max_new_tokens: int
+    _max_pending: int
+    _in_flight: int
+
+    @property
+    @abc.abstractmethod
+    def pid(self) -> int: ...
+
+    @property
+    @abc.abstractmethod
+    def deployment_id(self) -> str: ...
+
+    @abc.abstractmethod
+    def _check_serving(self) -> None:
+        """Raise the reason this server cannot take a call now (stopping, crashed, hung)."""
+
+    @abc.abstractmethod
+    def _crashed_error(self) -> GantryError | None:
+        """RUNTIME_CRASHED with the output tail once the process is gone; None while it runs."""
+
+    @abc.abstractmethod
+    def rss_bytes(self) -> int: ...
+
+    # -- generation ----------------------------------------------------------------------------
+
+    async def generate(
+        self,
+        payload: wg.GeneratePayload,
+        *,
+        trace_context: dict[str, str],
+        timeout_s: float,
+        on_delta: Callable[[wg.GenerateDelta], None] | None = None,
+    ) -> wg.GenerateResult:
+        request = completion_request(
+            payload,
+            model=self._served_name,
+            max_new_tokens=self._max_new_tokens,
+            top_k_off=self._kind.top_k_off,
+            neutral_sampling=self._kind.neutral_sampling,
+        )
+        async with self._call("generate", timeout_s):
+            if not payload.stream:
+                answer = await self._post_json(request.path, request.body)
+                return generate_result(answer, chat=request.chat)
+            accumulated = StreamAccumulator(chat=request.chat)
+            decoder = SseDecoder()
+            async with self._client.stream("POST", request.path, json=request.body) as response:
+                if response.status_code != 200:
+                    raise _refused(response.status_code, await response.aread())
+                async for chunk in response.aiter_bytes():
+                    for data in decoder.feed(chunk):
+                        delta = accumulated.event(data)
+                        if delta is not None and on_delta is not None:
+                            _deliver(on_delta, delta, self.deployment_id)
+                    if accumulated.done:
+                        break
+            return accumulated.result()
+
+    async def embed(
+        self,
+        inputs: list[str],
+        *,
+        trace_context: dict[str, str],
+        timeout_s: float,
+        truncate: bool = False,
+    ) -> wg.EmbedResult:
+        if not self._kind.serves_embeddings:
+            raise self._not_served("embed")
+        async with self._call("embed", timeout_s):
+            answer = await self._post_json(
+                EMBEDDINGS, {"model": self._served_name, "input": list(inputs)}
+            )
+        return _embed_result(answer)
+
+    async def rerank(
+        self,
+        query: str,
+        documents: list[str],
+        *,
+        trace_context: dict[str, str],
+        timeout_s: float,
+        truncate: bool = False,
+    ) -> wg.RerankResult:
+        raise self._not_served("rerank")
+
+    async def transcribe(
+        self, payload: wg.TranscribePayload, *, trace_context: dict[str, str], timeout_s: float
+    ) -> wg.TranscribeResult:
+        raise self._not_served("transcribe")
+
+    async def recognize_text(
+        self, payload: wg.RecognizeTextPayload, *, trace_context: dict[str, str], timeout_s: float
+    ) -> wg.RecognizeTextResult:
+        raise self._not_served("recognize_text")
+
+    async def embed_image(
+        self, payload: wg.EmbedImagePayload, *, trace_context: dict[str, str], timeout_s: float
+    ) -> wg.EmbedResult:
+        raise self._not_served("embed_image")
+
+    async def classify_image(
+        self, payload: wg.ClassifyImagePayload, *, trace_context: dict[str, str], timeout_s: float
+    ) -> wg.ClassifyImageResult:
+        raise self._not_served("classify_image")
+
+    # -- liveness and health -------------------------------------------------------------------
+
+    async def ping(self, *, timeout_s: float) -> model_host_pb2.Pong:
+        """GET /v1/models answered within `timeout_s` (DEADLINE_EXCEEDED otherwise, which
+        supervision treats as hung)."""
+        async with self._call("ping", timeout_s, bounded=False):
+            response = await self._client.get(MODELS)
+            if response.status_code != 200:
+                raise _refused(response.status_code, response.content)
+        return model_host_pb2.Pong(rss_bytes=self.rss_bytes())
+
+    async def one_token(self, *, timeout_s: float) -> tuple[wg.GenerateResult, float]:
+        """One greedy token of the probe prompt, and how long it took."""
+        started = time.monotonic()
+        result = await self.generate(
+            wg.GeneratePayload(prompt=HEALTH_PROBE_PROMPT, max_tokens=1),
+            trace_context={},
+            timeout_s=timeout_s,
+        )
+        return result, time.monotonic() - started
+
+    async def check_model(self, *, timeout_s: float) -> wg.HealthReport:
+        started = time.monotonic()
+        result, seconds = await self.one_token(timeout_s=timeout_s)
+        model = _token_verdict(result, seconds)
+        report = wg.HealthReport(
+            process=wg.HealthLayer(status=OK, detail=f"pid {self.pid} alive"),
+            runtime=wg.HealthLayer(status=OK, detail="the server answered a completion"),
+            model=wg.HealthLayer(status=model[0], detail=model[1]),
+            latency_seconds=time.monotonic() - started,
+        )
+        report.checked_at.GetCurrentTime()
+        return report
+
+    async def probe_check(self, *, timeout_s: float) -> model_host_pb2.ProbeResult:
+        """A probe's evidence: one real token, the process's memory as /proc reads it."""
+        try:
+            result, seconds = await self.one_token(timeout_s=timeout_s)
+        except GantryError as error:
+            if error.reason in ("DEADLINE_EXCEEDED", "INVOKE_FAILED", "INVALID_PAYLOAD"):
+                raise GantryError(
+                    "HEALTH_FAILED", f"the probe completion failed: {error.message}"
+                ) from error
+            raise
+        model = _token_verdict(result, seconds)
+        health = wg.HealthReport(
+            process=wg.HealthLayer(status=OK, detail=f"pid {self.pid} alive"),
+            runtime=wg.HealthLayer(status=OK, detail="the server answered a completion"),
+            model=wg.HealthLayer(status=model[0], detail=model[1]),
+            latency_seconds=seconds,
+        )
+        health.checked_at.GetCurrentTime()
+        return model_host_pb2.ProbeResult(
+            health=health,
+            output_shape=[1, result.completion_tokens],
+            # A completion has no logits to test: a token that came back is the finite output.
+            output_finite=model[0] == OK,
+            first_invoke_seconds=seconds,
+            memory=self._memory(),
+            offline=wg.OfflineEvidence(
+                local_files_only=True,  # the argv names the verified copy, never a hub id
+                trust_remote_code=False,
+                offline_env=dict(OFFLINE_ENVIRONMENT),
+                isolation="NONE",
+                isolation_reason=ISOLATION_REASON,
+                network_guard=False,
+            ),
+        )
+
+    def _memory(self) -> wg.MemoryEvidence:
+        source = f"/proc/{self.pid}/status"
+        memory = wg.MemoryEvidence()
+        for field, reading, name in (
+            ("rss_current", rss_bytes_of(self.pid), "VmRSS"),
+            ("rss_peak", peak_rss_bytes_of(self.pid), "VmHWM"),
+        ):
+            measurement = getattr(memory, field)
+            if reading is None:
+                measurement.unavailable = f"{source} was unreadable"
+            else:
+                measurement.bytes = reading
+            measurement.source = f"{source} {name}"
+        for field in (
+            "cuda_allocated_before_load",
+            "cuda_allocated_after_load",
+            "cuda_reserved_after_load",
+            "cuda_peak_allocated",
+        ):
+            getattr(memory, field).unavailable = NO_CUDA_READINGS
+        return memory
+
+    # -- internals -----------------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def _call(
+        self, what: str, timeout_s: float, *, bounded: bool = True
+    ) -> AsyncIterator[None]:
+        self._check_serving()
+        if bounded and self._in_flight >= self._max_pending:
+            raise GantryError(
+                "QUEUE_FULL",
+                f"managed server {self.deployment_id!r} already has {self._in_flight} calls "
+                "pending",
+                deployment_id=self.deployment_id,
+            )
+        self._in_flight += bounded
+        try:
+            async with _deadline(what, timeout_s, self.deployment_id):
+                yield
+        except httpx.HTTPError as exc:
+            raise self._failure(what, exc) from exc
+        finally:
+            self._in_flight -= bounded
+
+    async def _post_json(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        response = await self._client.post(path, json=body)
+        if response.status_code != 200:
+            raise _refused(response.status_code, response.content)
+        answer = response.json()
+        if not isinstance(answer, dict):
+            raise GantryError("INVOKE_FAILED", f"the server answered {path} with no object")
+        return answer
+
+    def _failure(self, what: str, exc: httpx.HTTPError) -> GantryError:
+        crashed = self._crashed_error()
+        if crashed is not None:
+            return crashed
+        return GantryError(
+            "INVOKE_FAILED",
+            f"managed server {self.deployment_id!r} failed {what}: {type(exc).__name__}: {exc}",
+            deployment_id=self.deployment_id,
+        )
+
+    def _not_served(self, what: str) -> GantryError:
+        return GantryError(
+            "INVALID_PAYLOAD",
+            f"a {self._kind.name} deployment does not serve {what} "
+            f"(deployment {self.deployment_id!r})",
+            adapter=self._kind.name,
+            deployment_id=self.deployment_id,
+        )
+
+
+ISOLATION_REASON = (
+    "a managed server runs outside the model host's sandbox: it is bound to 127.0.0.1 (checked "
+    "from /proc after it answered), runs with the allow-listed offline environment and is given "
+    "only the verified copy's path"
+)
+
+
+@contextlib.asynccontextmanager
+async def _deadline(what: str, timeout_s: float, deployment_id: str) -> AsyncIterator[None]:
+    try:
+        async with asyncio.timeout(timeout_s):
+            yield
+    except TimeoutError as exc:
+        raise GantryError(
+            "DEADLINE_EXCEEDED",
+            f"managed server {deployment_id!r} did not answer {what} within {timeout_s:g}s",
+            deployment_id=deployment_id,
+        ) from exc
+
+
+def _refused(status: int, body: bytes) -> GantryError:
+    # A 4xx is about the request (a prompt past the context, an unknown field): the client's.
+    reason = "INVALID_PAYLOAD" if 400 <= status < 500 else "INVOKE_FAILED"
+    return GantryError(reason, f"the server refused the call: {error_message(status, body)}")
+
+
+def _deliver(
+    on_delta: Callable[[wg.GenerateDelta], None], delta: wg.GenerateDelta, deployment_id: str
+) -> None:
+    try:
+        on_delta(delta)
+    except Exception:
+        # The caller's own fault: it must not end the generation it asked for.
+        logger.exception("a generation delta of %s was not taken", deployment_id)
+
+
+def _token_verdict(result: wg.GenerateResult, seconds: float) -> tuple[wg.HealthStatus, str]:
+    if result.completion_tokens >= 1 or result.text:
+        return OK, (
+            f"one greedy token ({result.text!r}) in {seconds:.3f}s, finish "
+            f"{common_pb2.FinishReason.Name(result.finish_reason)}"
+        )
+    return FAILED, "the server answered a one-token completion with no token"
+
+
+def _embed_result(answer: dict[str, Any]) -> wg.EmbedResult:
+    data = answer.get("data")
+    if not isinstance(data, list):
+        raise GantryError("INVOKE_FAILED", "the server's embeddings answer has no data")
+    rows: list[Sequence[float]] = [
+        item["embedding"] for item in sorted(data, key=lambda item: item.get("index", 0))
+    ]
+    dim = len(rows[0]) if rows else 0
+    if any(len(row) != dim for row in rows):
+        raise GantryError("INVOKE_FAILED", "the server's embeddings differ in width")
+    packed = b"".join(struct.pack(f"<{dim}f", *row) for row in rows)
+    return wg.EmbedResult(count=len(rows), dim=dim, float32_le=packed)

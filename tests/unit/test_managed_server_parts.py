@@ -1,0 +1,295 @@
+"""The pure parts of managed servers: each kind's argv from the profile alone (vLLM's checked
+statically: it does not install here), the loopback check over parsed /proc socket tables, the
+OpenAI request bodies, and server-sent events folded into deltas and a result."""
+
+from __future__ import annotations
+
+import ipaddress
+from pathlib import Path
+
+import pytest
+
+from gantry.common.errors import GantryError
+from gantry.v1 import common_pb2
+from gantry.v1 import worker_gateway_pb2 as wg
+from gantry.worker.artifact_copies import reader_of_copy
+from gantry.worker.environment_facts import environment_from_facts
+from gantry.worker.inspection import ArtifactFiles, inspect_artifact
+from gantry.worker.managed_server.kinds import (
+    LLAMA_CPP_SERVER,
+    SERVER_KINDS,
+    VLLM_SERVER,
+    ServerInputs,
+    gguf_model_file,
+)
+from gantry.worker.managed_server.loopback import (
+    ListeningSocket,
+    beyond_loopback,
+    parse_tcp_table,
+    socket_inodes,
+)
+from gantry.worker.managed_server.openai_protocol import (
+    CHAT_COMPLETIONS,
+    COMPLETIONS,
+    SseDecoder,
+    StreamAccumulator,
+    completion_request,
+)
+from gantry.worker.runtime_adapters import runtime_adapter_for
+from tests.fixtures.tiny_gguf import write_tiny_gguf
+
+
+def _inputs(directory: Path, **settings: object) -> ServerInputs:
+    return ServerInputs(
+        python_executable="/envs/llama/bin/python",
+        model_directory=directory,
+        port=41234,
+        settings=common_pb2.AdapterSettings(**settings),  # type: ignore[arg-type]
+        served_name="dep-1",
+    )
+
+
+def test_llama_cpp_servers_argv_is_built_from_the_profile_and_the_one_gguf_file(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "m.Q8_0.gguf").write_bytes(b"GGUF")
+    command = SERVER_KINDS[LLAMA_CPP_SERVER].command(
+        _inputs(tmp_path, adapter=LLAMA_CPP_SERVER, max_input_length=512, device="cpu")
+    )
+    assert command.argv == (
+        "/envs/llama/bin/python",
+        "-I",
+        "-m",
+        "llama_cpp.server",
+        "--model",
+        str(tmp_path / "m.Q8_0.gguf"),
+        "--model_alias",
+        "dep-1",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "41234",
+        "--n_ctx",
+        "512",
+        "--n_gpu_layers",
+        "0",
+        "--interrupt_requests",
+        "false",
+    )
+    assert command.executable == "/envs/llama/bin/python"
+    cuda = SERVER_KINDS[LLAMA_CPP_SERVER].command(_inputs(tmp_path, device="cuda:0"))
+    assert cuda.argv[cuda.argv.index("--n_gpu_layers") + 1] == "-1"
+
+
+def test_vllm_servers_argv_is_built_from_the_profile_statically(tmp_path: Path) -> None:
+    command = SERVER_KINDS[VLLM_SERVER].command(
+        _inputs(
+            tmp_path, adapter=VLLM_SERVER, max_input_length=4096, max_concurrency=8, device="cuda"
+        )
+    )
+    assert command.executable == "/envs/llama/bin/vllm"
+    assert command.argv == (
+        "/envs/llama/bin/vllm",
+        "serve",
+        str(tmp_path),
+        "--served-model-name",
+        "dep-1",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "41234",
+        "--max-model-len",
+        "4096",
+        "--max-num-seqs",
+        "8",
+    )
+    assert "--trust-remote-code" not in command.argv
+
+
+def test_a_gguf_set_must_name_one_model_file(tmp_path: Path) -> None:
+    with pytest.raises(GantryError) as none:
+        gguf_model_file(tmp_path)
+    assert none.value.reason == "RUNTIME_INCOMPATIBLE"
+    for name in ("m-00001-of-00002.gguf", "m-00002-of-00002.gguf"):
+        (tmp_path / name).write_bytes(b"GGUF")
+    assert gguf_model_file(tmp_path).name == "m-00001-of-00002.gguf"
+    (tmp_path / "other.gguf").write_bytes(b"GGUF")
+    (tmp_path / "other-00001-of-00002.gguf").write_bytes(b"GGUF")
+    with pytest.raises(GantryError, match="exactly one"):
+        gguf_model_file(tmp_path)
+
+
+# Rows as the kernel prints them: 127.0.0.1:8080 and 0.0.0.0:9000 listening, one established.
+_TCP = """\
+  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
+   0: 0100007F:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 111 1
+   1: 00000000:2328 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 222 1
+   2: 0100007F:1F90 0100007F:D431 01 00000000:00000000 00:00000000 00000000     0        0 333 1
+"""
+# [::1]:8081, [::]:9001 and [::ffff:127.0.0.1]:8082 listening (the same columns after the address).
+_ZERO6 = "0" * 32
+_REST = "0A 00000000:00000000 00:00000000 00000000     0        0 {inode} 1"
+_TCP6 = "\n".join(
+    [
+        "  sl  local_address  remote_address  st ...",
+        f"   0: {'0' * 24}01000000:1F91 {_ZERO6}:0000 {_REST.format(inode=444)}",
+        f"   1: {_ZERO6}:2329 {_ZERO6}:0000 {_REST.format(inode=555)}",
+        f"   2: {'0' * 16}FFFF00000100007F:1F92 {_ZERO6}:0000 {_REST.format(inode=666)}",
+    ]
+)
+
+
+def test_socket_tables_parse_into_listening_addresses() -> None:
+    assert parse_tcp_table(_TCP) == [
+        ListeningSocket(inode=111, address=ipaddress.IPv4Address("127.0.0.1"), port=8080),
+        ListeningSocket(inode=222, address=ipaddress.IPv4Address("0.0.0.0"), port=9000),
+    ]
+    six = parse_tcp_table(_TCP6)
+    assert [(str(s.address), s.port, s.inode) for s in six] == [
+        ("::1", 8081, 444),
+        ("::", 9001, 555),
+        ("::ffff:7f00:1", 8082, 666),
+    ]
+    assert socket_inodes(["socket:[111]", "pipe:[5]", "/dev/null", "socket:[x]"]) == {111}
+
+
+def test_only_the_servers_own_sockets_beyond_loopback_are_refused() -> None:
+    listening = parse_tcp_table(_TCP) + parse_tcp_table(_TCP6)
+    # Loopback only (IPv4, IPv6 and IPv4-mapped): nothing to refuse.
+    assert beyond_loopback(listening, {111, 444, 666}) == []
+    # 0.0.0.0 and :: are every address.
+    assert [s.describe() for s in beyond_loopback(listening, {111, 222, 555})] == [
+        "0.0.0.0:9000",
+        "[::]:9001",
+    ]
+    # Another process's wildcard socket is not the server's.
+    assert beyond_loopback(listening, {111}) == []
+
+
+def test_a_prompt_goes_to_completions_with_explicit_off_values() -> None:
+    request = completion_request(
+        wg.GeneratePayload(prompt="hi", max_tokens=5, stop=["\n"], stream=True),
+        model="dep",
+        max_new_tokens=0,
+        top_k_off=0,
+        neutral_sampling={"repeat_penalty": 1.0},
+    )
+    assert (request.path, request.chat) == (COMPLETIONS, False)
+    assert request.body == {
+        "repeat_penalty": 1.0,
+        "model": "dep",
+        "max_tokens": 5,
+        "temperature": 0.0,
+        "top_p": 1.0,
+        "top_k": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "stop": ["\n"],
+        "prompt": "hi",
+    }
+    chat = completion_request(
+        wg.GeneratePayload(messages=[common_pb2.ChatMessage(role="user", content="x")]),
+        model="dep",
+        max_new_tokens=100,
+        top_k_off=-1,
+    )
+    assert chat.path == CHAT_COMPLETIONS and chat.body["messages"] == [
+        {"role": "user", "content": "x"}
+    ]
+    assert (chat.body["max_tokens"], chat.body["top_k"]) == (100, -1)
+
+
+@pytest.mark.parametrize(
+    ("payload", "field"),
+    [
+        (wg.GeneratePayload(), "prompt"),
+        (
+            wg.GeneratePayload(prompt="a", messages=[common_pb2.ChatMessage(role="user")]),
+            "messages",
+        ),
+        (wg.GeneratePayload(prompt="a", max_tokens=11), "max_tokens"),
+        (wg.GeneratePayload(prompt="a", stop=[""]), "stop[0]"),
+        (
+            wg.GeneratePayload(prompt="a", sampling=common_pb2.SamplingSettings(temperature=-1)),
+            "sampling.temperature",
+        ),
+    ],
+)
+def test_a_payload_the_server_must_not_see_is_invalid(
+    payload: wg.GeneratePayload, field: str
+) -> None:
+    with pytest.raises(GantryError) as refused:
+        completion_request(payload, model="m", max_new_tokens=10, top_k_off=0)
+    assert refused.value.reason == "INVALID_PAYLOAD"
+    assert refused.value.metadata["field"] == field
+
+
+def test_server_sent_events_split_anywhere_fold_into_deltas_and_a_result() -> None:
+    stream = (
+        b'data: {"choices": [{"text": "he", "finish_reason": null}]}\r\n\r\n'
+        b": a comment\n\n"
+        b'data: {"choices": [{"text": "llo", "finish_reason": null}]}\n\n'
+        b'data: {"choices": [{"text": "", "finish_reason": "length"}]}\n\n'
+        b"data: [DONE]\n\n"
+    )
+    decoder = SseDecoder()
+    accumulated = StreamAccumulator(chat=False)
+    deltas = []
+    for index in range(0, len(stream), 7):  # chunks that cut lines and events apart
+        for data in decoder.feed(stream[index : index + 7]):
+            delta = accumulated.event(data)
+            if delta is not None:
+                deltas.append((delta.text, delta.completion_tokens))
+    assert deltas == [("he", 1), ("llo", 2)]
+    assert accumulated.done
+    assert accumulated.result() == wg.GenerateResult(
+        text="hello",
+        finish_reason=common_pb2.FINISH_REASON_LENGTH,
+        prompt_tokens=0,  # no usage streamed: unknown, not guessed
+        completion_tokens=2,
+    )
+
+
+def test_a_streamed_chat_with_usage_reports_the_servers_counts() -> None:
+    accumulated = StreamAccumulator(chat=True)
+    accumulated.event('{"choices": [{"delta": {"role": "assistant"}}]}')
+    accumulated.event('{"choices": [{"delta": {"content": "ok"}, "finish_reason": "stop"}]}')
+    accumulated.event('{"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 1}}')
+    result = accumulated.result()
+    assert (result.text, result.finish_reason) == ("ok", common_pb2.FINISH_REASON_STOP)
+    assert (result.prompt_tokens, result.completion_tokens) == (7, 1)
+    with pytest.raises(GantryError) as failed:
+        accumulated.event('{"error": {"message": "boom"}}')
+    assert failed.value.reason == "INVOKE_FAILED" and "boom" in failed.value.message
+
+
+def test_environment_facts_list_a_server_kind_only_where_the_script_found_it() -> None:
+    facts = {
+        "versions": {"python": "3.11.7", "llama-cpp-python": "0.3.36"},
+        "adapters": [LLAMA_CPP_SERVER],
+    }
+    environment = environment_from_facts("llama", "/envs/llama/bin/python", facts)
+    assert list(environment.adapters) == [LLAMA_CPP_SERVER]
+    vllm = runtime_adapter_for(VLLM_SERVER).collect_runtime_facts(facts)
+    assert not vllm.available and "vllm" in vllm.reason
+
+
+def test_llama_cpp_server_runs_gguf_generation_layouts() -> None:
+    adapter = runtime_adapter_for(LLAMA_CPP_SERVER)
+    assert adapter.inspect_support(wg.Inspection(inspector="gguf", task="generation")).supported
+    refused = adapter.inspect_support(wg.Inspection(inspector="transformers", task="generation"))
+    assert not refused.supported and "not transformers" in refused.reason
+
+
+def test_a_gguf_is_executable_where_the_environment_runs_the_llama_cpp_server(
+    tmp_path: Path,
+) -> None:
+    write_tiny_gguf(tmp_path / "tiny.gguf")
+    sizes = {p.name: p.stat().st_size for p in tmp_path.iterdir()}
+    inspection = inspect_artifact(
+        ArtifactFiles(sizes, reader_of_copy(tmp_path)),
+        environment_id="llama",
+        environment_adapters=[LLAMA_CPP_SERVER],
+    )
+    assert list(inspection.adapters) == [LLAMA_CPP_SERVER] and inspection.executable
+    assert not any("does not run" in f.message for f in inspection.findings)
