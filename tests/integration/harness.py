@@ -211,9 +211,11 @@ async def walk_the_gates(
     capability: str,
     adapter: common_pb2.AdapterSettings | None = None,
     timeout: float = 180.0,
+    environment_id: str = "",
 ) -> control_plane_pb2.Deployment:
     """Every gate of the evidence pipeline for one artifact set, as an operator walks them:
-    assess, profile, probe, approve, deploy. Fails loudly at the first gate that refuses."""
+    assess (in `environment_id`, "" the worker's default), profile, probe, approve, deploy.
+    Fails loudly at the first gate that refuses."""
     approval = await approve_artifact(
         operator,
         metadata,
@@ -221,6 +223,7 @@ async def walk_the_gates(
         capability=capability,
         adapter=adapter,
         timeout=timeout,
+        environment_id=environment_id,
     )
     return await operator.CreateDeployment(
         control_plane_pb2.CreateDeploymentRequest(
@@ -238,11 +241,15 @@ async def approve_artifact(
     capability: str,
     adapter: common_pb2.AdapterSettings | None = None,
     timeout: float = 180.0,
+    environment_id: str = "",
 ) -> control_plane_pb2.ProductionApproval:
     """Every gate up to the approval: assess, profile, probe, approve."""
     cp = control_plane_pb2
     assessment = await operator.AssessCompatibility(
-        cp.AssessCompatibilityRequest(artifact_set_id=artifact_set_id), metadata=metadata
+        cp.AssessCompatibilityRequest(
+            artifact_set_id=artifact_set_id, environment_id=environment_id
+        ),
+        metadata=metadata,
     )
     latest: list[object] = [assessment]
 

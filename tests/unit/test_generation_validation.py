@@ -257,7 +257,9 @@ def test_max_new_tokens_is_a_causal_lm_setting_within_the_ceiling():
             common_pb2.AdapterSettings(adapter="sentence_transformers", max_new_tokens=16)
         )
     assert caught.value.metadata["field"] == "adapter.max_new_tokens"
-    assert "read only by transformers_causal_lm" in caught.value.message
+    assert "read only by llama_cpp_server, transformers_causal_lm, vllm_server" in (
+        caught.value.message
+    )
 
 
 # ---- the worker's answer -----------------------------------------------------------------------

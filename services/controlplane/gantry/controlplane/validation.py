@@ -15,7 +15,7 @@ from gantry.common.errors import GantryError, invalid_argument
 from gantry.common.inference_limits import MAX_TOKENS_CEILING
 from gantry.controlplane.domain.adapter_modalities import (
     ADAPTER_MODALITIES,
-    CAUSAL_LM_ADAPTER,
+    GENERATION_ADAPTERS,
     IMAGE_ADAPTERS,
     WHISPER_ADAPTER,
 )
@@ -32,6 +32,7 @@ _LANGUAGE_CODE = re.compile(r"[a-z]{2,3}")
 MAX_SAMPLING_RATE_HZ = 384_000  # the highest rate audio interfaces record at
 # Adapter settings only the image adapters read: the processor's size and normalisation.
 _IMAGE_ADAPTER_NAMES = ", ".join(sorted(IMAGE_ADAPTERS))
+_GENERATION_ADAPTER_NAMES = ", ".join(sorted(GENERATION_ADAPTERS))
 MAX_IMAGE_SIZE = 8192  # pixels per side; image encoders take a few hundred
 _CHANNEL_COUNTS = (1, 3)  # one value for every channel, or one per RGB channel
 
@@ -172,12 +173,12 @@ def _check_speech_settings(adapter: common_pb2.AdapterSettings) -> None:
 
 
 def _check_generation_settings(adapter: common_pb2.AdapterSettings) -> None:
-    """max_new_tokens (0: the adapter's default), for a causal LM only; another adapter would
-    silently ignore it. Its ceiling is the control plane's own for max_tokens: a deployment
-    cannot be asked for more than any call may ask."""
-    if adapter.adapter != CAUSAL_LM_ADAPTER:
+    """max_new_tokens (0: the adapter's default), for the generation adapters only (in process
+    or a managed server); another adapter would silently ignore it. Its ceiling is the control
+    plane's own for max_tokens: a deployment cannot be asked for more than any call may ask."""
+    if adapter.adapter not in GENERATION_ADAPTERS:
         if adapter.max_new_tokens:
-            raise _read_only_by(adapter, "max_new_tokens", CAUSAL_LM_ADAPTER)
+            raise _read_only_by(adapter, "max_new_tokens", _GENERATION_ADAPTER_NAMES)
         return
     if adapter.max_new_tokens > MAX_TOKENS_CEILING:
         raise invalid_argument(

@@ -17,6 +17,10 @@ WHISPER_ADAPTER = "transformers_whisper"
 TROCR_ADAPTER = "transformers_trocr"
 SIGLIP2_ADAPTER = "transformers_siglip2"
 CAUSAL_LM_ADAPTER = "transformers_causal_lm"  # text generation: Generate, GenerateStream
+# Managed OpenAI-compatible servers the worker starts and supervises (text generation too): a GGUF
+# through llama.cpp's server; vLLM's is known to the worker but runs only where vLLM installs.
+LLAMA_CPP_SERVER_ADAPTER = "llama_cpp_server"
+VLLM_SERVER_ADAPTER = "vllm_server"
 
 TEXT = "text"
 AUDIO = "audio"
@@ -30,9 +34,13 @@ ADAPTER_MODALITIES: Mapping[str, str] = MappingProxyType(
         TROCR_ADAPTER: IMAGE,
         SIGLIP2_ADAPTER: IMAGE,
         CAUSAL_LM_ADAPTER: TEXT,
+        LLAMA_CPP_SERVER_ADAPTER: TEXT,
+        VLLM_SERVER_ADAPTER: TEXT,
     }
 )
 IMAGE_ADAPTERS = frozenset(name for name, m in ADAPTER_MODALITIES.items() if m == IMAGE)
+# The adapters that answer Generate (and so read max_new_tokens), in process or through a server.
+GENERATION_ADAPTERS = frozenset({CAUSAL_LM_ADAPTER, LLAMA_CPP_SERVER_ADAPTER, VLLM_SERVER_ADAPTER})
 
 
 def modality_of(adapter: str) -> str | None:

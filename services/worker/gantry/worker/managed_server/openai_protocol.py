@@ -183,7 +183,8 @@ class StreamAccumulator:
     Completion tokens are the server's usage when it sends one (vLLM with include_usage);
     otherwise the chunks that carried generated text are counted, which is one per token for
     llama.cpp's server (it may hold back a token that ends inside a UTF-8 character, so the
-    count can be low by those), and prompt tokens stay 0: unknown, never guessed.
+    count can be low by those), and prompt tokens stay 0 here: the caller asks the server for
+    them (`ServerCalls._prompt_tokens`), never guesses.
     """
 
     def __init__(self, *, chat: bool) -> None:

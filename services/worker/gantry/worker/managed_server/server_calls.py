@@ -108,7 +108,25 @@ class ServerCalls(abc.ABC):
                             _deliver(on_delta, delta, self.deployment_id)
                     if accumulated.done:
                         break
-            return accumulated.result()
+            result = accumulated.result()
+            if not result.prompt_tokens:
+                result.prompt_tokens = await self._prompt_tokens(request.path, request.body)
+            return result
+
+    async def _prompt_tokens(self, path: str, streamed_body: dict[str, Any]) -> int:
+        """The prompt's token count as the server itself counts it, for a server whose stream
+        carries no usage (llama.cpp's): the same request once more, whole and one token long.
+        The server reuses the prompt it just evaluated, so this costs one decoding step."""
+        body = {**streamed_body, "stream": False, "max_tokens": 1}
+        body.pop("stream_options", None)
+        answer = await self._post_json(path, body)
+        usage = answer.get("usage")
+        prompt_tokens = usage.get("prompt_tokens") if isinstance(usage, dict) else None
+        if not isinstance(prompt_tokens, int) or prompt_tokens <= 0:
+            raise GantryError(
+                "INVOKE_FAILED", "the server reports no prompt token count for this request"
+            )
+        return prompt_tokens
 
     async def embed(
         self,

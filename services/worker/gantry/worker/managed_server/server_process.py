@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import logging
 import os
 import shutil
 import signal
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping
@@ -66,17 +66,23 @@ _READY_LOG_EVERY_S = 5.0
 _KILL_GRACE_S = 5.0
 
 
-def _die_with_worker(parent_pid: int) -> Callable[[], None]:
-    """Run in the child between fork and exec: SIGKILL when the worker's spawning thread dies,
-    and exit at once if the worker died before that was armed. The signal survives the exec."""
+# Arms the parent-death signal, then becomes the server: PR_SET_PDEATHSIG survives execve. Run as
+# its own interpreter (no site, no imports of ours) rather than as a preexec_fn: Python code
+# between fork and exec in a threaded worker can crash the child (it did: a fork handler of a
+# third-party package segfaulted there). argv: the worker's pid, then the server's argv.
+_TRAMPOLINE = f"""
+import ctypes, os, signal, sys
+ctypes.CDLL(None, use_errno=True).prctl({_PR_SET_PDEATHSIG}, signal.SIGKILL, 0, 0, 0)
+if os.getppid() != int(sys.argv[1]):
+    os._exit({_EXIT_ORPHANED})
+os.execv(sys.argv[2], sys.argv[2:])
+"""
 
-    def arm() -> None:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        if os.getppid() != parent_pid:
-            os._exit(_EXIT_ORPHANED)
 
-    return arm
+def _dying_with_worker(argv: tuple[str, ...]) -> tuple[str, ...]:
+    """`argv` started through the trampoline: SIGKILL when the worker dies (exit at once if it
+    died before that was armed)."""
+    return (sys.executable, "-I", "-S", "-c", _TRAMPOLINE, str(os.getpid()), *argv)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -217,7 +223,7 @@ class ManagedServer(ServerCalls):
         )
         try:
             process = await asyncio.create_subprocess_exec(
-                *launch.argv,
+                *_dying_with_worker(launch.argv),
                 stdin=asyncio.subprocess.DEVNULL,
                 # One stream: servers log to either, and both end up in the tail and the log.
                 stdout=asyncio.subprocess.PIPE,
@@ -225,7 +231,6 @@ class ManagedServer(ServerCalls):
                 cwd=private_dir,
                 env=environment,
                 start_new_session=True,  # its own process group, signalled as one
-                preexec_fn=_die_with_worker(os.getpid()),
             )
         except OSError as exc:
             shutil.rmtree(private_dir, ignore_errors=True)
