@@ -19,6 +19,7 @@ from gantry.cli import (
     deployment_commands,
     describe_commands,
     embed,
+    endpoint_commands,
     events_commands,
     generate_command,
     inventory_commands,
@@ -171,6 +172,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     key_commands.add_keys_arguments(
         command("keys", key_commands.keys_list, "client API keys: list, create, revoke"),
+        options,
+    )
+    endpoint_commands.add_endpoints_arguments(
+        command(
+            "endpoints",
+            endpoint_commands.endpoints_list,
+            "servers run outside Gantry: list, adopt (never started or stopped by Gantry)",
+        ),
         options,
     )
 

@@ -169,6 +169,7 @@ def child_specs(settings: UpSettings) -> dict[str, ChildSpec]:
             "--scheduler-token-file", str(paths.scheduler_token.resolve()),
             "--bootstrap-operator-token-file", str(paths.operator_token.resolve()),
             "--artifact-root", str(paths.artifacts.resolve()),
+            "--endpoint-key-file", str((paths.root / "endpoint-sealing.key").resolve()),
         ],
         "worker": [
             "--control-plane", settings.address,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from gantry.common import tokens
 from gantry.common.clock import Clock, SystemClock
@@ -14,6 +15,7 @@ from gantry.controlplane.audit_feed import AuditFeed
 from gantry.controlplane.authn import ControlPlaneAuthenticator
 from gantry.controlplane.autoscaler import ScaleAdviceInbox
 from gantry.controlplane.deployment_admin import DeploymentAdmin
+from gantry.controlplane.endpoint_sealing import CredentialSealer
 from gantry.controlplane.evidence_pipeline import EvidencePipeline
 from gantry.controlplane.gateway import GatewaySettings, WorkerGatewayService
 from gantry.controlplane.inference_service import InferenceService, InferenceSettings
@@ -50,6 +52,9 @@ class ControlPlaneSettings:
     inference: InferenceSettings = field(default_factory=InferenceSettings)
     # Tests that drive time by hand run the reconciler's passes themselves.
     run_reconciler: bool = True
+    # The key that seals adopted endpoints' credentials (minted 0600 on first use). None: a key
+    # held in memory only, so sealed credentials do not outlive this process (in-process tests).
+    endpoint_key_file: Path | None = None
 
 
 @dataclass(kw_only=True)
@@ -145,6 +150,11 @@ async def start_control_plane(
         routes=routes,
         clock=clock,
         lease_seconds=settings.lease_seconds,
+        sealer=(
+            CredentialSealer.from_key_file(settings.endpoint_key_file)
+            if settings.endpoint_key_file is not None
+            else None
+        ),
     )
     lifecycle_holder.append(lifecycle)
     # Heartbeats land here (the gateway); the reconciler decides staleness from it and flushes

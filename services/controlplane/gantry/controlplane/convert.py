@@ -111,7 +111,7 @@ def deployment(
     message = control_plane_pb2.Deployment(
         deployment_id=row.deployment_id,
         capability=row.capability,
-        artifact_set_id=row.artifact_set_id,
+        artifact_set_id=row.artifact_set_id or "",
         adapter=adapter_from_json(row.adapter),
         environment_id=row.environment_id,
         state=enum_value(control_plane_pb2.DeploymentState, "DEPLOYMENT_STATE_", row.state),
@@ -129,7 +129,10 @@ def deployment(
             common_pb2.PlacementPolicy, "PLACEMENT_POLICY_", row.placement_policy or "BIN_PACK"
         ),
         deleted_at=timestamp(row.deleted_at),
+        adopted=row.origin == "adopted",
     )
+    for placed in message.residencies:
+        placed.adopted = message.adopted  # an adopted deployment's residency is its endpoint
     if row.last_failure_reason:
         message.last_failure.CopyFrom(
             common_pb2.Failure(reason=row.last_failure_reason, message=row.last_failure_message)

@@ -14,13 +14,14 @@ from dataclasses import dataclass, field
 
 from gantry.common.clock import Clock
 from gantry.controlplane.domain.deployment_admin_rules import (
+    adopted_refusal,
     delete_refusal,
     restart_refusal,
     scale_refusal,
 )
 from gantry.controlplane.domain.transitions import DeploymentState, JobType, ResidencyState
 from gantry.controlplane.lifecycle import DeploymentLifecycle
-from gantry.controlplane.persistence import audit, bindings, deployments, jobs
+from gantry.controlplane.persistence import audit, bindings, deployments, endpoints, jobs
 from gantry.controlplane.persistence.database import Database
 from gantry.controlplane.persistence.models import Deployment, Residency, ServingJob
 from gantry.controlplane.persistence.transitions import retry_on_conflict
@@ -79,6 +80,21 @@ class DeploymentAdmin:
             # Nothing runs, but a queued job (a load refused by a failing worker) must not start.
             await jobs.cancel_open_jobs(session, deployment_id=deployment_id, now=now)
             await deployments.mark_deployment_deleted(session, row, now=now)
+            # An adopted server is only forgotten: nothing is sent to it.
+            forgotten = await endpoints.forget_endpoint_of_deployment(
+                session, deployment_id, now=now
+            )
+            if forgotten is not None:
+                await audit.record_event(
+                    session,
+                    actor=actor,
+                    action="endpoint.forget",
+                    subject_kind="endpoint",
+                    subject_id=forgotten.endpoint_id,
+                    now=now,
+                    deployment_id=deployment_id,
+                    why="deployment.delete",
+                )
             for capability in await bindings.unbind_deployment(
                 session, deployment_id=deployment_id, now=now
             ):
@@ -117,7 +133,9 @@ class DeploymentAdmin:
         now = self._clock.now()
         async with self._database.transaction() as session:
             row = deployments.check_live(await deployments.lock_deployment(session, deployment_id))
-            refusal = restart_refusal(deployment_id, state=row.state)
+            refusal = adopted_refusal(
+                deployment_id, origin=row.origin, operation="restarted"
+            ) or restart_refusal(deployment_id, state=row.state)
             if refusal is not None:
                 raise refusal
             committed = _Committed(deployment=row)
@@ -169,7 +187,9 @@ class DeploymentAdmin:
         now = self._clock.now()
         async with self._database.transaction() as session:
             row = deployments.check_live(await deployments.lock_deployment(session, deployment_id))
-            refusal = scale_refusal(deployment_id, state=row.state)
+            refusal = adopted_refusal(
+                deployment_id, origin=row.origin, operation="scaled"
+            ) or scale_refusal(deployment_id, state=row.state)
             if refusal is not None:
                 raise refusal
             from_replicas, from_min, from_max = row.replicas, row.min_replicas, row.max_replicas

@@ -398,7 +398,8 @@ class EvidencePipeline:
                         f"{deployment.capability!r}, not {capability!r}",
                         field="capability",
                     )
-                if deployment.approval_id is None:
+                # An adopted endpoint's gate is the operator's audited AdoptEndpoint.
+                if deployment.approval_id is None and deployment.origin != "adopted":
                     raise GantryError(
                         "NOT_APPROVED",
                         f"deployment {deployment_id} was made without an approval",

@@ -375,6 +375,13 @@ class WorkerGatewayService(worker_gateway_pb2_grpc.WorkerGatewayServicer):
     async def _inventory(self, stream: WorkerStream, inventory: wg.Inventory) -> None:
         async def reconcile() -> Reconciled:
             async with self._database.transaction() as db:
+                # GetInventory shows the latest report, not only the Hello's (an adopted
+                # endpoint, say, appears only in a report).
+                node = await nodes.get_node(db, stream.node_id)
+                node.inventory = {
+                    **(node.inventory or {}),
+                    "inventory": json_format.MessageToDict(inventory),
+                }
                 return await self._lifecycle.reconcile_node(
                     db,
                     node_id=stream.node_id,

@@ -19,14 +19,15 @@ from gantry.controlplane.domain.transitions import (
     JobType,
     ResidencyState,
 )
+from gantry.controlplane.endpoint_sealing import CredentialSealer
 from gantry.controlplane.job_context import (
     DeploymentJobHandler,
     JobHandler,
     ResultContext,
     failure_class,
 )
-from gantry.controlplane.persistence import artifacts, audit, deployments, jobs
-from gantry.controlplane.persistence.models import ServingJob
+from gantry.controlplane.persistence import artifacts, audit, deployments, endpoints, jobs
+from gantry.controlplane.persistence.models import Deployment, ServingJob
 from gantry.controlplane.pipeline_jobs import InspectHandler, ProbeHandler
 from gantry.controlplane.settle import settle_deployment
 from gantry.v1 import worker_gateway_pb2 as wg
@@ -44,9 +45,12 @@ class LoadHandler(DeploymentJobHandler):
     ) -> None:
         assert job.deployment_id is not None  # a deployment job
         deployment = await deployments.get_deployment(session, job.deployment_id)
+        assignment.job_type = wg.JOB_TYPE_LOAD
+        if deployment.artifact_set_id is None:
+            await _fill_adopted(session, deployment, assignment)
+            return
         artifact = await artifacts.get_artifact_set(session, deployment.artifact_set_id)
         manifest = await artifacts.get_manifest(session, artifact.artifact_set_id)
-        assignment.job_type = wg.JOB_TYPE_LOAD
         assignment.load.CopyFrom(
             wg.LoadSpec(
                 deployment_id=deployment.deployment_id,
@@ -64,7 +68,14 @@ class LoadHandler(DeploymentJobHandler):
         if result.WhichOneof("outcome") == "load":
             if residency.state not in (ResidencyState.LOADING, ResidencyState.RESIDENT):
                 return  # an unload overtook this load; the unload settles the residency
-            artifact = await artifacts.get_artifact_set(context.session, deployment.artifact_set_id)
+            # An adopted server has no bytes Gantry verified: no artifact digest to record.
+            artifact_digest = (
+                (
+                    await artifacts.get_artifact_set(context.session, deployment.artifact_set_id)
+                ).manifest_digest
+                if deployment.artifact_set_id is not None
+                else ""
+            )
             await deployments.set_residency_state(
                 context.session,
                 residency,
@@ -75,7 +86,7 @@ class LoadHandler(DeploymentJobHandler):
                 restart_count=0,
                 last_failure_reason="",
                 last_failure_message="",
-                artifact_digest=artifact.manifest_digest,
+                artifact_digest=artifact_digest,
                 adapter_digest=result.load.adapter_digest,
                 environment_fingerprint=result.load.environment_fingerprint,
             )
@@ -121,6 +132,36 @@ class LoadHandler(DeploymentJobHandler):
                 failure_reason=failure.reason,
                 failure_message=failure.message,
             )
+
+
+async def _fill_adopted(
+    session: AsyncSession, deployment: Deployment, assignment: wg.JobAssignment
+) -> None:
+    """An adopted deployment's LOAD names its server instead of an artifact. The credential
+    goes in still sealed; the job pump opens it into the message it sends
+    (`open_endpoint_credential`), so no other reader of a filled spec ever holds it."""
+    endpoint = await endpoints.endpoint_of_deployment(session, deployment.deployment_id)
+    assignment.load.CopyFrom(
+        wg.LoadSpec(
+            deployment_id=deployment.deployment_id,
+            environment_id=deployment.environment_id,
+            adapter=convert.adapter_from_json(deployment.adapter),
+            endpoint=wg.EndpointSpec(
+                endpoint_id=endpoint.endpoint_id,
+                url=endpoint.url,
+                model=endpoint.model,
+                credential=endpoint.credential_sealed,
+            ),
+        )
+    )
+
+
+def open_endpoint_credential(assignment: wg.JobAssignment, sealer: CredentialSealer) -> None:
+    """Replace a LOAD's sealed endpoint credential with the plaintext the worker sends."""
+    if assignment.WhichOneof("spec") != "load" or not assignment.load.HasField("endpoint"):
+        return
+    endpoint = assignment.load.endpoint
+    endpoint.credential = sealer.open(endpoint.credential, endpoint_id=endpoint.endpoint_id)
 
 
 class UnloadHandler(DeploymentJobHandler):
@@ -246,4 +287,5 @@ __all__ = [
     "ResultContext",
     "abandon_pipeline_jobs",
     "jobs_requeued",
+    "open_endpoint_credential",
 ]

@@ -17,7 +17,8 @@ from google.protobuf import timestamp_pb2
 from gantry.common.clock import Clock
 from gantry.common.errors import GantryError
 from gantry.controlplane.domain.transitions import JobType, NodeState
-from gantry.controlplane.job_handlers import HANDLERS
+from gantry.controlplane.endpoint_sealing import CredentialSealer
+from gantry.controlplane.job_handlers import HANDLERS, open_endpoint_credential
 from gantry.controlplane.persistence import jobs, nodes
 from gantry.controlplane.persistence.database import Database
 from gantry.controlplane.worker_sessions import WorkerHub
@@ -34,9 +35,16 @@ class _Flight:
 
 class JobPump:
     def __init__(
-        self, *, database: Database, hub: WorkerHub, clock: Clock, lease_seconds: float
+        self,
+        *,
+        database: Database,
+        hub: WorkerHub,
+        clock: Clock,
+        lease_seconds: float,
+        sealer: CredentialSealer,
     ) -> None:
         self._database = database
+        self._sealer = sealer
         self._hub = hub
         self._clock = clock
         self.lease_seconds = lease_seconds
@@ -103,4 +111,6 @@ class JobPump:
                 attempt_count=job.attempt_count,
             )
             await handler.fill(session, job, assignment)
+            # An adopted endpoint's credential is opened only here, into the message sent.
+            open_endpoint_credential(assignment, self._sealer)
             return assignment

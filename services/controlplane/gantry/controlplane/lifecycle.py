@@ -35,11 +35,13 @@ from gantry.controlplane.domain.transitions import (
     NodeState,
     ResidencyState,
 )
+from gantry.controlplane.endpoint_sealing import CredentialSealer
 from gantry.controlplane.inventory import Reconciled, reconcile_inventory
 from gantry.controlplane.job_handlers import HANDLERS, ResultContext
 from gantry.controlplane.job_pump import JobPump
-from gantry.controlplane.persistence import audit, deployments, jobs, nodes, tenants
+from gantry.controlplane.persistence import audit, deployments, endpoints, jobs, nodes, tenants
 from gantry.controlplane.persistence.database import Database
+from gantry.controlplane.persistence.endpoints import ORIGIN_ADOPTED
 from gantry.controlplane.persistence.jobs import ResultCommit
 from gantry.controlplane.persistence.models import Deployment, Residency, ServingJob
 from gantry.controlplane.placement import Placer
@@ -70,12 +72,21 @@ class DeploymentLifecycle:
         routes: RouteCache,
         clock: Clock,
         lease_seconds: float = DEFAULT_LEASE_SECONDS,
+        sealer: CredentialSealer | None = None,
     ) -> None:
         self._database = database
         self._hub = hub
         self._clock = clock
+        # Seals adopted endpoints' credentials (AdoptEndpoint) and opens them into LOAD jobs.
+        self.sealer = sealer or CredentialSealer.ephemeral()
         self.announcer = Announcer(scheduler=scheduler, routes=routes)
-        self.pump = JobPump(database=database, hub=hub, clock=clock, lease_seconds=lease_seconds)
+        self.pump = JobPump(
+            database=database,
+            hub=hub,
+            clock=clock,
+            lease_seconds=lease_seconds,
+            sealer=self.sealer,
+        )
         self.placer = Placer(
             database=database, scheduler=scheduler, announcer=self.announcer, clock=clock
         )
@@ -117,6 +128,19 @@ class DeploymentLifecycle:
                 subject_id=deployment_id,
                 now=now,
             )
+            if row.origin == ORIGIN_ADOPTED:
+                # Its worker only forgets the server (closes its client); nothing reaches it.
+                endpoint = await endpoints.endpoint_of_deployment(session, deployment_id)
+                await audit.record_event(
+                    session,
+                    actor=actor,
+                    action="endpoint.forget",
+                    subject_kind="endpoint",
+                    subject_id=endpoint.endpoint_id,
+                    now=now,
+                    deployment_id=deployment_id,
+                    why="deployment.unload",
+                )
         self.announce(changed)
         for node_id in {r.node_id for r in changed}:
             await self.pump.dispatch(node_id)

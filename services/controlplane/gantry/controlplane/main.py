@@ -41,6 +41,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bootstrap-operator-token-file", type=Path)
     parser.add_argument("--artifact-root", type=Path, help="accepted for symmetry; unused here")
     parser.add_argument(
+        "--endpoint-key-file",
+        type=Path,
+        default=Path(".gantry/endpoint-sealing.key"),
+        help="the key sealing adopted endpoints' credentials (minted, mode 0600, if absent)",
+    )
+    parser.add_argument(
         "--health-listen",
         metavar="HOST:PORT",
         help="also serve grpc.health.v1 alone, plaintext, here (probes that cannot speak TLS)",
@@ -121,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         health_listen=args.health_listen,
         scheduler_tls=scheduler_tls,
         inference=InferenceSettings(limits=limits),
+        endpoint_key_file=args.endpoint_key_file,
     )
 
     async def serve() -> None:

@@ -21,6 +21,7 @@ from gantry.controlplane.audit_feed import AuditFeed
 from gantry.controlplane.authn import ControlPlaneAuthenticator
 from gantry.controlplane.deployment_admin import DeploymentAdmin
 from gantry.controlplane.domain.capability_degradation import CapabilityDegradation
+from gantry.controlplane.endpoint_adoption import AdoptedEndpointRpcs, EndpointAdoption
 from gantry.controlplane.evidence_pipeline import EvidencePipeline, approved_source
 from gantry.controlplane.invariants import check_invariants
 from gantry.controlplane.lifecycle import DeploymentLifecycle
@@ -60,6 +61,7 @@ from gantry.v1 import control_plane_pb2_grpc
 
 
 class ControlPlaneService(
+    AdoptedEndpointRpcs,
     EvidencePipelineRpcs,
     TenantPolicyRpcs,
     ObservabilityRpcs,
@@ -91,6 +93,9 @@ class ControlPlaneService(
         # Delete, restart, scale (lifecycle_rpcs.py); app.py gives it the reconciler to wake.
         self._deployment_admin = deployment_admin or DeploymentAdmin(
             database=database, hub=hub, lifecycle=lifecycle, clock=clock
+        )
+        self._endpoint_adoption = EndpointAdoption(
+            database=database, lifecycle=lifecycle, clock=clock
         )
         self._node_admin = node_admin
         self._authenticator = authenticator

@@ -37,6 +37,7 @@ from gantry.controlplane.domain.transitions import (
 )
 from gantry.controlplane.persistence import deployments, jobs, nodes
 from gantry.controlplane.persistence.database import Database
+from gantry.controlplane.persistence.endpoints import ORIGIN_ADOPTED
 from gantry.controlplane.persistence.models import Deployment, Residency
 from gantry.controlplane.residency_charges import read_charges
 from gantry.controlplane.scheduler_link import PlacementRefused, SchedulerLink
@@ -63,7 +64,13 @@ async def queue_load(
 
 
 async def missing_replicas(session: AsyncSession, deployment: Deployment) -> int:
-    """Wanted replicas minus the placed ones (not COLD, on a node that is not disabled)."""
+    """Wanted replicas minus the placed ones (not COLD, on a node that is not disabled).
+
+    Always 0 for an adopted deployment: its one residency is its endpoint, made only by
+    AdoptEndpoint and pinned to the endpoint's node, so neither the reconciler nor a restart or
+    scale ever asks the scheduler to place it anywhere."""
+    if deployment.origin == ORIGIN_ADOPTED:
+        return 0
     placed = 0
     for residency in await deployments.residencies_of(session, deployment.deployment_id):
         if residency.state == ResidencyState.COLD:

@@ -17,6 +17,7 @@ from gantry.common.ids import parse_id
 from gantry.controlplane.domain.transitions import DeploymentState
 from gantry.controlplane.persistence import bindings, deployments
 from gantry.controlplane.persistence.database import Database
+from gantry.controlplane.persistence.endpoints import ORIGIN_ADOPTED
 from gantry.controlplane.persistence.models import Deployment
 from gantry.controlplane.route_cache import RouteCache
 from gantry.v1 import inference_pb2
@@ -126,8 +127,9 @@ class DeploymentResolver:
         return deployment_id
 
     def _routable(self, deployment: Deployment, *, name: str) -> str:
-        if deployment.approval_id is None:
-            # Only a row from before the evidence pipeline (schema 0003) can lack one.
+        if deployment.approval_id is None and deployment.origin != ORIGIN_ADOPTED:
+            # Only a row from before the evidence pipeline (schema 0003) can lack one. An adopted
+            # endpoint has none by nature: the operator's audited AdoptEndpoint is its gate.
             raise GantryError(
                 "NOT_APPROVED",
                 f"{name} was made without an approval and is not routed",

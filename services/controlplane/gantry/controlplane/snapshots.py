@@ -188,8 +188,8 @@ async def _recovery_state(session: AsyncSession) -> cp.RecoveryState:
 
 
 async def node_inventory(session: AsyncSession, node_id: str) -> cp.NodeInventory:
-    """The inventory of the node's last Hello, split by whether a residency here accounts for
-    each model host (NOT_FOUND for an unknown node)."""
+    """The inventory of the node's last Hello or InventoryReport, split by whether a residency
+    here accounts for each model host (NOT_FOUND for an unknown node)."""
     node = await nodes.get_node(session, node_id)
     stored: dict[str, Any] = node.inventory or {}
     inventory = json_format.ParseDict(

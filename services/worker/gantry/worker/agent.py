@@ -40,6 +40,7 @@ from gantry.common.tls import ClientTls
 from gantry.v1 import worker_gateway_pb2 as wg
 from gantry.v1 import worker_gateway_pb2_grpc
 from gantry.worker import metrics
+from gantry.worker.adopted_endpoint import adopt_endpoint
 from gantry.worker.artifact_copies import manifest_of, verified_copy
 from gantry.worker.crash_policy import RestartPolicy
 from gantry.worker.environment_facts import (
@@ -476,6 +477,16 @@ class WorkerAgent:
 
     async def _load(self, assignment: wg.JobAssignment, result: wg.JobResult) -> None:
         spec = assignment.load
+        if spec.HasField("endpoint"):  # an adopted server: called, never started
+            admitted = await adopt_endpoint(
+                spec,
+                admit=lambda deployment_id, facts, host: self.supervisor.adopt(
+                    deployment_id, facts, host, endpoint_url=host.url
+                ),
+                check_timeout_s=self.supervisor.settings.deep_health_timeout_s,
+            )
+            result.load.CopyFrom(admitted)
+            return
         # Before anything is admitted or spawned: an adapter the registry does not know is
         # RUNTIME_INCOMPATIBLE, an environment that cannot run it RUNTIME_ENVIRONMENT_UNAVAILABLE
         # (both class CONFIG). Verifying and launching still go through supervision's own steps

@@ -136,6 +136,9 @@ class Resident:
     start_task: asyncio.Task[SupervisedHost | None] | None = None
     # The cgroup's OOM-kill counter when the current host started (None: unreadable).
     oom_kills_at_start: int | None = None
+    # An adopted external server (adopted_endpoint.py): no process of ours, never restarted.
+    adopted: bool = False
+    endpoint_url: str = ""
 
     def to_proto(self) -> wg.ResidentModel:
         host = self.host
@@ -151,6 +154,8 @@ class Resident:
             rss_bytes=host.rss_bytes() if host is not None else 0,
             restart_count=self.restart_count,
             crash_loop=self.crash_loop,
+            adopted=self.adopted,
+            endpoint_url=self.endpoint_url,
         )
         if self.last_failure is not None:
             resident.last_failure.CopyFrom(self.last_failure)

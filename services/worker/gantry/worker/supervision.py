@@ -131,6 +131,23 @@ class Supervisor:
             raise self._overtaken(deployment_id)  # unloaded the moment it became resident
         return resident
 
+    def adopt(
+        self, deployment_id: str, facts: ResidentFacts, host: SupervisedHost, *, endpoint_url: str
+    ) -> Resident:
+        """Hold an external server (already checked to answer) as RESIDENT. It has no launch, so
+        nothing here can restart it, and it never reports an exit: its failed pings only mark
+        its health. Unloading it goes through `_stop`, which only forgets it."""
+        resident = Resident(
+            deployment_id=deployment_id,
+            facts=facts,
+            crashes=CrashHistory(self.settings.restart, self._clock),
+            adopted=True,
+            endpoint_url=endpoint_url,
+        )
+        self.residents.admit(resident)
+        self._now_resident(resident, host)
+        return resident
+
     @staticmethod
     def _overtaken(deployment_id: str) -> GantryError:
         return GantryError(

@@ -74,6 +74,21 @@ def restart_refusal(deployment_id: str, *, state: str) -> GantryError | None:
     )
 
 
+def adopted_refusal(deployment_id: str, *, origin: str, operation: str) -> GantryError | None:
+    """An adopted deployment is its external server: Gantry never starts or places another
+    replica of it, so it is neither restarted nor scaled (adopt the server again instead)."""
+    if origin != "adopted":
+        return None
+    return GantryError(
+        "INVALID_STATE_TRANSITION",
+        f"deployment {deployment_id} is an adopted endpoint and is never {operation}; unload or "
+        "delete it, and adopt the server again (gantry endpoints adopt)",
+        machine="deployment",
+        deployment_id=deployment_id,
+        origin=origin,
+    )
+
+
 def scale_refusal(deployment_id: str, *, state: str) -> GantryError | None:
     if state in SCALABLE_STATES:
         return None

@@ -25,7 +25,7 @@ async def create_deployment(
     session: AsyncSession,
     *,
     capability: str,
-    artifact_set_id: str,
+    artifact_set_id: str | None,
     adapter: dict[str, Any],
     environment_id: str,
     replicas: int,
@@ -36,6 +36,7 @@ async def create_deployment(
     min_replicas: int | None = None,
     max_replicas: int | None = None,
     placement_policy: str = "BIN_PACK",
+    origin: str = "pipeline",
 ) -> Deployment:
     """A PENDING deployment; the gate it passed (approval, profile, candidate) when it has one.
 
@@ -59,6 +60,7 @@ async def create_deployment(
         approval_id=approval_id,
         profile_id=profile_id,
         candidate_id=candidate_id,
+        origin=origin,
     )
     session.add(row)
     await state_history.record_creation(

@@ -1,4 +1,5 @@
-"""The control plane's tables: typed SQLAlchemy 2 rows. Secrets appear only as hashes."""
+"""The control plane's tables: typed SQLAlchemy 2 rows. Secrets appear only as hashes, except an
+adopted endpoint's credential, which the worker needs back: it is sealed (endpoint_sealing.py)."""
 
 from __future__ import annotations
 
@@ -146,7 +147,13 @@ class Deployment(Base):
     __tablename__ = "deployments"
     deployment_id: Mapped[str] = mapped_column(Id, primary_key=True)
     capability: Mapped[str] = mapped_column(String(200), index=True)
-    artifact_set_id: Mapped[str] = mapped_column(ForeignKey("artifact_sets.artifact_set_id"))
+    # NULL only for an adopted deployment (origin "adopted"): an external server has no bytes here.
+    artifact_set_id: Mapped[str | None] = mapped_column(
+        ForeignKey("artifact_sets.artifact_set_id"), nullable=True
+    )
+    # "pipeline" (approved through the evidence pipeline) or "adopted" (AdoptEndpoint: never
+    # placed, re-placed or scaled; its one residency is pinned to the endpoint's node).
+    origin: Mapped[str] = mapped_column(String(16), default="pipeline", server_default="pipeline")
     adapter: Mapped[dict[str, Any]] = mapped_column(JSON)
     environment_id: Mapped[str] = mapped_column(String(200), default="")
     state: Mapped[str] = mapped_column(String(32))
@@ -188,6 +195,21 @@ class Residency(Base):
     environment_fingerprint: Mapped[str] = mapped_column(String(64), default="")
 
     __table_args__ = (Index("ix_residencies_deployment_node", "deployment_id", "node_id"),)
+
+
+class AdoptedEndpoint(Base):
+    """An OpenAI-compatible server outside Gantry's custody, the residency of one adopted
+    deployment. The credential is sealed (never hashed: the worker must send it)."""
+
+    __tablename__ = "adopted_endpoints"
+    endpoint_id: Mapped[str] = mapped_column(Id, primary_key=True)
+    deployment_id: Mapped[str] = mapped_column(ForeignKey("deployments.deployment_id"), unique=True)
+    node_id: Mapped[str] = mapped_column(ForeignKey("nodes.node_id"), index=True)
+    url: Mapped[str] = mapped_column(String(2048))
+    model: Mapped[str] = mapped_column(String(256))
+    credential_sealed: Mapped[str] = mapped_column(Text, default="", server_default="")
+    created_at: Mapped[dt.datetime] = mapped_column(Timestamp)
+    deleted_at: Mapped[dt.datetime | None] = mapped_column(Timestamp, nullable=True)
 
 
 class ServingJob(Base):
