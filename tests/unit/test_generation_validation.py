@@ -26,6 +26,7 @@ from gantry.common.inference_limits import (
 )
 from gantry.controlplane import main as controlplane_main
 from gantry.controlplane.domain.adapter_modalities import TEXT, modality_of
+from gantry.controlplane.domain.profile_preprocessing import bind_preprocessing
 from gantry.controlplane.domain.work_cost import TOKEN_UNITS, generate_cost
 from gantry.controlplane.generation_answers import (
     checked_delta,
@@ -313,3 +314,23 @@ def test_progress_of_another_kind_is_invoke_failed():
     with pytest.raises(GantryError, match="'empty' progress") as caught:
         checked_delta(wg.InvokeProgress(request_id="w"))
     assert caught.value.reason == "INVOKE_FAILED"
+
+
+# ---- the profile binds the model's context -----------------------------------------------------
+
+
+@pytest.mark.parametrize("adapter", ["transformers_causal_lm", "llama_cpp_server"])
+def test_a_generation_profile_binds_the_context_the_inspection_read(adapter: str) -> None:
+    details = {"context_length": "256"}
+    bound = bind_preprocessing(common_pb2.AdapterSettings(adapter=adapter), details)
+    assert bound.max_input_length == 256
+    lowered = common_pb2.AdapterSettings(adapter=adapter, max_input_length=128)
+    assert bind_preprocessing(lowered, details).max_input_length == 128
+    with pytest.raises(GantryError) as caught:
+        bind_preprocessing(
+            common_pb2.AdapterSettings(adapter=adapter, max_input_length=512), details
+        )
+    assert caught.value.reason == "INVALID_ARGUMENT"
+    assert caught.value.metadata == {"field": "adapter.max_input_length", "limit": "256"}
+    # Nothing read (a layout that names no context): the operator's value stands, unset stays 0.
+    assert bind_preprocessing(common_pb2.AdapterSettings(adapter=adapter), {}).max_input_length == 0

@@ -2,7 +2,9 @@
 
 A profile records the preprocessing its model will run with, so that it is evidence and not an
 assumption: for the image adapters the processor's image size, mean and std; for Whisper the
-feature extractor's sampling rate. Whatever the operator left unset (0, empty) is filled from the
+feature extractor's sampling rate; for the generation adapters the context length (the model's
+own, `max_input_length`, which the operator may lower but not raise). Whatever the operator left
+unset (0, empty) is filled from the
 inspection's details. A value the operator set must agree with what the artifact's own processor
 does (the model host refuses a load whose processor disagrees, RUNTIME_INCOMPATIBLE), so a
 disagreement is refused here, INVALID_ARGUMENT naming the field, before anything is created; so
@@ -16,7 +18,11 @@ import struct
 from collections.abc import Mapping, Sequence
 
 from gantry.common.errors import GantryError, invalid_argument
-from gantry.controlplane.domain.adapter_modalities import IMAGE_ADAPTERS, WHISPER_ADAPTER
+from gantry.controlplane.domain.adapter_modalities import (
+    GENERATION_ADAPTERS,
+    IMAGE_ADAPTERS,
+    WHISPER_ADAPTER,
+)
 from gantry.v1 import common_pb2
 
 # Inspection details (`gantry.worker.inspection`) -> the AdapterSettings field each fills.
@@ -24,6 +30,7 @@ IMAGE_SIZE_DETAIL = "image_size"
 IMAGE_MEAN_DETAIL = "image_mean"
 IMAGE_STD_DETAIL = "image_std"
 SAMPLING_RATE_DETAIL = "sampling_rate"
+CONTEXT_LENGTH_DETAIL = "context_length"  # a transformers config's or a GGUF header's
 _FLOAT32_MAX = 3.4028234663852886e38
 
 
@@ -45,7 +52,25 @@ def bind_preprocessing(
     elif bound.adapter == WHISPER_ADAPTER:
         rate = _whole(details, SAMPLING_RATE_DETAIL)
         bound.sampling_rate_hz = _bound_whole(bound.sampling_rate_hz, rate, "sampling_rate_hz")
+    elif bound.adapter in GENERATION_ADAPTERS:
+        context = _whole(details, CONTEXT_LENGTH_DETAIL)
+        bound.max_input_length = _bound_context(bound.max_input_length, context)
     return bound
+
+
+def _bound_context(given: int, read: int | None) -> int:
+    """A generation profile's context: the model's own when unset; lower is a choice (less
+    memory for the KV cache), higher is a context the model was never trained for."""
+    if not given:
+        return read or 0
+    if read is not None and given > read:
+        raise invalid_argument(
+            f"adapter.max_input_length is {given}, but the model's context is {read} tokens (as "
+            f"its assessment read it); leave it unset to bind {read}, or set it lower",
+            field="adapter.max_input_length",
+            limit=str(read),
+        )
+    return given
 
 
 def _bound_whole(given: int, read: int | None, field: str) -> int:

@@ -121,7 +121,11 @@ class TransformersCausalLM(ModelAdapter):
         )
         self._tokenizer = tokenizer
         self._max_new_tokens = settings.max_new_tokens or DEFAULT_MAX_NEW_TOKENS
-        self._context_length = context_length(model.config, tokenizer)
+        # The profile may cap the context below the model's own (prompt and generation together,
+        # as llama.cpp's n_ctx does for the managed server); it never raises it.
+        model_context = context_length(model.config, tokenizer)
+        cap = settings.max_input_length
+        self._context_length = min(model_context, cap) if cap and model_context else model_context
         end = model.generation_config.eos_token_id
         end_ids = end if isinstance(end, list) else [end] if end is not None else []
         self._end_ids = frozenset(int(token) for token in end_ids)
