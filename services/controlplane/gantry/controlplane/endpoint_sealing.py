@@ -31,7 +31,9 @@ class CredentialSealer:
 
     @classmethod
     def from_key_file(cls, path: Path) -> CredentialSealer:
-        """The key in `path`, minted (mode 0600, never overwritten) when the file is absent."""
+        """The key in `path`, minted (mode 0600, never overwritten) when the file is absent; a
+        missing directory is made (0700)."""
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         try:
             descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         except FileExistsError:

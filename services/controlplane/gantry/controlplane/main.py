@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -43,8 +44,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--endpoint-key-file",
         type=Path,
-        default=Path(".gantry/endpoint-sealing.key"),
-        help="the key sealing adopted endpoints' credentials (minted, mode 0600, if absent)",
+        default=Path(os.environ["GANTRY_ENDPOINT_KEY_FILE"])
+        if os.environ.get("GANTRY_ENDPOINT_KEY_FILE")
+        else None,
+        help="the key sealing adopted endpoints' credentials (minted, mode 0600, if absent; env "
+        "GANTRY_ENDPOINT_KEY_FILE). Without one the key is held in memory: a credential stored "
+        "by this process cannot be opened after a restart",
     )
     parser.add_argument(
         "--health-listen",
@@ -110,6 +115,11 @@ def main(argv: list[str] | None = None) -> int:
     setup_tracing("gantry-controlplane")
     if not start_metrics("gantry-controlplane", args.metrics_address):
         return 2
+    if args.endpoint_key_file is None:
+        logging.getLogger(__name__).warning(
+            "no --endpoint-key-file: adopted endpoints' credentials are sealed with a key held "
+            "in memory and cannot be opened after a restart"
+        )
     bootstrap = args.bootstrap_operator_token_file
     settings = ControlPlaneSettings(
         listen=args.listen,
