@@ -8,6 +8,11 @@ pipeline, not a model's accuracy.
     .venv/bin/python scripts/tiny_models.py trocr .gantry/artifacts/tiny-trocr
     .venv/bin/python scripts/tiny_models.py siglip2 .gantry/artifacts/tiny-siglip2
     .venv/bin/python scripts/tiny_models.py causal_lm .gantry/artifacts/tiny-causal-lm
+    .venv/bin/python scripts/tiny_models.py causal_lm_gguf .gantry/artifacts/tiny-llama
+
+`causal_lm_gguf` writes the same causal LM twice: DIR/hf (what `causal_lm` writes) and DIR/gguf,
+its one GGUF file for the managed llama.cpp server (`llama_cpp_server`, environment "llama");
+register DIR/gguf.
 
 Run it from the repository root with .venv's interpreter (torch, transformers, tokenizers; the
 image processors' configs are written as JSON, so the vision environment is not needed to build).
@@ -84,6 +89,14 @@ KINDS: dict[str, TinyModel] = {
         capability="tiny-chat",
         try_it=('generate "Once upon a time" --capability tiny-chat --max-tokens 32',),
     ),
+    "causal_lm_gguf": TinyModel(
+        module="tests.fixtures.tiny_causal_lm_gguf",
+        builder="build_tiny_causal_lm_gguf",  # returns DIR/gguf, the directory to register
+        adapter="llama_cpp_server",
+        environment="llama",
+        capability="tiny-llama",
+        try_it=('generate "Once upon a time" --capability tiny-llama --max-tokens 32',),
+    ),
 }
 
 
@@ -97,15 +110,16 @@ def builder_of(kind: TinyModel) -> Callable[[Path], Path]:
     return build
 
 
-def next_steps(kind: TinyModel, directory: Path) -> str:
-    """The commands that register the model and walk it through every gate to a capability."""
+def next_steps(kind: TinyModel, directory: Path, name: str) -> str:
+    """The commands that register the model in `directory` as `name` and walk it through every
+    gate to a capability."""
     gantry = ".venv/bin/gantry"
     environment = f" --environment {kind.environment}" if kind.environment else ""
     return "\n".join(
         [
-            f"{gantry} artifacts register {directory} --name {directory.name}",
+            f"{gantry} artifacts register {directory} --name {name}",
             f"{gantry} assess ARTIFACT_SET_ID{environment}",
-            f"{gantry} profile ASSESSMENT_ID --name {directory.name}-cpu --adapter {kind.adapter}",
+            f"{gantry} profile ASSESSMENT_ID --name {name}-cpu --adapter {kind.adapter}",
             f"{gantry} probe PROFILE_ID",
             f'{gantry} approve CANDIDATE_ID --reason "tiny random {kind.adapter} fixture"',
             f"{gantry} deploy APPROVAL_ID --capability {kind.capability}",
@@ -139,11 +153,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"built a tiny random {args.kind} in {built} ({len(files)} files, {size} bytes)")
     if kind.environment:
         print(
-            f"its adapter runs in the {kind.environment!r} environment (make vision-env; the "
-            "worker maps it with GANTRY_PYTHON_ENV_MAP_JSON)"
+            f"its adapter runs in the {kind.environment!r} environment (make "
+            f"{kind.environment}-env; the worker maps it with GANTRY_PYTHON_ENV_MAP_JSON)"
         )
     print("next (each command prints the id the next one takes):")
-    print(next_steps(kind, built))
+    print(next_steps(kind, built, directory.name))
     return 0
 
 

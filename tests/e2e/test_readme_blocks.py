@@ -2,18 +2,19 @@
 
 One `gantry up` (a child process on free ports, its own state directory) serves every block. Each
 fenced `sh`/`bash` block of README.md runs in bash (`-e -o pipefail`) in order, from a directory
-laid out like the repository root: `.venv` (a link to this checkout's) and `.gantry` (the
-instance's state), so `.venv/bin/gantry`, `$(cat .gantry/operator.token)` and the like work
-unchanged; only the control plane's default address is rewritten to the instance's (and
+laid out like the repository root: `.venv` and `.venv-llama` (links to this checkout's) and
+`.gantry` (the instance's state), so `.venv/bin/gantry`, `$(cat .gantry/operator.token)` and the
+like work unchanged; only the control plane's default address is rewritten to the instance's (and
 GANTRY_ADDRESS / GANTRY_STATE_DIR point at it too). A block that cannot run as pasted (it starts
 the services itself, runs until Ctrl-C, needs a model that is not bundled) carries a visible
 marker on the line before its fence:
 
     <!-- readme-test: skip (why) -->
 
-Every other block must exit 0. The static test below needs no `gantry up`: it checks that every
-skip says why and that no runnable block holds a `<PLACEHOLDER>` (a block with ids to fill in
-either captures them in shell or is skipped).
+Every other block must exit 0. Whatever a block leaves running (a worker or a server it started
+with `&`) is killed with its process group when the block ends, pass or fail. The static test
+below needs no `gantry up`: it checks that every skip says why and that no runnable block holds a
+`<PLACEHOLDER>` (a block with ids to fill in either captures them in shell or is skipped).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ import pytest
 from gantry.common.auth import auth_metadata
 from gantry.v1 import inference_pb2, inference_pb2_grpc
 from gantry.worker.model_host.environments import ENV_MAP_JSON
+from tests.fixtures.llama_env import llama_python  # noqa: F401  (fixture)
 
 REPO = Path(__file__).resolve().parents[2]
 README = REPO / "README.md"
@@ -182,9 +184,15 @@ def _wait_serving(process: subprocess.Popen[bytes], instance: Instance) -> None:
 
 
 @pytest.fixture(scope="module")
-def gantry_up(tmp_path_factory: pytest.TempPathFactory, vision_python: str) -> Iterator[Instance]:
+def gantry_up(
+    tmp_path_factory: pytest.TempPathFactory,
+    vision_python: str,
+    llama_python: str,  # noqa: F811
+) -> Iterator[Instance]:
     root = tmp_path_factory.mktemp("readme")
     (root / ".venv").symlink_to(REPO / ".venv")
+    # The adopted-endpoint blocks start llama.cpp's server from it, outside Gantry.
+    (root / ".venv-llama").symlink_to(Path(llama_python).parents[1])
     (root / "scripts").symlink_to(REPO / "scripts")  # tiny_models.py, sample_media.py
     instance = Instance(root=root, address=_free_address(), log=root / "gantry-up.log")
     with instance.log.open("wb") as log:
@@ -195,8 +203,12 @@ def gantry_up(tmp_path_factory: pytest.TempPathFactory, vision_python: str) -> I
                 *("up", "--scheduler-address", _free_address(), "--no-metrics"),
             ],
             cwd=root,
-            # As `make run` does: the image adapters' environment mapped as "vision".
-            env={**os.environ, ENV_MAP_JSON: json.dumps({"vision": vision_python})},
+            # As `make run` does: the image adapters' environment mapped as "vision", llama.cpp's
+            # server's as "llama".
+            env={
+                **os.environ,
+                ENV_MAP_JSON: json.dumps({"vision": vision_python, "llama": llama_python}),
+            },
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=log,

@@ -80,7 +80,7 @@ def test_profile_sends_max_new_tokens_and_prints_it(
     with pytest.raises(SystemExit):
         gantry("profile", "--help")
     usage = " ".join(capsys.readouterr().out.split())
-    assert "transformers_causal_lm (text generation)" in usage
+    assert "transformers_causal_lm (text generation in a model host)" in usage
     lm = ("--adapter", "transformers_causal_lm", "--max-new-tokens", "64")
     assert gantry("profile", "asm-1", "--name", "lm-cpu", *lm) == 0
     sent = fake.control_plane.profiles[-1].adapter

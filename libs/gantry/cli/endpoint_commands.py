@@ -26,7 +26,7 @@ HEADERS = [
     "MODEL",
     "STATE",
     "CREDENTIAL",
-    "ADOPTED",
+    "ADOPTED AT",
 ]
 
 

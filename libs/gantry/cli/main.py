@@ -296,8 +296,10 @@ def build_parser() -> argparse.ArgumentParser:
         default="sentence_transformers",
         help="sentence_transformers (embeddings), sentence_transformers_cross_encoder "
         "(reranking), transformers_whisper (speech recognition), transformers_trocr (text "
-        "recognition in images), transformers_siglip2 (image embeddings and classification) or "
-        "transformers_causal_lm (text generation)",
+        "recognition in images), transformers_siglip2 (image embeddings and classification), "
+        "transformers_causal_lm (text generation in a model host) or llama_cpp_server (a GGUF "
+        "served by llama.cpp's server, which the worker starts; vllm_server where vLLM is "
+        "installed)",
     )
     profile.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1 (default cpu)")
     profile.add_argument(
@@ -341,7 +343,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=pipeline_commands.positive_whole,
         default=0,
         metavar="N",
-        help="transformers_causal_lm: the most new tokens one call may ask (default: the "
+        help="generation adapters: the most new tokens one call may ask (default: the "
         "adapter's, 1024)",
     )
     profile.add_argument("--normalize", action="store_true", help="L2-normalise embeddings")
