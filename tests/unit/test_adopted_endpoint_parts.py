@@ -85,12 +85,24 @@ def test_sealing_round_trips_and_another_key_cannot_open_it(tmp_path: Path) -> N
     assert refused.value.reason == "LOAD_FAILED"
 
 
-def test_a_key_file_others_can_read_is_refused(tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", [0o644, 0o604, 0o660, 0o620])
+def test_a_key_file_others_can_read_or_its_group_rewrite_is_refused(
+    tmp_path: Path, mode: int
+) -> None:
     key_file = tmp_path / "key"
     CredentialSealer.from_key_file(key_file)
-    os.chmod(key_file, 0o644)
+    os.chmod(key_file, mode)
     with pytest.raises(GantryError):
         CredentialSealer.from_key_file(key_file)
+
+
+@pytest.mark.parametrize("mode", [0o640, 0o440, 0o400])
+def test_a_key_file_the_service_s_group_reads_is_accepted(tmp_path: Path, mode: int) -> None:
+    # What deploy/ hands the control plane: a compose secret (0640) or a Secret volume (0440).
+    key_file = tmp_path / "key"
+    sealed = CredentialSealer.from_key_file(key_file).seal("sk-secret")
+    os.chmod(key_file, mode)
+    assert CredentialSealer.from_key_file(key_file).open(sealed, endpoint_id="e") == "sk-secret"
 
 
 async def test_the_reconciler_never_places_an_adopted_deployment() -> None:

@@ -187,6 +187,14 @@ def test_compose_gantry_services_use_their_images_and_tokens(compose: dict[str, 
     controlplane = " ".join(map(str, services["controlplane"]["command"]))
     assert "--scheduler-token-file /run/secrets/scheduler.token" in controlplane
     assert "--bootstrap-operator-token-file /run/secrets/operator.token" in controlplane
+    # Adopted endpoints' credentials stay readable across restarts: a key from a secret, which
+    # only the control plane mounts.
+    assert "--endpoint-key-file /run/secrets/endpoint.key" in controlplane
+    assert secret_targets(services["controlplane"])["endpoint_key"] == "/run/secrets/endpoint.key"
+    assert compose["secrets"]["endpoint_key"]["file"] == "./secrets/endpoint.key"
+    assert [n for n, s in services.items() if "endpoint_key" in secret_targets(s)] == [
+        "controlplane"
+    ]
     scheduler = " ".join(map(str, services["scheduler"]["command"]))
     assert "--service-token-file /run/secrets/scheduler.token" in scheduler
     assert "--credential-file /run/secrets/node.credential" in " ".join(
@@ -196,7 +204,8 @@ def test_compose_gantry_services_use_their_images_and_tokens(compose: dict[str, 
     # there (compose.yaml's secrets point at it).
     ignored = (DEPLOY / "secrets" / ".gitignore").read_text().splitlines()[1:]
     assert ignored == ["*", "!.gitignore", "!README"]
-    assert "operator.token" in (DEPLOY / "secrets" / "README").read_text()
+    listed = (DEPLOY / "secrets" / "README").read_text()
+    assert "operator.token" in listed and "endpoint.key" in listed
 
 
 def compose_tls_problems(doc: dict[str, Any], service: str) -> Problems:

@@ -69,3 +69,16 @@ def test_k8s_tls_check_rejects_plaintext_and_certificates_outside_secrets() -> N
     del args[args.index("--tls-client-ca") : args.index("--tls-client-ca") + 2]
     problems = " | ".join(k8s_tls_problems("scheduler", doc))
     assert "no --tls-client-ca" in problems and "/tmp/tls.key is not on a Secret" in problems
+
+
+def test_k8s_control_plane_reads_its_endpoint_key_from_a_read_only_secret(docs: Docs) -> None:
+    """Adopted endpoints' credentials stay readable across restarts: the sealing key is a Secret
+    (gantry-endpoint-key, documented in deploy/README.md), never minted in the pod."""
+    spec = pod_spec(by_kind_name(docs, "Deployment", "gantry-controlplane")) or {}
+    container = next(c for c in spec["containers"] if c["name"] == "controlplane")
+    path = option_value(container.get("args") or [], "--endpoint-key-file")
+    assert path == "/run/secrets/endpoint-key/endpoint.key"
+    (mount,) = [m for m in container["volumeMounts"] if path.startswith(m["mountPath"] + "/")]
+    assert mount["readOnly"] is True
+    volume = next(v for v in spec["volumes"] if v["name"] == mount["name"])
+    assert volume["secret"]["secretName"] == "gantry-endpoint-key"

@@ -21,6 +21,7 @@ import yaml
 from google.protobuf import json_format
 
 from gantry.common import tokens
+from gantry.controlplane.endpoint_sealing import CredentialSealer
 from gantry.v1 import control_plane_pb2 as cp
 from tests.unit.deploy_manifests_support import (
     COMPOSE,
@@ -66,6 +67,15 @@ def test_the_operator_token_recipe_makes_an_operator_token():
 def test_the_scheduler_token_recipe_makes_a_service_token():
     token = _run(_recipe("scheduler.token"))
     assert tokens.parse_token(token, kind=tokens.SERVICE_TOKEN) is not None
+
+
+def test_the_endpoint_key_recipe_makes_a_key_the_control_plane_seals_with(tmp_path: Path):
+    key_file = tmp_path / "endpoint.key"
+    key_file.write_text(_run(_recipe("endpoint.key")))
+    key_file.chmod(0o640)  # as the compose recipe leaves it: group 10001 reads it
+    sealer = CredentialSealer.from_key_file(key_file)
+    assert sealer.open(sealer.seal("sk-x"), endpoint_id="e") == "sk-x"
+    assert "gantry-endpoint-key" in README.read_text()
 
 
 # Node credentials: registration, one Secret per node, rotation.

@@ -3,9 +3,10 @@ control plane keeps outside the database.
 
 A credential cannot be hashed like Gantry's own tokens: the worker must send it to the server.
 So the database holds only the sealed form, and the key lives in a 0600 file in the control
-plane's state directory (created once by the first start that needs it), or, for an in-process
-control plane given no file, in memory for the life of the process (its sealed credentials are
-then unreadable after a restart, which a LOAD reports as LOAD_FAILED rather than sending junk).
+plane's state directory (created once by the first start that needs it) or in a deployment's
+secret (deploy/README.md, "Secrets"), or, for an in-process control plane given no file, in
+memory for the life of the process (its sealed credentials are then unreadable after a restart,
+which a LOAD reports as LOAD_FAILED rather than sending junk).
 """
 
 from __future__ import annotations
@@ -45,10 +46,14 @@ class CredentialSealer:
                 os.fsync(handle.fileno())
             log.info("minted the endpoint credential sealing key at %s", path)
         mode = path.stat().st_mode & 0o777
-        if mode & 0o077:
+        # Group read is how deployments hand the service its secrets (compose files 0640 and
+        # Kubernetes Secret volumes 0440, both group 10001, the service's own group), so only
+        # access by others or a group that may rewrite the key is refused.
+        if mode & 0o027:
             raise GantryError(
                 "INVALID_ARGUMENT",
-                f"the sealing key file {path} is readable by others (mode {mode:o}); chmod 600 it",
+                f"the sealing key file {path} is open to others or group-writable (mode "
+                f"{mode:o}); chmod 600 (or 640 for the service's group) it",
             )
         return cls(path.read_bytes().strip())
 

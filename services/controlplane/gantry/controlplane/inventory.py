@@ -10,12 +10,16 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from gantry.controlplane.domain import inventory_rules as rules
 from gantry.controlplane.domain.deployment_health import LIVE_STATES
 from gantry.controlplane.domain.transitions import JobType, ResidencyState
-from gantry.controlplane.persistence import audit, deployments, jobs
+from gantry.controlplane.persistence import audit, deployments, endpoints, jobs
+from gantry.controlplane.persistence.endpoints import ORIGIN_ADOPTED
 from gantry.controlplane.persistence.models import Residency
 from gantry.controlplane.placement import queue_load
 from gantry.controlplane.settle import settle_deployment
 from gantry.v1 import common_pb2
 from gantry.v1 import worker_gateway_pb2 as wg
+
+# What an adopted server that stops answering its pings shows (its residency and deployment).
+ENDPOINT_UNRESPONSIVE = "RUNTIME_UNRESPONSIVE"
 
 _WIRE_STATE = {
     common_pb2.RESIDENCY_STATE_RESIDENT: ResidencyState.RESIDENT,
@@ -46,7 +50,19 @@ def reported_facts(resident: wg.ResidentModel) -> rules.ReportedFacts:
         failure_reason=resident.last_failure.reason,
         failure_message=resident.last_failure.message,
         crash_loop=resident.crash_loop,
+        adopted=resident.adopted,
+        endpoint_url=resident.endpoint_url,
+        unresponsive=_failed_liveness(resident),
     )
+
+
+def _failed_liveness(resident: wg.ResidentModel) -> str:
+    """An adopted server's failed ping, as the worker recorded it. Only an adopted one: a model
+    host's supervision acts on its own pings (kills and restarts it), which the inventory shows
+    as a restart."""
+    if not resident.adopted or resident.health.runtime.status != wg.HEALTH_STATUS_FAILED:
+        return ""
+    return resident.health.runtime.detail or "the adopted server failed its liveness ping"
 
 
 async def reconcile_inventory(
@@ -62,6 +78,11 @@ async def reconcile_inventory(
     records = []
     for row in rows.values():
         open_jobs = await jobs.open_jobs_for_residency(session, row.residency_id)
+        endpoint_url = ""
+        if row.state != ResidencyState.COLD and (
+            (await deployments.get_deployment(session, row.deployment_id)).origin == ORIGIN_ADOPTED
+        ):
+            endpoint_url = (await endpoints.endpoint_of_deployment(session, row.deployment_id)).url
         records.append(
             rules.RecordFacts(
                 residency_id=row.residency_id,
@@ -73,6 +94,7 @@ async def reconcile_inventory(
                 environment_fingerprint=row.environment_fingerprint,
                 load_in_flight=any(j.job_type == JobType.LOAD for j in open_jobs),
                 unload_in_flight=any(j.job_type == JobType.UNLOAD for j in open_jobs),
+                endpoint_url=endpoint_url,
             )
         )
     decisions, unwanted = rules.decide(records, reported, generation=generation)
@@ -144,6 +166,28 @@ async def _apply(
                 restart_count=str(held.restart_count),
                 message=held.failure_message,
             )
+    elif action is rules.Action.UNRESPONSIVE:
+        # Not routed to (the scheduler routes RESIDENT residencies only) and shown, until a
+        # report says it answers again (Action.RESIDENT). The worker keeps it and keeps pinging;
+        # nothing is sent to the server, which is not ours to restart.
+        await deployments.set_residency_state(
+            session,
+            row,
+            ResidencyState.LOADING,
+            now=now,
+            last_failure_reason=ENDPOINT_UNRESPONSIVE,
+            last_failure_message=decision.why,
+        )
+        await audit.record_event(
+            session,
+            actor=f"node:{row.node_id}",
+            action="endpoint.unresponsive",
+            subject_kind="residency",
+            subject_id=row.residency_id,
+            now=now,
+            deployment_id=row.deployment_id,
+            message=decision.why,
+        )
     elif action is rules.Action.UNCERTAIN:
         if row.state != ResidencyState.UNCERTAIN:
             await deployments.set_residency_state(

@@ -27,6 +27,7 @@ from gantry.controlplane.job_context import (
     failure_class,
 )
 from gantry.controlplane.persistence import artifacts, audit, deployments, endpoints, jobs
+from gantry.controlplane.persistence.endpoints import ORIGIN_ADOPTED
 from gantry.controlplane.persistence.models import Deployment, ServingJob
 from gantry.controlplane.pipeline_jobs import InspectHandler, ProbeHandler
 from gantry.controlplane.settle import settle_deployment
@@ -109,9 +110,12 @@ class LoadHandler(DeploymentJobHandler):
         deployment.load_failure_count += 1
         await settle_deployment(context.session, deployment.deployment_id, now=context.now)
         await context.session.refresh(deployment)
-        gives_up = (
-            failure_class(failure.reason) is not FailureClass.INFRA
-            or deployment.load_failure_count >= MAX_LOAD_ATTEMPTS
+        # An adopted server that is down is the operator's to bring back, and it comes back by
+        # itself: its LOAD is asked again (reconciler, with backoff) for as long as it is wanted,
+        # so it never FAILS for attempts. Nothing of ours is broken by retrying it.
+        gives_up = failure_class(failure.reason) is not FailureClass.INFRA or (
+            deployment.load_failure_count >= MAX_LOAD_ATTEMPTS
+            and deployment.origin != ORIGIN_ADOPTED
         )
         if gives_up and deployment.state in (DeploymentState.PENDING, DeploymentState.LOADING):
             # A configuration error will not heal by retrying; an INFRA one gets a few attempts.

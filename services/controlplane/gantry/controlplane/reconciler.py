@@ -11,9 +11,11 @@ Each pass, with time from the injected clock:
    its unfinished inspections and probes FAIL (WORKER_UNAVAILABLE);
 4. live deployments with fewer placed replicas than wanted are placed (PENDING ones included),
    with backoff per deployment; a refusal leaves them PENDING with the reason;
-5. UNCERTAIN residencies on a connected node get another UNLOAD, with backoff;
-6. every connected node with queued jobs gets a pump pass.
-7. capabilities' degradation is evaluated (degradation_signals.py); changes are audited.
+5. an adopted endpoint's COLD residency gets a new LOAD on its own node once that node is
+   connected and the deployment still wanted (domain/endpoint_reload.py), with backoff;
+6. UNCERTAIN residencies on a connected node get another UNLOAD, with backoff;
+7. every connected node with queued jobs gets a pump pass.
+8. capabilities' degradation is evaluated (degradation_signals.py); changes are audited.
 Before placement, the latest scale advice per deployment (autoscaler.py) is applied: it moves
 the replicas wanted within the deployment's bounds, and drains any surplus.
 Handlers never sleep or poll: they record facts and `wake()` this loop.
@@ -28,6 +30,8 @@ import functools
 import logging
 from dataclasses import dataclass
 
+from sqlalchemy.ext.asyncio import AsyncSession
+
 from gantry.common.clock import Clock
 from gantry.common.errors import GantryError
 from gantry.common.metrics import metrics_enabled
@@ -37,7 +41,13 @@ from gantry.controlplane.degradation_signals import evaluate_degradation
 from gantry.controlplane.domain.backoff import Backoff
 from gantry.controlplane.domain.capability_degradation import CapabilityDegradation
 from gantry.controlplane.domain.deployment_health import LIVE_STATES
-from gantry.controlplane.domain.transitions import JobType, NodeState, ResidencyState
+from gantry.controlplane.domain.endpoint_reload import AdoptedResidencyFacts, reload_wanted
+from gantry.controlplane.domain.transitions import (
+    DeploymentState,
+    JobType,
+    NodeState,
+    ResidencyState,
+)
 from gantry.controlplane.job_handlers import (
     MAX_LOAD_ATTEMPTS,
     abandon_pipeline_jobs,
@@ -47,10 +57,11 @@ from gantry.controlplane.lifecycle import DeploymentLifecycle
 from gantry.controlplane.liveness import Heard, Liveness
 from gantry.controlplane.persistence import audit, deployments, jobs, nodes
 from gantry.controlplane.persistence.database import Database
-from gantry.controlplane.persistence.models import Node, Residency
+from gantry.controlplane.persistence.endpoints import ORIGIN_ADOPTED
+from gantry.controlplane.persistence.models import Deployment, Node, Residency
 from gantry.controlplane.persistence.state_counts import count_by_state
 from gantry.controlplane.persistence.transitions import retry_on_conflict
-from gantry.controlplane.placement import missing_replicas
+from gantry.controlplane.placement import missing_replicas, queue_load
 from gantry.controlplane.settle import settle_deployment, settle_node_deployments
 from gantry.controlplane.worker_sessions import WorkerHub
 
@@ -101,6 +112,10 @@ class Reconciler:
             clock, initial_s=settings.retry_initial_s, max_s=settings.retry_max_s
         )
         self._unloads = Backoff(
+            clock, initial_s=settings.retry_initial_s, max_s=settings.retry_max_s
+        )
+        # Per adopted residency: a server that is down fails each LOAD; ask again less often.
+        self._endpoint_loads = Backoff(
             clock, initial_s=settings.retry_initial_s, max_s=settings.retry_max_s
         )
         # Filled from the scheduler link's reader; new advice wakes the loop.
@@ -161,6 +176,7 @@ class Reconciler:
         await self._forget_absent(now)
         dispatch |= await self._apply_scale_advice()
         dispatch |= await self._place_missing_replicas()
+        dispatch |= await self._reload_adopted_endpoints(now)
         dispatch |= await self._retry_uncertain(now)
         dispatch |= await self._nodes_with_queued_jobs()
         await evaluate_degradation(self._database, self.degradation, now=now)
@@ -346,7 +362,67 @@ class Reconciler:
             dispatch.update(node_ids)
         return dispatch
 
-    # ---- 5. uncertain residencies -------------------------------------------------------------
+    # ---- 5. adopted endpoints ------------------------------------------------------------------
+
+    async def _reload_adopted_endpoints(self, now: dt.datetime) -> set[str]:
+        """A new LOAD for each adopted endpoint whose residency went COLD while it is wanted, on
+        the endpoint's own node (never placed elsewhere: the server runs there)."""
+        dispatch: set[str] = set()
+        # COLD, or LOADING on the way back: a key is kept until its endpoint is RESIDENT again,
+        # so a LOAD that fails resumes the backoff instead of starting it over.
+        waiting: set[str] = set()
+        changed: list[Residency] = []
+        async with self._database.transaction() as session:
+            adopted = [
+                deployment
+                for deployment in await deployments.deployments_in_states(session, LIVE_STATES)
+                if deployment.origin == ORIGIN_ADOPTED
+            ]
+            for deployment in adopted:
+                for residency in await deployments.residencies_of(
+                    session, deployment.deployment_id
+                ):
+                    if residency.state in (ResidencyState.COLD, ResidencyState.LOADING):
+                        waiting.add(residency.residency_id)
+                    if residency.state != ResidencyState.COLD:
+                        continue
+                    facts = await self._adopted_facts(session, deployment, residency)
+                    if not reload_wanted(facts) or not self._endpoint_loads.due(
+                        residency.residency_id
+                    ):
+                        continue
+                    # Counted as failed until the endpoint is RESIDENT (forget_except below): a
+                    # server that stays down is asked again with a growing delay. A node that was
+                    # away made no attempt meanwhile, so its endpoints are due once it connects.
+                    self._endpoint_loads.failed(residency.residency_id)
+                    log.info(
+                        "adopted endpoint of deployment %s is COLD on connected node %s: loading",
+                        deployment.deployment_id,
+                        residency.node_id,
+                    )
+                    await queue_load(session, deployment, residency, now=now)
+                    await settle_deployment(session, deployment.deployment_id, now=now)
+                    changed.append(residency)
+                    dispatch.add(residency.node_id)
+        self._endpoint_loads.forget_except(waiting)
+        if changed:
+            self._lifecycle.announce(changed)
+        return dispatch
+
+    async def _adopted_facts(
+        self, session: AsyncSession, deployment: Deployment, residency: Residency
+    ) -> AdoptedResidencyFacts:
+        node = await nodes.get_node(session, residency.node_id)
+        return AdoptedResidencyFacts(
+            deployment_state=DeploymentState(deployment.state),
+            deployment_deleted=deployment.deleted_at is not None,
+            residency_state=ResidencyState(residency.state),
+            node_state=NodeState(node.state),
+            node_stream_open=self._hub.get(node.node_id) is not None,
+            open_job=bool(await jobs.open_jobs_for_residency(session, residency.residency_id)),
+        )
+
+    # ---- 6. uncertain residencies -------------------------------------------------------------
 
     async def _retry_uncertain(self, now: dt.datetime) -> set[str]:
         dispatch: set[str] = set()
@@ -374,6 +450,8 @@ class Reconciler:
                 dispatch.add(residency.node_id)
         self._unloads.forget_except(uncertain)
         return dispatch
+
+    # ---- 7. the job pump ----------------------------------------------------------------------
 
     async def _nodes_with_queued_jobs(self) -> set[str]:
         async with self._database.transaction() as session:

@@ -8,7 +8,10 @@ committed. A record is only ever moved to what the witness reports, never to a g
 - one it restarts after a crash is LOADING (with the crash recorded), RESIDENT again once back;
 - one it cannot confirm stopped is UNCERTAIN (its envelope stays charged);
 - one it no longer holds is gone: COLD, and loaded again when still wanted;
-- a record from an older generation is gone with that worker process (its children die with it).
+- a record from an older generation is gone with that worker process (its children die with it);
+- an adopted endpoint (an external server the worker only routes to) is compared by its URL, not
+  by an artifact it does not have, and one whose pings fail is not routed to (LOADING, with why)
+  until it answers again: the worker never restarts it, so only its health says it serves.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ class Action(enum.Enum):
     UNCERTAIN = "uncertain"  # not what was committed, or its stop could not be verified
     GONE = "gone"  # nothing runs: COLD, and a new load when the deployment is still wanted
     UNLOADED = "unloaded"  # an unload finished (the worker no longer holds it)
+    UNRESPONSIVE = "unresponsive"  # an adopted server fails its pings: held, but not routed to
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -43,6 +47,7 @@ class RecordFacts:
     environment_fingerprint: str
     load_in_flight: bool  # a LOAD job for it is queued, leased or running
     unload_in_flight: bool = False  # an UNLOAD job for it is queued, leased or running
+    endpoint_url: str = ""  # an adopted deployment's server; empty for a model host
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -57,6 +62,11 @@ class ReportedFacts:
     failure_reason: str
     failure_message: str
     crash_loop: bool
+    adopted: bool = False  # an external server the worker holds without a process
+    endpoint_url: str = ""
+    # An adopted server's failed liveness reading (the worker's health detail); empty when its
+    # last ping was answered or none was read yet.
+    unresponsive: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +88,12 @@ def mismatch(record: RecordFacts, reported: ReportedFacts) -> str:
         # A record without the fact (committed before it was recorded) cannot be compared.
         if recorded and recorded != held
     ]
+    # An adopted server has no artifact or environment of ours to compare: what was committed is
+    # its URL. A model host held where an endpoint was recorded (or the reverse) is never it.
+    if bool(record.endpoint_url) != reported.adopted:
+        differences.append("kind (adopted endpoint or model host)")
+    elif record.endpoint_url and record.endpoint_url != reported.endpoint_url:
+        differences.append("endpoint url")
     return ", ".join(differences)
 
 
@@ -139,6 +155,10 @@ def _decide_one(record: RecordFacts, held: ReportedFacts | None, *, generation: 
                 Action.UNCERTAIN,
                 f"the worker's resident differs from the committed load in: {different}",
             )
+    if held.adopted and held.unresponsive and held.state == ResidencyState.RESIDENT:
+        if state == ResidencyState.RESIDENT:
+            return Decision(record.residency_id, Action.UNRESPONSIVE, held.unresponsive)
+        return Decision(record.residency_id, Action.KEEP)  # already not routed, or loading
     if held.state == ResidencyState.LOADING:
         if state == ResidencyState.RESIDENT or (
             state == ResidencyState.LOADING and not record.load_in_flight

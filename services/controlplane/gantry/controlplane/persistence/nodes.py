@@ -17,7 +17,7 @@ from gantry.controlplane.liveness import SeenBatch
 from gantry.controlplane.persistence import state_history
 from gantry.controlplane.persistence.jobs import OPEN_JOB_STATES
 from gantry.controlplane.persistence.models import Node, ServingJob
-from gantry.controlplane.persistence.transitions import compare_and_set
+from gantry.controlplane.persistence.transitions import compare_and_set, lost_a_race
 
 # Nodes per `record_last_seen` statement: far below SQLite's and PostgreSQL's bind limits.
 LAST_SEEN_CHUNK = 5_000
@@ -120,17 +120,26 @@ async def mark_disconnected(
 async def disconnect_all(session: AsyncSession, *, now: dt.datetime) -> int:
     """At control-plane start no worker stream exists yet: CONNECTED rows are stale."""
     rows = (await session.scalars(select(Node).where(Node.state == NodeState.CONNECTED))).all()
+    disconnected = 0
     for row in rows:
-        await compare_and_set(
-            session,
-            Node,
-            row.node_id,
-            machine="node",
-            expected=NodeState.CONNECTED,
-            target=NodeState.DISCONNECTED,
-            now=now,
-        )
-    return len(rows)
+        try:
+            await compare_and_set(
+                session,
+                Node,
+                row.node_id,
+                machine="node",
+                expected=NodeState.CONNECTED,
+                target=NodeState.DISCONNECTED,
+                now=now,
+            )
+        except GantryError as error:
+            # A previous control plane's last goodbye (still committing as it shuts down) moved
+            # the row first: it is no longer CONNECTED, which is all this start needs.
+            if not lost_a_race(error):
+                raise
+            continue
+        disconnected += 1
+    return disconnected
 
 
 async def claim_generation(
