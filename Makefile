@@ -5,6 +5,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PROTO_FILES := $(wildcard proto/gantry/v1/*.proto)
+# The Open Inference Protocol (KServe v2 / Triton), package `inference`: generated as
+# gantry.kserve.grpc_service_pb2 (protoc's virtual path) so it stays inside the gantry namespace.
+KSERVE_PROTO_FILES := $(wildcard proto/inference/*.proto)
 PROTO_STAMP := libs/gantry/v1/.generated
 
 export HF_HUB_OFFLINE := 1
@@ -12,7 +15,8 @@ export TRANSFORMERS_OFFLINE := 1
 export HF_HUB_DISABLE_PROGRESS_BARS := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: run test test-unit test-integration lint proto docs bench clean venv vision-env llama-env
+.PHONY: run test test-unit test-integration lint proto docs bench clean venv vision-env llama-env \
+	clients-env
 
 venv: $(STAMP)
 
@@ -51,6 +55,18 @@ $(LLAMA_STAMP): requirements-llama.txt
 		-r requirements-llama.txt
 	touch $@
 
+# The third-party clients the front-door tests drive (requirements-clients.txt says why they
+# have their own environment).
+CLIENTS_VENV := .venv-clients
+CLIENTS_STAMP := $(CLIENTS_VENV)/.installed
+
+clients-env: $(CLIENTS_STAMP)
+
+$(CLIENTS_STAMP): requirements-clients.txt
+	test -x $(CLIENTS_VENV)/bin/python || $(PYTHON) -m venv $(CLIENTS_VENV)
+	$(CLIENTS_VENV)/bin/pip install -q --disable-pip-version-check -r requirements-clients.txt
+	touch $@
+
 $(STAMP): requirements-dev.txt libs/pyproject.toml services/*/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --disable-pip-version-check -r requirements-dev.txt \
@@ -60,9 +76,11 @@ $(STAMP): requirements-dev.txt libs/pyproject.toml services/*/pyproject.toml
 
 proto: $(PROTO_STAMP)
 
-$(PROTO_STAMP): $(STAMP) $(PROTO_FILES)
+$(PROTO_STAMP): $(STAMP) $(PROTO_FILES) $(KSERVE_PROTO_FILES)
 	$(BIN)/python -m grpc_tools.protoc -I proto \
 		--python_out=libs --pyi_out=libs --grpc_python_out=libs $(PROTO_FILES)
+	$(BIN)/python -m grpc_tools.protoc -I gantry/kserve=proto/inference \
+		--python_out=libs --pyi_out=libs --grpc_python_out=libs $(KSERVE_PROTO_FILES)
 	touch $@
 
 # docs/api/*.md from the protos' comments (tests/unit/test_api_docs.py fails while they differ).
@@ -77,7 +95,7 @@ RUNTIME_ENV_MAP := {"vision": "$(CURDIR)/$(VISION_VENV)/bin/python", \
 run: $(PROTO_STAMP) $(VISION_STAMP) $(LLAMA_STAMP)
 	GANTRY_PYTHON_ENV_MAP_JSON=$${GANTRY_PYTHON_ENV_MAP_JSON:-'$(RUNTIME_ENV_MAP)'} $(BIN)/gantry up
 
-test: $(PROTO_STAMP) $(VISION_STAMP) $(LLAMA_STAMP)
+test: $(PROTO_STAMP) $(VISION_STAMP) $(LLAMA_STAMP) $(CLIENTS_STAMP)
 	$(BIN)/python -m pytest -q
 
 test-unit: $(PROTO_STAMP)
@@ -95,4 +113,6 @@ bench: $(PROTO_STAMP) $(VISION_STAMP) $(LLAMA_STAMP)
 	$(BIN)/python -m tests.bench.run
 
 clean:
-	rm -rf $(VENV) $(VISION_VENV) $(LLAMA_VENV) $(PROTO_STAMP) libs/gantry/v1/*_pb2*.py libs/gantry/v1/*_pb2.pyi
+	rm -rf $(VENV) $(VISION_VENV) $(LLAMA_VENV) $(CLIENTS_VENV) $(PROTO_STAMP) \
+		libs/gantry/v1/*_pb2*.py libs/gantry/v1/*_pb2.pyi \
+		libs/gantry/kserve/*_pb2*.py libs/gantry/kserve/*_pb2.pyi

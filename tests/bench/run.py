@@ -29,6 +29,7 @@ from pathlib import Path
 from gantry.cli.loadgen import LoadPlan, percentile, run_load
 from gantry.worker.model_host.environments import HOST_CPU_DEFAULTS
 from tests.bench.floor import Chain
+from tests.bench.openai_http import bench_openai_http
 from tests.bench.served import CAPABILITY, Served, gantry_up, settle
 from tests.bench.summary import Summary, cpu_seconds
 
@@ -194,6 +195,7 @@ async def serving(summary: Summary, floor: Floor) -> float:
             over_p99 <= 3.0,
             f"the chain with no Gantry code costs {chain.p99_ms:.2f} ms p99" + where,
         )
+        await bench_openai_http(summary, h, ITERATIONS, timed_pair, report)
         print("vectors on the wire, 32 sentences per call:")
         list_p50, _ = report("repeated float", await timed(embed(floats, batch), ITERATIONS // 4))
         bytes_p50, _ = report(

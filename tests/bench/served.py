@@ -43,6 +43,7 @@ class Served:
     pids: dict[str, int]  # role -> pid: scheduler, controlplane, worker, model-host
     log: Path
     root_pid: int  # `gantry up` itself
+    http_address: str = ""  # the OpenAI-compatible HTTP API (a free port of its own)
 
     @property
     def inference(self) -> inference_pb2_grpc.InferenceStub:
@@ -127,7 +128,7 @@ def _tail(log: Path, lines: int = 40) -> str:
 @contextlib.asynccontextmanager
 async def gantry_up(base: Path, *, env: dict[str, str] | None = None) -> AsyncIterator[Served]:
     """Start `gantry up` under `base` and yield once an Embed of the bundled model answers."""
-    address, scheduler_address = _free_address(), _free_address()
+    address, scheduler_address, http_address = _free_address(), _free_address(), _free_address()
     state = base / "state"
     log = base / "gantry-up.log"
     log_fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -135,6 +136,7 @@ async def gantry_up(base: Path, *, env: dict[str, str] | None = None) -> AsyncIt
         process = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "gantry.cli.main", "--state-dir", str(state),
             "--address", address, "up", "--scheduler-address", scheduler_address,
+            "--http-address", http_address,
             stdin=asyncio.subprocess.DEVNULL, stdout=log_fd, stderr=log_fd,
             env={**os.environ, **(env or {})},
             start_new_session=True,  # its own group: the finally ends everything it started
@@ -144,7 +146,9 @@ async def gantry_up(base: Path, *, env: dict[str, str] | None = None) -> AsyncIt
     try:
         async with grpc.aio.insecure_channel(address) as channel:
             client_md = await _wait_serving(process, channel, state / "client.key", log)
-            yield Served(address, client_md, channel, _roles(process.pid), log, process.pid)
+            yield Served(
+                address, client_md, channel, _roles(process.pid), log, process.pid, http_address
+            )
     finally:
         with contextlib.suppress(ProcessLookupError):
             process.send_signal(signal.SIGTERM)  # `gantry up` stops its children in order

@@ -37,11 +37,15 @@ import pytest
 from gantry.common.auth import auth_metadata
 from gantry.v1 import inference_pb2, inference_pb2_grpc
 from gantry.worker.model_host.environments import ENV_MAP_JSON
+from tests.fixtures.clients_env import clients_python  # noqa: F401  (fixture)
 from tests.fixtures.llama_env import llama_python  # noqa: F401  (fixture)
 
 REPO = Path(__file__).resolve().parents[2]
 README = REPO / "README.md"
 DEFAULT_ADDRESSES = ("127.0.0.1:50051", "localhost:50051")
+# The OpenAI-compatible HTTP API's default address: each run takes a free port instead, so a run
+# never collides with a `make run` or another run on this machine.
+DEFAULT_HTTP_ADDRESSES = ("127.0.0.1:8080", "localhost:8080")
 SKIP = re.compile(r"^<!--\s*readme-test:\s*skip\s*\((?P<why>.+)\)\s*-->\s*$")
 # What a block that runs must print (comma-separated), e.g. the reason of a failure it shows.
 EXPECT = re.compile(r"^<!--\s*readme-test:\s*expect\s*\((?P<what>.+)\)\s*-->\s*$")
@@ -150,6 +154,7 @@ def _free_address() -> str:
 class Instance:
     root: Path  # laid out like the repository root: .venv, .gantry
     address: str
+    http_address: str
     log: Path
 
 
@@ -188,19 +193,28 @@ def gantry_up(
     tmp_path_factory: pytest.TempPathFactory,
     vision_python: str,
     llama_python: str,  # noqa: F811
+    clients_python: str,  # noqa: F811
 ) -> Iterator[Instance]:
     root = tmp_path_factory.mktemp("readme")
     (root / ".venv").symlink_to(REPO / ".venv")
     # The adopted-endpoint blocks start llama.cpp's server from it, outside Gantry.
     (root / ".venv-llama").symlink_to(Path(llama_python).parents[1])
+    # The standard-protocol blocks run tritonclient from it (its protobuf<7 pin keeps it apart).
+    (root / ".venv-clients").symlink_to(Path(clients_python).parents[1])
     (root / "scripts").symlink_to(REPO / "scripts")  # tiny_models.py, sample_media.py
-    instance = Instance(root=root, address=_free_address(), log=root / "gantry-up.log")
+    instance = Instance(
+        root=root,
+        address=_free_address(),
+        http_address=_free_address(),
+        log=root / "gantry-up.log",
+    )
     with instance.log.open("wb") as log:
         process = subprocess.Popen(
             [
                 *(sys.executable, "-m", "gantry.cli.main"),
                 *("--state-dir", str(root / ".gantry"), "--address", instance.address),
                 *("up", "--scheduler-address", _free_address(), "--no-metrics"),
+                *("--http-address", instance.http_address),
             ],
             cwd=root,
             # As `make run` does: the image adapters' environment mapped as "vision", llama.cpp's
@@ -226,10 +240,12 @@ def gantry_up(
             process.wait()
 
 
-def _rewritten(block: Block, address: str) -> str:
+def _rewritten(block: Block, instance: Instance) -> str:
     text = block.text
     for default in DEFAULT_ADDRESSES:
-        text = text.replace(default, address)
+        text = text.replace(default, instance.address)
+    for default in DEFAULT_HTTP_ADDRESSES:
+        text = text.replace(default, instance.http_address)
     return text
 
 
@@ -239,7 +255,7 @@ def _run_block(
     """Run one block in its own session; whatever it left running (a worker it started in the
     background) is ended with it, so a failing block leaks no process. None: it timed out."""
     process = subprocess.Popen(
-        ["bash", "-e", "-o", "pipefail", "-c", _rewritten(block, instance.address)],
+        ["bash", "-e", "-o", "pipefail", "-c", _rewritten(block, instance)],
         cwd=instance.root,
         env=env,
         stdin=subprocess.DEVNULL,

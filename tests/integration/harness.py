@@ -311,6 +311,8 @@ async def running_gantry(
     lease_seconds: float = DEFAULT_LEASE_SECONDS,
     run_reconciler: bool = True,
     inference: InferenceSettings | None = None,
+    endpoint_key_file: Path | None = None,
+    http_listen: str | None = None,
 ) -> AsyncIterator[Harness]:
     """Scheduler and control plane in this process."""
     service_token = tokens.mint_token(tokens.SERVICE_TOKEN, "scheduler")
@@ -328,6 +330,8 @@ async def running_gantry(
             lease_seconds=lease_seconds,
             run_reconciler=run_reconciler,
             inference=inference or InferenceSettings(),
+            endpoint_key_file=endpoint_key_file,
+            http_listen=http_listen,
         ),
         clock=clock,
     )

@@ -68,6 +68,7 @@ def _up(context: CommandContext, args: argparse.Namespace) -> int:
             ready_timeout_s=args.ready_timeout,
             tls=args.tls,
             metrics=not args.no_metrics,
+            http_address=None if args.no_http else args.http_address,
         )
     )
 
@@ -152,6 +153,14 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="serve no Prometheus /metrics (on by default at 127.0.0.1:9464, :9465, :9466)",
     )
+    up.add_argument(
+        "--http-address",
+        default="127.0.0.1:8080",
+        metavar="HOST:PORT",
+        help="where the control plane serves the OpenAI-compatible HTTP API (default "
+        "127.0.0.1:8080)",
+    )
+    up.add_argument("--no-http", action="store_true", help="serve no OpenAI-compatible HTTP API")
 
     migrate_parser = command(
         "migrate", migrate, "create or upgrade the control plane's database schema"

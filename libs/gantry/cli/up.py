@@ -58,6 +58,7 @@ class UpSettings:
     ready_timeout_s: float
     tls: bool = False  # a local CA under <state>/tls/; plaintext on loopback otherwise
     metrics: bool = False  # /metrics on METRICS_ADDRESSES (the CLI's default; --no-metrics)
+    http_address: str | None = None  # the OpenAI HTTP API (--http-address; None: --no-http)
 
 
 def say(line: str) -> None:
@@ -170,6 +171,7 @@ def child_specs(settings: UpSettings) -> dict[str, ChildSpec]:
             "--bootstrap-operator-token-file", str(paths.operator_token.resolve()),
             "--artifact-root", str(paths.artifacts.resolve()),
             "--endpoint-key-file", str((paths.root / "endpoint-sealing.key").resolve()),
+            *(["--http-listen", settings.http_address] if settings.http_address else []),
         ],
         "worker": [
             "--control-plane", settings.address,
@@ -393,6 +395,27 @@ def _metrics_lines(settings: UpSettings) -> str:
     )
 
 
+def _http_line(settings: UpSettings) -> str:
+    if not settings.http_address:
+        return "  OpenAI API     off (--no-http)\n"
+    scheme = "https" if settings.tls else "http"
+    return f"  OpenAI API     {scheme}://{settings.http_address}/v1  (docs/openai_http.md)\n"
+
+
+def _http_example(settings: UpSettings) -> str:
+    """The OpenAI-compatible Embed, as curl sends it (the README's example)."""
+    if not settings.http_address:
+        return ""
+    paths = settings.paths
+    scheme, trust = ("https", f" --cacert {_shown(paths.tls_ca)}") if settings.tls else ("http", "")
+    body = f'{{"model": "{bootstrap.CAPABILITY}", "input": "Gantry keeps models resident."}}'
+    return (
+        f"  curl -s{trust} {scheme}://{settings.http_address}/v1/embeddings \\\n"
+        f'    -H "Authorization: Bearer $(cat {_shown(paths.client_key)})" \\\n'
+        f"    -H 'Content-Type: application/json' -d '{body}'\n"
+    )
+
+
 def cli_prefix(settings: UpSettings) -> str:
     """`gantry` as a printed example must spell it to reach this control plane: the address and
     state dir are named unless they are the defaults, so the example works as pasted."""
@@ -421,7 +444,7 @@ Gantry is up.
   state          {state}/  (gantry.db, operator.token, client.key, node.credential)
   artifacts      {_shown(paths.artifacts)}/
   logs           {_shown(paths.logs)}/{{scheduler,controlplane,worker}}.log
-{_metrics_lines(settings)}
+{_metrics_lines(settings)}{_http_line(settings)}
 Try:
   {gantry} embed hello
   {gantry} status
@@ -429,5 +452,5 @@ Try:
   {grpcurl} {security} {settings.address} list
   {grpcurl} {security} -H "authorization: Bearer $(cat {_shown(paths.client_key)})" \\
     -d '{embed_body}' {settings.address} gantry.v1.Inference/Embed
-
+{_http_example(settings)}
 Ctrl-C stops everything.""".lstrip("\n")

@@ -23,6 +23,8 @@ class Role(enum.Enum):
 SERVICE_ROLES: dict[str, Role] = {
     "/gantry.v1.ControlPlane/": Role.OPERATOR,
     "/gantry.v1.Inference/": Role.CLIENT,
+    # The Open Inference Protocol (KServe v2 / Triton) beside it: the same keys, the same tenant.
+    "/inference.GRPCInferenceService/": Role.CLIENT,
     "/gantry.v1.WorkerGateway/": Role.WORKER,
     "/gantry.v1.Scheduler/": Role.SERVICE,
 }
@@ -30,6 +32,11 @@ OPEN_PREFIXES: tuple[str, ...] = (
     "/grpc.health.v1.Health/",
     "/grpc.reflection.v1alpha.ServerReflection/",
     "/grpc.reflection.v1.ServerReflection/",
+    # KServe v2's liveness, readiness and server metadata, open as Triton's are: load balancers
+    # and orchestrators probe them without a key. They say nothing about models or tenants.
+    "/inference.GRPCInferenceService/ServerLive",
+    "/inference.GRPCInferenceService/ServerReady",
+    "/inference.GRPCInferenceService/ServerMetadata",
 )
 
 
@@ -81,3 +88,13 @@ def bearer_token(metadata: Sequence[tuple[str, str | bytes]] | None) -> str:
 
 def auth_metadata(token: str) -> tuple[tuple[str, str], ...]:
     return (("authorization", f"Bearer {token}"),)
+
+
+async def authenticate_bearer(
+    authenticator: Authenticator,
+    role: Role,
+    metadata: Sequence[tuple[str, str | bytes]] | None,
+) -> Principal:
+    """The caller's principal from its `authorization: Bearer <token>`: the one check every front
+    door makes (the gRPC interceptor with the call's metadata, the HTTP API with its headers)."""
+    return await authenticator.authenticate(role, bearer_token(metadata))

@@ -18,7 +18,7 @@ import grpc
 from gantry.common.auth import (
     Authenticator,
     Principal,
-    bearer_token,
+    authenticate_bearer,
     required_role,
     set_principal,
 )
@@ -159,7 +159,7 @@ class GantryServerInterceptor(grpc.aio.ServerInterceptor):
         role = required_role(method)
         if role is None:
             return None
-        return await self._authenticator.authenticate(role, bearer_token(metadata))
+        return await authenticate_bearer(self._authenticator, role, metadata)
 
     def _wrap(self, handler: grpc.RpcMethodHandler, method: str, principal: Any) -> Any:
         found = self._in_flight.limit_of(method)

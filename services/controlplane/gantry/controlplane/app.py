@@ -19,9 +19,11 @@ from gantry.controlplane.endpoint_sealing import CredentialSealer
 from gantry.controlplane.evidence_pipeline import EvidencePipeline
 from gantry.controlplane.gateway import GatewaySettings, WorkerGatewayService
 from gantry.controlplane.inference_service import InferenceService, InferenceSettings
+from gantry.controlplane.kserve.service import KServeInference
 from gantry.controlplane.lifecycle import DEFAULT_LEASE_SECONDS, DeploymentLifecycle
 from gantry.controlplane.liveness import Liveness
 from gantry.controlplane.node_admin import NodeAdmin
+from gantry.controlplane.openai_http import HttpApi, HttpApiSettings, start_http_api
 from gantry.controlplane.operator_service import ControlPlaneService
 from gantry.controlplane.persistence import credentials, nodes
 from gantry.controlplane.persistence.database import Database
@@ -31,6 +33,7 @@ from gantry.controlplane.routing import DeploymentResolver
 from gantry.controlplane.scheduler_link import SchedulerLink
 from gantry.controlplane.settle import settle_node_deployments
 from gantry.controlplane.worker_sessions import WorkerHub
+from gantry.kserve import grpc_service_pb2_grpc as kserve_grpc
 from gantry.v1 import control_plane_pb2_grpc, inference_pb2_grpc, worker_gateway_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -55,6 +58,8 @@ class ControlPlaneSettings:
     # The key that seals adopted endpoints' credentials (minted 0600 on first use). None: a key
     # held in memory only, so sealed credentials do not outlive this process (in-process tests).
     endpoint_key_file: Path | None = None
+    # HOST:PORT of the OpenAI-compatible HTTP API (openai_http/); None serves none.
+    http_listen: str | None = None
 
 
 @dataclass(kw_only=True)
@@ -67,12 +72,15 @@ class ControlPlane:
     reconciler: Reconciler
     gateway: WorkerGatewayService
     liveness: Liveness  # when each worker stream here was last heard (last_seen_at lags it)
+    http_api: HttpApi | None = None  # the OpenAI-compatible HTTP API, when one listens
 
     @property
     def port(self) -> int:
         return self.server.port
 
     async def stop(self) -> None:
+        if self.http_api is not None:
+            await self.http_api.stop()  # no new HTTP calls; those in flight end first
         await self.reconciler.stop()
         await self.server.stop(grace=1.0)
         await self.gateway.close()  # the streams' last writes, before the database goes
@@ -81,6 +89,7 @@ class ControlPlane:
 
 
 INFERENCE_PREFIX = "/gantry.v1.Inference/"
+KSERVE_PREFIX = "/inference.GRPCInferenceService/"  # the Open Inference Protocol, as Inference
 
 
 def front_door_limits(inference: InferenceSettings) -> dict[str, ServiceLimit]:
@@ -91,12 +100,8 @@ def front_door_limits(inference: InferenceSettings) -> dict[str, ServiceLimit]:
     """
     default = DEFAULT_LIMITS[INFERENCE_PREFIX]
     largest = max(default.max_request_bytes or 0, inference.limits.largest_request_bytes)
-    return {
-        **DEFAULT_LIMITS,
-        INFERENCE_PREFIX: ServiceLimit(
-            max_request_bytes=largest, max_in_flight=default.max_in_flight
-        ),
-    }
+    inference_limit = ServiceLimit(max_request_bytes=largest, max_in_flight=default.max_in_flight)
+    return {**DEFAULT_LIMITS, INFERENCE_PREFIX: inference_limit, KSERVE_PREFIX: inference_limit}
 
 
 async def bootstrap_operator_token(database: Database, token: str, clock: Clock) -> None:
@@ -185,6 +190,17 @@ async def start_control_plane(
         database=database, hub=hub, lifecycle=lifecycle, clock=clock, wake_reconciler=reconciler
     )
     pipeline = EvidencePipeline(database=database, hub=hub, lifecycle=lifecycle, clock=clock)
+    resolver = DeploymentResolver(database=database, routes=routes)
+    inference = InferenceService(
+        database=database,
+        hub=hub,
+        scheduler=scheduler,
+        routes=routes,
+        clock=clock,
+        settings=settings.inference,
+        resolver=resolver,
+        degradation=reconciler.degradation,  # outcomes in, evaluated by the reconciler
+    )
     server = await create_server(
         listen=settings.listen,
         services=[
@@ -213,18 +229,15 @@ async def start_control_plane(
                 control_plane_pb2_grpc.add_ControlPlaneServicer_to_server,
             ),
             ServiceBinding(
-                "gantry.v1.Inference",
-                InferenceService(
-                    database=database,
-                    hub=hub,
-                    scheduler=scheduler,
-                    routes=routes,
-                    clock=clock,
-                    settings=settings.inference,
-                    resolver=DeploymentResolver(database=database, routes=routes),
-                    degradation=reconciler.degradation,  # outcomes in, evaluated by the reconciler
+                "gantry.v1.Inference", inference, inference_pb2_grpc.add_InferenceServicer_to_server
+            ),
+            # The Open Inference Protocol (KServe v2 / Triton) over the same handlers.
+            ServiceBinding(
+                "inference.GRPCInferenceService",
+                KServeInference(
+                    database=database, inference=inference, resolver=resolver, scheduler=scheduler
                 ),
-                inference_pb2_grpc.add_InferenceServicer_to_server,
+                kserve_grpc.add_GRPCInferenceServiceServicer_to_server,
             ),
             ServiceBinding(
                 "gantry.v1.WorkerGateway",
@@ -237,6 +250,26 @@ async def start_control_plane(
         health_listen=settings.health_listen,
         limits=front_door_limits(settings.inference),
     )
+    http_api: HttpApi | None = None
+    if settings.http_listen:
+        # Bounded as the gRPC Inference door is: the same request size, the same calls in flight.
+        bound = front_door_limits(settings.inference)[INFERENCE_PREFIX]
+        try:
+            http_api = await start_http_api(
+                HttpApiSettings(
+                    listen=settings.http_listen,
+                    max_body_bytes=bound.max_request_bytes or 0,
+                    max_in_flight=bound.max_in_flight,
+                    tls=settings.tls,
+                ),
+                inference=inference,
+                authenticator=authenticator,
+                database=database,
+            )
+        except BaseException:
+            await server.stop(grace=0)
+            await database.close()
+            raise
     scheduler.start()
     if settings.run_reconciler:
         reconciler.start()
@@ -249,4 +282,5 @@ async def start_control_plane(
         reconciler=reconciler,
         gateway=gateway,
         liveness=liveness,
+        http_api=http_api,
     )

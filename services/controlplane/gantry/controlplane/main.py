@@ -29,6 +29,7 @@ from gantry.common.tls import (
 from gantry.controlplane.app import ControlPlaneSettings, start_control_plane
 from gantry.controlplane.inference_service import InferenceSettings
 from gantry.controlplane.lifecycle import DEFAULT_LEASE_SECONDS
+from gantry.controlplane.openai_http import HttpListenError
 from gantry.controlplane.persistence.database import DatabaseNotInitialised
 from gantry.controlplane.reconciler import ReconcilerSettings
 
@@ -55,6 +56,14 @@ def main(argv: list[str] | None = None) -> int:
         "--health-listen",
         metavar="HOST:PORT",
         help="also serve grpc.health.v1 alone, plaintext, here (probes that cannot speak TLS)",
+    )
+    parser.add_argument(
+        "--http-listen",
+        metavar="HOST:PORT",
+        default=os.environ.get("GANTRY_HTTP_LISTEN") or None,
+        help="also serve the OpenAI-compatible HTTP API (/v1/embeddings, /v1/completions, "
+        "/v1/chat/completions, /v1/models) here, with the same TLS (env GANTRY_HTTP_LISTEN; "
+        "default: not served; `gantry up` serves it on 127.0.0.1:8080)",
     )
     add_server_tls_arguments(parser)
     add_client_tls_arguments(
@@ -138,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         scheduler_tls=scheduler_tls,
         inference=InferenceSettings(limits=limits),
         endpoint_key_file=args.endpoint_key_file,
+        http_listen=args.http_listen,
     )
 
     async def serve() -> None:
@@ -153,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         asyncio.run(serve())
-    except (DatabaseNotInitialised, TlsSettingsError) as exc:
+    except (DatabaseNotInitialised, TlsSettingsError, HttpListenError) as exc:
         # An operator's mistake, not a bug: one line that names the fix, no traceback.
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return 1

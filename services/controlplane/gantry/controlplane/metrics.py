@@ -41,11 +41,21 @@ CLASSIFY_IMAGE = "ClassifyImage"
 GENERATE = "Generate"
 GENERATE_STREAM = "GenerateStream"
 FENCED_REASONS = frozenset({"STALE_GENERATION", "LEASE_TOKEN_INVALID"})
+# The front doors a client call can come through (gantry_front_door_calls' `protocol`). Every one
+# ends in the same Inference handlers, so gantry_invocations counts each call once, whatever door.
+PROTOCOL_GANTRY = "gantry"  # gantry.v1.Inference
+PROTOCOL_KSERVE = "kserve_v2"  # inference.GRPCInferenceService (Open Inference Protocol)
+PROTOCOL_OPENAI = "openai_http"  # the OpenAI-compatible HTTP API
 
 _meter = meter("gantry.controlplane")
 _invocations = _meter.create_counter(
     "gantry_invocations",
     description="Inference calls answered, by operation, gRPC status code and ErrorInfo reason",
+)
+_front_door_calls = _meter.create_counter(
+    "gantry_front_door_calls",
+    description="Client calls answered by a protocol adapter (kserve_v2, openai_http), by "
+    "protocol, method, gRPC status code and ErrorInfo reason",
 )
 _stage_duration = duration_histogram(
     _meter,
@@ -102,18 +112,32 @@ def _wire_reason(reason: str) -> str:
     return reason if reason in REASONS or not reason else _reasons(reason)
 
 
+def _status_of(error: BaseException | None) -> tuple[str, str]:
+    """The gRPC status code name and ErrorInfo reason a call that ended with `error` answers."""
+    if error is None:
+        return "OK", ""
+    if isinstance(error, GantryError):
+        return error.code.name, error.reason
+    if isinstance(error, asyncio.CancelledError):
+        return "CANCELLED", ""
+    return "INTERNAL", "INTERNAL"  # the interceptor answers INTERNAL for anything unexpected
+
+
 def invocation_answered(operation: str, error: BaseException | None, seconds: float) -> None:
     """One answered call: its status and reason, and its total latency."""
-    if error is None:
-        code, reason = "OK", ""
-    elif isinstance(error, GantryError):
-        code, reason = error.code.name, error.reason
-    elif isinstance(error, asyncio.CancelledError):
-        code, reason = "CANCELLED", ""
-    else:  # the interceptor answers INTERNAL for anything unexpected
-        code, reason = "INTERNAL", "INTERNAL"
+    code, reason = _status_of(error)
     _invocations.add(1, _cached("operation", operation, "code", code, "reason", reason))
     _stage_duration.record(seconds, _cached("operation", operation, "stage", STAGE_TOTAL))
+
+
+def front_door_answered(protocol: str, method: str, error: BaseException | None) -> None:
+    """One call answered by a protocol adapter (PROTOCOL_*), counted by the adapter's method
+    (`ModelInfer`, `/v1/embeddings`): which door the traffic takes, beside gantry_invocations,
+    which counts the Inference operation each call became."""
+    code, reason = _status_of(error)
+    _front_door_calls.add(
+        1, _cached("protocol", protocol, "method", method, "code", code, "reason", reason)
+    )
 
 
 def stage_finished(operation: str, stage: str, seconds: float) -> None:

@@ -1,0 +1,120 @@
+"""What every HTTP call goes through before and around the Inference handlers: the API key (the
+gRPC interceptor's own check), the bounds on calls in flight and on the body, the stand-in for
+the gRPC call context the handlers read, and cancellation when the client goes away."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Mapping
+from typing import Any, TypeVar, cast
+
+import grpc
+from starlette.requests import Request
+from starlette.types import Receive
+
+from gantry.common.auth import Authenticator, Principal, Role, authenticate_bearer
+from gantry.common.errors import GantryError
+
+_Answer = TypeVar("_Answer")
+# A stream's chunks waiting for its client: past it the handler's write waits, and the wait is
+# the gRPC door's (worker_sessions bounds what queues behind it: CLIENT_TOO_SLOW).
+STREAM_WRITE_BACKLOG = 16
+
+
+class BodyTooLarge(Exception):
+    def __init__(self, size_bytes: int, limit_bytes: int) -> None:
+        super().__init__(f"{size_bytes} > {limit_bytes}")
+        self.size_bytes = size_bytes
+        self.limit_bytes = limit_bytes
+
+
+class ClientGone(Exception):
+    """The HTTP client closed its connection before the answer: nobody to answer."""
+
+
+class HttpCallContext:
+    """What the Inference handlers ask of a `grpc.aio.ServicerContext`, for a call that came over
+    HTTP: the time left (none: HTTP carries no deadline, so the server's cap binds, as for a gRPC
+    call without one) and, for a stream, `write`, which hands each chunk to the HTTP response in
+    order through a bounded queue."""
+
+    def __init__(self) -> None:
+        self.chunks: asyncio.Queue[Any] = asyncio.Queue(maxsize=STREAM_WRITE_BACKLOG)
+
+    def time_remaining(self) -> float | None:
+        return None
+
+    async def write(self, message: Any) -> None:
+        await self.chunks.put(message)
+
+    def as_grpc(self) -> grpc.aio.ServicerContext:
+        # Duck-typed: the handlers call only the two methods above.
+        return cast(grpc.aio.ServicerContext, self)
+
+
+class InFlight:
+    """Calls running through this door; past the bound a call is refused at once (QUEUE_FULL,
+    as the gRPC interceptor refuses one), never queued."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.count = 0
+
+    def enter(self) -> None:
+        if self.count >= self.limit:
+            raise GantryError(
+                "QUEUE_FULL",
+                f"the OpenAI HTTP API has {self.limit} calls in flight; try again",
+                limit=str(self.limit),
+            )
+        self.count += 1
+
+    def leave(self) -> None:
+        self.count -= 1
+
+
+async def authenticate(authenticator: Authenticator, headers: Mapping[str, str]) -> Principal:
+    """The `Authorization: Bearer <key>` header checked exactly as the gRPC door checks it."""
+    return await authenticate_bearer(authenticator, Role.CLIENT, list(headers.items()))
+
+
+async def read_body(request: Request, limit_bytes: int) -> bytes:
+    """The whole body, refused (BodyTooLarge) as soon as it is known to pass the bound: by its
+    Content-Length before a byte is read, else while it streams in."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit_bytes:
+        raise BodyTooLarge(int(declared), limit_bytes)
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit_bytes:
+            raise BodyTooLarge(size, limit_bytes)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def until_disconnected(receive: Receive) -> None:
+    """Returns when the client has closed its connection (the body was read before)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def unless_disconnected(receive: Receive, call: Awaitable[_Answer]) -> _Answer:
+    """`call`'s answer; a client that goes away first cancels it (ClientGone), as a gRPC client
+    that goes away cancels its handler: the worker drops the invocation, the scheduler hears
+    one WorkFinished, CANCELLED."""
+    task = asyncio.ensure_future(call)
+    watcher = asyncio.ensure_future(until_disconnected(receive))
+    try:
+        await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
+        if task.done():
+            return task.result()
+        raise ClientGone()
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task

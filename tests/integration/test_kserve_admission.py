@@ -1,0 +1,115 @@
+"""ModelInfer goes through the scheduler's admission as gantry.v1.Inference.Embed does: one code
+path below the protocol adapter, so a tenant's queue depth binds on every front door. A scripted
+worker holds each invocation until the test answers it, so the test sees which call is dispatched,
+which waits and which is refused; and the call is counted by protocol."""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from gantry.common.status import error_info_of
+from gantry.kserve import grpc_service_pb2 as kserve
+from gantry.kserve import grpc_service_pb2_grpc as kserve_grpc
+from gantry.v1 import common_pb2
+from gantry.v1 import control_plane_pb2 as cp
+from gantry.v1 import worker_gateway_pb2 as wg
+from tests.integration.harness import Harness, running_gantry
+from tests.integration.metrics_scrape import metrics_port, scrape
+from tests.integration.scripted_worker import ScriptedWorker
+
+TENANT = "tenant-a"  # the harness's client key belongs to it
+
+
+@pytest.fixture
+async def serving(
+    database_url: str, tmp_path: Path, tiny_model_dir: Path
+) -> AsyncIterator[tuple[Harness, ScriptedWorker]]:
+    root = tmp_path / "artifacts"
+    root.mkdir()
+    async with running_gantry(database_url, root) as harness:
+        worker = ScriptedWorker()
+        await worker.start(harness.channel, await harness.register_node("scripted"))
+        artifact = await harness.register_model(tiny_model_dir, "tiny")
+        deployment = await harness.deploy(artifact.artifact_set_id, "tiny", max_concurrency=1)
+        await harness.wait_deployment(
+            deployment.deployment_id, cp.DEPLOYMENT_STATE_READY, timeout=20
+        )
+        try:
+            yield harness, worker
+        finally:
+            await worker.stop()
+
+
+def _infer(harness: Harness, text: str, **fields: object) -> asyncio.Future:
+    stub = kserve_grpc.GRPCInferenceServiceStub(harness.channel)
+    request = kserve.ModelInferRequest(
+        model_name="tiny",
+        inputs=[
+            kserve.ModelInferRequest.InferInputTensor(name="text", datatype="BYTES", shape=[1])
+        ],
+        raw_input_contents=[struct.pack("<I", len(text)) + text.encode()],
+    )
+    return asyncio.ensure_future(
+        stub.ModelInfer(request, metadata=harness.client_md, timeout=20, **fields)  # type: ignore[arg-type]
+    )
+
+
+def _answer(worker: ScriptedWorker, invoke: wg.Invoke) -> None:
+    count = len(invoke.embed.inputs)
+    worker.send(
+        wg.WorkerMessage(
+            invoke_result=wg.InvokeResult(
+                request_id=invoke.request_id,
+                embed=wg.EmbedResult(count=count, dim=1, float32_le=b"\x00\x00\x80\x3f" * count),
+            )
+        )
+    )
+
+
+async def test_a_flood_past_the_tenants_queue_depth_is_queue_full_on_modelinfer(
+    serving: tuple[Harness, ScriptedWorker],
+) -> None:
+    harness, worker = serving
+    port = metrics_port()
+    before = await scrape(port)
+    await harness.operator.SetTenantPolicy(
+        cp.SetTenantPolicyRequest(
+            policy=common_pb2.TenantPolicy(tenant_id=TENANT, max_queue_depth=1)
+        ),
+        metadata=harness.op_md,
+    )
+    running = _infer(harness, "first")
+    held = await asyncio.wait_for(worker.invokes.get(), timeout=5)  # the one slot is taken
+    waiting = _infer(harness, "second")
+    # The second waits in the queue (depth 1); every later one is refused at once.
+    flood = [_infer(harness, f"flood {i}") for i in range(5)]
+    refusals = []
+    for call in flood:
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await call
+        info = error_info_of(caught.value)
+        refusals.append((caught.value.code(), info.reason if info else ""))
+    assert refusals == [(grpc.StatusCode.RESOURCE_EXHAUSTED, "QUEUE_FULL")] * 5
+    _answer(worker, held)
+    _answer(worker, await asyncio.wait_for(worker.invokes.get(), timeout=5))
+    for call in (running, waiting):
+        response = await call
+        assert struct.unpack("<f", response.raw_output_contents[0]) == (1.0,)
+        assert list(response.outputs[0].shape) == [1, 1]
+
+    after = await scrape(port)
+    door = "gantry_front_door_calls_total"
+    labels = {"protocol": "kserve_v2", "method": "ModelInfer"}
+    assert after.value(door, code="OK", **labels) - before.value(door, code="OK", **labels) == 2
+    full = {"code": "RESOURCE_EXHAUSTED", "reason": "QUEUE_FULL", **labels}
+    assert after.value(door, **full) - before.value(door, **full) == 5
+    # The same calls counted as the Inference operation they became: one path below the door.
+    embeds = {"operation": "Embed", "reason": "QUEUE_FULL"}
+    calls = "gantry_invocations_total"
+    assert after.value(calls, **embeds) - before.value(calls, **embeds) == 5
