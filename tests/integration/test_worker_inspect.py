@@ -126,7 +126,11 @@ async def test_an_artifact_the_gate_refuses_is_still_inspected_and_found_incompa
     assert list(verified_root.iterdir()) == []
 
 
-async def test_a_gguf_set_is_inspected_and_refused(roots: tuple[Path, Path]) -> None:
+async def test_a_gguf_set_is_inspected_and_unavailable_where_llama_cpp_is_not_installed(
+    roots: tuple[Path, Path],
+) -> None:
+    # llama.cpp's server runs a GGUF (llama_cpp_server); this worker's default environment has
+    # no llama_cpp, so the layout is known and the environment is what is missing.
     root, verified_root = roots
     (root / "llama").mkdir()
     (root / "llama" / "model.gguf").write_bytes(
@@ -140,7 +144,9 @@ async def test_a_gguf_set_is_inspected_and_refused(roots: tuple[Path, Path]) -> 
     )
     assert (evidence.inspection.inspector, evidence.inspection.weight_format) == ("gguf", "gguf")
     assert not evidence.inspection.executable
-    assert [f.reason for f in evidence.inspection.findings] == ["RUNTIME_INCOMPATIBLE"]
+    assert [f.reason for f in evidence.inspection.findings] == ["RUNTIME_ENVIRONMENT_UNAVAILABLE"]
+    assert "llama_cpp_server" in evidence.inspection.findings[0].message
+    assert evidence.inspection.details["candidate_adapters"] == "llama_cpp_server"
 
 
 async def test_a_missing_environment_mapping_is_runtime_environment_unavailable(
