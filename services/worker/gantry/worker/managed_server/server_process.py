@@ -45,7 +45,11 @@ from gantry.worker.managed_server.openai_protocol import MODELS
 from gantry.worker.managed_server.server_calls import ISOLATION_REASON, ServerCalls
 from gantry.worker.model_host import sandbox
 from gantry.worker.model_host.environments import host_environment
-from gantry.worker.model_host.exit_status import describe_returncode, exit_evidence
+from gantry.worker.model_host.exit_status import (
+    crashed_error,
+    describe_returncode,
+    exit_evidence,
+)
 from gantry.worker.model_host.landlock import Isolation, IsolationLevel
 from gantry.worker.model_host.proc_facts import process_start_ticks, rss_bytes_of
 from gantry.worker.model_host.process import HostLaunchSpec
@@ -499,16 +503,13 @@ class ManagedServer(ServerCalls):
             return None
         if self._unresponsive is not None:
             return self._unresponsive
-        tail = "\n".join(self._output.lines()[-10:])
-        message = (
-            f"managed server {self.deployment_id!r} (pid {self.pid}) exited with "
-            f"{describe_returncode(self._process.returncode)}"
-        )
-        return GantryError(
-            "RUNTIME_CRASHED",
-            f"{message}; output tail:\n{tail}" if tail else message,
+        return crashed_error(
+            "managed server",
             deployment_id=self.deployment_id,
-            pid=str(self.pid),
+            pid=self.pid,
+            returncode=self._process.returncode,
+            output=self._output.lines(),
+            output_name="output",
         )
 
     async def _watch_exit(self) -> int:

@@ -4,7 +4,9 @@ what was observed (an exit code only for an exit, the signal for a kill, neither
 from __future__ import annotations
 
 import signal
+from collections.abc import Sequence
 
+from gantry.common.errors import GantryError
 from gantry.v1 import worker_gateway_pb2
 
 
@@ -17,6 +19,27 @@ def describe_returncode(returncode: int | None) -> str:
         except ValueError:
             return f"signal {-returncode}"
     return f"exit code {returncode}"
+
+
+def crashed_error(
+    what: str,
+    *,
+    deployment_id: str,
+    pid: int,
+    returncode: int | None,
+    output: Sequence[str],
+    output_name: str,
+) -> GantryError:
+    """RUNTIME_CRASHED for a child of ours (a model host, a managed server) that exited on its
+    own, with the last lines it wrote (`output_name`: where they came from)."""
+    tail = "\n".join(list(output)[-10:])
+    message = f"{what} {deployment_id!r} (pid {pid}) exited with {describe_returncode(returncode)}"
+    return GantryError(
+        "RUNTIME_CRASHED",
+        f"{message}; {output_name} tail:\n{tail}" if tail else message,
+        deployment_id=deployment_id,
+        pid=str(pid),
+    )
 
 
 def exit_evidence(

@@ -22,7 +22,11 @@ from gantry.common.errors import GantryError
 from gantry.v1 import common_pb2, model_host_pb2, worker_gateway_pb2
 from gantry.worker.model_host import sandbox
 from gantry.worker.model_host.environments import host_environment
-from gantry.worker.model_host.exit_status import describe_returncode, exit_evidence
+from gantry.worker.model_host.exit_status import (
+    crashed_error,
+    describe_returncode,
+    exit_evidence,
+)
 from gantry.worker.model_host.framing import FrameError, read_frame_async, write_frame_async
 from gantry.worker.model_host.host_calls import HostCalls, OnProgress
 from gantry.worker.model_host.host_process import HostProcess, SpawnedProcess
@@ -550,16 +554,13 @@ class ModelHost(HostCalls):
             raise self._crashed_error()
 
     def _crashed_error(self) -> GantryError:
-        tail = "\n".join(self._stderr.lines()[-10:])
-        message = (
-            f"model host {self.deployment_id!r} (pid {self.pid}) exited with "
-            f"{describe_returncode(self._process.returncode)}"
-        )
-        return GantryError(
-            "RUNTIME_CRASHED",
-            f"{message}; stderr tail:\n{tail}" if tail else message,
+        return crashed_error(
+            "model host",
             deployment_id=self.deployment_id,
-            pid=str(self.pid),
+            pid=self.pid,
+            returncode=self._process.returncode,
+            output=self._stderr.lines(),
+            output_name="stderr",
         )
 
     async def _dispatch_responses(self) -> None:
