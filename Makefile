@@ -96,7 +96,7 @@ run: $(PROTO_STAMP) $(VISION_STAMP) $(LLAMA_STAMP)
 	GANTRY_PYTHON_ENV_MAP_JSON=$${GANTRY_PYTHON_ENV_MAP_JSON:-'$(RUNTIME_ENV_MAP)'} $(BIN)/gantry up
 
 test: $(PROTO_STAMP) $(VISION_STAMP) $(LLAMA_STAMP) $(CLIENTS_STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=30
 
 test-unit: $(PROTO_STAMP)
 	$(BIN)/python -m pytest -q tests/unit
