@@ -17,13 +17,15 @@ COPY proto/ proto/
 COPY libs/ libs/
 # Generated files are not committed: make them here, exactly as `make proto` does.
 RUN /opt/protoc/bin/python -m grpc_tools.protoc -I proto \
-      --python_out=libs --pyi_out=libs --grpc_python_out=libs proto/gantry/v1/*.proto
+      --python_out=libs --pyi_out=libs --grpc_python_out=libs proto/gantry/v1/*.proto \
+ && /opt/protoc/bin/python -m grpc_tools.protoc -I gantry/kserve=proto/inference \
+      --python_out=libs --pyi_out=libs --grpc_python_out=libs proto/inference/*.proto
 COPY services/controlplane/ services/controlplane/
 RUN python -m venv /opt/gantry \
  && /opt/gantry/bin/pip install ./libs ./services/controlplane
 # Guard: the control plane image must not carry the ML stack (mirrors the import test).
 RUN /opt/gantry/bin/python -c "import importlib.util as u, sys; bad = [m for m in ('torch', 'transformers', 'sentence_transformers', 'pynvml') if u.find_spec(m)]; sys.exit('ML stack in control plane image: %s' % bad if bad else 0)" \
- && /opt/gantry/bin/python -c "import gantry.v1.control_plane_pb2_grpc, gantry.controlplane, grpc_health.v1.health_pb2"
+ && /opt/gantry/bin/python -c "import gantry.v1.control_plane_pb2_grpc, gantry.kserve.grpc_service_pb2_grpc, gantry.controlplane.app, grpc_health.v1.health_pb2"
 
 # ---- runtime ----------------------------------------------------------------------------------
 FROM ${PYTHON_IMAGE} AS runtime
@@ -43,7 +45,9 @@ ENV PATH=/opt/gantry/bin:$PATH \
 # Runs with a read-only root filesystem; only /tmp is writable (tmpfs / emptyDir).
 WORKDIR /tmp
 USER 10001:10001
-EXPOSE 50051
+# 50051: gRPC (ControlPlane, Inference, WorkerGateway, the Open Inference Protocol); 8080: the
+# OpenAI-compatible HTTP API when started with --http-listen (deploy/compose.yaml does).
+EXPOSE 50051 8080
 # grpc.health.v1.Health over plaintext. With TLS on the listener, rely on the orchestrator's
 # probes instead (or override GANTRY_HEALTH_TARGET to a plaintext health listener).
 HEALTHCHECK --interval=15s --timeout=5s --start-period=30s --retries=3 \

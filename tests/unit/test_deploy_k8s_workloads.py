@@ -30,10 +30,17 @@ from tests.unit.deploy_manifests_support import (
     pod_spec,
     secret_references,
 )
+from tests.unit.test_deploy_http_api import HTTP_PORT
 
 # The gRPC ports are TLS, which the kubelet's gRPC probe cannot speak: each server also answers
 # plaintext grpc.health.v1 (and nothing else) on its health port (`--health-listen`).
 HEALTH_PORTS = {"controlplane": 50061, "scheduler": 50062}
+# Each Service's ports by name: the gRPC port, and the control plane's OpenAI-compatible HTTP API
+# (test_deploy_http_api.py). Health and metrics ports stay off the Services.
+SERVICE_PORTS = {
+    "controlplane": {"grpc": GRPC_PORTS["controlplane"], "http": HTTP_PORT},
+    "scheduler": {"grpc": GRPC_PORTS["scheduler"]},
+}
 # A Secret name in a README recipe stands for one per node where it says `$NODE`.
 NODE_PLACEHOLDER = re.escape("$NODE")
 KUBERNETES_NAME = r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?"
@@ -208,11 +215,10 @@ def test_every_k8s_workload_is_hardened(docs: list[tuple[str, dict[str, Any]]]) 
 
 @pytest.mark.parametrize("service", NO_ML_SERVICES)
 def test_k8s_grpc_services(docs: list[tuple[str, dict[str, Any]]], service: str) -> None:
-    port = GRPC_PORTS[service]
     deployment = by_kind_name(docs, "Deployment", f"gantry-{service}")
     assert grpc_probe_problems(service, deployment, HEALTH_PORTS[service]) == []
     svc = by_kind_name(docs, "Service", f"gantry-{service}")
-    assert [p["port"] for p in svc["spec"]["ports"]] == [port]
+    assert {p["name"]: p["port"] for p in svc["spec"]["ports"]} == SERVICE_PORTS[service]
     template_labels = deployment["spec"]["template"]["metadata"]["labels"]
     assert svc["spec"]["selector"].items() <= template_labels.items()
     image = deployment["spec"]["template"]["spec"]["containers"][0]["image"]

@@ -1,8 +1,9 @@
-"""The deploy README's recipes run as pasted: tokens the services accept, a node's own credential.
+"""The deploy README's recipes run as pasted: tokens the services accept, a node's own credential,
+a call to the OpenAI-compatible HTTP API.
 
-The node recipes run for real in bash against a copy of deploy/, with grpcurl and kubectl
-replaced by stubs that record their arguments (no cluster or control plane here); the stubbed
-grpcurl answers what the RPC would, rendered from the generated messages.
+The node and HTTP API recipes run for real in bash against a copy of deploy/, with grpcurl,
+kubectl and curl replaced by stubs that record their arguments (no cluster or control plane
+here); the stubbed grpcurl answers what the RPC would, rendered from the generated messages.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import shutil
 import stat
 import subprocess
 import sys
+import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +24,8 @@ from google.protobuf import json_format
 
 from gantry.common import tokens
 from gantry.controlplane.endpoint_sealing import CredentialSealer
+from gantry.controlplane.openai_http.requests import embedding_call, json_object
+from gantry.controlplane.openai_http.server import parse_listen
 from gantry.v1 import control_plane_pb2 as cp
 from tests.unit.deploy_manifests_support import (
     COMPOSE,
@@ -43,6 +47,7 @@ STUBS = {
     "grpcurl": 'printf "%s\\n" "$@" > "$STUB_LOG/grpcurl.args"\ncat "$STUB_LOG/response.json"\n',
     "kubectl": 'echo "$*" >> "$STUB_LOG/kubectl.log"\ncat > /dev/null\n',
     "hostname": f"echo {STUB_HOSTNAME}\n",
+    "curl": 'printf "%s\\n" "$@" > "$STUB_LOG/curl.args"\necho \'{"object": "list"}\'\n',
 }
 
 
@@ -92,6 +97,12 @@ def _shell_block(*needles: str) -> str:
 class RecipeRun:
     grpcurl_args: list[str]
     kubectl: list[str]
+    curl_args: list[str]
+
+
+def _lines(path: Path) -> list[str]:
+    """What a stub recorded; nothing if the recipe never called it."""
+    return path.read_text().splitlines() if path.exists() else []
 
 
 def _checkout(tmp_path: Path) -> Path:
@@ -130,8 +141,9 @@ def _run_recipe(script: str, cwd: Path, response: cp.RegisterNodeResponse) -> Re
     )
     assert done.returncode == 0, done.stderr
     return RecipeRun(
-        grpcurl_args=(log / "grpcurl.args").read_text().splitlines(),
-        kubectl=(log / "kubectl.log").read_text().splitlines(),
+        grpcurl_args=_lines(log / "grpcurl.args"),
+        kubectl=_lines(log / "kubectl.log"),
+        curl_args=_lines(log / "curl.args"),
     )
 
 
@@ -256,3 +268,50 @@ def test_the_compose_recipe_registers_this_host_and_writes_the_workers_secret(tm
     worker_command = compose["services"]["worker"]["command"]
     host = str(option_value(worker_command, "--control-plane")).rsplit(":", 1)[0]
     assert option_value(run.grpcurl_args, "-authority") == host
+
+
+def _all_values(args: list[str], option: str) -> list[str]:
+    return [args[i + 1] for i, a in enumerate(args[:-1]) if a == option]
+
+
+def test_the_http_api_recipe_calls_the_published_port_over_tls_with_a_client_key(
+    tmp_path: Path,
+):
+    block = _shell_block("/v1/embeddings")
+    deploy = _checkout(tmp_path)
+    client_key = "gck_tenant_client-key"
+    (deploy / "TEAM.key").write_text(client_key)
+    run = _run_recipe(block, deploy, _registered(STUB_HOSTNAME))
+    assert run.grpcurl_args == [] and run.kubectl == []
+    args = run.curl_args
+    (url,) = [a for a in args if "://" in a]
+    parsed = urllib.parse.urlsplit(url)
+    # HTTPS: the control plane serves the HTTP API with its gRPC port's certificate.
+    assert (parsed.scheme, parsed.path) == ("https", "/v1/embeddings")
+    compose = load_compose()
+    controlplane = compose["services"]["controlplane"]
+    ca = option_value(args, "--cacert")
+    assert ca is not None and (deploy / ca).is_file()
+    assert os.path.normpath(ca) == os.path.normpath(compose["secrets"]["gantry_ca"]["file"])
+    assert option_value(controlplane["command"], "--tls-cert") is not None
+    # --resolve NAME:PORT:ADDRESS: the URL's name and port, dialled at the published address.
+    resolve = option_value(args, "--resolve")
+    assert resolve is not None
+    name, port, address = resolve.split(":")
+    assert (name, int(port)) == (parsed.hostname, parsed.port)
+    _, listen_port = parse_listen(str(option_value(controlplane["command"], "--http-listen")))
+    published = f"${{GANTRY_PUBLISH_ADDR:-{address}}}:{port}:{listen_port}"
+    assert published in controlplane["ports"]
+    # The name checked is the one the grpcurl recipe checks, which the certificate names.
+    worker_command = compose["services"]["worker"]["command"]
+    assert name == str(option_value(worker_command, "--control-plane")).rsplit(":", 1)[0]
+    # The client key as a Bearer token, and a body the HTTP API's own parser accepts.
+    headers = [h.partition(":") for h in _all_values(args, "-H")]
+    assert {k.strip().lower(): v.strip() for k, _, v in headers}["authorization"] == (
+        f"Bearer {client_key}"
+    )
+    body = option_value(args, "-d")
+    assert body is not None
+    call = embedding_call(json_object(body.encode()))
+    assert call.request.capability == "minilm"
+    assert list(call.request.inputs) == ["Gantry keeps models resident."]
