@@ -124,3 +124,62 @@ async def test_service_limits_refuse_oversize_requests_and_excess_calls_before_t
             assert await call(b"third", metadata=metadata, timeout=5) == b"done"
     finally:
         await server.stop(None)
+
+
+async def test_bytes_that_do_not_parse_are_invalid_argument_before_the_handler():
+    # Corrupt wire data, or a string field holding invalid UTF-8, used to reach grpc's own
+    # deserializer and come back UNKNOWN ("Unexpected DecodeError") with a traceback logged.
+    from gantry.v1 import inference_pb2 as inf
+
+    ran: list[str] = []
+
+    async def embed(request: inf.EmbedRequest, context: object) -> inf.EmbedRequest:
+        ran.append(request.capability)
+        return request
+
+    async def stream(request: inf.EmbedRequest, context: object) -> AsyncIterator[inf.EmbedRequest]:
+        ran.append(request.capability)
+        yield request
+
+    server = grpc.aio.server(
+        interceptors=[GantryServerInterceptor(_OneToken())], options=SERVER_OPTIONS
+    )
+    parse = inf.EmbedRequest.FromString
+    write = inf.EmbedRequest.SerializeToString
+    handlers = {
+        "Embed": grpc.unary_unary_rpc_method_handler(embed, parse, write),
+        "Stream": grpc.unary_stream_rpc_method_handler(stream, parse, write),
+    }
+    for service in ("gantry.v1.Inference", "inference.GRPCInferenceService", "gantry.v1.Scheduler"):
+        server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(service, handlers)])
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    metadata = (("authorization", f"Bearer {TOKEN}"),)
+    bad_utf8 = b"\x0a\x02\xff\xfe"  # field 1 (capability, a string), two bytes that are not UTF-8
+    truncated = b"\x0a\x05ab"  # a length past the end of the message
+    try:
+        async with insecure_channel(f"127.0.0.1:{port}") as channel:
+            for path in (
+                "/gantry.v1.Inference/Embed",
+                "/inference.GRPCInferenceService/Embed",
+                "/gantry.v1.Scheduler/Embed",  # no byte limit: parsed all the same
+            ):
+                for raw in (bad_utf8, truncated):
+                    with pytest.raises(grpc.aio.AioRpcError) as caught:
+                        await channel.unary_unary(path)(raw, metadata=metadata, timeout=5)
+                    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT, path
+                    assert "does not parse" in error_from_rpc(caught.value).message
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                async for _ in channel.unary_stream("/gantry.v1.Inference/Stream")(
+                    bad_utf8, metadata=metadata, timeout=5
+                ):
+                    pass
+            assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert ran == []
+            good = write(inf.EmbedRequest(capability="tiny"))
+            echoed = await channel.unary_unary("/gantry.v1.Inference/Embed")(
+                good, metadata=metadata, timeout=5
+            )
+            assert parse(echoed).capability == "tiny" and ran == ["tiny"]
+    finally:
+        await server.stop(None)

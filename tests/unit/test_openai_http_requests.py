@@ -81,6 +81,9 @@ def test_a_completion_maps_every_setting_gantry_has() -> None:
             "stream": True,
             "stream_options": {"include_usage": True},
             "n": 1,
+            "presence_penalty": 0.0,
+            "frequency_penalty": 0,
+            "logprobs": False,
             "user": "someone",
         }
     )
@@ -127,6 +130,10 @@ def test_a_chat_maps_messages_roles_and_text_parts() -> None:
         ({"model": "lm", "prompt": "x", "n": 3}, "n"),
         ({"model": "lm", "prompt": "x", "stream_options": {"include_usage": True}}, "stream"),
         ({"model": "lm", "prompt": "x", "echo": True}, "echo"),
+        # JSON's true is not 1 and 0 is not false, though Python's == says so.
+        ({"model": "lm", "prompt": "x", "n": True}, "n"),
+        ({"model": "lm", "prompt": "x", "logprobs": 0}, "logprobs"),
+        ({"model": "lm", "prompt": "x", "best_of": True}, "best_of"),
     ],
 )
 def test_a_malformed_completion_is_refused_naming_its_param(

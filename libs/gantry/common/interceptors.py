@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from gantry.common.auth import (
     Authenticator,
@@ -58,30 +59,39 @@ DEFAULT_LIMITS: Mapping[str, ServiceLimit] = {
 
 
 @dataclass(frozen=True, slots=True)
-class _Oversize:
-    """What a bounded deserializer returns instead of parsing a request over its limit."""
+class _Unparsed:
+    """What a guarded deserializer returns instead of a request it will not or cannot parse: the
+    handler wrapper raises the refusal, so the client gets a typed status, not gRPC's UNKNOWN."""
 
-    size_bytes: int
-    limit_bytes: int
-
-    def error(self) -> GantryError:
-        return GantryError(
-            "INVALID_ARGUMENT",
-            f"the request is {self.size_bytes} bytes; this service takes at most "
-            f"{self.limit_bytes}",
-            size_bytes=str(self.size_bytes),
-            limit_bytes=str(self.limit_bytes),
-        )
+    refusal: GantryError
 
 
-def _bounded(deserializer: Callable[[bytes], Any] | None, limit: int | None) -> Any:
-    if limit is None:
-        return deserializer
+def _guarded(
+    deserializer: Callable[[bytes], Any] | None, limit: int | None, method: str
+) -> Callable[[bytes], Any] | None:
+    """Refuse a single request over the service's byte limit before parsing it, and one whose
+    bytes are not a valid message (corrupt wire data, invalid UTF-8 in a string field)."""
+    if deserializer is None and limit is None:
+        return None
 
     def deserialize(raw: bytes) -> Any:
-        if len(raw) > limit:
-            return _Oversize(size_bytes=len(raw), limit_bytes=limit)
-        return deserializer(raw) if deserializer is not None else raw
+        if limit is not None and len(raw) > limit:
+            return _Unparsed(
+                GantryError(
+                    "INVALID_ARGUMENT",
+                    f"the request is {len(raw)} bytes; this service takes at most {limit}",
+                    size_bytes=str(len(raw)),
+                    limit_bytes=str(limit),
+                )
+            )
+        if deserializer is None:
+            return raw
+        try:
+            return deserializer(raw)
+        except DecodeError as exc:
+            return _Unparsed(
+                GantryError("INVALID_ARGUMENT", f"the request to {method} does not parse: {exc}")
+            )
 
     return deserialize
 
@@ -171,8 +181,8 @@ class GantryServerInterceptor(grpc.aio.ServerInterceptor):
                 set_principal(principal)
                 slot: str | None = None
                 try:
-                    if isinstance(request, _Oversize):
-                        raise request.error()
+                    if isinstance(request, _Unparsed):
+                        raise request.refusal
                     slot = self._in_flight.enter(method)
                     return await inner_unary(request, context)
                 except GantryError as error:
@@ -192,7 +202,7 @@ class GantryServerInterceptor(grpc.aio.ServerInterceptor):
             return unary_factory(
                 unary,
                 request_deserializer=(
-                    _bounded(handler.request_deserializer, request_limit)
+                    _guarded(handler.request_deserializer, request_limit, method)
                     if handler.unary_unary is not None
                     else handler.request_deserializer
                 ),
@@ -206,8 +216,8 @@ class GantryServerInterceptor(grpc.aio.ServerInterceptor):
                 set_principal(principal)
                 slot: str | None = None
                 try:
-                    if isinstance(request, _Oversize):
-                        raise request.error()
+                    if isinstance(request, _Unparsed):
+                        raise request.refusal
                     slot = self._in_flight.enter(method)
                     result = inner_stream(request, context)
                     if inspect.isasyncgen(result):
@@ -234,7 +244,7 @@ class GantryServerInterceptor(grpc.aio.ServerInterceptor):
                 request_deserializer=(
                     handler.request_deserializer
                     if streaming
-                    else _bounded(handler.request_deserializer, request_limit)
+                    else _guarded(handler.request_deserializer, request_limit, method)
                 ),
                 response_serializer=handler.response_serializer,
             )

@@ -37,6 +37,9 @@ from gantry.v1 import common_pb2, inference_pb2
 # An adopted server (AdoptEndpoint) answers Generate; its adapter name is the adoption's.
 ADOPTED_ENDPOINT_ADAPTER = "adopted_openai_endpoint"
 VARIABLE = -1
+# The widths of the gantry.v1 fields the integer inputs fill (max_tokens, top_k: uint32).
+UINT32_MAX = 2**32 - 1
+UINT64_MAX = 2**64 - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,7 +134,9 @@ def _one_text(call: Call, name: str, *, required: bool = True) -> str | None:
     return texts[0]
 
 
-def _scalar(call: Call, name: str, kinds: frozenset[str]) -> int | float | None:
+def _scalar(
+    call: Call, name: str, kinds: frozenset[str], *, ceiling: float = math.inf
+) -> int | float | None:
     tensor = _tensor(call, name, required=False)
     if tensor is None:
         return None
@@ -149,6 +154,8 @@ def _scalar(call: Call, name: str, kinds: frozenset[str]) -> int | float | None:
     value = tensor.values[0]
     if isinstance(value, bytes) or not math.isfinite(value) or value < 0:
         raise invalid_argument(f"input tensor {name!r} must be finite and >= 0", field=name)
+    if value > ceiling:
+        raise invalid_argument(f"input tensor {name!r} must be at most {ceiling}", field=name)
     return value
 
 
@@ -239,11 +246,11 @@ _FINISH_REASONS = {
 
 async def _generation(call: Call) -> Answer:
     prompt = _one_text(call, "text_input") or ""
-    max_tokens = _scalar(call, "max_tokens", INTEGER_TYPES)
+    max_tokens = _scalar(call, "max_tokens", INTEGER_TYPES, ceiling=UINT32_MAX)
     temperature = _scalar(call, "temperature", FLOAT_TYPES)
     top_p = _scalar(call, "top_p", FLOAT_TYPES)
-    top_k = _scalar(call, "top_k", INTEGER_TYPES)
-    seed = _scalar(call, "seed", INTEGER_TYPES)
+    top_k = _scalar(call, "top_k", INTEGER_TYPES, ceiling=UINT32_MAX)
+    seed = _scalar(call, "seed", INTEGER_TYPES, ceiling=UINT64_MAX)
     response = await call.inference.Generate(
         inference_pb2.GenerateRequest(
             capability=call.capability,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import enum
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -53,6 +54,12 @@ _GENERATION_FIELDS = frozenset(
     | {"user", "metadata", "store", "service_tier"}  # bookkeeping Gantry has no use for
 )
 _EMBEDDING_FIELDS = frozenset({"model", "input", "encoding_format", "user", "dimensions"})
+# A lone surrogate (U+D800-U+DFFF) is not text, and protobuf (and the JSON error) cannot encode
+# one, but json.loads makes one from a \uD800 escape, or (it decodes with "surrogatepass") from
+# its UTF-8 form ED A0-BF xx. Either sign in a UTF-8 body, or any other encoding, has the parsed
+# strings checked; a surrogate pair is an ordinary character.
+_MAYBE_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]")
+_UTF8 = ("utf-8", "utf-8-sig")
 
 
 class EncodingFormat(enum.Enum):
@@ -76,8 +83,17 @@ class GenerationCall:
 def json_object(body: bytes) -> dict[str, Any]:
     try:
         parsed = json.loads(body)
+        if _MAYBE_SURROGATE.search(body) or json.detect_encoding(body) not in _UTF8:
+            json.dumps(parsed, ensure_ascii=False).encode("utf-8")  # every string is text
+    except UnicodeEncodeError:
+        raise invalid_argument(
+            "the request body holds a string with a lone surrogate (\\ud800-\\udfff), which is "
+            "not Unicode text"
+        ) from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise invalid_argument(f"the request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise invalid_argument("the request body is not valid JSON: nested too deeply") from None
     if not isinstance(parsed, dict):
         raise invalid_argument(f"the request body must be a JSON object, not {_json_type(parsed)}")
     return parsed
@@ -250,7 +266,10 @@ def _number(body: Mapping[str, Any], name: str) -> float:
         return 0.0
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise invalid_argument(f"{name} must be a number, not {_json_type(value)}", field=name)
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:  # an integer past any float (JSON's numbers are unbounded)
+        raise invalid_argument(f"{name} is too large to be a number", field=name) from None
 
 
 def _whole(body: Mapping[str, Any], name: str, ceiling: int) -> int:
@@ -286,7 +305,10 @@ def _refuse_unknown(
 ) -> None:
     for name, value in body.items():
         if name in defaults:
-            if value is not None and value not in defaults[name]:
+            # Compared with its JSON type: `true == 1` and `0 == false` in Python, not in JSON.
+            if value is not None and not any(
+                type(value) is type(allowed) and value == allowed for allowed in defaults[name]
+            ):
                 raise GantryError(
                     "INVALID_ARGUMENT",
                     f"{name} {json.dumps(value)[:60]} is not supported; leave it out "
