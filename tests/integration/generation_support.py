@@ -1,6 +1,7 @@
 """What the generation tests share: a control plane and scheduler in this process serving one
 deployment ("tiny") from a scripted worker stream whose generation answers each test decides, the
-worker messages it sends, and the scheduler's view of the work once it has settled."""
+worker messages it sends, and the scheduler's view of the work once it has settled; and the tiny
+causal LM deployed on a real worker, READY."""
 
 from __future__ import annotations
 
@@ -83,3 +84,21 @@ async def settled(harness: Harness, what: str, **totals: int) -> scheduler_pb2.Q
 
     await wait_for(reached, timeout=10, what=what, last=latest)
     return latest[0]
+
+
+async def tiny_lm_ready(
+    harness: Harness, model_dir: Path, *, capability: str, max_new_tokens: int
+) -> cp.Deployment:
+    """The tiny causal LM on a real worker (node "lm-node") as `capability`, READY."""
+    await harness.start_worker(await harness.register_node("lm-node"))
+    artifact = await harness.register_model(model_dir, "tiny-causal-lm")
+    created = await harness.deploy(
+        artifact.artifact_set_id,
+        capability,
+        adapter="transformers_causal_lm",
+        device="cpu",
+        max_new_tokens=max_new_tokens,
+    )
+    return await harness.wait_deployment(
+        created.deployment_id, cp.DEPLOYMENT_STATE_READY, timeout=180
+    )

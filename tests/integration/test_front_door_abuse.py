@@ -18,7 +18,7 @@ import pytest
 from gantry.common.status import error_info_of
 from gantry.kserve import grpc_service_pb2 as kserve
 from gantry.kserve import grpc_service_pb2_grpc as kserve_grpc
-from gantry.v1 import control_plane_pb2 as cp
+from tests.integration.generation_support import tiny_lm_ready
 from tests.integration.harness import Harness, running_gantry
 
 CAPABILITY = "tiny-lm"
@@ -31,16 +31,7 @@ async def gantry(
     root = tmp_path / "artifacts"
     root.mkdir()
     async with running_gantry(sqlite_url, root, http_listen="127.0.0.1:0") as harness:
-        await harness.start_worker(await harness.register_node("abuse-node"))
-        artifact = await harness.register_model(tiny_causal_lm_dir, "tiny-causal-lm")
-        created = await harness.deploy(
-            artifact.artifact_set_id,
-            CAPABILITY,
-            adapter="transformers_causal_lm",
-            device="cpu",
-            max_new_tokens=8,
-        )
-        await harness.wait_deployment(created.deployment_id, cp.DEPLOYMENT_STATE_READY, timeout=180)
+        await tiny_lm_ready(harness, tiny_causal_lm_dir, capability=CAPABILITY, max_new_tokens=8)
         yield harness
 
 

@@ -32,6 +32,7 @@ from gantry.worker.model_host.generation_serving import (
     TEST_HOOK_SLOW_TOKENS_PROMPT,
 )
 from gantry.worker.model_host.serving import TEST_HOOKS_ENV
+from tests.integration.generation_support import tiny_lm_ready
 from tests.integration.harness import Harness, running_gantry, wait_for
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -40,19 +41,6 @@ READY = cp.DEPLOYMENT_STATE_READY
 CAPABILITY = "tiny-lm"
 MAX_NEW_TOKENS = 48  # the deployment's bound, below the control plane's 4,096
 ENDED = (common_pb2.FINISH_REASON_STOP, common_pb2.FINISH_REASON_LENGTH)
-
-
-async def _lm_ready(harness: Harness, model_dir: Path) -> cp.Deployment:
-    await harness.start_worker(await harness.register_node("lm-node"))
-    artifact = await harness.register_model(model_dir, "tiny-causal-lm")
-    created = await harness.deploy(
-        artifact.artifact_set_id,
-        CAPABILITY,
-        adapter="transformers_causal_lm",
-        device="cpu",
-        max_new_tokens=MAX_NEW_TOKENS,
-    )
-    return await harness.wait_deployment(created.deployment_id, READY, timeout=180)
 
 
 def _grpcurl_stream(harness: Harness, body: dict[str, Any]) -> list[dict[str, Any]]:
@@ -83,7 +71,9 @@ async def test_generate_and_generate_stream_serve_one_greedy_text_every_way(
     root = tmp_path / "artifacts"
     root.mkdir()
     async with running_gantry(database_url, root) as harness:
-        ready = await _lm_ready(harness, tiny_causal_lm_dir)
+        ready = await tiny_lm_ready(
+            harness, tiny_causal_lm_dir, capability=CAPABILITY, max_new_tokens=MAX_NEW_TOKENS
+        )
         client = harness.client_md
         request = inf.GenerateRequest(capability=CAPABILITY, prompt="The weather", max_tokens=24)
 

@@ -14,8 +14,8 @@ import openai
 import pytest
 
 from gantry.v1 import common_pb2
-from gantry.v1 import control_plane_pb2 as cp
 from gantry.v1 import inference_pb2 as inf
+from tests.integration.generation_support import tiny_lm_ready
 from tests.integration.harness import Harness, running_gantry
 
 CAPABILITY = "tiny-lm"
@@ -31,16 +31,9 @@ async def gantry(
     root = tmp_path / "artifacts"
     root.mkdir()
     async with running_gantry(database_url, root, http_listen="127.0.0.1:0") as harness:
-        await harness.start_worker(await harness.register_node("lm-node"))
-        artifact = await harness.register_model(tiny_causal_lm_dir, "tiny-causal-lm")
-        created = await harness.deploy(
-            artifact.artifact_set_id,
-            CAPABILITY,
-            adapter="transformers_causal_lm",
-            device="cpu",
-            max_new_tokens=MAX_NEW_TOKENS,
+        await tiny_lm_ready(
+            harness, tiny_causal_lm_dir, capability=CAPABILITY, max_new_tokens=MAX_NEW_TOKENS
         )
-        await harness.wait_deployment(created.deployment_id, cp.DEPLOYMENT_STATE_READY, timeout=180)
         yield harness
 
 
