@@ -248,3 +248,27 @@ def test_a_third_signal_kills_every_service_at_once(tmp_path: Path) -> None:
     ]
     for _, pid, _ in stops:
         assert_gone(pid)
+
+
+@pytest.mark.parametrize("http_address", ["127.0.0.1:8080", None])
+def test_the_banner_names_every_front_door(tmp_path: Path, http_address: str | None):
+    from gantry.cli.state import StatePaths
+    from gantry.cli.up import UpSettings, banner
+
+    settings = UpSettings(
+        paths=StatePaths(root=tmp_path / ".gantry"),
+        address="127.0.0.1:50051",
+        scheduler_address="127.0.0.1:50052",
+        startup_timeout_s=1,
+        ready_timeout_s=1,
+        http_address=http_address,
+    )
+    lines = banner(settings, "d-1").splitlines()
+    doors = {line.split()[0] + line.split()[1]: line for line in lines if line.startswith("  ")}
+    assert "gantry.v1.Inference" in doors["controlplane"]
+    assert "127.0.0.1:50051" in doors["KServev2"]
+    assert "inference.GRPCInferenceService" in doors["KServev2"]
+    if http_address:
+        assert "http://127.0.0.1:8080/v1" in doors["OpenAIAPI"]
+    else:
+        assert "off (--no-http)" in doors["OpenAIAPI"]

@@ -439,6 +439,7 @@ def banner(settings: UpSettings, deployment_id: str, *, deployment_state: str = 
     return f"""
 Gantry is up.
   control plane  {settings.address}  (gantry.v1.ControlPlane, gantry.v1.Inference; {transport})
+  KServe v2      {settings.address}  (inference.GRPCInferenceService, tritonclient; docs/kserve.md)
   scheduler      {settings.scheduler_address}
   deployment     {deployment_id}  (capability {bootstrap.CAPABILITY}, {deployment_state})
   state          {state}/  (gantry.db, operator.token, client.key, node.credential)
