@@ -323,3 +323,47 @@ def _png() -> bytes:
     buffer = io.BytesIO()
     Image.new("RGB", (8, 8), (10, 200, 30)).save(buffer, format="PNG")
     return buffer.getvalue()
+
+
+def _kserve_transcribe(clip: bytes, **extra: bytes) -> Any:
+    from gantry.kserve import grpc_service_pb2 as kserve
+
+    request = kserve.ModelInferRequest(model_name="speech")
+    for name, data in (("audio", clip), *extra.items()):
+        request.inputs.add(
+            name=name,
+            datatype="BYTES",
+            shape=[1],
+            contents=kserve.InferTensorContents(bytes_contents=[data]),
+        )
+    return request
+
+
+async def test_the_open_inference_protocol_transcribes_like_transcribe(
+    gantry: Harness, whisper: cp.Deployment, direct: Transcripts
+) -> None:
+    # ModelInfer on the Whisper capability: an `audio` BYTES [1] tensor (WAV or FLAC, the type
+    # read from the bytes), a `text` BYTES [1] answer equal to gantry.v1 Transcribe's.
+    from gantry.kserve import grpc_service_pb2_grpc as kserve_grpc
+
+    stub = kserve_grpc.GRPCInferenceServiceStub(gantry.channel)
+    for clip in (_wav(direct.samples), _flac(direct.samples)):
+        answered = await stub.ModelInfer(
+            _kserve_transcribe(clip, language=b"en"), metadata=gantry.client_md
+        )
+        assert [(o.name, o.datatype, list(o.shape)) for o in answered.outputs] == [
+            ("text", "BYTES", [1])
+        ]
+        # Triton's wire form: a BYTES output in raw_output_contents, each element a 4-byte
+        # little-endian length and its bytes.
+        (raw,) = answered.raw_output_contents
+        length = int.from_bytes(raw[:4], "little")
+        assert len(raw) == 4 + length
+        assert raw[4:].decode() == direct.plain_text
+    code, reason, details = await _refused(
+        stub.ModelInfer(_kserve_transcribe(b"not audio at all"), metadata=gantry.client_md)
+    )
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and details.get("field") == "audio", (
+        reason,
+        details,
+    )
