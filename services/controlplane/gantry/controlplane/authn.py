@@ -54,7 +54,8 @@ class ControlPlaneAuthenticator:
                 await self.authenticate(other, token)
                 raise GantryError(
                     "PERMISSION_DENIED",
-                    f"a {other.value} credential cannot make {role.value} calls",
+                    f"{_article(other.value)} {other.value} credential cannot make "
+                    f"{role.value} calls",
                     role=role.value,
                 )
             raise GantryError(

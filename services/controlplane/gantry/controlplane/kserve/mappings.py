@@ -80,8 +80,9 @@ class TensorMapping:
         taken = {spec.name for spec in self.inputs}
         for name in tensors:
             if name not in taken:
+                article = "an" if self.kind[0] in "aeiou" else "a"
                 raise invalid_argument(
-                    f"a {self.kind} capability takes no input tensor {name!r}; it takes "
+                    f"{article} {self.kind} capability takes no input tensor {name!r}; it takes "
                     f"{', '.join(sorted(taken))}",
                     field=name,
                 )
