@@ -181,6 +181,16 @@ class Harness:
         await wait_for(reached, timeout=timeout, what=f"deployment state {state}", last=latest)
         return latest[0]
 
+    async def wait_queued(self, tenant_id: str, depth: int) -> None:
+        """Until the tenant has `depth` calls waiting in the scheduler (its snapshot says so): a
+        flood sent after this meets a full queue, whichever of its calls the server reads first."""
+
+        async def reached() -> bool:
+            snapshot = await self.control_plane.scheduler.queue_snapshot(timeout=5)
+            return any(t.tenant_id == tenant_id and t.queued >= depth for t in snapshot.tenants)
+
+        await wait_for(reached, timeout=10, what=f"{depth} call(s) of {tenant_id} queued")
+
 
 async def wait_for(
     condition: Callable[[], bool | Awaitable[bool]],

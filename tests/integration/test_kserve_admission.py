@@ -87,7 +87,8 @@ async def test_a_flood_past_the_tenants_queue_depth_is_queue_full_on_modelinfer(
     running = _infer(harness, "first")
     held = await asyncio.wait_for(worker.invokes.get(), timeout=5)  # the one slot is taken
     waiting = _infer(harness, "second")
-    # The second waits in the queue (depth 1); every later one is refused at once.
+    await harness.wait_queued(TENANT, 1)  # the second waits in the queue (depth 1) first
+    # Every later one is refused at once.
     flood = [_infer(harness, f"flood {i}") for i in range(5)]
     refusals = []
     for call in flood:

@@ -17,7 +17,7 @@ import pytest
 from gantry.v1 import common_pb2
 from gantry.v1 import control_plane_pb2 as cp
 from gantry.v1 import worker_gateway_pb2 as wg
-from tests.integration.harness import Harness, running_gantry, wait_for
+from tests.integration.harness import Harness, running_gantry
 from tests.integration.metrics_scrape import metrics_port, scrape
 from tests.integration.scripted_worker import ScriptedWorker
 
@@ -86,7 +86,8 @@ async def test_a_flood_past_the_tenants_queue_depth_is_429_queue_full(
         running = embed("first")
         held = await asyncio.wait_for(worker.invokes.get(), timeout=10)  # the one slot is taken
         waiting = embed("second")
-        await _queued(harness, 1)  # the second waits in the queue (depth 1) before the flood
+        # The second waits in the queue (depth 1) before the flood.
+        await harness.wait_queued(TENANT, 1)
         flood = [embed(f"flood {i}") for i in range(5)]
         refusals = []
         for call in flood:
@@ -110,16 +111,6 @@ async def test_a_flood_past_the_tenants_queue_depth_is_429_queue_full(
     embeds = {"operation": "Embed", "reason": "QUEUE_FULL"}
     calls = "gantry_invocations_total"
     assert after.value(calls, **embeds) - before.value(calls, **embeds) == 5
-
-
-async def _queued(harness: Harness, depth: int) -> None:
-    """Until the tenant has `depth` calls waiting in the scheduler (its snapshot says so)."""
-
-    async def reached() -> bool:
-        snapshot = await harness.control_plane.scheduler.queue_snapshot(timeout=5)
-        return any(t.tenant_id == TENANT and t.queued >= depth for t in snapshot.tenants)
-
-    await wait_for(reached, timeout=10, what=f"{depth} call(s) queued")
 
 
 async def test_a_client_that_leaves_a_stream_cancels_the_invocation(
