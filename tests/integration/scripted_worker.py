@@ -17,6 +17,7 @@ import grpc
 
 from gantry.common.auth import auth_metadata
 from gantry.common.digests import adapter_digest, environment_fingerprint
+from gantry.controlplane.reconciler import ReconcilerSettings
 from gantry.v1 import common_pb2, worker_gateway_pb2_grpc
 from gantry.v1 import worker_gateway_pb2 as wg
 
@@ -24,6 +25,11 @@ ENVIRONMENT = wg.RuntimeEnvironment(
     environment_id="default", python_executable="/scripted", adapters=["sentence_transformers"]
 )
 ENVIRONMENT_FINGERPRINT = environment_fingerprint(ENVIRONMENT)
+
+# A scripted worker heartbeats only when its test says so. At the default 3 s interval its node is
+# stale 9 s after it connects, which a test of several steps reaches on a busy machine (a flood
+# test once met DEPLOYMENT_NOT_READY): tests that keep one serving use this reconciler.
+SILENT_WORKER = ReconcilerSettings(interval_s=0.2, heartbeat_interval_s=60.0)
 
 
 def host_ram(capacity_bytes: int, margin_bytes: int = 0) -> common_pb2.ResourceDomain:

@@ -21,7 +21,7 @@ from gantry.v1 import control_plane_pb2 as cp
 from gantry.v1 import worker_gateway_pb2 as wg
 from tests.integration.harness import Harness, running_gantry
 from tests.integration.metrics_scrape import metrics_port, scrape
-from tests.integration.scripted_worker import ScriptedWorker
+from tests.integration.scripted_worker import SILENT_WORKER, ScriptedWorker
 
 TENANT = "tenant-a"  # the harness's client key belongs to it
 
@@ -32,7 +32,7 @@ async def serving(
 ) -> AsyncIterator[tuple[Harness, ScriptedWorker]]:
     root = tmp_path / "artifacts"
     root.mkdir()
-    async with running_gantry(database_url, root) as harness:
+    async with running_gantry(database_url, root, reconciler=SILENT_WORKER) as harness:
         worker = ScriptedWorker()
         await worker.start(harness.channel, await harness.register_node("scripted"))
         artifact = await harness.register_model(tiny_model_dir, "tiny")
