@@ -32,6 +32,7 @@ from gantry.worker.model_host.generation_serving import (
     TEST_HOOK_SLOW_TOKENS_PROMPT,
 )
 from gantry.worker.model_host.serving import TEST_HOOKS_ENV
+from tests.fixtures.tiny_causal_lm import DirectCausalLM
 from tests.integration.generation_support import tiny_lm_ready
 from tests.integration.harness import Harness, running_gantry, wait_for
 
@@ -78,13 +79,21 @@ async def test_generate_and_generate_stream_serve_one_greedy_text_every_way(
         request = inf.GenerateRequest(capability=CAPABILITY, prompt="The weather", max_tokens=24)
 
         whole = await harness.inference.Generate(request, metadata=client, timeout=60)
-        assert whole.finish_reason in ENDED
-        # 24 tokens unless the model ended first (then fewer, and STOP says so).
-        if whole.finish_reason == common_pb2.FINISH_REASON_LENGTH:
-            assert whole.completion_tokens == 24
-        else:
-            assert 1 <= whole.completion_tokens < 24
-        assert whole.prompt_tokens >= 1
+        # What transformers alone makes of the same prompt: 24 tokens, or fewer and STOP.
+        direct = DirectCausalLM(tiny_causal_lm_dir)
+        inputs = direct.inputs("The weather")
+        ids = direct.generate(inputs, 24)
+        finish = (
+            common_pb2.FINISH_REASON_STOP
+            if ids[-1] in direct.end_ids
+            else common_pb2.FINISH_REASON_LENGTH
+        )
+        assert (whole.text, whole.completion_tokens, whole.finish_reason) == (
+            direct.text(ids),
+            len(ids),
+            finish,
+        )
+        assert whole.prompt_tokens == inputs["input_ids"].shape[1]
         assert whole.deployment_id == ready.deployment_id and whole.node_id
 
         chunks = [

@@ -34,7 +34,7 @@ from gantry.worker.model_host.generation_serving import (
 )
 from gantry.worker.model_host.process import HostLaunchSpec, ModelHost
 from gantry.worker.model_host.serving import TEST_HOOKS_ENV
-from tests.fixtures.tiny_causal_lm import CONTEXT_LENGTH
+from tests.fixtures.tiny_causal_lm import CONTEXT_LENGTH, DirectCausalLM
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(300)]
 
@@ -71,42 +71,9 @@ print(json.dumps({"tokens": tokens, "seconds": seconds}))
 """
 
 
-class Direct:
-    """The same model run by transformers alone in this process."""
-
-    def __init__(self, directory: Path) -> None:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        self.tokenizer = AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
-        self.model = AutoModelForCausalLM.from_pretrained(
-            str(directory), local_files_only=True
-        ).eval()
-        self.end_ids = set(self.model.generation_config.eos_token_id)
-
-    def inputs(self, prompt: str = "", messages: list[common_pb2.ChatMessage] | None = None) -> Any:
-        if messages:
-            turns = [{"role": m.role, "content": m.content} for m in messages]
-            return self.tokenizer.apply_chat_template(
-                turns, add_generation_prompt=True, return_dict=True, return_tensors="pt"
-            )
-        return self.tokenizer(prompt, return_tensors="pt")
-
-    def generate(self, inputs: Any, max_new_tokens: int) -> list[int]:
-        import torch
-
-        with torch.inference_mode():
-            output = self.model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False)
-        return list(output[0, inputs["input_ids"].shape[1] :].tolist())
-
-    def text(self, ids: list[int]) -> str:
-        return str(
-            self.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
-        )
-
-
 @pytest.fixture(scope="module")
-def direct(tiny_causal_lm_dir: Path) -> Direct:
-    return Direct(tiny_causal_lm_dir)
+def direct(tiny_causal_lm_dir: Path) -> DirectCausalLM:
+    return DirectCausalLM(tiny_causal_lm_dir)
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
@@ -150,7 +117,7 @@ async def _refusal(host: ModelHost, reason: str, **fields: Any) -> GantryError:
 
 
 async def test_greedy_text_equals_a_direct_generate_for_prompts_and_the_chat_template(
-    lm_host: ModelHost, direct: Direct
+    lm_host: ModelHost, direct: DirectCausalLM
 ) -> None:
     finishes = set()
     for prompt, messages in [*((p, None) for p in PROMPTS), ("", CHAT)]:
@@ -268,7 +235,7 @@ async def test_sampling_with_a_seed_repeats_its_text_and_another_seed_differs(
 
 
 async def test_max_tokens_past_the_limit_and_bad_sampling_are_refused_naming_the_field(
-    lm_host: ModelHost,
+    lm_host: ModelHost, direct: DirectCausalLM
 ) -> None:
     error = await _refusal(lm_host, "INVALID_PAYLOAD", prompt="hi", max_tokens=MAX_NEW_TOKENS + 1)
     assert error.metadata == {
@@ -285,13 +252,17 @@ async def test_max_tokens_past_the_limit_and_bad_sampling_are_refused_naming_the
     assert error.metadata["field"] == "messages"
     # A payload naming no max_tokens (the control plane always names one) gets the default.
     unbounded = await _generate(lm_host, prompt="hi", stop=["\x00"])
-    assert unbounded.completion_tokens <= DEFAULT_MAX_TOKENS
+    room = CONTEXT_LENGTH - direct.inputs("hi")["input_ids"].shape[1]
+    assert unbounded.completion_tokens == len(
+        direct.generate(direct.inputs("hi"), min(DEFAULT_MAX_TOKENS, room))
+    )
     # The host keeps serving.
-    assert (await _generate(lm_host, prompt="hi", max_tokens=3)).completion_tokens >= 1
+    served = await _generate(lm_host, prompt="hi", max_tokens=3)
+    assert served.text == direct.text(direct.generate(direct.inputs("hi"), 3))
 
 
 async def test_a_prompt_that_fills_the_context_is_refused_and_one_near_it_ends_there(
-    lm_host: ModelHost, direct: Direct
+    lm_host: ModelHost, direct: DirectCausalLM
 ) -> None:
     full = "x" * CONTEXT_LENGTH
     error = await _refusal(lm_host, "INPUT_TOO_LONG", prompt=full, max_tokens=10)
@@ -304,9 +275,11 @@ async def test_a_prompt_that_fills_the_context_is_refused_and_one_near_it_ends_t
     near = "x" * (CONTEXT_LENGTH - 6)
     room = CONTEXT_LENGTH - direct.inputs(near)["input_ids"].shape[1]
     ended = await _generate(lm_host, prompt=near, max_tokens=50, stop=["\x00"])
-    assert ended.completion_tokens <= room
-    if ended.completion_tokens == room:
-        assert ended.finish_reason == LENGTH
+    # What transformers alone makes with the room the context leaves: Gantry stops there too.
+    ids = direct.generate(direct.inputs(near), min(50, room))
+    expected_finish = STOP if ids[-1] in direct.end_ids else LENGTH
+    assert (ended.completion_tokens, ended.finish_reason) == (len(ids), expected_finish)
+    assert len(ids) <= room
 
 
 async def test_a_cancelled_generation_stops_between_tokens_and_the_host_answers_at_once(
@@ -437,7 +410,7 @@ async def test_cancel_invoke_stops_a_streamed_generation_in_the_host(lm_host: Mo
 
 
 async def test_the_probe_check_passes_on_logits_and_a_real_generation(
-    lm_host: ModelHost, direct: Direct
+    lm_host: ModelHost, direct: DirectCausalLM
 ) -> None:
     probe = await lm_host.probe_check(timeout_s=60)
     assert probe.health.model.status == wg.HEALTH_STATUS_OK, probe.health.model.detail

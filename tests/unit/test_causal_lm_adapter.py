@@ -19,7 +19,7 @@ from gantry.worker.model_host.adapters.causal_lm import (
     context_length,
     sampling_arguments,
 )
-from tests.fixtures.tiny_causal_lm import build_tiny_causal_lm
+from tests.fixtures.tiny_causal_lm import DirectCausalLM, build_tiny_causal_lm
 
 
 def test_all_zero_sampling_is_greedy_and_a_temperature_samples_with_explicit_off_values() -> None:
@@ -73,17 +73,22 @@ def test_the_registry_hands_out_the_causal_lm_adapter_serving_generate() -> None
 
 
 @pytest.fixture(scope="module")
-def base_model(tmp_path_factory: pytest.TempPathFactory) -> TransformersCausalLM:
-    directory = build_tiny_causal_lm(
+def base_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny causal LM without a chat template."""
+    return build_tiny_causal_lm(
         tmp_path_factory.mktemp("base-lm") / "model", with_chat_template=False
     )
+
+
+@pytest.fixture(scope="module")
+def base_model(base_model_dir: Path) -> TransformersCausalLM:
     adapter = TransformersCausalLM()
-    adapter.load(directory, common_pb2.AdapterSettings(adapter=adapter.name))
+    adapter.load(base_model_dir, common_pb2.AdapterSettings(adapter=adapter.name))
     return adapter
 
 
 def test_a_model_without_a_chat_template_refuses_messages_but_continues_prompts(
-    base_model: TransformersCausalLM,
+    base_model: TransformersCausalLM, base_model_dir: Path
 ) -> None:
     assert not base_model.has_chat_template
     assert base_model.max_new_tokens == DEFAULT_MAX_NEW_TOKENS
@@ -96,12 +101,19 @@ def test_a_model_without_a_chat_template_refuses_messages_but_continues_prompts(
     assert caught.value.metadata["field"] == "messages"
     assert "no chat template" in caught.value.message and "send a prompt" in caught.value.message
     result = base_model.generate_text(wg.GeneratePayload(prompt="hi", max_tokens=4))
-    # Four tokens unless the model ended first: then fewer, and the reason says so.
-    if result.finish_reason == common_pb2.FINISH_REASON_LENGTH:
-        assert result.completion_tokens == 4
-    else:
-        assert result.finish_reason == common_pb2.FINISH_REASON_STOP
-        assert 1 <= result.completion_tokens < 4
+    # The prompt continues as transformers alone continues it: four tokens, or fewer and STOP.
+    direct = DirectCausalLM(base_model_dir)
+    ids = direct.generate(direct.inputs("hi"), 4)
+    finish = (
+        common_pb2.FINISH_REASON_STOP
+        if ids[-1] in direct.end_ids
+        else common_pb2.FINISH_REASON_LENGTH
+    )
+    assert (result.text, result.completion_tokens, result.finish_reason) == (
+        direct.text(ids),
+        len(ids),
+        finish,
+    )
 
 
 def test_an_empty_stop_sequence_is_refused_by_its_index(base_model: TransformersCausalLM) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import string
+
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
@@ -30,10 +32,18 @@ def _typed_or_ok(call) -> object:  # type: ignore[no-untyped-def]
 @FUZZ
 @given(st.text(max_size=300))
 @example("abc\n")  # `$` in a regex matches before a trailing newline: fullmatch or nothing
+@example("a" * 128)
+@example("a" * 129)
+@example("-a")
 def test_names_are_accepted_only_when_well_formed(value: str):
     accepted = _typed_or_ok(lambda: _check_name(value, field="name"))
-    if accepted is not None:
-        assert 1 <= len(value) <= 128 and value.isascii() and "\n" not in value
+    # The rule, written out without a regex: 1-128 characters, ASCII letters, digits, '.', '_'
+    # and '-', starting with a letter or digit.
+    alnum = string.ascii_letters + string.digits
+    well_formed = (
+        1 <= len(value) <= 128 and value[0] in alnum and all(c in alnum + "._-" for c in value)
+    )
+    assert accepted == (value if well_formed else None)
 
 
 @FUZZ
@@ -56,8 +66,11 @@ def test_labels_within_their_limits_only(labels: dict[str, str]):
 @given(st.integers(min_value=-(2**31), max_value=2**31 - 1), st.text(max_size=100))
 def test_paging_arguments_are_bounded_or_refused(page_size: int, page_token: str):
     page = _typed_or_ok(lambda: page_of(page_size, page_token))
-    if page is not None:
-        assert 1 <= page.size <= 1000  # type: ignore[attr-defined]
+    if page_size < 0:
+        assert page is None  # refused, typed
+    elif page is not None:
+        # 0 asks for the default page of 100; anything larger than 1,000 is cut to 1,000.
+        assert page.size == (100 if page_size == 0 else min(page_size, 1000))  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize("limit", [0, 5, 200])
