@@ -12,14 +12,19 @@ import asyncio
 import contextlib
 import struct
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import grpc
 
 from gantry.common.auth import auth_metadata
 from gantry.common.digests import adapter_digest, environment_fingerprint
 from gantry.controlplane.reconciler import ReconcilerSettings
-from gantry.v1 import common_pb2, worker_gateway_pb2_grpc
+from gantry.v1 import common_pb2, control_plane_pb2, worker_gateway_pb2_grpc
 from gantry.v1 import worker_gateway_pb2 as wg
+
+if TYPE_CHECKING:
+    from tests.integration.harness import Harness
 
 ENVIRONMENT = wg.RuntimeEnvironment(
     environment_id="default", python_executable="/scripted", adapters=["sentence_transformers"]
@@ -183,6 +188,20 @@ class ScriptedWorker:
     def report_inventory(self) -> None:
         self.send(wg.WorkerMessage(inventory_report=wg.InventoryReport(inventory=self.inventory())))
 
+    def answer_embed(self, invoke: wg.Invoke) -> None:
+        """Answer an Embed invocation: a vector of width 1 holding 1.0 for each input."""
+        count = len(invoke.embed.inputs)
+        self.send(
+            wg.WorkerMessage(
+                invoke_result=wg.InvokeResult(
+                    request_id=invoke.request_id,
+                    embed=wg.EmbedResult(
+                        count=count, dim=1, float32_le=struct.pack("<f", 1.0) * count
+                    ),
+                )
+            )
+        )
+
     def heartbeat(self, active_job_ids: Iterable[str] = ()) -> None:
         self.send(wg.WorkerMessage(heartbeat=wg.Heartbeat(active_job_ids=list(active_job_ids))))
 
@@ -319,3 +338,24 @@ class ScriptedWorker:
             self.acks.append(message.ack.job_id)
         elif kind == "reject":
             self.rejects.append(message.reject)
+
+
+@contextlib.asynccontextmanager
+async def serving_tiny(
+    harness: Harness, model_dir: Path, *, max_concurrency: int
+) -> AsyncIterator[ScriptedWorker]:
+    """A scripted worker on node "scripted" with the model at `model_dir` READY on it as "tiny",
+    `max_concurrency` calls at once; the test answers each invocation."""
+    worker = ScriptedWorker()
+    await worker.start(harness.channel, await harness.register_node("scripted"))
+    try:
+        artifact = await harness.register_model(model_dir, "tiny")
+        deployment = await harness.deploy(
+            artifact.artifact_set_id, "tiny", max_concurrency=max_concurrency
+        )
+        await harness.wait_deployment(
+            deployment.deployment_id, control_plane_pb2.DEPLOYMENT_STATE_READY, timeout=20
+        )
+        yield worker
+    finally:
+        await worker.stop()

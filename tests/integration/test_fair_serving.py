@@ -17,9 +17,8 @@ from gantry.common.status import error_info_of
 from gantry.v1 import common_pb2, scheduler_pb2
 from gantry.v1 import control_plane_pb2 as cp
 from gantry.v1 import inference_pb2 as inf
-from gantry.v1 import worker_gateway_pb2 as wg
 from tests.integration.harness import Harness, running_gantry, wait_for
-from tests.integration.scripted_worker import ScriptedWorker
+from tests.integration.scripted_worker import ScriptedWorker, serving_tiny
 
 TENANT = "tenant-a"  # the harness's client key belongs to it
 
@@ -31,30 +30,9 @@ async def serving(
     root = tmp_path / "artifacts"
     root.mkdir()
     async with running_gantry(sqlite_url, root) as harness:
-        worker = ScriptedWorker()
-        await worker.start(harness.channel, await harness.register_node("scripted"))
-        artifact = await harness.register_model(tiny_model_dir, "tiny")
         # Four calls at once per model host, so a test can fill its slots with a few calls.
-        deployment = await harness.deploy(artifact.artifact_set_id, "tiny", max_concurrency=4)
-        await harness.wait_deployment(
-            deployment.deployment_id, cp.DEPLOYMENT_STATE_READY, timeout=20
-        )
-        try:
+        async with serving_tiny(harness, tiny_model_dir, max_concurrency=4) as worker:
             yield harness, worker
-        finally:
-            await worker.stop()
-
-
-def _answer(worker: ScriptedWorker, invoke: wg.Invoke) -> None:
-    count = len(invoke.embed.inputs)
-    worker.send(
-        wg.WorkerMessage(
-            invoke_result=wg.InvokeResult(
-                request_id=invoke.request_id,
-                embed=wg.EmbedResult(count=count, dim=1, float32_le=b"\x00\x00\x80\x3f" * count),
-            )
-        )
-    )
 
 
 async def _snapshot(harness: Harness) -> scheduler_pb2.QueueSnapshot:
@@ -89,10 +67,10 @@ async def test_calls_past_the_residencys_slots_wait_in_the_queue_and_go_when_one
     (residency,) = snapshot.residencies
     assert (residency.in_flight, residency.slots) == (4, 4)
     assert worker.invokes.empty()
-    _answer(worker, held[0])
+    worker.answer_embed(held[0])
     fifth = await asyncio.wait_for(worker.invokes.get(), timeout=5)
     for invoke in [*held[1:], fifth]:
-        _answer(worker, invoke)
+        worker.answer_embed(invoke)
     answers = await asyncio.gather(*calls)
     assert all(answer.dim == 1 for answer in answers)
     (tenant,) = [t for t in (await _snapshot(harness)).tenants if t.tenant_id == TENANT]
@@ -133,7 +111,7 @@ async def test_a_tenant_policy_set_by_an_operator_bounds_the_tenants_calls_at_on
         (grpc.StatusCode.RESOURCE_EXHAUSTED, "TENANT_QUOTA_EXCEEDED"),
         (grpc.StatusCode.PERMISSION_DENIED, "PERMISSION_DENIED"),
     ]
-    _answer(worker, held)
+    worker.answer_embed(held)
     assert (await first).dim == 1
     (tenant,) = [t for t in (await _snapshot(harness)).tenants if t.tenant_id == TENANT]
     assert (tenant.served_total, tenant.rejected_total) == (1, 2)

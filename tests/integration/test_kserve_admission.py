@@ -18,10 +18,9 @@ from gantry.kserve import grpc_service_pb2 as kserve
 from gantry.kserve import grpc_service_pb2_grpc as kserve_grpc
 from gantry.v1 import common_pb2
 from gantry.v1 import control_plane_pb2 as cp
-from gantry.v1 import worker_gateway_pb2 as wg
 from tests.integration.harness import Harness, running_gantry
 from tests.integration.metrics_scrape import metrics_port, scrape
-from tests.integration.scripted_worker import SILENT_WORKER, ScriptedWorker
+from tests.integration.scripted_worker import SILENT_WORKER, ScriptedWorker, serving_tiny
 
 TENANT = "tenant-a"  # the harness's client key belongs to it
 
@@ -33,17 +32,8 @@ async def serving(
     root = tmp_path / "artifacts"
     root.mkdir()
     async with running_gantry(database_url, root, reconciler=SILENT_WORKER) as harness:
-        worker = ScriptedWorker()
-        await worker.start(harness.channel, await harness.register_node("scripted"))
-        artifact = await harness.register_model(tiny_model_dir, "tiny")
-        deployment = await harness.deploy(artifact.artifact_set_id, "tiny", max_concurrency=1)
-        await harness.wait_deployment(
-            deployment.deployment_id, cp.DEPLOYMENT_STATE_READY, timeout=20
-        )
-        try:
+        async with serving_tiny(harness, tiny_model_dir, max_concurrency=1) as worker:
             yield harness, worker
-        finally:
-            await worker.stop()
 
 
 def _infer(harness: Harness, text: str, **fields: object) -> asyncio.Future:
@@ -57,18 +47,6 @@ def _infer(harness: Harness, text: str, **fields: object) -> asyncio.Future:
     )
     return asyncio.ensure_future(
         stub.ModelInfer(request, metadata=harness.client_md, timeout=20, **fields)  # type: ignore[arg-type]
-    )
-
-
-def _answer(worker: ScriptedWorker, invoke: wg.Invoke) -> None:
-    count = len(invoke.embed.inputs)
-    worker.send(
-        wg.WorkerMessage(
-            invoke_result=wg.InvokeResult(
-                request_id=invoke.request_id,
-                embed=wg.EmbedResult(count=count, dim=1, float32_le=b"\x00\x00\x80\x3f" * count),
-            )
-        )
     )
 
 
@@ -97,8 +75,8 @@ async def test_a_flood_past_the_tenants_queue_depth_is_queue_full_on_modelinfer(
         info = error_info_of(caught.value)
         refusals.append((caught.value.code(), info.reason if info else ""))
     assert refusals == [(grpc.StatusCode.RESOURCE_EXHAUSTED, "QUEUE_FULL")] * 5
-    _answer(worker, held)
-    _answer(worker, await asyncio.wait_for(worker.invokes.get(), timeout=5))
+    worker.answer_embed(held)
+    worker.answer_embed(await asyncio.wait_for(worker.invokes.get(), timeout=5))
     for call in (running, waiting):
         response = await call
         assert struct.unpack("<f", response.raw_output_contents[0]) == (1.0,)

@@ -6,7 +6,6 @@ refused, and which the worker is told to drop when its HTTP client goes away."""
 from __future__ import annotations
 
 import asyncio
-import struct
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -19,7 +18,7 @@ from gantry.v1 import control_plane_pb2 as cp
 from gantry.v1 import worker_gateway_pb2 as wg
 from tests.integration.harness import Harness, running_gantry
 from tests.integration.metrics_scrape import metrics_port, scrape
-from tests.integration.scripted_worker import SILENT_WORKER, ScriptedWorker
+from tests.integration.scripted_worker import SILENT_WORKER, ScriptedWorker, serving_tiny
 
 TENANT = "tenant-a"  # the harness's client key belongs to it
 MODEL = "tiny"
@@ -34,17 +33,8 @@ async def serving(
     async with running_gantry(
         database_url, root, http_listen="127.0.0.1:0", reconciler=SILENT_WORKER
     ) as harness:
-        worker = ScriptedWorker()
-        await worker.start(harness.channel, await harness.register_node("scripted"))
-        artifact = await harness.register_model(tiny_model_dir, MODEL)
-        deployment = await harness.deploy(artifact.artifact_set_id, MODEL, max_concurrency=1)
-        await harness.wait_deployment(
-            deployment.deployment_id, cp.DEPLOYMENT_STATE_READY, timeout=20
-        )
-        try:
+        async with serving_tiny(harness, tiny_model_dir, max_concurrency=1) as worker:
             yield harness, worker
-        finally:
-            await worker.stop()
 
 
 def base_url(harness: Harness) -> str:
@@ -54,18 +44,6 @@ def base_url(harness: Harness) -> str:
 
 def sdk(harness: Harness) -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(base_url=base_url(harness), api_key=harness.api_key, max_retries=0)
-
-
-def answer_embed(worker: ScriptedWorker, invoke: wg.Invoke) -> None:
-    count = len(invoke.embed.inputs)
-    worker.send(
-        wg.WorkerMessage(
-            invoke_result=wg.InvokeResult(
-                request_id=invoke.request_id,
-                embed=wg.EmbedResult(count=count, dim=1, float32_le=struct.pack("<f", 1.0) * count),
-            )
-        )
-    )
 
 
 async def test_a_flood_past_the_tenants_queue_depth_is_429_queue_full(
@@ -97,8 +75,8 @@ async def test_a_flood_past_the_tenants_queue_depth_is_429_queue_full(
                 await call
             refusals.append((caught.value.status_code, caught.value.code))
         assert refusals == [(429, "QUEUE_FULL")] * 5
-        answer_embed(worker, held)
-        answer_embed(worker, await asyncio.wait_for(worker.invokes.get(), timeout=10))
+        worker.answer_embed(held)
+        worker.answer_embed(await asyncio.wait_for(worker.invokes.get(), timeout=10))
         for call in (running, waiting):
             answered = await call
             assert answered.data[0].embedding == [1.0]  # type: ignore[attr-defined]
