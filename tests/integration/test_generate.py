@@ -83,11 +83,7 @@ async def test_generate_and_generate_stream_serve_one_greedy_text_every_way(
         direct = DirectCausalLM(tiny_causal_lm_dir)
         inputs = direct.inputs("The weather")
         ids = direct.generate(inputs, 24)
-        finish = (
-            common_pb2.FINISH_REASON_STOP
-            if ids[-1] in direct.end_ids
-            else common_pb2.FINISH_REASON_LENGTH
-        )
+        finish = direct.finish_reason(ids)
         assert (whole.text, whole.completion_tokens, whole.finish_reason) == (
             direct.text(ids),
             len(ids),

@@ -124,7 +124,7 @@ async def test_greedy_text_equals_a_direct_generate_for_prompts_and_the_chat_tem
         inputs = direct.inputs(prompt, messages)
         ids = direct.generate(inputs, 48)
         served = await _generate(lm_host, prompt=prompt, messages=messages, max_tokens=48)
-        expected_finish = STOP if ids[-1] in direct.end_ids else LENGTH
+        expected_finish = direct.finish_reason(ids)
         assert (served.text, served.completion_tokens, served.finish_reason) == (
             direct.text(ids),
             len(ids),
@@ -277,7 +277,7 @@ async def test_a_prompt_that_fills_the_context_is_refused_and_one_near_it_ends_t
     ended = await _generate(lm_host, prompt=near, max_tokens=50, stop=["\x00"])
     # What transformers alone makes with the room the context leaves: Gantry stops there too.
     ids = direct.generate(direct.inputs(near), min(50, room))
-    expected_finish = STOP if ids[-1] in direct.end_ids else LENGTH
+    expected_finish = direct.finish_reason(ids)
     assert (ended.completion_tokens, ended.finish_reason) == (len(ids), expected_finish)
     assert len(ids) <= room
 

@@ -104,11 +104,7 @@ def test_a_model_without_a_chat_template_refuses_messages_but_continues_prompts(
     # The prompt continues as transformers alone continues it: four tokens, or fewer and STOP.
     direct = DirectCausalLM(base_model_dir)
     ids = direct.generate(direct.inputs("hi"), 4)
-    finish = (
-        common_pb2.FINISH_REASON_STOP
-        if ids[-1] in direct.end_ids
-        else common_pb2.FINISH_REASON_LENGTH
-    )
+    finish = direct.finish_reason(ids)
     assert (result.text, result.completion_tokens, result.finish_reason) == (
         direct.text(ids),
         len(ids),
