@@ -15,8 +15,13 @@ export TRANSFORMERS_OFFLINE := 1
 export HF_HUB_DISABLE_PROGRESS_BARS := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: run test test-unit test-integration lint proto docs bench clean venv vision-env llama-env \
-	clients-env
+# Every build step says what it does, a line at least every 15 s while it runs, and how long it
+# took (scripts/build_step.py); the whole output of each is kept under build/logs/.
+STEP := $(PYTHON) scripts/build_step.py
+PIP_FLAGS := --disable-pip-version-check --progress-bar off
+
+.PHONY: run test test-plan test-unit test-integration lint proto docs bench clean venv vision-env \
+	llama-env clients-env
 
 venv: $(STAMP)
 
@@ -27,10 +32,11 @@ VISION_STAMP := $(VISION_VENV)/.installed
 vision-env: $(VISION_STAMP)
 
 $(VISION_STAMP): requirements-vision.txt libs/pyproject.toml services/worker/pyproject.toml
-	test -x $(VISION_VENV)/bin/python || $(PYTHON) -m venv $(VISION_VENV)
-	$(VISION_VENV)/bin/pip install -q --disable-pip-version-check -r requirements-vision.txt \
+	@test -x $(VISION_VENV)/bin/python || $(STEP) "create $(VISION_VENV)" -- $(PYTHON) -m venv $(VISION_VENV)
+	@$(STEP) "install $(VISION_VENV) (torch 2.14.1, torchvision; ~3 min fresh)" -- \
+		$(VISION_VENV)/bin/pip install $(PIP_FLAGS) -r requirements-vision.txt \
 		-e libs -e services/worker
-	touch $@
+	@touch $@
 
 # The managed llama.cpp server's environment (requirements-llama.txt says why it is separate and
 # why its first build takes about 15 minutes).
@@ -44,16 +50,22 @@ llama-env: $(LLAMA_STAMP)
 # same machine installs it in seconds; delete the folder to rebuild.
 LLAMA_WHEELS := $(HOME)/.cache/gantry/wheels
 LLAMA_CPP_VERSION := $(shell sed -n 's/^llama-cpp-python\[server\]==//p' requirements-llama.txt)
+LLAMA_CMAKE_ARGS ?=
+LLAMA_JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 
 $(LLAMA_STAMP): requirements-llama.txt
-	test -x $(LLAMA_VENV)/bin/python || $(PYTHON) -m venv $(LLAMA_VENV)
-	mkdir -p $(LLAMA_WHEELS)
-	ls $(LLAMA_WHEELS)/llama_cpp_python-$(LLAMA_CPP_VERSION)-*.whl > /dev/null 2>&1 || \
-		$(LLAMA_VENV)/bin/pip wheel -q --disable-pip-version-check --no-deps -w $(LLAMA_WHEELS) \
+	@test -x $(LLAMA_VENV)/bin/python || $(STEP) "create $(LLAMA_VENV)" -- $(PYTHON) -m venv $(LLAMA_VENV)
+	@mkdir -p $(LLAMA_WHEELS)
+	@ls $(LLAMA_WHEELS)/llama_cpp_python-$(LLAMA_CPP_VERSION)-*.whl > /dev/null 2>&1 || \
+		$(PYTHON) scripts/build_step.py \
+		"compile llama.cpp (llama-cpp-python $(LLAMA_CPP_VERSION); once per machine, ~15-25 min)" \
+		-- env CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" CMAKE_BUILD_PARALLEL_LEVEL=$(LLAMA_JOBS) \
+		$(LLAMA_VENV)/bin/pip wheel -v $(PIP_FLAGS) --no-deps -w $(LLAMA_WHEELS) \
 		llama-cpp-python==$(LLAMA_CPP_VERSION)
-	$(LLAMA_VENV)/bin/pip install -q --disable-pip-version-check --find-links $(LLAMA_WHEELS) \
+	@$(STEP) "install $(LLAMA_VENV) (the llama.cpp server)" -- \
+		$(LLAMA_VENV)/bin/pip install $(PIP_FLAGS) --find-links $(LLAMA_WHEELS) \
 		-r requirements-llama.txt
-	touch $@
+	@touch $@
 
 # The third-party clients the front-door tests drive (requirements-clients.txt says why they
 # have their own environment).
@@ -63,39 +75,59 @@ CLIENTS_STAMP := $(CLIENTS_VENV)/.installed
 clients-env: $(CLIENTS_STAMP)
 
 $(CLIENTS_STAMP): requirements-clients.txt
-	test -x $(CLIENTS_VENV)/bin/python || $(PYTHON) -m venv $(CLIENTS_VENV)
-	$(CLIENTS_VENV)/bin/pip install -q --disable-pip-version-check -r requirements-clients.txt
-	touch $@
+	@test -x $(CLIENTS_VENV)/bin/python || $(STEP) "create $(CLIENTS_VENV)" -- $(PYTHON) -m venv $(CLIENTS_VENV)
+	@$(STEP) "install $(CLIENTS_VENV) (openai, langchain, tritonclient; ~1 min fresh)" -- \
+		$(CLIENTS_VENV)/bin/pip install $(PIP_FLAGS) -r requirements-clients.txt
+	@touch $@
 
 $(STAMP): requirements-dev.txt libs/pyproject.toml services/*/pyproject.toml
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --disable-pip-version-check -r requirements-dev.txt \
+	@test -x $(BIN)/python || $(STEP) "create $(VENV)" -- $(PYTHON) -m venv $(VENV)
+	@$(STEP) "install $(VENV) (torch 2.13.0 CPU, gantry, the bundled model; ~2-4 min fresh)" -- \
+		$(BIN)/pip install $(PIP_FLAGS) -r requirements-dev.txt \
 		-e libs -e services/controlplane -e services/scheduler -e 'services/worker[ml]' \
 		torch==2.13.0
-	touch $@
+	@touch $@
 
 proto: $(PROTO_STAMP)
 
 $(PROTO_STAMP): $(STAMP) $(PROTO_FILES) $(KSERVE_PROTO_FILES)
-	$(BIN)/python -m grpc_tools.protoc -I proto \
+	@$(STEP) "generate the gRPC stubs (proto/)" -- $(BIN)/python -m grpc_tools.protoc -I proto \
 		--python_out=libs --pyi_out=libs --grpc_python_out=libs $(PROTO_FILES)
-	$(BIN)/python -m grpc_tools.protoc -I gantry/kserve=proto/inference \
+	@$(STEP) "generate the Open Inference Protocol stubs" -- \
+		$(BIN)/python -m grpc_tools.protoc -I gantry/kserve=proto/inference \
 		--python_out=libs --pyi_out=libs --grpc_python_out=libs $(KSERVE_PROTO_FILES)
-	touch $@
+	@touch $@
 
 # docs/api/*.md from the protos' comments (tests/unit/test_api_docs.py fails while they differ).
 docs: $(STAMP)
 	$(BIN)/python scripts/gen_api_docs.py docs/api
 
 # The worker maps the image adapters' environment as "vision" and the managed llama.cpp server's
-# as "llama" unless the caller maps its own.
-RUNTIME_ENV_MAP := {"vision": "$(CURDIR)/$(VISION_VENV)/bin/python", \
-	"llama": "$(CURDIR)/$(LLAMA_VENV)/bin/python"}
+# as "llama" unless the caller maps its own, each with the command that builds it: `make run`
+# builds neither (the bundled model needs only .venv), so until one is built the worker reports
+# it unavailable and a job that needs it is refused naming that command.
+RUNTIME_ENV_MAP := {"vision": {"python": "$(CURDIR)/$(VISION_VENV)/bin/python", \
+	"build": "make vision-env"}, \
+	"llama": {"python": "$(CURDIR)/$(LLAMA_VENV)/bin/python", "build": "make llama-env"}}
 
-run: $(PROTO_STAMP) $(VISION_STAMP) $(LLAMA_STAMP)
+run: $(PROTO_STAMP)
 	GANTRY_PYTHON_ENV_MAP_JSON=$${GANTRY_PYTHON_ENV_MAP_JSON:-'$(RUNTIME_ENV_MAP)'} $(BIN)/gantry up
 
-test: $(PROTO_STAMP) $(VISION_STAMP) $(LLAMA_STAMP) $(CLIENTS_STAMP)
+# What `make test` builds before the suite, said before any of it starts (`make -q`: up to date?).
+test-plan:
+	@echo "make test: first the runtime environments the suite needs, then pytest (~16-20 min)"
+	@$(MAKE) -s -q $(STAMP) && echo "  $(VENV)          built" || \
+		echo "  $(VENV)          to build: ~2-4 min fresh, ~1.5 min with a warm pip cache"
+	@$(MAKE) -s -q $(VISION_STAMP) && echo "  $(VISION_VENV)   built" || \
+		echo "  $(VISION_VENV)   to build: ~3 min fresh"
+	@$(MAKE) -s -q $(CLIENTS_STAMP) && echo "  $(CLIENTS_VENV)  built" || \
+		echo "  $(CLIENTS_VENV)  to build: ~1 min fresh"
+	@$(MAKE) -s -q $(LLAMA_STAMP) && echo "  $(LLAMA_VENV)    built" || \
+		( ls $(LLAMA_WHEELS)/llama_cpp_python-$(LLAMA_CPP_VERSION)-*.whl > /dev/null 2>&1 && \
+		echo "  $(LLAMA_VENV)    to build: ~1 min (llama.cpp already compiled in $(LLAMA_WHEELS))" || \
+		echo "  $(LLAMA_VENV)    to build: compiles llama.cpp once per machine, ~15-25 min" )
+
+test: test-plan $(PROTO_STAMP) $(VISION_STAMP) $(LLAMA_STAMP) $(CLIENTS_STAMP)
 	$(BIN)/python -m pytest -q --durations=30
 
 test-unit: $(PROTO_STAMP)

@@ -1,20 +1,25 @@
-"""The README's shell blocks run as pasted against a real `gantry up`.
+"""The shell blocks of README.md and of every page under docs/ run as pasted against a real
+`gantry up`.
 
 One `gantry up` (a child process on free ports, its own state directory) serves every block. Each
-fenced `sh`/`bash` block of README.md runs in bash (`-e -o pipefail`) in order, from a directory
-laid out like the repository root: `.venv` and `.venv-llama` (links to this checkout's) and
-`.gantry` (the instance's state), so `.venv/bin/gantry`, `$(cat .gantry/operator.token)` and the
-like work unchanged; only the control plane's default address is rewritten to the instance's (and
-GANTRY_ADDRESS / GANTRY_STATE_DIR point at it too). A block that cannot run as pasted (it starts
-the services itself, runs until Ctrl-C, needs a model that is not bundled) carries a visible
-marker on the line before its fence:
+fenced `sh`/`bash` block runs in bash (`-e -o pipefail`) in order, README.md's first, then each
+docs/ page's (sorted by path), from a directory laid out like the repository root: `.venv`,
+`.venv-llama` and `.venv-clients` (links to this checkout's) and `.gantry` (the instance's state),
+so `.venv/bin/gantry`, `$(cat .gantry/operator.token)` and the like work unchanged; only the
+control plane's default addresses are rewritten to the instance's (and GANTRY_ADDRESS /
+GANTRY_STATE_DIR point at it too). `.venv/bin` is not on the blocks' PATH, as it is not after
+`make run`: a bare `gantry` fails. A block that cannot run as pasted (it starts the services
+itself, runs until Ctrl-C, needs a model that is not bundled, has ids to fill in) carries a
+visible marker on the line before its fence:
 
     <!-- readme-test: skip (why) -->
 
-Every other block must exit 0. Whatever a block leaves running (a worker or a server it started
-with `&`) is killed with its process group when the block ends, pass or fail. The static test
-below needs no `gantry up`: it checks that every skip says why and that no runnable block holds a
-`<PLACEHOLDER>` (a block with ids to fill in either captures them in shell or is skipped).
+Every other block must exit 0, and print what an `expect (a, b)` marker in the same place names.
+Whatever a block leaves running (a worker or a server it started with `&`) is killed with its
+process group when the block ends, pass or fail. The static test below needs no `gantry up` and
+reads every file: every skip says why, no runnable block holds a `<PLACEHOLDER>` (a block with ids
+to fill in either captures them in shell or is skipped), and no block, skipped or not, calls a
+bare `gantry`. Titles name the file and the line of the block's opening fence.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ from tests.fixtures.llama_env import llama_python  # noqa: F401  (fixture)
 
 REPO = Path(__file__).resolve().parents[2]
 README = REPO / "README.md"
+DOCS = REPO / "docs"
 DEFAULT_ADDRESSES = ("127.0.0.1:50051", "localhost:50051")
 # The OpenAI-compatible HTTP API's default address: each run takes a free port instead, so a run
 # never collides with a `make run` or another run on this machine.
@@ -51,10 +57,24 @@ SKIP = re.compile(r"^<!--\s*readme-test:\s*skip\s*\((?P<why>.+)\)\s*-->\s*$")
 EXPECT = re.compile(r"^<!--\s*readme-test:\s*expect\s*\((?P<what>.+)\)\s*-->\s*$")
 FENCE = re.compile(r"^```(?P<info>[\w+-]*)\s*$")
 PLACEHOLDER = re.compile(r"<[A-Z][A-Z_]+>")
+# `gantry` as a command (not `.venv/bin/gantry`): not on PATH after `make run`. Comments are cut
+# off first, so prose that names the CLI is no command.
+BARE_GANTRY = re.compile(r"(?:^|[\s;&|(`'\"])gantry(?=\s|$)")
+COMMENT = re.compile(r"(?:^|\s)#.*$")
 RUN_LANGUAGES = {"sh", "bash", "shell"}
 READY_TIMEOUT_S = 240.0
 # The media walkthrough builds three tiny models and walks each through every gate in one block.
 BLOCK_TIMEOUT_S = 300.0
+
+
+def doc_files() -> list[Path]:
+    """README.md, then every Markdown page under docs/ (docs/api, generated from the protos,
+    included), sorted by path."""
+    return [README, *sorted(DOCS.rglob("*.md"))]
+
+
+def _source(path: Path) -> str:
+    return path.relative_to(REPO).as_posix()
 
 
 @dataclass(frozen=True)
@@ -64,14 +84,15 @@ class Block:
     text: str
     skip: str | None  # the reason, when marked
     expect: tuple[str, ...] = ()  # what its output must hold
+    source: str = "README.md"  # the file, relative to the repository root
 
     @property
     def title(self) -> str:
         first = next((s for s in self.text.splitlines() if s.strip()), "")
-        return f"README.md:{self.line} {first.strip()[:60]}"
+        return f"{self.source}:{self.line} {first.strip()[:60]}"
 
 
-def readme_blocks(text: str) -> list[Block]:
+def readme_blocks(text: str, source: str = "README.md") -> list[Block]:
     """Every fenced block in order, with the skip marker (if any) on the line before it."""
     blocks: list[Block] = []
     lines = text.splitlines()
@@ -98,19 +119,26 @@ def readme_blocks(text: str) -> list[Block]:
                 )
                 if expected
                 else (),
+                source=source,
             )
         )
         index = end + 1
     return blocks
 
 
-def shell_blocks(text: str) -> list[Block]:
-    return [b for b in readme_blocks(text) if b.language in RUN_LANGUAGES]
+def shell_blocks(text: str, source: str = "README.md") -> list[Block]:
+    return [b for b in readme_blocks(text, source) if b.language in RUN_LANGUAGES]
 
 
-def static_problems(text: str) -> list[str]:
+def static_problems(text: str, source: str = "README.md") -> list[str]:
     problems = []
-    for block in shell_blocks(text):
+    for block in shell_blocks(text, source):
+        for offset, line in enumerate(block.text.splitlines(), 1):
+            if BARE_GANTRY.search(COMMENT.sub("", line)):
+                problems.append(
+                    f"{source}:{block.line + offset}: a bare `gantry` (not on PATH after "
+                    "`make run`): write .venv/bin/gantry"
+                )
         if block.skip is not None:
             continue
         if found := sorted(set(PLACEHOLDER.findall(block.text))):
@@ -118,12 +146,19 @@ def static_problems(text: str) -> list[str]:
     for number, line in enumerate(text.splitlines(), 1):
         marker = line.strip()
         if "readme-test:" in line and not (SKIP.match(marker) or EXPECT.match(marker)):
-            problems.append(f"README.md:{number}: malformed marker (want: skip (reason))")
+            problems.append(f"{source}:{number}: malformed marker (want: skip (reason))")
     return problems
 
 
-def test_readme_blocks_are_runnable_or_skipped_with_a_reason() -> None:
-    assert static_problems(README.read_text()) == []
+@pytest.mark.parametrize("path", doc_files(), ids=_source)
+def test_static_blocks_are_runnable_or_skipped_with_a_reason(path: Path) -> None:
+    assert static_problems(path.read_text(), _source(path)) == []
+
+
+def test_static_reads_readme_and_every_docs_page() -> None:
+    sources = [_source(path) for path in doc_files()]
+    assert sources[0] == "README.md"
+    assert {"docs/operations/guide.md", "docs/kserve.md", "docs/api/README.md"} <= set(sources)
 
 
 def test_the_static_check_can_fail() -> None:
@@ -131,14 +166,18 @@ def test_the_static_check_can_fail() -> None:
         "```sh\ngantry unload <DEPLOYMENT_ID>\n```\n"
         "<!-- readme-test: skip -->\n```sh\nmake run\n```\n"
         "<!-- readme-test: skip (starts the services) -->\n```sh\nmake run <X_Y>\n```\n"
+        "```sh\n.venv/bin/gantry nodes  # the gantry CLI\nX=$(gantry nodes -o json)\n```\n"
     )
-    assert static_problems(bad) == [
-        "README.md:1 gantry unload <DEPLOYMENT_ID>: placeholders <DEPLOYMENT_ID> in a block "
+    assert static_problems(bad, "docs/x.md") == [
+        "docs/x.md:2: a bare `gantry` (not on PATH after `make run`): write .venv/bin/gantry",
+        "docs/x.md:1 gantry unload <DEPLOYMENT_ID>: placeholders <DEPLOYMENT_ID> in a block "
         "that runs",
-        "README.md:4: malformed marker (want: skip (reason))",
+        "docs/x.md:14: a bare `gantry` (not on PATH after `make run`): write .venv/bin/gantry",
+        "docs/x.md:4: malformed marker (want: skip (reason))",
     ]
-    blocks = shell_blocks(bad)
-    assert [b.skip for b in blocks] == [None, None, "starts the services"]
+    blocks = shell_blocks(bad, "docs/x.md")
+    assert [b.skip for b in blocks] == [None, None, "starts the services", None]
+    assert blocks[0].title == "docs/x.md:1 gantry unload <DEPLOYMENT_ID>"
 
 
 # ---- the real run -------------------------------------------------------------------------------
@@ -277,25 +316,32 @@ def _run_block(
     return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
 
 
-# Every block in one test: the suite's 120 s per test would cut it off mid-walkthrough (the
-# media block alone builds and walks three models, the text generation block one more); each
-# block keeps its own BLOCK_TIMEOUT_S.
-@pytest.mark.timeout(1500)
-@pytest.mark.e2e
-def test_readme_shell_blocks_run_against_gantry_up(gantry_up: Instance) -> None:
-    blocks = shell_blocks(README.read_text())
-    env = {
+def _blocks_env(instance: Instance) -> dict[str, str]:
+    """The environment blocks run in: the instance's address and state, and the PATH of a shell
+    after `make run`, which does not hold .venv/bin (a bare `gantry` is not found)."""
+    venv_bin = (REPO / ".venv" / "bin").resolve()
+    path = [
+        entry
+        for entry in os.environ.get("PATH", "").split(os.pathsep)
+        if entry and Path(entry).resolve() != venv_bin
+    ]
+    return {
         **os.environ,
-        "GANTRY_ADDRESS": gantry_up.address,
-        "GANTRY_STATE_DIR": str(gantry_up.root / ".gantry"),
-        "PATH": f"{REPO / '.venv' / 'bin'}{os.pathsep}{os.environ['PATH']}",
+        "GANTRY_ADDRESS": instance.address,
+        "GANTRY_STATE_DIR": str(instance.root / ".gantry"),
+        "PATH": os.pathsep.join(path),
     }
+
+
+def _run_blocks(blocks: list[Block], instance: Instance) -> list[str]:
+    """Run each block that is not skipped, in order; the failures, each with its output's tail."""
+    env = _blocks_env(instance)
     failures, skipped, ran = [], [], []
     for block in blocks:
         if block.skip is not None:
             skipped.append(f"{block.title}: {block.skip}")
             continue
-        outcome = _run_block(block, gantry_up, env)
+        outcome = _run_block(block, instance, env)
         if outcome is None:
             failures.append(f"{block.title}: still running after {BLOCK_TIMEOUT_S:g}s")
             continue
@@ -307,5 +353,27 @@ def test_readme_shell_blocks_run_against_gantry_up(gantry_up: Instance) -> None:
         elif missing := [text for text in block.expect if text not in output]:
             failures.append(f"{block.title}: printed none of {missing}\n{output[-2000:]}")
     print("ran:", *ran, "skipped:", *skipped, sep="\n  ")
-    assert ran, "no README block ran"
+    assert ran, "no block ran"
+    return failures
+
+
+# Every README block in one test: the suite's 120 s per test would cut it off mid-walkthrough (the
+# media block alone builds and walks three models, the text generation block one more); each
+# block keeps its own BLOCK_TIMEOUT_S.
+@pytest.mark.timeout(1500)
+@pytest.mark.e2e
+def test_readme_shell_blocks_run_against_gantry_up(gantry_up: Instance) -> None:
+    failures = _run_blocks(shell_blocks(README.read_text()), gantry_up)
+    assert failures == [], "\n\n".join(failures)
+
+
+# Then docs/'s blocks, on the same `gantry up` (the module's fixture), each page in path order.
+# Each is small (a command or a few); together well under a minute.
+@pytest.mark.timeout(600)
+@pytest.mark.e2e
+def test_docs_shell_blocks_run_against_gantry_up(gantry_up: Instance) -> None:
+    blocks = [
+        block for path in doc_files()[1:] for block in shell_blocks(path.read_text(), _source(path))
+    ]
+    failures = _run_blocks(blocks, gantry_up)
     assert failures == [], "\n\n".join(failures)

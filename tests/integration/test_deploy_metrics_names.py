@@ -70,10 +70,12 @@ def _snapshot(
 def _feed_every_instrument(scheduler: SchedulerMetrics) -> None:
     now = dt.datetime.now(dt.UTC)
     # Control plane.
-    controlplane_metrics.invocation_answered(controlplane_metrics.EMBED, None, 0.01)
-    controlplane_metrics.stage_finished(
-        controlplane_metrics.EMBED, controlplane_metrics.STAGE_WORKER, 0.005
-    )
+    with controlplane_metrics.counting():
+        controlplane_metrics.call_resolved("names-capability", "dep-names")
+        controlplane_metrics.stage_finished(
+            controlplane_metrics.EMBED, controlplane_metrics.STAGE_WORKER, 0.005
+        )
+        controlplane_metrics.invocation_answered(controlplane_metrics.EMBED, None, 0.01)
     controlplane_metrics.admission_rejected("QUEUE_FULL")
     controlplane_metrics.job_committed("LOAD", "", now - dt.timedelta(seconds=2), now)
     controlplane_metrics.worker_stream("connected")
@@ -119,7 +121,9 @@ def _feed_every_instrument(scheduler: SchedulerMetrics) -> None:
     worker_metrics.host_crashed("RUNTIME_CRASHED", crash_loop=True)
     worker_metrics.host_restart_attempted()
     worker_metrics.job_ran("load", "", 1.5)
-    worker_metrics.invocation_answered("", 0.02)
+    worker_metrics.invocation_answered(
+        "", 0.02, capability="names-capability", deployment_id="dep-names"
+    )
     worker_metrics.stream_event("connected")
     # The span pipeline's drop tally: a zero count still makes the kind a series.
     PROCESS_DROPS.add(DROPPED_SPAN, 0)

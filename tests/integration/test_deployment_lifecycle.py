@@ -48,6 +48,12 @@ async def listed_ids(gantry: Pipeline, *, include_deleted: bool = False) -> set[
     return {d.deployment_id for d in listed.deployments}
 
 
+async def shown_capabilities(gantry: Pipeline) -> set[str]:
+    """The capabilities `gantry status` lists (healthy or degraded)."""
+    debug = await gantry.op.GetDebugSnapshot(cp.GetDebugSnapshotRequest(), metadata=gantry.md)
+    return {health.capability for health in debug.registry.capabilities}
+
+
 async def jobs_of(gantry: Pipeline, deployment_id: str) -> list[tuple[int, int]]:
     """(type, state) of the deployment's jobs, oldest first."""
     listed = await gantry.op.ListServingJobs(
@@ -100,10 +106,13 @@ def fail_loads(worker: ScriptedWorker) -> None:
 
 
 async def test_delete_is_refused_while_serving_then_removes_it_and_its_binding(gantry: Pipeline):
-    await gantry.worker("left")
+    worker = await gantry.worker("left")
+    worker.answer_invokes = True
     deployment = await ready_deployment(gantry)
     deployment_id = deployment.deployment_id
     delete = cp.DeleteDeploymentRequest(deployment_id=deployment_id)
+    await gantry.embed("minilm")  # its capability's health is now followed
+    assert "minilm" in await shown_capabilities(gantry)
 
     code, reason, metadata = await refused(gantry.op.DeleteDeployment(delete, metadata=gantry.md))
     assert (code, reason) == (grpc.StatusCode.FAILED_PRECONDITION, "DEPLOYMENT_IN_USE")
@@ -123,6 +132,8 @@ async def test_delete_is_refused_while_serving_then_removes_it_and_its_binding(g
 
     code, reason, _ = await refused(gantry.binding("minilm"))
     assert code == grpc.StatusCode.NOT_FOUND  # the binding went with it
+    # `gantry status` shows neither its capability as healthy nor anything of it queued.
+    assert "minilm" not in await shown_capabilities(gantry)
     [unbound] = await audited(gantry, "capability.unbind", "minilm")
     assert unbound.detail["deployment_id"] == deployment_id
     [event] = await audited(gantry, "deployment.delete", deployment_id)

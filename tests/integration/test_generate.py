@@ -5,8 +5,8 @@ and PostgreSQL.
 With greedy decoding the text is one text whichever way it is asked for: Generate's, the chunks of
 GenerateStream joined (in order; the last chunk carries the same finish reason and counts),
 grpcurl's GenerateStream as the README shows it, and what `gantry generate` prints. A chat is
-rendered by the model's own template; a max_tokens past the deployment's max_new_tokens is the
-model host's refusal naming the field, past the control plane's own limit the control plane's;
+rendered by the model's own template; a max_tokens past the deployment's max_new_tokens or the
+control plane's own limit is refused by the control plane, naming the field and that limit;
 neither moves the deployment off READY.
 """
 
@@ -121,7 +121,8 @@ async def test_generate_and_generate_stream_serve_one_greedy_text_every_way(
         assert answered.finish_reason in ENDED and answered.prompt_tokens > whole.prompt_tokens
         assert (await harness.inference.Generate(chat, metadata=client)).text == answered.text
 
-        # Past the deployment's bound: its model host refuses, naming the field and the limit.
+        # Past the deployment's bound: refused before it is scheduled, naming the field and the
+        # limit (the model host would refuse it too).
         with pytest.raises(grpc.aio.AioRpcError) as caught:
             await harness.inference.Generate(
                 inf.GenerateRequest(

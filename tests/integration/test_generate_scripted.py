@@ -18,6 +18,7 @@ from typing import Any
 import grpc
 import pytest
 
+from gantry.common.inference_limits import DEPLOYMENT_MAX_NEW_TOKENS
 from gantry.common.status import error_info_of
 from gantry.v1 import common_pb2
 from gantry.v1 import inference_pb2 as inf
@@ -60,7 +61,8 @@ async def test_generate_sends_an_explicit_max_tokens_and_charges_prompt_bytes_pl
     invoke = await asyncio.wait_for(worker.invokes.get(), timeout=10)
     assert invoke.deployment_id == worker.deployment_id
     assert invoke.generate.prompt == "Hello" and not invoke.generate.stream
-    assert invoke.generate.max_tokens == 256  # the server's default, filled in
+    # None named: the deployment's bound (its profile names none: the adapters'), filled in.
+    assert invoke.generate.max_tokens == DEPLOYMENT_MAX_NEW_TOKENS
     worker.send(generated(invoke.request_id, " world", tokens=2))
     response = await call
     assert (response.text, response.finish_reason) == (" world", STOP)
@@ -68,7 +70,7 @@ async def test_generate_sends_an_explicit_max_tokens_and_charges_prompt_bytes_pl
     assert response.deployment_id == worker.deployment_id and response.node_id
     snapshot = await settled(harness, "the Generate finished")
     (tenant,) = [t for t in snapshot.tenants if t.tenant_id == "tenant-a"]
-    assert tenant.served_cost == len(b"Hello") + 4 * 256
+    assert tenant.served_cost == len(b"Hello") + 4 * DEPLOYMENT_MAX_NEW_TOKENS
 
 
 async def test_generate_stream_writes_each_delta_as_it_arrives_then_the_finish(

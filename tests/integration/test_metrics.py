@@ -16,6 +16,8 @@ import grpc
 import pytest
 
 from gantry.common.errors import GantryError
+from gantry.common.metrics import OTHER, UNRESOLVED
+from gantry.controlplane import metrics as controlplane_metrics
 from gantry.v1 import control_plane_pb2 as cp
 from gantry.v1 import inference_pb2 as inf
 from gantry.v1 import worker_gateway_pb2 as wg
@@ -72,8 +74,14 @@ async def test_invocations_move_by_exactly_the_calls_made_by_status_and_reason(g
     harness = gantry.harness
     before = await scrape(port)
 
-    for _ in range(3):
+    for _ in range(2):
         await gantry.embed("metered")
+    # By deployment id: counted under the deployment's own capability, read server-side.
+    await harness.inference.Embed(
+        inf.EmbedRequest(deployment_id=deployment_id, inputs=["x"]),
+        metadata=harness.client_md,
+        timeout=10,
+    )
     assert await refusal(gantry.embed("no-such-capability")) == (
         grpc.StatusCode.NOT_FOUND,
         "NOT_FOUND",
@@ -114,6 +122,24 @@ async def test_invocations_move_by_exactly_the_calls_made_by_status_and_reason(g
         == 1
     )
     assert moved(before, after, INVOCATIONS, operation="Rerank") == 0
+    # Per model: the three served and the crash under the deployment and its capability (or
+    # OTHER, when this process has labelled more models than the caps allow before this test);
+    # the two refused before resolution under UNRESOLVED, never the name a client typed.
+    capability, deployment = controlplane_metrics.model_labels("metered", deployment_id)
+    assert capability in {"metered", OTHER} and deployment in {deployment_id, OTHER}
+    model = {"capability": capability, "deployment": deployment}
+    assert moved(before, after, INVOCATIONS, **embed, **model, code="OK") == 3
+    assert moved(before, after, INVOCATIONS, **embed, **model, reason="RUNTIME_CRASHED") == 1
+    unresolved = {"capability": UNRESOLVED, "deployment": UNRESOLVED}
+    assert moved(before, after, INVOCATIONS, **embed, **unresolved, reason="NOT_FOUND") == 1
+    assert moved(before, after, INVOCATIONS, **embed, **unresolved, code="INVALID_ARGUMENT") == 1
+    assert not any(
+        ("capability", "no-such-capability") in labels for labels in after.series(INVOCATIONS)
+    )
+    assert moved(before, after, STAGES, **embed, **model, stage="worker") == 3
+    assert moved(before, after, STAGES, **embed, **model, stage="total") == 4
+    # What the worker was sent to label its own count with: the capability, resolved.
+    assert {invoke.capability for invoke in worker.answered_invokes} == {"metered"}
     # Stages: every call has a total; resolve ran for the five that got past validation; the
     # scheduler decided and the worker answered four (three served, one crashed).
     assert moved(before, after, STAGES, **embed, stage="total") == 6

@@ -10,8 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from gantry.common.metrics import OTHER
 from gantry.v1 import control_plane_pb2 as cp
 from gantry.v1 import inference_pb2 as inf
+from gantry.worker import metrics as worker_metrics
 from tests.integration.harness import Harness, running_gantry, wait_for
 from tests.integration.metrics_scrape import Scrape, metrics_port, scrape
 
@@ -48,6 +50,16 @@ async def test_worker_counts_its_stream_load_invocations_and_a_host_crash_and_re
     assert moved(before, served, "gantry_worker_jobs_total", kind="load", outcome="SUCCEEDED") == 1
     assert moved(before, served, "gantry_worker_job_duration_seconds_count", kind="load") == 1
     assert moved(before, served, "gantry_worker_invocations_total", outcome="OK") == 2
+    # Labelled with the model they ran on, as the control plane resolved it (OTHER only when
+    # this process labelled more models than the caps allow before this test).
+    capability, deployment_label = worker_metrics.model_labels(
+        "metered-host", deployment.deployment_id
+    )
+    assert capability in {"metered-host", OTHER}
+    assert deployment_label in {deployment.deployment_id, OTHER}
+    model = {"capability": capability, "deployment": deployment_label}
+    assert moved(before, served, "gantry_worker_invocations_total", outcome="OK", **model) == 2
+    assert moved(before, served, "gantry_worker_invocation_duration_seconds_count", **model) == 2
     assert moved(before, served, "gantry_model_host_starts_total", kind="start") == 1
 
     os.kill(pid, signal.SIGKILL)

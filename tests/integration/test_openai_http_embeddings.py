@@ -5,7 +5,8 @@ PostgreSQL.
 The vectors are gRPC Embed's own, bit for bit, whether the SDK asks for floats or (its default)
 base64; the model is the capability; a wrong key, an unknown capability, a malformed body and a
 body past the bound are refused with the HTTP status and the OpenAI error shape, `code` holding
-Gantry's reason; a W3C `traceparent` header becomes the parent of the call's spans.
+Gantry's reason; a text past the model's token limit is refused naming `truncate`, which the door
+takes; a W3C `traceparent` header becomes the parent of the call's spans.
 """
 
 from __future__ import annotations
@@ -135,6 +136,31 @@ async def test_refusals_carry_the_http_status_and_gantrys_reason_as_code(gantry:
         unknown_route = await http.get("/engines", headers=key)
         assert unknown_route.status_code == 404
         assert unknown_route.json()["error"]["code"] == "NOT_FOUND"
+
+
+async def test_an_over_long_text_is_refused_naming_truncate_which_the_door_takes(
+    gantry: Harness,
+) -> None:
+    long_text = "resident " * 400  # far past the tiny model's 128 tokens
+    async with sdk(gantry) as client:
+        with pytest.raises(openai.BadRequestError) as too_long:
+            await client.embeddings.create(model=CAPABILITY, input=["fine", long_text])
+        # The option the refusal names is one this door takes (a Gantry field beside OpenAI's).
+        cut = await client.embeddings.create(
+            model=CAPABILITY,
+            input=["fine", long_text],
+            encoding_format="float",
+            extra_body={"truncate": True},
+        )
+    assert (too_long.value.code, too_long.value.param) == ("INPUT_TOO_LONG", "input[1]")
+    assert "set truncate to cut it to the limit" in too_long.value.message
+    expected = await gantry.inference.Embed(
+        inf.EmbedRequest(capability=CAPABILITY, inputs=["fine", long_text], truncate=True),
+        metadata=gantry.client_md,
+    )
+    assert [item.embedding for item in cut.data] == [
+        list(vector.values) for vector in expected.vectors
+    ]
 
 
 async def test_curl_as_the_docs_show_it(gantry: Harness) -> None:

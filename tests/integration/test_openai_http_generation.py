@@ -145,3 +145,63 @@ async def test_the_handlers_own_validation_names_the_openai_parameter(gantry: Ha
             )
     assert refusals == [(400, "max_tokens"), (400, "temperature"), (400, "stop"), (400, "n")]
     assert wrong_role.value.param == "messages[0].tool_call_id"
+
+
+async def test_no_max_tokens_means_up_to_the_deployments_bound_as_vllm_reads_it(
+    gantry: Harness,
+) -> None:
+    # The SDK's and LangChain's ChatOpenAI() default: no max_tokens at all. The deployment allows
+    # MAX_NEW_TOKENS, so the call gets exactly what naming that many gets (greedy: the same text).
+    expected = await gantry.inference.Generate(
+        inf.GenerateRequest(
+            capability=CAPABILITY,
+            messages=[common_pb2.ChatMessage(role="user", content=PROMPT)],
+            max_tokens=MAX_NEW_TOKENS,
+        ),
+        metadata=gantry.client_md,
+        timeout=60,
+    )
+    expected_completion = await gantry.inference.Generate(
+        inf.GenerateRequest(capability=CAPABILITY, prompt=PROMPT, max_tokens=MAX_NEW_TOKENS),
+        metadata=gantry.client_md,
+        timeout=60,
+    )
+    chat = [{"role": "user", "content": PROMPT}]
+    async with sdk(gantry) as client:
+        whole = await client.chat.completions.create(
+            model=CAPABILITY,
+            messages=chat,  # type: ignore[arg-type]
+        )
+        stream = await client.chat.completions.create(
+            model=CAPABILITY,
+            messages=chat,  # type: ignore[arg-type]
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        chunks = [chunk async for chunk in stream]
+        completion = await client.completions.create(model=CAPABILITY, prompt=PROMPT)
+        # An explicit count past the bound stays a refusal naming it, as vLLM refuses one past
+        # the context.
+        with pytest.raises(openai.BadRequestError) as past:
+            await client.chat.completions.create(
+                model=CAPABILITY,
+                messages=chat,  # type: ignore[arg-type]
+                max_completion_tokens=MAX_NEW_TOKENS + 1,
+            )
+
+    assert whole.choices[0].message.content == expected.text
+    assert whole.choices[0].finish_reason == FINISH[expected.finish_reason]
+    assert whole.usage is not None
+    assert whole.usage.completion_tokens == expected.completion_tokens <= MAX_NEW_TOKENS
+    counted = chunks[-1]
+    assert counted.usage is not None
+    assert counted.usage.completion_tokens == expected.completion_tokens
+    assert "".join(chunk.choices[0].delta.content or "" for chunk in chunks if chunk.choices) == (
+        expected.text
+    )
+    assert completion.choices[0].text == expected_completion.text
+    assert completion.usage is not None
+    assert completion.usage.completion_tokens == expected_completion.completion_tokens
+    assert past.value.status_code == 400 and past.value.param == "max_tokens"
+    assert past.value.code == "INVALID_PAYLOAD"
+    assert f"at most {MAX_NEW_TOKENS}" in past.value.message

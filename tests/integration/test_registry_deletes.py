@@ -47,6 +47,18 @@ async def mark_deployment_deleted(gantry: Pipeline, deployment_id: str) -> None:
         await session.flush()
 
 
+async def queue_names(gantry: Pipeline, node_id: str) -> bool:
+    """Whether the queue view (`gantry status`, `gantry queue`) still shows the node."""
+    debug = await gantry.op.GetDebugSnapshot(cp.GetDebugSnapshotRequest(), metadata=gantry.md)
+    queue = debug.queue
+    return node_id in (
+        {n.node_id for n in queue.nodes}
+        | {v.node_id for v in queue.ledger}
+        | {b.node_id for b in queue.breakers}
+        | {r.node_id for r in queue.residencies}
+    )
+
+
 async def listed_sets(
     gantry: Pipeline, *, include_deleted: bool = False
 ) -> dict[str, cp.ArtifactSet]:
@@ -203,8 +215,14 @@ async def test_a_node_is_deleted_only_once_drained_and_its_credential_then_fails
         )
 
     await wait_for(cold, what="the residency on the drained node to be COLD")
+    assert await queue_names(gantry, node.node_id)  # disabled, its capacity still in the ledger
     deleted = await gantry.op.DeleteNode(delete, metadata=gantry.md)
     assert deleted.HasField("deleted_at")
+
+    async def forgotten() -> bool:
+        return not await queue_names(gantry, node.node_id)
+
+    await wait_for(forgotten, what="the scheduler to forget the deleted node")
     assert len(await audited(gantry, "node.delete", node.node_id)) == 1
     # Its drained worker's stream is closed, and the credential connects no more.
     # (closed as a rotation closes it: the stream ends, the reconnect is what is refused)
@@ -236,6 +254,8 @@ async def test_a_node_is_deleted_only_once_drained_and_its_credential_then_fails
         gantry.op.EnableNode(cp.EnableNodeRequest(node_id=node.node_id), metadata=gantry.md)
     )
     assert (code, reason) == (grpc.StatusCode.NOT_FOUND, "NOT_FOUND")
+    # Still gone after its closed stream's goodbye, which announces it once more.
+    assert not await queue_names(gantry, node.node_id)
     await gantry.assert_invariants_hold()
 
 

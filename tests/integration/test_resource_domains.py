@@ -201,3 +201,43 @@ async def test_a_deployment_that_fits_no_node_waits_with_each_nodes_reason_until
         (small, "host.ram"): 0,
         (tight, "host.ram"): 0,
     }
+
+
+async def test_a_full_worker_leaves_a_further_deployment_pending_until_one_is_deleted(
+    real_time: Harness, tiny_model_dir: Path
+) -> None:
+    """The worker says its bound in Hello; placement counts its residencies against it, so a
+    further deployment is never sent there (no NO_CAPACITY load, no FAILED): it waits PENDING
+    with the reason and is placed once a deletion makes room."""
+    harness = real_time
+    agent = await harness.start_worker(await harness.register_node("bounded"), max_residents=2)
+    snapshot = await scheduler_snapshot(harness)
+    (node,) = [n for n in snapshot.nodes if n.node_id == agent.node_id]
+    assert node.max_residencies == 2
+    artifact = await harness.register_model(tiny_model_dir, "bounded")
+    approval = await harness.approve(artifact.artifact_set_id, "first")
+    first = await harness.create_deployment(approval, "first")
+    second = await harness.create_deployment(approval, "second")
+    for deployment in (first, second):
+        await harness.wait_deployment(deployment.deployment_id, cp.DEPLOYMENT_STATE_READY)
+
+    third = await harness.create_deployment(approval, "third")
+    waiting = await harness.deployment(third.deployment_id)
+    assert waiting.state == cp.DEPLOYMENT_STATE_PENDING
+    assert waiting.last_failure.reason == "NO_CAPACITY"
+    assert (
+        f"{agent.node_id} NO_CAPACITY (its worker holds at most 2 model hosts and 2 are resident"
+        " or placed)" in waiting.last_failure.message
+    )
+    assert list(waiting.residencies) == []  # nothing was sent to the full worker
+
+    await harness.operator.UnloadDeployment(
+        cp.UnloadDeploymentRequest(deployment_id=first.deployment_id), metadata=harness.op_md
+    )
+    await harness.wait_deployment(first.deployment_id, cp.DEPLOYMENT_STATE_UNLOADED)
+    await harness.operator.DeleteDeployment(
+        cp.DeleteDeploymentRequest(deployment_id=first.deployment_id), metadata=harness.op_md
+    )
+    placed = await harness.wait_deployment(third.deployment_id, cp.DEPLOYMENT_STATE_READY)
+    assert [r.node_id for r in placed.residencies] == [agent.node_id]
+    assert (await harness.deployment(second.deployment_id)).state == cp.DEPLOYMENT_STATE_READY

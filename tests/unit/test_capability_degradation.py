@@ -95,3 +95,16 @@ def test_the_degraded_gauge_is_published_from_the_evaluated_states():
         for o in _degraded.observe(None)  # type: ignore[arg-type]
     }
     assert observed == {("loopy", CRASH_LOOP): 1.0, ("fine", ""): 0.0}
+
+
+def test_a_capability_no_deployment_serves_is_forgotten_without_a_recovery():
+    policy, clock = _policy()
+    for ok in (False, False, False, False):
+        policy.record("gone", succeeded=ok)
+    policy.record("kept", succeeded=True)
+    [degraded] = policy.evaluate()
+    assert degraded.capability == "gone"
+    policy.retain({"kept"})
+    assert [s.capability for s in policy.states()] == ["kept"]
+    clock.advance(61)
+    assert policy.evaluate() == []  # no capability.recovered for one that was deleted

@@ -173,3 +173,18 @@ def test_forget_drops_one_pair_or_a_whole_node():
 def test_a_threshold_below_one_is_refused():
     with pytest.raises(GantryError):
         BreakerBoard(threshold=0)
+
+
+def test_forgetting_a_deployment_drops_its_breaker_on_every_node_and_keeps_the_nodes():
+    board = BreakerBoard()
+    for node_id in ("n1", "n2"):
+        board.record(node_id, "d1", INFRA, 0.0)
+    board.record("n1", "d2", INFRA, 0.0)
+    board.forget_deployment("d1")
+    assert [(v.node_id, v.deployment_id) for v in board.views(0.0)] == [
+        ("n1", ""),
+        ("n1", "d2"),
+        ("n2", ""),
+    ]
+    board.forget_deployment("")  # the nodes' own breakers are no deployment's
+    assert len(board.views(0.0)) == 3

@@ -96,6 +96,29 @@ class FakeControlPlane(control_plane_pb2_grpc.ControlPlaneServicer):
         page, token = self._page(self.nodes, request)
         return control_plane_pb2.ListNodesResponse(nodes=page, next_page_token=token)
 
+    def GetInventory(self, request: Any, context: grpc.ServicerContext) -> Any:
+        """What a CPU worker's Hello says of its environments, as `make run` maps them: the
+        default one ready, the vision one not built."""
+        self._authorize(context, "GetInventory")
+        return control_plane_pb2.NodeInventory(
+            node_id=request.node_id,
+            environments=[
+                worker_gateway_pb2.RuntimeEnvironment(
+                    environment_id="",
+                    adapters=["sentence_transformers"],
+                    device="cpu",
+                    device_name="x86_64",
+                    available=True,
+                ),
+                worker_gateway_pb2.RuntimeEnvironment(
+                    environment_id="vision",
+                    unavailable_reason="python executable '/x/.venv-vision/bin/python' for"
+                    " environment 'vision' does not exist or is not executable: not built here;"
+                    " `make vision-env` builds it",
+                ),
+            ],
+        )
+
     def RegisterArtifactSet(self, request: Any, context: grpc.ServicerContext) -> Any:
         self._authorize(context, "RegisterArtifactSet")
         with self.lock:
@@ -622,3 +645,77 @@ def test_deploying_waits_for_the_local_worker_to_connect(fake: FakeServer, tmp_p
         interval_s=0.01,
     )
     assert said and said[0].startswith("worker connected")
+
+
+def _environment(device: str, *, available: bool = True) -> worker_gateway_pb2.RuntimeEnvironment:
+    return worker_gateway_pb2.RuntimeEnvironment(
+        environment_id="", device=device, available=available
+    )
+
+
+@pytest.mark.parametrize(
+    ("requested", "reported", "chosen"),
+    [
+        ("auto", "cpu", "cpu"),
+        ("auto", "cuda", "cuda"),
+        ("cpu", "cuda", "cpu"),
+        ("cuda", "cuda", "cuda"),
+        ("cuda:1", "cuda", "cuda:1"),
+    ],
+)
+def test_the_bundled_models_device_follows_the_default_environment(
+    requested: str, reported: str, chosen: str
+) -> None:
+    assert bootstrap.choose_device(requested, _environment(reported)) == chosen
+
+
+def test_auto_without_any_default_environment_facts_is_the_cpu() -> None:
+    assert bootstrap.choose_device("auto", None) == "cpu"
+    assert bootstrap.choose_device("auto", _environment("cuda", available=False)) == "cpu"
+
+
+def test_cuda_asked_of_a_cpu_environment_is_refused_not_run_on_the_cpu() -> None:
+    with pytest.raises(CliError) as caught:
+        bootstrap.choose_device("cuda:0", _environment("cpu"))
+    assert str(caught.value) == (
+        "--device cuda:0: the worker's default environment reports device 'cpu', not CUDA;"
+        " `--device cpu` (or auto) profiles the bundled model on the CPU"
+    )
+
+
+@pytest.mark.parametrize("text", ["gpu", "cuda:", "cuda:x", "CPU", "cuda:-1", ""])
+def test_a_device_that_is_not_one_of_the_choices_is_a_usage_error(text: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError):
+        bootstrap.parse_device(text)
+
+
+def test_each_runtime_environment_is_one_line_ready_or_why_not() -> None:
+    lines = bootstrap.describe_environments(
+        [
+            worker_gateway_pb2.RuntimeEnvironment(
+                environment_id="vision", unavailable_reason="not built; `make vision-env`"
+            ),
+            worker_gateway_pb2.RuntimeEnvironment(
+                environment_id="",
+                adapters=["sentence_transformers", "transformers_causal_lm"],
+                device="cpu",
+                device_name="x86_64",
+                available=True,
+            ),
+        ]
+    )
+    assert lines == [
+        "default: ready (cpu, x86_64): sentence_transformers, transformers_causal_lm",
+        "vision: NOT AVAILABLE: not built; `make vision-env`",
+    ]
+
+
+def test_the_profile_is_created_on_the_chosen_device(
+    fake: FakeServer, tmp_path: Path, model_dir: Path
+) -> None:
+    paths = make_paths(tmp_path)
+    bootstrap.ensure_deployment(
+        fake.stub, METADATA, paths, model_dir, lambda line: None, device="cuda:1"
+    )
+    [profile] = fake.control_plane.profiles
+    assert (profile.name, profile.adapter.device) == ("all-minilm-l6-v2-cuda1", "cuda:1")

@@ -1,7 +1,9 @@
-"""The supervisor: backoff policy, restarting a crashed child, ordered shutdown."""
+"""The supervisor: backoff policy, restarting a crashed child, ordered shutdown, and the grace
+`gantry up` gives each child."""
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import threading
 import time
@@ -11,8 +13,11 @@ from pathlib import Path
 import pytest
 
 from gantry.cli.restart_policy import BackoffSettings, RestartBackoff
+from gantry.cli.state import StatePaths
 from gantry.cli.supervisor import ChildSpec, StopResult, Supervisor
+from gantry.cli.up import UpSettings, child_specs
 from gantry.common.clock import ManualClock
+from gantry.common.process import WORKER_STOP_BOUND_S, stop_grace_s
 
 
 def wait_for(condition: Callable[[], bool], *, timeout_s: float = 10.0, what: str = "") -> None:
@@ -222,3 +227,36 @@ def test_a_child_started_after_forcing_is_killed_by_the_stop(tmp_path: Path) -> 
     with pytest.raises(RuntimeError, match="shutting down"):
         supervisor.start(python_child("late", "import time; time.sleep(30)", tmp_path))
     assert supervisor.stop_all() == []
+
+
+def test_a_childs_own_stop_timeout_overrides_the_supervisors(tmp_path: Path) -> None:
+    ready = tmp_path / "ready"
+    code = (
+        "import signal, time, pathlib\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        f"pathlib.Path({str(ready)!r}).touch()\n"
+        "while True: time.sleep(1)\n"
+    )
+    # The supervisor's own timeout would outlast the test's: only the child's can end this stop.
+    supervisor = Supervisor(report=lambda line: None, stop_timeout_s=3600)
+    spec = python_child("stubborn", code, tmp_path)
+    supervisor.start(dataclasses.replace(spec, stop_timeout_s=0.3))
+    wait_for(ready.exists, what="the stubborn child ready")
+    [result] = supervisor.stop_all()
+    assert (result.killed, result.returncode) == (True, -9)
+
+
+def test_up_gives_the_worker_a_grace_past_its_own_stop_bound(tmp_path: Path) -> None:
+    settings = UpSettings(
+        paths=StatePaths(tmp_path / "state"),
+        address="127.0.0.1:50051",
+        scheduler_address="127.0.0.1:50052",
+        startup_timeout_s=1,
+        ready_timeout_s=1,
+    )
+    specs = child_specs(settings)
+    # Derived from the one bound the worker divides among its own steps (`stop_plan`).
+    assert specs["worker"].stop_timeout_s == stop_grace_s(WORKER_STOP_BOUND_S)
+    assert stop_grace_s(WORKER_STOP_BOUND_S) > WORKER_STOP_BOUND_S
+    assert specs["controlplane"].stop_timeout_s is None
+    assert specs["scheduler"].stop_timeout_s is None

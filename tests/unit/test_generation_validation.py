@@ -1,6 +1,6 @@
-"""A generation's checks before anything is scheduled (each refusal names its field), its cost for
-the fair queue, the max-tokens settings, the causal LM's profile setting, and the checks on the
-worker's answer before the work counts as finished."""
+"""A generation's checks before anything is scheduled (each refusal names its field), the max_tokens
+its deployment gives it, its cost for the fair queue, the max-tokens settings, the causal LM's
+profile setting, and the checks on the worker's answer before the work counts as finished."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 from gantry.common.errors import GantryError
 from gantry.common.inference_limits import (
     DEFAULT_LIMITS,
-    DEFAULT_MAX_TOKENS,
+    DEPLOYMENT_MAX_NEW_TOKENS,
     MAX_CHAT_MESSAGES,
     MAX_STOP_CHARS,
     MAX_STOP_SEQUENCES,
@@ -33,34 +33,103 @@ from gantry.controlplane.generation_answers import (
     checked_generation_result,
     checked_stream_result,
 )
-from gantry.controlplane.generation_validation import checked_generation
+from gantry.controlplane.generation_validation import (
+    checked_generation,
+    deployment_max_new_tokens,
+    max_new_tokens,
+)
 from gantry.controlplane.validation import SUPPORTED_ADAPTERS, check_adapter_settings
 from gantry.v1 import common_pb2
 from gantry.v1 import inference_pb2 as inf
 from gantry.v1 import worker_gateway_pb2 as wg
 
 SMALL = InferenceLimits(max_input_chars=10, max_request_bytes=25, max_tokens=64)
+# A deployment whose profile names no max_new_tokens, and one whose profile allows 48.
+UNBOUNDED = common_pb2.AdapterSettings(adapter="transformers_causal_lm")
+BOUNDED = common_pb2.AdapterSettings(adapter="transformers_causal_lm", max_new_tokens=48)
 
 
 def _chat(*turns: tuple[str, str]) -> list[common_pb2.ChatMessage]:
     return [common_pb2.ChatMessage(role=role, content=content) for role, content in turns]
 
 
-def _refused(request: inf.GenerateRequest, limits: InferenceLimits = SMALL) -> GantryError:
+def _refused(
+    request: inf.GenerateRequest,
+    limits: InferenceLimits = SMALL,
+    adapter: common_pb2.AdapterSettings = UNBOUNDED,
+) -> GantryError:
     with pytest.raises(GantryError) as caught:
-        checked_generation(request, limits, stream=False)
+        checked_generation(request, limits, stream=False).for_deployment(adapter)
     assert caught.value.code.name == "INVALID_ARGUMENT"
     return caught.value
+
+
+def _payload(
+    request: inf.GenerateRequest,
+    *,
+    stream: bool = False,
+    adapter: common_pb2.AdapterSettings = UNBOUNDED,
+    limits: InferenceLimits = DEFAULT_LIMITS,
+) -> wg.GeneratePayload:
+    return checked_generation(request, limits, stream=stream).for_deployment(adapter).payload
 
 
 # ---- what the worker is sent -----------------------------------------------------------------
 
 
-def test_a_prompt_with_no_max_tokens_gets_the_servers_default_explicitly():
-    checked = checked_generation(inf.GenerateRequest(prompt="Once upon"), stream=True)
-    assert checked.payload.prompt == "Once upon" and checked.payload.stream
-    assert checked.payload.max_tokens == DEFAULT_MAX_TOKENS == 256
-    assert checked.max_tokens == 256
+def test_a_prompt_with_no_max_tokens_gets_what_its_deployment_allows_explicitly():
+    payload = _payload(inf.GenerateRequest(prompt="Once upon"), stream=True, adapter=BOUNDED)
+    assert payload.prompt == "Once upon" and payload.stream
+    assert payload.max_tokens == 48
+    unbounded = _payload(inf.GenerateRequest(prompt="Once upon"))
+    assert unbounded.max_tokens == DEPLOYMENT_MAX_NEW_TOKENS == 1024
+
+
+# ---- max_tokens: the one decision --------------------------------------------------------------
+
+
+def test_the_deployments_bound_is_its_profiles_max_new_tokens_else_the_adapters():
+    assert deployment_max_new_tokens(BOUNDED) == 48
+    assert deployment_max_new_tokens(UNBOUNDED) == DEPLOYMENT_MAX_NEW_TOKENS
+
+
+@pytest.mark.parametrize(
+    ("deployment_limit", "limits", "expected"),
+    [
+        # None named: as many as the deployment allows (vLLM: up to the model's limit)...
+        (64, DEFAULT_LIMITS, 64),
+        (1024, DEFAULT_LIMITS, 1024),
+        # ... within the server's maximum ...
+        (1024, InferenceLimits(max_tokens=100), 100),
+        # ... and the operator's default, when one is set.
+        (1024, InferenceLimits(default_max_tokens=256), 256),
+        (64, InferenceLimits(default_max_tokens=256), 64),
+    ],
+)
+def test_a_call_naming_no_max_tokens_gets_the_smallest_bound_never_a_refusal(
+    deployment_limit: int, limits: InferenceLimits, expected: int
+):
+    assert max_new_tokens(0, deployment_limit=deployment_limit, limits=limits) == expected
+
+
+def test_an_explicit_max_tokens_is_kept_within_both_bounds():
+    assert max_new_tokens(1, deployment_limit=64, limits=DEFAULT_LIMITS) == 1
+    assert max_new_tokens(64, deployment_limit=64, limits=DEFAULT_LIMITS) == 64
+    limits = InferenceLimits(default_max_tokens=8)  # the default is for calls that name none
+    assert max_new_tokens(500, deployment_limit=1024, limits=limits) == 500
+
+
+def test_an_explicit_max_tokens_past_the_deployments_bound_is_refused_naming_it():
+    # As vLLM answers an explicit max_tokens past the context: 400, with the limit.
+    error = _refused(inf.GenerateRequest(prompt="a", max_tokens=49), DEFAULT_LIMITS, BOUNDED)
+    assert error.reason == "INVALID_PAYLOAD"
+    assert error.metadata == {
+        "field": "max_tokens",
+        "setting": "max_new_tokens",
+        "limit": "48",
+        "value": "49",
+    }
+    assert "at most 48" in error.message
 
 
 def test_a_chat_its_stops_and_sampling_reach_the_worker_as_asked():
@@ -72,7 +141,7 @@ def test_a_chat_its_stops_and_sampling_reach_the_worker_as_asked():
         stop=["\n\n", "END"],
         sampling=common_pb2.SamplingSettings(temperature=0.7, top_p=0.9, top_k=40, seed=7),
     )
-    payload = checked_generation(request, stream=False).payload
+    payload = _payload(request)
     assert [(m.role, m.content) for m in payload.messages] == [
         ("system", "Be brief."),
         ("user", "Hi"),
@@ -167,7 +236,7 @@ def test_max_tokens_past_the_servers_limit_is_refused_with_the_limit():
         "limit": "64",
         "value": "65",
     }
-    assert checked_generation(inf.GenerateRequest(prompt="a", max_tokens=64), SMALL, stream=False)
+    assert _payload(inf.GenerateRequest(prompt="a", max_tokens=64), limits=SMALL).max_tokens == 64
 
 
 # ---- cost --------------------------------------------------------------------------------------
@@ -176,9 +245,13 @@ def test_max_tokens_past_the_servers_limit_is_refused_with_the_limit():
 def test_the_cost_is_the_prompts_bytes_plus_four_per_token_it_may_produce():
     assert TOKEN_UNITS == 4
     checked = checked_generation(inf.GenerateRequest(prompt="héllo", max_tokens=10), stream=False)
-    assert checked.cost == len("héllo".encode()) + 4 * 10 == 46
-    chat = inf.GenerateRequest(messages=_chat(("system", "ab"), ("user", "€")))
-    assert checked_generation(chat, stream=True).cost == 2 + 3 + 4 * DEFAULT_MAX_TOKENS
+    assert checked.for_deployment(UNBOUNDED).cost == len("héllo".encode()) + 4 * 10 == 46
+    chat = checked_generation(
+        inf.GenerateRequest(messages=_chat(("system", "ab"), ("user", "€"))), stream=True
+    )
+    # A call naming no max_tokens costs what its deployment lets it produce.
+    assert chat.for_deployment(BOUNDED).cost == 2 + 3 + 4 * 48
+    assert chat.for_deployment(UNBOUNDED).cost == 2 + 3 + 4 * DEPLOYMENT_MAX_NEW_TOKENS
     # The same request always costs the same, and every call costs at least 1.
     assert generate_cost([], 0) == 1
     assert generate_cost(["abc"], 5) == generate_cost(["abc"], 5) == 23
@@ -194,11 +267,17 @@ def _limits(argv: list[str], env: dict[str, str] | None = None) -> InferenceLimi
 
 
 def test_max_tokens_settings_come_from_flags_else_the_environment():
-    assert (DEFAULT_LIMITS.max_tokens, DEFAULT_LIMITS.default_max_tokens) == (MAX_TOKENS, 256)
+    # No default unless an operator sets one: a call naming none gets its deployment's bound.
+    assert (DEFAULT_LIMITS.max_tokens, DEFAULT_LIMITS.default_max_tokens) == (MAX_TOKENS, 0)
     chosen = _limits(["--max-tokens", "512"], {"GANTRY_DEFAULT_MAX_TOKENS": "32"})
     assert (chosen.max_tokens, chosen.default_max_tokens) == (512, 32)
+    assert _limits(["--default-max-tokens", "0"]).default_max_tokens == 0
     with pytest.raises(LimitSettingsError, match="--max-tokens must be between 1 and 131072"):
         _limits(["--max-tokens", str(MAX_TOKENS_CEILING + 1)])
+    with pytest.raises(LimitSettingsError, match="--max-tokens must be between 1 and"):
+        _limits(["--max-tokens", "0"])
+    with pytest.raises(LimitSettingsError, match="--default-max-tokens must be between 0 and"):
+        _limits(["--default-max-tokens", "-1"])
 
 
 def test_a_default_given_above_the_maximum_is_refused_naming_both():
@@ -211,10 +290,9 @@ def test_a_default_given_above_the_maximum_is_refused_naming_both():
     assert _limits(["--max-tokens", "100", "--default-max-tokens", "100"]).max_tokens == 100
 
 
-def test_a_maximum_below_the_default_with_no_default_given_becomes_the_default():
-    assert _limits(["--max-tokens", "100"]).default_max_tokens == 100
-    assert SMALL.default_max_tokens == 64
-    assert _limits(["--max-tokens", "1000"]).default_max_tokens == DEFAULT_MAX_TOKENS
+def test_a_maximum_with_no_default_given_leaves_the_default_unset():
+    assert _limits(["--max-tokens", "100"]).default_max_tokens == 0
+    assert SMALL.default_max_tokens == 0
 
 
 def test_the_control_plane_refuses_a_default_past_its_maximum_in_one_line(

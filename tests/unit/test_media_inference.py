@@ -26,6 +26,7 @@ from gantry.common.status import error_info_of
 from gantry.controlplane.domain.work_cost import audio_cost, classify_cost, image_cost
 from gantry.controlplane.inference_service import InferenceService, InferenceSettings
 from gantry.controlplane.route_cache import RouteCache
+from gantry.controlplane.routing import ResolvedTarget
 from gantry.v1 import common_pb2, inference_pb2, inference_pb2_grpc, scheduler_pb2
 from gantry.v1 import worker_gateway_pb2 as wg
 
@@ -40,8 +41,8 @@ class FakeAuthenticator:
 
 
 class FakeResolver:
-    async def resolve(self, request: object) -> str:
-        return "dep-1"
+    async def resolve_target(self, request: object) -> ResolvedTarget:
+        return ResolvedTarget("dep-1", "media")
 
 
 class FakeSchedulerLink:

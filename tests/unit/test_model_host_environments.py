@@ -144,3 +144,34 @@ def test_unreadable_map_file_is_unavailable(tmp_path: Path) -> None:
     with pytest.raises(GantryError) as caught:
         resolve_python("torch-2.13", {ENV_MAP_FILE: str(tmp_path / "absent.json")})
     assert caught.value.reason == "RUNTIME_ENVIRONMENT_UNAVAILABLE"
+
+
+def test_a_mapped_environment_that_is_not_built_names_the_command_that_builds_it(
+    tmp_path: Path,
+) -> None:
+    missing = str(tmp_path / ".venv-vision" / "bin" / "python")
+    env = {ENV_MAP_JSON: json.dumps({"vision": {"python": missing, "build": "make vision-env"}})}
+    with pytest.raises(GantryError) as caught:
+        resolve_python("vision", env)
+    assert caught.value.reason == "RUNTIME_ENVIRONMENT_UNAVAILABLE"
+    assert caught.value.message == (
+        f"python executable {missing!r} for environment 'vision' does not exist or is not"
+        " executable: not built here; `make vision-env` builds it"
+    )
+    assert caught.value.metadata == {"environment_id": "vision", "build_command": "make vision-env"}
+
+
+def test_a_mapped_environment_with_a_build_command_resolves_to_its_python() -> None:
+    env = {ENV_MAP_JSON: json.dumps({"here": {"python": sys.executable, "build": "make x"}})}
+    assert resolve_python("here", env) == sys.executable
+    assert configured_environment_ids(env) == ["here", ""]
+
+
+@pytest.mark.parametrize(
+    "entry", [{"build": "make x"}, {"python": 3}, {"python": "/p", "extra": "x"}, ["/p"]]
+)
+def test_a_malformed_map_entry_is_unavailable_and_says_both_forms(entry: object) -> None:
+    with pytest.raises(GantryError) as caught:
+        resolve_python("x", {ENV_MAP_JSON: json.dumps({"x": entry})})
+    assert caught.value.reason == "RUNTIME_ENVIRONMENT_UNAVAILABLE"
+    assert '{"python": executable, "build": "the command that builds it"}' in caught.value.message

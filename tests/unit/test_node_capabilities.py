@@ -26,7 +26,7 @@ from gantry.controlplane.domain.deployment_requirements import (
 )
 from gantry.controlplane.domain.envelope import profile_envelope
 from gantry.controlplane.domain.node_capabilities import domains_from_json, domains_to_json
-from gantry.controlplane.persistence.models import Residency, RuntimeProfile
+from gantry.controlplane.persistence.models import Node, Residency, RuntimeProfile
 from gantry.controlplane.route_cache import RouteCache
 from gantry.controlplane.scheduler_link import PlacementRefused
 from gantry.controlplane.validation import SUPPORTED_ADAPTERS
@@ -363,11 +363,19 @@ def test_a_rejected_placement_keeps_its_reason_and_carries_the_node_refusals() -
 
 
 class RecordingLink:
-    """The two calls of SchedulerLink an Announcer makes for residencies."""
+    """The calls of SchedulerLink an Announcer makes for residencies and nodes."""
 
     def __init__(self) -> None:
         self.residencies: list[scheduler_pb2.SchedulerResidency] = []
         self.resyncs: list[str] = []
+        self.nodes: list[scheduler_pb2.SchedulerNode] = []
+        self.removed_nodes: list[str] = []
+
+    def node_changed(self, node: scheduler_pb2.SchedulerNode) -> None:
+        self.nodes.append(node)
+
+    def node_removed(self, node_id: str) -> None:
+        self.removed_nodes.append(node_id)
 
     def residency_changed(self, residency: scheduler_pb2.SchedulerResidency) -> None:
         self.residencies.append(residency)
@@ -428,3 +436,15 @@ def test_a_cold_residency_charges_nothing_so_it_goes_out_even_unread() -> None:
     assert sent.state == common_pb2.RESIDENCY_STATE_COLD
     assert list(sent.claims) == NOTHING_CHARGED.claims()
     assert link.resyncs == []
+
+
+def test_a_deleted_node_is_announced_removed_whoever_announces_it() -> None:
+    announcer, link = _announcer()
+    row = Node(node_id="n1", name="left", state="DISCONNECTED", generation=1, inventory={})
+    announcer.node(row, ())
+    assert [n.node_id for n in link.nodes] == ["n1"] and link.removed_nodes == []
+    # Deleted; then the goodbye of the stream the delete closed announces it once more.
+    row.deleted_at = dt.datetime(2025, 1, 1, tzinfo=dt.UTC)
+    announcer.node(row, ())
+    announcer.node(row, ())
+    assert link.removed_nodes == ["n1", "n1"] and len(link.nodes) == 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import struct
 from typing import Any
 
@@ -25,6 +26,7 @@ from gantry.controlplane.openai_http.responses import (
     stream_events,
 )
 from gantry.v1 import common_pb2, inference_pb2
+from gantry.worker.model_host.input_lengths import first_overlong
 
 
 def refused_param(parse: Any, body: Any) -> str:
@@ -53,12 +55,34 @@ def test_an_embedding_body_becomes_an_embed_request_for_the_capability() -> None
         ({"model": "m", "input": "x", "encoding_format": "int8"}, "encoding_format"),
         ({"model": "m", "input": "x", "dimensions": 8}, "dimensions"),
         ({"model": "m", "input": "x", "surprise": True}, "surprise"),
+        ({"model": "m", "input": "x", "truncate": "yes"}, "truncate"),
     ],
 )
 def test_a_malformed_embedding_body_is_refused_naming_its_param(
     body: dict[str, Any], param: str
 ) -> None:
     assert refused_param(embedding_call, body) == param
+
+
+def test_token_arrays_as_langchain_sends_them_are_refused_naming_the_first() -> None:
+    # OpenAIEmbeddings() with check_embedding_ctx_length on (its default) sends tiktoken ids.
+    with pytest.raises(GantryError) as caught:
+        embedding_call({"model": "m", "input": [[9906, 1917], [15339]]})
+    assert caught.value.metadata["field"] == "input[0]"
+    assert caught.value.message == (
+        "input[0] is a list; Gantry embeds texts (token arrays are not supported)"
+    )
+
+
+def test_the_option_the_input_too_long_refusal_names_is_one_the_embeddings_body_takes() -> None:
+    refusal = first_overlong([3, 600], 512, field="inputs")
+    assert refusal is not None and refusal.reason == "INPUT_TOO_LONG"
+    named = re.search(r"\(set (\w+) to cut it to the limit\)", refusal.message)
+    assert named is not None, refusal.message
+    option = named.group(1)
+    assert embedding_call({"model": "m", "input": "x", option: True}).request.truncate
+    assert not embedding_call({"model": "m", "input": "x", option: False}).request.truncate
+    assert not embedding_call({"model": "m", "input": "x"}).request.truncate
 
 
 def test_a_body_that_is_not_a_json_object_is_refused() -> None:
@@ -116,6 +140,23 @@ def test_a_chat_maps_messages_roles_and_text_parts() -> None:
         ("user", "a\nb"),
     ]
     assert call.request.max_tokens == 5 and not call.stream
+
+
+@pytest.mark.parametrize("null", [False, True])
+def test_an_omitted_max_tokens_is_left_to_the_deployment(null: bool) -> None:
+    # 0 is "none named": the control plane gives the call what its deployment allows
+    # (generation_validation.max_new_tokens), as `ChatOpenAI()` and the SDK without it expect.
+    nulls: dict[str, Any] = {"max_tokens": None} if null else {}
+    chat = chat_completion_call(
+        {
+            "model": "lm",
+            "messages": [{"role": "user", "content": "hi"}],
+            **nulls,
+            **({"max_completion_tokens": None} if null else {}),
+        }
+    )
+    completion = completion_call({"model": "lm", "prompt": "x", **nulls})
+    assert chat.request.max_tokens == completion.request.max_tokens == 0
 
 
 @pytest.mark.parametrize(

@@ -386,3 +386,33 @@ def test_reserve_and_release_stay_in_lockstep(layouts: list[int], steps: list[tu
     for view in ledger.views():
         assert view.reserved == view.requested == 0
         assert view.blocked_reason == ""
+
+
+def test_a_node_at_its_holder_bound_refuses_even_a_claim_of_nothing_until_one_is_released():
+    ledger = Ledger()
+    ledger.set_node("n", host_and_gpu(), max_holders=2)
+    ledger.charge("r1", "n", [Claim(RAM, GIB)])
+    ledger.charge("r1", "n", [Claim(RAM, 2 * GIB)])  # an upsert holds one slot, not two
+    assert ledger.fits("n", [Claim(RAM, GIB)]) == Fit(True)
+    ledger.charge("r2", "n", [])
+    refused = Fit(
+        False, "NO_CAPACITY", "its worker holds at most 2 model hosts and 2 are resident or placed"
+    )
+    assert ledger.fits("n", []) == refused
+    assert ledger.free_fractions(["n"], demand_of([Claim(RAM, GIB)])) == {}
+    # Re-declaring the node keeps its holders and so its count.
+    ledger.set_node("n", host_and_gpu(ram=128 * GIB), max_holders=2)
+    assert ledger.fits("n", [Claim(RAM, GIB)]) == refused
+    ledger.release("r1")
+    assert ledger.fits("n", [Claim(RAM, GIB)]) == Fit(True)
+    assert "n" in ledger.free_fractions(["n"], demand_of([Claim(RAM, GIB)]))
+    ledger.remove_node("n")
+    ledger.set_node("n", host_and_gpu(), max_holders=1)
+    assert ledger.fits("n", []) == Fit(True)  # removing the node released r2 as well
+
+
+def test_a_node_without_a_holder_bound_takes_any_number():
+    ledger = ledger_with()
+    for index in range(50):
+        ledger.charge(f"r{index}", "n", [])
+    assert ledger.fits("n", [Claim(RAM, GIB)]) == Fit(True)

@@ -423,6 +423,18 @@ class CoreMachine(RuleBasedStateMachine):
             self.core.upsert_residency(residency("r2", node_id="n2", phase=phase), self.now)
         )
 
+    @rule()
+    def delete_n2(self) -> None:
+        self._apply(self.core.remove_node("n2", self.now))
+
+    @rule()
+    def register_n2_again(self) -> None:
+        self._apply(self.core.upsert_node(node("n2"), self.now))
+
+    @rule()
+    def remove_d1(self) -> None:
+        self._apply(self.core.remove_deployment("d1", self.now))
+
     @invariant()
     def every_open_work_is_in_exactly_one_place(self) -> None:
         waiting = self.open - self.running
@@ -475,3 +487,123 @@ def test_a_residency_resident_again_after_a_restart_starts_with_a_closed_breaker
     core.upsert_residency(residency("r1", phase=ResidencyPhase.LOADING), 1.0)
     core.upsert_residency(residency("r1"), 2.0)
     assert dispatched(core.submit(work("after-restart"), 2.0))
+
+
+def _where(core: SchedulerCore, now: float) -> dict[str, set[str]]:
+    """Which nodes and deployments each view of the snapshot still names."""
+    snapshot = core.snapshot(now)
+    return {
+        "nodes": {n.node_id for n in snapshot.nodes},
+        "ledger": {v.node_id for v in snapshot.ledger},
+        "breaker nodes": {b.node_id for b in snapshot.breakers},
+        "breaker deployments": {b.deployment_id for b in snapshot.breakers},
+        "residency nodes": {r.node_id for r in snapshot.residencies},
+        "advice": {a.deployment_id for a in snapshot.advice},
+    }
+
+
+def test_a_deleted_node_leaves_every_view_and_its_placement_hold_lapses() -> None:
+    core = SchedulerCore(CoreSettings(breaker_threshold=5))
+    cluster(core, residencies=[residency("r1", node_id="n1"), residency("r2", node_id="n2")])
+    counted = dispatched(core.submit(work("w0"), 0.0)) + dispatched(core.submit(work("w1"), 0.0))
+    on_n2 = next(d for d in counted if d.node_id == "n2")
+    on_n1 = next(d for d in counted if d.node_id == "n1")
+    core.finish(on_n2.work_id, Outcome.INFRA_FAILURE, 0.0, reason="WORKER_UNAVAILABLE")
+    late = dispatched(core.submit(work("late"), 0.0))  # in flight on n2 when it goes
+    assert [d.node_id for d in late] == ["n2"]
+    held = core.place(PlacementRequest("p1", "d2", 2, (Claim(ResourceKind.RAM, GIB),)), 0.0)
+    assert isinstance(held, PlacementMade) and set(held.node_ids) == {"n1", "n2"}
+    assert "n2" in _where(core, 0.0)["breaker nodes"]
+
+    assert core.remove_node("n2", 1.0) == []  # d1 still has r1: nothing to settle
+    views = _where(core, 1.0)
+    for name in ("nodes", "ledger", "breaker nodes", "residency nodes"):
+        assert "n2" not in views[name], name
+    assert views["nodes"] == views["ledger"] == {"n1"}
+    # Its in-flight work ends without bringing back a breaker row for it.
+    core.finish("late", Outcome.INFRA_FAILURE, 2.0, reason="WORKER_UNAVAILABLE")
+    assert core.snapshot(2.0).breakers == []
+    # Only n1 is left to place on; its hold for d2 is still there, n2's went with it.
+    again = core.place(PlacementRequest("p2", "d3", 2, (Claim(ResourceKind.RAM, GIB),)), 2.0)
+    assert isinstance(again, PlacementMade) and again.node_ids == ("n1",)
+    core.finish(on_n1.work_id, Outcome.SUCCESS, 2.0)
+    assert [d.node_id for d in dispatched(core.submit(work("after"), 2.0))] == ["n1"]
+
+
+def test_deleting_the_only_node_of_a_deployment_answers_its_queued_work() -> None:
+    core = SchedulerCore()
+    cluster(core, residencies=[residency("r1", node_id="n2")])
+    core.submit(work("running"), 0.0)
+    assert core.submit(work("waiting"), 0.0) == []
+    (refused,) = rejected(core.remove_node("n2", 1.0))
+    assert (refused.work_id, refused.reason) == ("waiting", "DEPLOYMENT_NOT_READY")
+    assert core.queued == 0 and core.in_flight == 1
+    assert core.finish("running", Outcome.SUCCESS, 2.0) == []
+    assert core.in_flight == 0
+
+
+def test_a_removed_deployment_leaves_its_breakers_advice_and_queue() -> None:
+    core = SchedulerCore(CoreSettings(breaker_threshold=3))
+    cluster(
+        core,
+        residencies=[residency("r1"), residency("r2", deployment_id="d2")],
+        nodes=[node("n1")],
+        deployments=[DeploymentInfo("d1", replicas=1, min_replicas=1, max_replicas=3)],
+    )
+    for i in range(2):  # counted on (n1, d1) and on n1, not yet open
+        (d,) = dispatched(core.submit(work(f"w{i}"), 0.0))
+        core.finish(d.work_id, Outcome.INFRA_FAILURE, 0.0, reason="RUNTIME_CRASHED")
+    for i in range(6):
+        core.submit(work(f"busy{i}"), 0.0)
+    core.tick(1.0)
+    views = _where(core, 1.0)
+    assert views["breaker deployments"] == {"d1"} and views["advice"] == {"d1"}
+
+    # Unloaded: r1 is on its way out; what waits is answered rather than kept for nothing.
+    core.upsert_residency(residency("r1", phase=ResidencyPhase.UNLOADING), 2.0)
+    assert core.queued == 0
+    assert core.remove_deployment("d1", 2.0) == []
+    views = _where(core, 2.0)
+    assert views["breaker deployments"] == set() and views["advice"] == set()
+    # A late failure of work that was already running on it counts again only on its pair,
+    # which goes with the residency when it is COLD.
+    core.finish("busy0", Outcome.INFRA_FAILURE, 3.0, reason="RUNTIME_CRASHED")
+    core.upsert_residency(residency("r1", phase=ResidencyPhase.COLD), 3.0)
+    snapshot = core.snapshot(3.0)
+    assert snapshot.breakers == [] and snapshot.residencies[0].deployment_id == "d2"
+    assert dispatched(core.submit(work("other", deployment_id="d2"), 3.0))
+
+
+def test_a_removed_deployment_still_serves_what_waits_while_a_residency_is_resident() -> None:
+    core = SchedulerCore()
+    cluster(core, residencies=[residency("r1")], nodes=[node("n1")])
+    core.submit(work("running"), 0.0)
+    assert core.submit(work("waiting"), 0.0) == []
+    assert core.remove_deployment("d1", 1.0) == []  # r1 still RESIDENT: it keeps its place
+    assert core.queued == 1
+    assert [d.work_id for d in dispatched(core.finish("running", Outcome.SUCCESS, 2.0))] == [
+        "waiting"
+    ]
+
+
+def test_a_resynchronisation_drops_what_it_no_longer_lists() -> None:
+    core = SchedulerCore(CoreSettings(breaker_threshold=5))
+    cluster(
+        core,
+        residencies=[residency("r1"), residency("r2", node_id="n2", deployment_id="d2")],
+        deployments=[DeploymentInfo("d2", replicas=1, min_replicas=1, max_replicas=3)],
+    )
+    (d,) = dispatched(core.submit(work("w", deployment_id="d2"), 0.0))
+    core.finish(d.work_id, Outcome.INFRA_FAILURE, 0.0, reason="WORKER_UNAVAILABLE")
+    core.tick(0.0)
+    assert _where(core, 0.0)["breaker nodes"] == {"n2"}
+
+    cluster(core, residencies=[residency("r1")], nodes=[node("n1")])
+    assert _where(core, 1.0) == {
+        "nodes": {"n1"},
+        "ledger": {"n1"},
+        "breaker nodes": set(),
+        "breaker deployments": set(),
+        "residency nodes": {"n1"},
+        "advice": set(),
+    }

@@ -204,3 +204,23 @@ async def test_a_deployment_announcement_reaches_the_scheduler_as_an_update(
         assert message.deployment_update.removed
     finally:
         await link.stop()
+
+
+async def test_a_deleted_node_reaches_the_scheduler_as_a_removal(
+    scripted: tuple[_AdvisingScheduler, RunningServer],
+):
+    service, server = scripted
+    link = SchedulerLink(
+        address=f"127.0.0.1:{server.port}", service_token=TOKEN, cluster_state=_empty_state
+    )
+    link.start()
+    try:
+        await link.wait_connected(10)
+        link.node_removed("n1")
+        async with asyncio.timeout(5):
+            while (message := await service.received.get()).WhichOneof("kind") != "node_update":
+                pass
+        assert message.node_update.node.node_id == "n1"
+        assert message.node_update.removed
+    finally:
+        await link.stop()

@@ -84,3 +84,78 @@ async def test_a_wrong_service_token_is_unauthenticated(scheduler):  # type: ign
         )
     assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
     assert error_info_of(caught.value).reason == "UNAUTHENTICATED"  # type: ignore[union-attr]
+
+
+async def test_a_removed_node_and_deployment_leave_the_queue_snapshot(scheduler):  # type: ignore[no-untyped-def]
+    _, stub = scheduler
+    inbox: asyncio.Queue[scheduler_pb2.SchedulerInput | None] = asyncio.Queue()
+
+    async def inputs() -> AsyncIterator[scheduler_pb2.SchedulerInput]:
+        while (message := await inbox.get()) is not None:
+            yield message
+
+    def node(node_id: str) -> scheduler_pb2.SchedulerNode:
+        return scheduler_pb2.SchedulerNode(
+            node_id=node_id,
+            state=common_pb2.NODE_STATE_CONNECTED,
+            domains=[
+                common_pb2.ResourceDomain(
+                    name="host.ram", kind=common_pb2.RESOURCE_KIND_RAM, capacity_bytes=1 << 34
+                )
+            ],
+        )
+
+    def submit(work_id: str, deployment_id: str) -> scheduler_pb2.SchedulerInput:
+        return scheduler_pb2.SchedulerInput(
+            work_submitted=scheduler_pb2.WorkSubmitted(work_id=work_id, deployment_id=deployment_id)
+        )
+
+    scaled = scheduler_pb2.SchedulerDeployment(
+        deployment_id="d2", replicas=1, min_replicas=1, max_replicas=2
+    )
+    call = stub.Connect(inputs(), metadata=auth_metadata(TOKEN))
+    inbox.put_nowait(
+        scheduler_pb2.SchedulerInput(
+            cluster_state=scheduler_pb2.ClusterState(
+                nodes=[node("n1"), node("n2")],
+                residencies=[
+                    scheduler_pb2.SchedulerResidency(
+                        residency_id="r1",
+                        deployment_id="d1",
+                        node_id="n1",
+                        state=common_pb2.RESIDENCY_STATE_RESIDENT,
+                    )
+                ],
+                deployments=[scaled],
+            )
+        )
+    )
+    inbox.put_nowait(submit("w1", "d1"))
+    assert (await call.read()).dispatch.work_id == "w1"
+    snapshot = await stub.GetQueueSnapshot(
+        scheduler_pb2.GetQueueSnapshotRequest(), metadata=auth_metadata(TOKEN)
+    )
+    both = {"n1", "n2"}
+    assert {n.node_id for n in snapshot.nodes} == {v.node_id for v in snapshot.ledger} == both
+
+    inbox.put_nowait(
+        scheduler_pb2.SchedulerInput(
+            node_update=scheduler_pb2.NodeUpdate(
+                node=scheduler_pb2.SchedulerNode(node_id="n2"), removed=True
+            )
+        )
+    )
+    inbox.put_nowait(
+        scheduler_pb2.SchedulerInput(
+            deployment_update=scheduler_pb2.DeploymentUpdate(deployment=scaled, removed=True)
+        )
+    )
+    # Inputs apply in order: once this answer is read, both removals were applied.
+    inbox.put_nowait(submit("w2", "d2"))
+    assert (await call.read()).rejected.work_id == "w2"
+    snapshot = await stub.GetQueueSnapshot(
+        scheduler_pb2.GetQueueSnapshotRequest(), metadata=auth_metadata(TOKEN)
+    )
+    assert [n.node_id for n in snapshot.nodes] == [v.node_id for v in snapshot.ledger] == ["n1"]
+    assert [r.residency_id for r in snapshot.residencies] == ["r1"]
+    inbox.put_nowait(None)

@@ -53,6 +53,9 @@ class FakeUnkillableHost:
         self.stops += 1
         return wg.UnloadEvidence(pid=self.pid, process_exited=False)
 
+    async def terminate(self, *, grace_s: float, reap_s: float = 5.0) -> wg.UnloadEvidence:
+        return await self.stop(grace_s=grace_s)
+
     def kill_unresponsive(self, why: str) -> None:
         raise AssertionError("not used")
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import enum
 import functools
 import socket
@@ -16,6 +17,7 @@ from gantry.cli.errors import CliError
 from gantry.cli.state import StatePaths, read_secret, write_secret
 from gantry.cli.tables import enum_label
 from gantry.v1 import common_pb2, control_plane_pb2, control_plane_pb2_grpc
+from gantry.v1 import worker_gateway_pb2 as wg
 
 MODEL_NAME = "all-minilm-l6-v2"
 CAPABILITY = "minilm"
@@ -54,6 +56,77 @@ def ensure_node_credential(stub: Stub, metadata: Metadata, paths: StatePaths, sa
     say(f"registered node {name} ({response.node.node_id})")
 
 
+def local_node_id(paths: StatePaths) -> str:
+    """The node id `gantry up` registered, read from its credential (node_<id>_<secret>)."""
+    return read_secret(paths.node_credential, what="node credential").split("_", 2)[1]
+
+
+# `gantry up --device`: auto takes CUDA where the worker's default environment reports it.
+DEVICE_CHOICES = "auto, cpu, cuda or cuda:N"
+
+
+def parse_device(text: str) -> str:
+    """An argparse type for --device: auto, cpu, cuda or cuda:N (N a GPU index)."""
+    name, colon, index = text.partition(":")
+    if text in ("auto", "cpu", "cuda") or (name == "cuda" and colon and index.isdigit()):
+        return text
+    raise argparse.ArgumentTypeError(f"{text!r} is not one of {DEVICE_CHOICES}")
+
+
+def choose_device(requested: str, default: wg.RuntimeEnvironment | None) -> str:
+    """The torch device the bundled model is profiled on. Pure.
+
+    auto: "cuda" when the worker's default environment reports CUDA, else "cpu". An explicit
+    cuda[:N] on an environment without CUDA is refused, never quietly run on the CPU."""
+    reported = default.device if default is not None and default.available else ""
+    if requested == "auto":
+        return "cuda" if reported == "cuda" else "cpu"
+    if requested.startswith("cuda") and reported != "cuda":
+        seen = (
+            f"reports device {reported!r}"
+            if reported
+            else "is not available"
+            if default is not None
+            else "was not reported"
+        )
+        raise CliError(
+            f"--device {requested}: the worker's default environment {seen}, not CUDA;"
+            " `--device cpu` (or auto) profiles the bundled model on the CPU"
+        )
+    return requested
+
+
+def describe_environments(environments: Iterable[wg.RuntimeEnvironment]) -> list[str]:
+    """One line per runtime environment the worker maps, for `gantry up`: what runs there, or
+    why nothing does (the reason names the command that builds it, where the map says one)."""
+    lines = []
+    ordered = sorted(environments, key=lambda e: (e.environment_id != "", e.environment_id))
+    for environment in ordered:
+        name = environment.environment_id or "default"
+        if environment.available:
+            device = environment.device_name or environment.device or "cpu"
+            adapters = ", ".join(environment.adapters) or "no adapters"
+            lines.append(f"{name}: ready ({environment.device or 'cpu'}, {device}): {adapters}")
+        else:
+            lines.append(f"{name}: NOT AVAILABLE: {environment.unavailable_reason}")
+    return lines
+
+
+def runtime_environments(
+    stub: Stub, metadata: Metadata, node_id: str
+) -> list[wg.RuntimeEnvironment]:
+    inventory = stub.GetInventory(
+        control_plane_pb2.GetInventoryRequest(node_id=node_id), metadata=metadata, timeout=TIMEOUT_S
+    )
+    return list(inventory.environments)
+
+
+def default_environment(
+    environments: Iterable[wg.RuntimeEnvironment],
+) -> wg.RuntimeEnvironment | None:
+    return next((e for e in environments if e.environment_id in ("", "default")), None)
+
+
 def wait_until_connected(
     stub: Stub,
     metadata: Metadata,
@@ -66,7 +139,7 @@ def wait_until_connected(
 ) -> None:
     """Wait for the local worker's stream: the scheduler places a deployment only on a node that
     is connected, so deploying before the worker dials in would be refused (NO_ELIGIBLE_NODE)."""
-    node_id = read_secret(paths.node_credential, what="node credential").split("_", 2)[1]
+    node_id = local_node_id(paths)
     started = time.monotonic()
     while True:
         nodes = paged(
@@ -188,6 +261,7 @@ def ensure_deployment(
     *,
     gate_timeout_s: float = GATE_TIMEOUT_S,
     gantry: str = "gantry",
+    device: str = "cpu",
 ) -> control_plane_pb2.Deployment:
     """The bundled model deployed, through every gate of the evidence pipeline, for real:
     assessed on the local node, profiled, probed in a child that exits, approved, deployed.
@@ -201,6 +275,12 @@ def ensure_deployment(
     )
     if decision is Bundled.KEEP and existing is not None:
         say(f"deployment {existing.deployment_id} ({CAPABILITY}) is {deployment_state(existing)}")
+        if existing.adapter.device and existing.adapter.device != device:
+            say(
+                f"it runs on {existing.adapter.device}, not {device}: `{gantry} unload"
+                f" {existing.deployment_id}` and `{gantry} delete deployment"
+                f" {existing.deployment_id}`, then `gantry up` profiles it on {device}"
+            )
         return existing
     if decision is Bundled.UNLOADED and existing is not None:
         again = f"{gantry} deploy {existing.approval_id} --capability {CAPABILITY}"
@@ -223,8 +303,8 @@ def ensure_deployment(
     profile = stub.CreateRuntimeProfile(
         control_plane_pb2.CreateRuntimeProfileRequest(
             assessment_id=assessment.assessment_id,
-            name=f"{MODEL_NAME}-cpu",
-            adapter=common_pb2.AdapterSettings(adapter="sentence_transformers", device="cpu"),
+            name=f"{MODEL_NAME}-{device.replace(':', '')}",
+            adapter=common_pb2.AdapterSettings(adapter="sentence_transformers", device=device),
         ),
         metadata=metadata,
         timeout=TIMEOUT_S,

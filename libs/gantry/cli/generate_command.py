@@ -48,7 +48,7 @@ def add_generate_command(command: AddCommand) -> None:
         type=non_negative,
         default=0,
         metavar="N",
-        help="new tokens at most (default: the server's, 256)",
+        help="new tokens at most (default: as many as the deployment allows)",
     )
     parser.add_argument(
         "--stop",

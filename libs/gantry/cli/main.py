@@ -35,13 +35,14 @@ from gantry.cli import (
     tenant_commands,
     transcribe_command,
 )
+from gantry.cli.bootstrap import DEVICE_CHOICES, parse_device
 from gantry.cli.connection import ADDRESS_ENV, DEFAULT_ADDRESS, CommandContext, command_tls
 from gantry.cli.errors import CliError, format_gantry_error, format_rpc_error
 from gantry.cli.migrate import migrate
 from gantry.cli.output import add_output_argument
 from gantry.cli.roles import ROLE_HELP, ROLES, run_role
 from gantry.cli.state import DEFAULT_STATE_DIR, STATE_DIR_ENV, locate_state_dir
-from gantry.common.arg_types import non_negative
+from gantry.common.arg_types import non_negative, positive
 from gantry.common.errors import GantryError
 from gantry.common.tls import TlsSettingsError, add_client_tls_arguments
 
@@ -59,6 +60,14 @@ _GLOBAL_OPTIONS = (
 def _up(context: CommandContext, args: argparse.Namespace) -> int:
     from gantry.cli.up import UpSettings, run_up  # only `up` needs the supervisor machinery
 
+    if args.resource_domains:
+        # Refused before anything starts, as the worker itself would refuse it (exit 2).
+        from gantry.worker.resource_domains import ResourceDomainError, parse_declaration
+
+        try:
+            parse_declaration(args.resource_domains)
+        except ResourceDomainError as exc:
+            raise CliError(f"--resource-domain: {exc}") from None
     return run_up(
         UpSettings(
             paths=context.paths,
@@ -69,6 +78,10 @@ def _up(context: CommandContext, args: argparse.Namespace) -> int:
             tls=args.tls,
             metrics=not args.no_metrics,
             http_address=None if args.no_http else args.http_address,
+            device=args.device,
+            max_residents=args.max_residents,
+            resource_domains=tuple(args.resource_domains),
+            warm_pool=not args.no_warm_pool,
         )
     )
 
@@ -161,6 +174,38 @@ def build_parser() -> argparse.ArgumentParser:
         "127.0.0.1:8080)",
     )
     up.add_argument("--no-http", action="store_true", help="serve no OpenAI-compatible HTTP API")
+    up.add_argument(
+        "--device",
+        type=parse_device,
+        default="auto",
+        metavar="DEVICE",
+        help=f"where the bundled model runs: {DEVICE_CHOICES} (default auto: CUDA when the "
+        "worker's default environment reports it, else the CPU); used when `up` first deploys it",
+    )
+    worker = up.add_argument_group("the worker's own flags, passed through (gantry worker --help)")
+    worker.add_argument(
+        "--max-residents",
+        type=positive,
+        default=None,
+        metavar="N",
+        help="the most model hosts the worker holds at once; a deployment finding it full stays "
+        "PENDING with the reason until one is unloaded (default: the worker's, 8)",
+    )
+    worker.add_argument(
+        "--resource-domain",
+        dest="resource_domains",
+        action="append",
+        default=[],
+        metavar="NAME=KIND:CAPACITY[:MARGIN]",
+        help="a resource domain placement may fill, repeatable, as `gantry worker` takes it "
+        "(e.g. host.ram=ram:16GiB:10%%); default: measured (host RAM, each GPU's VRAM by NVML)",
+    )
+    worker.add_argument(
+        "--no-warm-pool",
+        action="store_true",
+        help="spawn each model host as a fresh interpreter instead of forking it from the "
+        "worker's preloaded fork server",
+    )
 
     migrate_parser = command(
         "migrate", migrate, "create or upgrade the control plane's database schema"

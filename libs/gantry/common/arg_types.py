@@ -17,6 +17,14 @@ def non_negative(text: str) -> int:
     return value
 
 
+def positive(text: str) -> int:
+    """A whole number above 0."""
+    value = non_negative(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError("0 is not above 0")
+    return value
+
+
 def positive_seconds(text: str) -> float:
     """A number of seconds above 0 (a NaN is not above 0)."""
     try:

@@ -6,7 +6,8 @@ call, bytes per image and per call, pixels per image (read from the image's head
 seconds per clip (read from the clip's header), and labels per ClassifyImage call (each label a
 text, within `max_input_chars`, all of them within `max_request_bytes`). A generation (Generate,
 GenerateStream) is bounded like a text call (its prompt or each message's content a text) and by
-the new tokens it may ask (`max_tokens`; a call that names none gets `default_max_tokens`).
+the new tokens it may ask (`max_tokens`); a call that names none may produce as many as its
+deployment allows, within `max_tokens` and `default_max_tokens` when an operator set one.
 
 A server may run with lower (or higher) limits than the defaults; every refusal names the limit in
 its error metadata, so a client learns the server's own value from the first refusal.
@@ -46,11 +47,14 @@ MAX_AUDIO_BYTES = 25 * 1024 * 1024
 # One clip's length, read from its header: 60 of Whisper's 30 s windows, each a full generate.
 MAX_AUDIO_SECONDS = 30 * 60
 MAX_LABELS = 1024  # candidate labels per ClassifyImage call (ImageNet's 1,000 classes fit)
-# New tokens one generation may ask, and what a call that names none gets. A token is about 4 bytes
-# of text, so 4,096 tokens are about 16 KiB of answer; the ceiling is a 128k-token context.
+# New tokens one generation may ask. A token is about 4 bytes of text, so 4,096 tokens are about
+# 16 KiB of answer; the ceiling is a 128k-token context.
 MAX_TOKENS = 4096
-DEFAULT_MAX_TOKENS = 256
 MAX_TOKENS_CEILING = 131_072
+# New tokens one call may ask of a generation deployment whose profile names no max_new_tokens:
+# the bound every generation adapter applies (the model host's and the managed servers'), which the
+# control plane resolves a call that names no max_tokens against.
+DEPLOYMENT_MAX_NEW_TOKENS = 1024
 # Constants of this version, not settings: a chat's turns, and the stop sequences of one call
 # (each checked against the text after every token, so their count and length bound that work).
 MAX_CHAT_MESSAGES = 256
@@ -81,6 +85,7 @@ class LimitSetting:
     env: str
     ceiling: int
     help: str
+    floor: int = 1  # 0 only for a setting whose 0 means "none set"
 
 
 LIMIT_SETTINGS: tuple[LimitSetting, ...] = (
@@ -166,7 +171,9 @@ LIMIT_SETTINGS: tuple[LimitSetting, ...] = (
         "--default-max-tokens",
         "GANTRY_DEFAULT_MAX_TOKENS",
         MAX_TOKENS_CEILING,
-        "new tokens a generation gets when it asks none (max_tokens 0); at most --max-tokens",
+        "new tokens a generation that names no max_tokens may produce, at most --max-tokens (0: as "
+        "many as its deployment allows, within --max-tokens)",
+        floor=0,
     ),
 )
 
@@ -186,7 +193,7 @@ class InferenceLimits:
     max_audio_seconds: int = MAX_AUDIO_SECONDS
     max_labels: int = MAX_LABELS
     max_tokens: int = MAX_TOKENS
-    default_max_tokens: int = DEFAULT_MAX_TOKENS
+    default_max_tokens: int = 0  # none set: the deployment's bound (within max_tokens)
 
     @property
     def largest_request_bytes(self) -> int:
@@ -202,20 +209,17 @@ class InferenceLimits:
     def __post_init__(self) -> None:
         for setting in LIMIT_SETTINGS:
             value = getattr(self, setting.field)
-            if not 1 <= value <= setting.ceiling:
+            if not setting.floor <= value <= setting.ceiling:
                 raise LimitSettingsError(
-                    f"{setting.flag} must be between 1 and {setting.ceiling}, not {value}"
+                    f"{setting.flag} must be between {setting.floor} and {setting.ceiling}, "
+                    f"not {value}"
                 )
         if self.default_max_tokens > self.max_tokens:
-            if self.default_max_tokens != DEFAULT_MAX_TOKENS:
-                raise _default_past_maximum(self.default_max_tokens, self.max_tokens)
-            # A maximum set below the default and no default given: a call naming none gets the
-            # maximum (limits_from refuses a default that was given, whatever its value).
-            object.__setattr__(self, "default_max_tokens", self.max_tokens)
+            raise _default_past_maximum(self.default_max_tokens, self.max_tokens)
 
 
 def _default_past_maximum(default: int, maximum: int) -> LimitSettingsError:
-    # A call that names no max_tokens must never be refused for the default it was given.
+    # A default no call could be given is the operator's mistake: said once, at start.
     return LimitSettingsError(
         "--default-max-tokens (GANTRY_DEFAULT_MAX_TOKENS) must be at most --max-tokens "
         f"(GANTRY_MAX_TOKENS): {default} > {maximum}"
@@ -255,11 +259,9 @@ def limits_from(args: argparse.Namespace, env: Mapping[str, str] | None = None) 
             chosen[setting.field] = int(str(raw).strip())
         except ValueError:
             raise LimitSettingsError(f"{source} must be a whole number, not {raw!r}") from None
-        if not 1 <= chosen[setting.field] <= setting.ceiling:
+        if not setting.floor <= chosen[setting.field] <= setting.ceiling:
             raise LimitSettingsError(
-                f"{source} must be between 1 and {setting.ceiling}, not {chosen[setting.field]}"
+                f"{source} must be between {setting.floor} and {setting.ceiling}, "
+                f"not {chosen[setting.field]}"
             )
-    default = chosen.get("default_max_tokens")
-    if default is not None and default > chosen.get("max_tokens", MAX_TOKENS):
-        raise _default_past_maximum(default, chosen.get("max_tokens", MAX_TOKENS))
     return InferenceLimits(**chosen)

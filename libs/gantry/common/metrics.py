@@ -24,6 +24,15 @@ from opentelemetry.metrics import CallbackOptions, Meter, Observation
 log = logging.getLogger(__name__)
 
 OTHER = "_other"
+# The capability and deployment of an invocation that never resolved to a deployment (refused
+# before: a malformed request, a capability no binding names): one series for all of them, never
+# one per name a client typed. Real names start with a letter or digit (validation._NAME), so
+# neither this nor OTHER can be one.
+UNRESOLVED = "_unresolved"
+# Distinct capabilities and deployments a process labels invocations with; past these the rest
+# count as OTHER until the process restarts (a series, once exported, stays until then anyway).
+CAPABILITY_LABELS = 64
+DEPLOYMENT_LABELS = 64
 # Seconds: from a cached call (sub-millisecond) to a model load (minutes).
 DURATION_BUCKETS_S = (
     0.001,
@@ -80,6 +89,25 @@ class BoundedValues:
 
     def __len__(self) -> int:
         return len(self._kept)
+
+
+class ModelLabels:
+    """The `capability` and `deployment` labels of an invocation, bounded by CAPABILITY_LABELS and
+    DEPLOYMENT_LABELS. Callers pass only what the control plane resolved (the deployment id and
+    that deployment's capability), so a label names a deployment that exists; an empty value (not
+    resolved) is UNRESOLVED."""
+
+    def __init__(
+        self, *, capabilities: int = CAPABILITY_LABELS, deployments: int = DEPLOYMENT_LABELS
+    ) -> None:
+        self._capabilities = BoundedValues(capabilities)
+        self._deployments = BoundedValues(deployments)
+
+    def __call__(self, capability: str, deployment_id: str) -> tuple[str, str]:
+        return (
+            self._capabilities(capability) if capability else UNRESOLVED,
+            self._deployments(deployment_id) if deployment_id else UNRESOLVED,
+        )
 
 
 def meter(name: str) -> Meter:

@@ -10,6 +10,20 @@ import signal
 
 from gantry.common.json_logs import JSON, LOG_FORMAT_ENV, LOG_FORMATS, json_handler, log_format_of
 
+# `gantry worker`, from SIGTERM to its exit: every model host it started stopped and reaped
+# within this (`gantry.worker.stop_plan` divides it). Declared once, here: what a supervisor
+# gives the worker before SIGKILL (`gantry up`) is derived from it by `stop_grace_s`.
+WORKER_STOP_BOUND_S = 10.0
+# Past a child's own stop bound, before its supervisor kills it: the interpreter's exit after the
+# bounded work, and a loaded machine's scheduling.
+STOP_MARGIN_S = 5.0
+
+
+def stop_grace_s(stop_bound_s: float) -> float:
+    """How long a supervisor waits after SIGTERM for a child that stops within `stop_bound_s`:
+    a grace no longer than the child's own bound would kill it before it could finish."""
+    return stop_bound_s + STOP_MARGIN_S
+
 
 def add_log_format_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(

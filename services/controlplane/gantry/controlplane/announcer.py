@@ -66,6 +66,7 @@ def scheduler_node(
         adapters=sorted(inventory.get("adapters", [])),
         labels=node_labels(inventory),
         domains=domains_from_json(inventory.get("domains", [])),
+        max_residencies=int(inventory.get("max_residents", 0)),
     )
 
 
@@ -100,7 +101,12 @@ class Announcer:
             self.on_capacity_freed()
 
     def node(self, row: Node, connected: Collection[str]) -> None:
+        """A node changed; a deleted one is announced removed, whoever announces it (a
+        goodbye of the stream its delete closed comes after the delete itself)."""
         self._routes.clear()
+        if row.deleted_at is not None:
+            self._scheduler.node_removed(row.node_id)
+            return
         self._scheduler.node_changed(
             scheduler_node(
                 row.node_id,
@@ -117,6 +123,8 @@ class Announcer:
         self._routes.clear()
 
     def deployment(self, row: Deployment, *, removed: bool = False) -> None:
-        """A deployment was created, scaled, or (removed) is being unloaded."""
+        """A deployment was created, scaled, or (removed) is being unloaded or was deleted."""
         self._routes.clear()
-        self._scheduler.deployment_changed(scheduler_deployment(row), removed=removed)
+        self._scheduler.deployment_changed(
+            scheduler_deployment(row), removed=removed or row.deleted_at is not None
+        )

@@ -61,6 +61,14 @@ async def evaluate_degradation(
                 )
             ).all()
         )
+        existing = set(
+            (
+                await session.scalars(
+                    select(Deployment.capability).where(Deployment.deleted_at.is_(None)).distinct()
+                )
+            ).all()
+        )
+        degradation.retain(existing)
         changed = degradation.evaluate(crash_looping=crash_looping)
         for health in changed:
             degraded = health.condition is Condition.DEGRADED

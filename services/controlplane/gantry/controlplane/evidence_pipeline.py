@@ -7,7 +7,7 @@ after, as the deployment lifecycle does; what their results mean is in pipeline_
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -77,14 +77,32 @@ def choose_node(options: Sequence[NodeChoice]) -> str | None:
     return ranked[0].node_id
 
 
-def _environment_facts(node: Node, environment_id: str) -> tuple[bool, bool]:
-    """(listed, available) for one environment id in the node's last Hello."""
+def _environment_facts(node: Node, environment_id: str) -> tuple[bool, bool, str]:
+    """(listed, available, why not) for one environment id in the node's last Hello. A worker
+    that finds an environment unusable always says why; one that says nothing is not read as a
+    refusal (the job goes, and the worker answers for itself)."""
     wanted = environment_id or DEFAULT_ENVIRONMENT_ID
     for environment in (node.inventory or {}).get("environments", []):
         # MessageToDict leaves out empty fields; workers name their default environment "default".
         if (environment.get("environmentId") or DEFAULT_ENVIRONMENT_ID) == wanted:
-            return True, bool(environment.get("available", False))
-    return False, False
+            available = bool(environment.get("available", False))
+            return True, available, str(environment.get("unavailableReason", ""))
+    return False, False, ""
+
+
+def refuse_unavailable(environment_id: str, reasons: Mapping[str, str]) -> None:
+    """RUNTIME_ENVIRONMENT_UNAVAILABLE at once when every node asked (node id -> the reason its
+    worker gave) said the environment cannot run there: a job sent anyway could only fail the
+    same way, later. Pure. Nodes that did not name the environment are not in `reasons`."""
+    if not reasons:
+        return
+    wanted = environment_id or DEFAULT_ENVIRONMENT_ID
+    said = "; ".join(f"node {node_id}: {why}" for node_id, why in sorted(reasons.items()))
+    raise GantryError(
+        "RUNTIME_ENVIRONMENT_UNAVAILABLE",
+        f"runtime environment {wanted!r} is unavailable on every node that could run this: {said}",
+        environment_id=wanted,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,18 +160,23 @@ class EvidencePipeline:
     async def _any_connected_node(self, session: AsyncSession, environment_id: str) -> Node:
         options: list[NodeChoice] = []
         rows: dict[str, Node] = {}
+        unavailable: dict[str, str] = {}  # node id -> why its worker cannot run the environment
         for node_id in self._hub.connected_node_ids():
             node = await session.get(Node, node_id)
             if node is None or node.state != NodeState.CONNECTED:
                 continue
-            listed, available = _environment_facts(node, environment_id)
+            listed, available, why_not = _environment_facts(node, environment_id)
             options.append(NodeChoice(node_id, listed, available))
             rows[node_id] = node
+            if listed and not available and why_not:
+                unavailable[node_id] = why_not
         chosen = choose_node(options)
         if chosen is None:
             raise GantryError(
                 "NO_ELIGIBLE_NODE", "no enabled node is connected to run the inspection"
             )
+        if len(unavailable) == len(options):
+            refuse_unavailable(environment_id, unavailable)
         return rows[chosen]
 
     # ---- assessment ---------------------------------------------------------------------------
@@ -164,11 +187,13 @@ class EvidencePipeline:
         now = self._clock.now()
         async with self._database.transaction() as session:
             await artifacts.get_live_artifact_set(session, artifact_set_id)
-            node = (
-                await self._connected_node(session, node_id)
-                if node_id
-                else await self._any_connected_node(session, environment_id)
-            )
+            if node_id:
+                node = await self._connected_node(session, node_id)
+                listed, available, why_not = _environment_facts(node, environment_id)
+                if listed and not available and why_not:
+                    refuse_unavailable(environment_id, {node_id: why_not})
+            else:
+                node = await self._any_connected_node(session, environment_id)
             row = await assessments.create_assessment(
                 session,
                 artifact_set_id=artifact_set_id,

@@ -171,6 +171,8 @@ class WorkerGatewayService(worker_gateway_pb2_grpc.WorkerGatewayServicer):
             "adapters": adapters,
             # What the node offers placement: the scheduler's ledger charges these.
             "domains": domains_to_json(hello.resource_domains),
+            # The worker's bound on model hosts: placement sends it no more (0: not said).
+            "max_residents": hello.max_residents,
             "inventory": json_format.MessageToDict(hello.inventory),
             "environments": [json_format.MessageToDict(e) for e in hello.environments],
         }

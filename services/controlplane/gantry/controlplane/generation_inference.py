@@ -2,9 +2,11 @@
 
 Each call takes the path Embed takes (inference_service.py `_invoke`: the caller's tenant from its
 key, the deployment from the binding, the scheduler's dispatch, the worker's model host) after its
-checks (generation_validation.py), so the worker is always told how many tokens it may produce and
-the fair queue counts that much work. Whether a deployment generates is its model host's to say:
-a Generate sent to an embedding deployment comes back INVALID_PAYLOAD, as the client's error.
+checks (generation_validation.py). Once the deployment is known its adapter settings (read once per
+deployment: they never change) bound the call's max_tokens, so a call that names none gets what
+that deployment allows, the worker is always told how many tokens it may produce, and the fair
+queue counts that much work. Whether a deployment generates is its model host's to say: a Generate
+sent to an embedding deployment comes back INVALID_PAYLOAD, as the client's error.
 
 GenerateStream asks the worker to stream: each GenerateDelta it sends before its result is
 written to the client as one chunk, in the order sent, as it arrives; the last chunk carries the
@@ -19,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -27,7 +29,7 @@ import grpc
 
 from gantry.common.auth import current_principal
 from gantry.common.telemetry import tracer
-from gantry.controlplane import metrics
+from gantry.controlplane import convert, metrics
 from gantry.controlplane.generation_answers import (
     checked_delta,
     checked_generation_result,
@@ -36,8 +38,10 @@ from gantry.controlplane.generation_answers import (
 from gantry.controlplane.generation_validation import CheckedGeneration, checked_generation
 from gantry.controlplane.inference_calls import CallBudget, InferenceSettings
 from gantry.controlplane.media_inference import Invoke, Resolve
+from gantry.controlplane.persistence import deployments
+from gantry.controlplane.persistence.database import Database
 from gantry.controlplane.worker_sessions import OnProgress
-from gantry.v1 import inference_pb2
+from gantry.v1 import common_pb2, inference_pb2
 from gantry.v1 import worker_gateway_pb2 as wg
 
 _tracer = tracer("gantry.controlplane")
@@ -45,6 +49,10 @@ _tracer = tracer("gantry.controlplane")
 # telling that client why (it may never read again; its deadline, if any, ends the call anyway).
 WRITE_SETTLE_S = 30.0
 _Answer = TypeVar("_Answer")
+# Deployments whose adapter settings are kept; past it the cache starts over (a read each).
+_ADAPTER_CACHE_LIMIT = 4096
+# deployment id -> its adapter settings (max_new_tokens bounds a generation).
+AdapterOf = Callable[[str], Awaitable[common_pb2.AdapterSettings]]
 _SPAN_OF_OPERATION = {
     metrics.GENERATE: "controlplane.generate",
     metrics.GENERATE_STREAM: "controlplane.generate_stream",
@@ -93,12 +101,40 @@ class _StreamedText:
             self._write.cancel()
 
 
+class DeploymentAdapters:
+    """A deployment's adapter settings, read from the database once: they are written when the
+    deployment is created and never change."""
+
+    def __init__(self, database: Database) -> None:
+        self._database = database
+        self._adapters: dict[str, common_pb2.AdapterSettings] = {}
+
+    async def __call__(self, deployment_id: str) -> common_pb2.AdapterSettings:
+        adapter = self._adapters.get(deployment_id)
+        if adapter is None:
+            async with self._database.transaction() as session:
+                deployment = await deployments.get_deployment(session, deployment_id)
+            adapter = convert.adapter_from_json(deployment.adapter)
+            if len(self._adapters) >= _ADAPTER_CACHE_LIMIT:
+                self._adapters.clear()
+            self._adapters[deployment_id] = adapter
+        return adapter
+
+
 class GenerationInference:
     """Generate's and GenerateStream's bodies; InferenceService counts each call and delegates."""
 
-    def __init__(self, *, invoke: Invoke, resolve: Resolve, settings: InferenceSettings) -> None:
+    def __init__(
+        self,
+        *,
+        invoke: Invoke,
+        resolve: Resolve,
+        adapter_of: AdapterOf,
+        settings: InferenceSettings,
+    ) -> None:
         self._invoke = invoke
         self._resolve = resolve
+        self._adapter_of = adapter_of
         self._settings = settings
 
     async def generate(
@@ -110,8 +146,8 @@ class GenerationInference:
             request,
             context,
             checked,
-            answer=lambda result: checked_generation_result(
-                result.generate, max_tokens=checked.max_tokens
+            answer=lambda result, max_tokens: checked_generation_result(
+                result.generate, max_tokens=max_tokens
             ),
         )
         result = served.answer
@@ -135,8 +171,8 @@ class GenerationInference:
                 request,
                 context,
                 checked,
-                answer=lambda result: checked_stream_result(
-                    result.generate, streamed.written, max_tokens=checked.max_tokens
+                answer=lambda result, max_tokens: checked_stream_result(
+                    result.generate, streamed.written, max_tokens=max_tokens
                 ),
                 on_progress=streamed.write,
             )
@@ -166,18 +202,18 @@ class GenerationInference:
         context: grpc.aio.ServicerContext,
         checked: CheckedGeneration,
         *,
-        answer: Callable[[wg.InvokeResult], _Answer],
+        answer: Callable[[wg.InvokeResult, int], _Answer],
         on_progress: OnProgress | None = None,
     ) -> _Served[_Answer]:
-        """Resolve the target and invoke the checked payload within the call's budget; the
-        worker's result comes back as `answer` checked it, inside the invoke path."""
+        """Resolve the target, give the call its max_tokens there, and invoke the payload within
+        the call's budget; the worker's result comes back as `answer` checked it (against that
+        max_tokens), inside the invoke path."""
         tenant_id = current_principal().subject
         budget = CallBudget.of(
             context.time_remaining(), max_seconds=self._settings.max_invoke_seconds
         )
         attributes: Mapping[str, str | int] = {
             "gantry.tenant_id": tenant_id,
-            "gantry.max_tokens": checked.max_tokens,
             "gantry.message_count": len(request.messages),
         }
         with _tracer.start_as_current_span(
@@ -185,14 +221,16 @@ class GenerationInference:
         ) as span:
             deployment_id = await self._resolve(operation, request)
             span.set_attribute("gantry.deployment_id", deployment_id)
+            planned = checked.for_deployment(await self._adapter_of(deployment_id))
+            span.set_attribute("gantry.max_tokens", planned.max_tokens)
             node_id, answered = await self._invoke(
                 tenant_id=tenant_id,
                 deployment_id=deployment_id,
                 request=request,
-                payload=checked.payload,
+                payload=planned.payload,
                 budget=budget,
-                answer=answer,
-                cost=checked.cost,
+                answer=lambda result: answer(result, planned.max_tokens),
+                cost=planned.cost,
                 on_progress=on_progress,
             )
             return _Served(deployment_id=deployment_id, node_id=node_id, answer=answered)

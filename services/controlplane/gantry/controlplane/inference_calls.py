@@ -93,13 +93,15 @@ def work_outcome(error: BaseException | None, budget: CallBudget) -> scheduler_p
 
 async def counted(operation: str, answer: Awaitable[_Answer]) -> _Answer:
     """Await one call's answer and count it, whatever it is: the status and reason the client
-    sees (validation errors included) and the whole call's latency."""
+    sees (validation errors included) and the whole call's latency, labelled with the model the
+    call resolved to on the way (`metrics.call_resolved`), if it got that far."""
     started = time.perf_counter()
     error: BaseException | None = None
-    try:
-        return await answer
-    except BaseException as failure:
-        error = failure
-        raise
-    finally:
-        metrics.invocation_answered(operation, error, time.perf_counter() - started)
+    with metrics.counting():
+        try:
+            return await answer
+        except BaseException as failure:
+            error = failure
+            raise
+        finally:
+            metrics.invocation_answered(operation, error, time.perf_counter() - started)

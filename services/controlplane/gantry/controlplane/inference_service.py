@@ -23,7 +23,7 @@ from gantry.common.telemetry import inject_context, tracer
 from gantry.controlplane import metrics
 from gantry.controlplane.domain.capability_degradation import CapabilityDegradation
 from gantry.controlplane.domain.work_cost import embed_cost, rerank_cost
-from gantry.controlplane.generation_inference import GenerationInference
+from gantry.controlplane.generation_inference import DeploymentAdapters, GenerationInference
 from gantry.controlplane.inference_calls import (
     DEFAULT_MAX_INVOKE_SECONDS,
     RUNTIME_OUTCOMES,
@@ -127,7 +127,10 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
             invoke=self._invoke, resolve=self._resolve, settings=self._settings
         )
         self._generation = GenerationInference(
-            invoke=self._invoke, resolve=self._resolve, settings=self._settings
+            invoke=self._invoke,
+            resolve=self._resolve,
+            adapter_of=DeploymentAdapters(database),
+            settings=self._settings,
         )
 
     async def Embed(
@@ -307,6 +310,7 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
                     node_id=dispatch.node_id,
                     request_id=work_id,
                     deployment_id=deployment_id,
+                    capability=metrics.resolved_capability(deployment_id),
                     payload=payload,
                     timeout=max(0.0, deadline_at - loop.time()),
                     trace_context=trace_context,
@@ -343,9 +347,11 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
     async def _resolve(self, operation: str, request: TargetedRequest) -> str:
         """capability | deployment_id -> a routable deployment, or a typed reason why not.
 
-        By capability the binding alone decides (routing.py): never another deployment.
+        By capability the binding alone decides (routing.py): never another deployment. From
+        here on the call is counted under that deployment and its capability.
         """
         started = time.perf_counter()
-        deployment_id = await self._resolver.resolve(request)
+        target = await self._resolver.resolve_target(request)
+        metrics.call_resolved(target.capability, target.deployment_id)
         metrics.stage_finished(operation, metrics.STAGE_RESOLVE, time.perf_counter() - started)
-        return deployment_id
+        return target.deployment_id

@@ -35,6 +35,8 @@ from gantry.v1 import worker_gateway_pb2 as wg
 
 # Consecutive INFRA-class load failures after which a deployment FAILS rather than retrying.
 MAX_LOAD_ATTEMPTS = 3
+# What a worker answers a LOAD when it already holds its --max-residents model hosts.
+NO_ROOM_ON_WORKER = "NO_CAPACITY"
 
 
 class LoadHandler(DeploymentJobHandler):
@@ -107,15 +109,23 @@ class LoadHandler(DeploymentJobHandler):
                 last_failure_message=failure.message,
             )
             context.changed.append(residency)
-        deployment.load_failure_count += 1
+        # A worker that was full when the LOAD came (placement read the node before a host it
+        # still held was gone) refused to start anything: a placement answer, not a failed load.
+        # The residency is COLD again and the reconciler places the deployment when room appears.
+        refused_for_room = failure.reason == NO_ROOM_ON_WORKER
+        if not refused_for_room:
+            deployment.load_failure_count += 1
         await settle_deployment(context.session, deployment.deployment_id, now=context.now)
         await context.session.refresh(deployment)
         # An adopted server that is down is the operator's to bring back, and it comes back by
         # itself: its LOAD is asked again (reconciler, with backoff) for as long as it is wanted,
         # so it never FAILS for attempts. Nothing of ours is broken by retrying it.
-        gives_up = failure_class(failure.reason) is not FailureClass.INFRA or (
-            deployment.load_failure_count >= MAX_LOAD_ATTEMPTS
-            and deployment.origin != ORIGIN_ADOPTED
+        gives_up = not refused_for_room and (
+            failure_class(failure.reason) is not FailureClass.INFRA
+            or (
+                deployment.load_failure_count >= MAX_LOAD_ATTEMPTS
+                and deployment.origin != ORIGIN_ADOPTED
+            )
         )
         if gives_up and deployment.state in (DeploymentState.PENDING, DeploymentState.LOADING):
             # A configuration error will not heal by retrying; an INFRA one gets a few attempts.

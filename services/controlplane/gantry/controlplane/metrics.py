@@ -4,18 +4,25 @@ Each event is counted where it is decided: an invocation's outcome in the Infere
 job's in `apply_result`, a lease expiry in the reconciler. Attribute dicts are built once per
 distinct label set and reused, so a count on the hot path is a dict lookup and an add. Reasons
 come from the REASONS table (bounded); anything that arrives from the wire is bounded again.
+An invocation is labelled with the model it reached (`capability`, `deployment`) only once its
+target resolved to a deployment that exists (`call_resolved`), bounded by ModelLabels; before
+that, and for a call refused on the way, both read UNRESOLVED.
 """
 
 from __future__ import annotations
 
 import asyncio
 import datetime as dt
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
 
 from gantry.common.errors import REASONS, GantryError
 from gantry.common.metrics import (
     BoundedValues,
     Labels,
+    ModelLabels,
     cached_attributes,
     duration_histogram,
     meter,
@@ -50,7 +57,8 @@ PROTOCOL_OPENAI = "openai_http"  # the OpenAI-compatible HTTP API
 _meter = meter("gantry.controlplane")
 _invocations = _meter.create_counter(
     "gantry_invocations",
-    description="Inference calls answered, by operation, gRPC status code and ErrorInfo reason",
+    description="Inference calls answered, by operation, gRPC status code, ErrorInfo reason, "
+    "capability and deployment",
 )
 _front_door_calls = _meter.create_counter(
     "gantry_front_door_calls",
@@ -60,7 +68,8 @@ _front_door_calls = _meter.create_counter(
 _stage_duration = duration_histogram(
     _meter,
     "gantry_invocation_stage_duration_seconds",
-    "Inference call latency per stage (resolve, schedule, worker, total)",
+    "Inference call latency per stage (resolve, schedule, worker, total), by operation, "
+    "capability and deployment",
 )
 _admission_rejections = _meter.create_counter(
     "gantry_admission_rejections",
@@ -105,7 +114,62 @@ _states = {
 
 _reasons = BoundedValues(REASON_LABELS)
 _job_types = BoundedValues(JOB_TYPE_LABELS)
+_models = ModelLabels()
 _cached = cached_attributes
+
+
+@dataclass(slots=True)
+class CallTarget:
+    """The deployment one Inference call resolved to and that deployment's capability: empty
+    until it resolves, and so for good in a call refused before that."""
+
+    capability: str = ""
+    deployment_id: str = ""
+
+
+# The call being counted (`counting`): its target is resolved deep in the payload's handler
+# (media, generation, Embed...), and the count, taken around the whole handler, reads it here
+# rather than through every handler's signature. A task the handler starts inherits the context
+# and so fills the same target.
+_current: ContextVar[CallTarget | None] = ContextVar("gantry_call_target", default=None)
+
+
+@contextmanager
+def counting() -> Iterator[CallTarget]:
+    """The scope of one counted call: `call_resolved` inside it names the call's model, and the
+    stages and the answer recorded inside it carry that model's labels."""
+    target = CallTarget()
+    token = _current.set(target)
+    try:
+        yield target
+    finally:
+        _current.reset(token)
+
+
+def call_resolved(capability: str, deployment_id: str) -> None:
+    """The current call reached `deployment_id`, a deployment that exists, of `capability` (the
+    deployment's, read server-side: never what the client typed)."""
+    target = _current.get()
+    if target is not None:
+        target.capability, target.deployment_id = capability, deployment_id
+
+
+def resolved_capability(deployment_id: str) -> str:
+    """The capability the current call resolved to, when it resolved to `deployment_id`; else
+    empty (the worker then labels the call UNRESOLVED)."""
+    target = _current.get()
+    return target.capability if target is not None and target.deployment_id == deployment_id else ""
+
+
+def model_labels(capability: str, deployment_id: str) -> tuple[str, str]:
+    """The (capability, deployment) label values an invocation of this model is recorded with:
+    the names themselves, OTHER past the caps, UNRESOLVED when empty."""
+    return _models(capability, deployment_id)
+
+
+def _model_of_call() -> tuple[str, str]:
+    target = _current.get() or CallTarget()
+    return _models(target.capability, target.deployment_id)
 
 
 def _wire_reason(reason: str) -> str:
@@ -124,10 +188,26 @@ def _status_of(error: BaseException | None) -> tuple[str, str]:
 
 
 def invocation_answered(operation: str, error: BaseException | None, seconds: float) -> None:
-    """One answered call: its status and reason, and its total latency."""
+    """One answered call: its status and reason, and its total latency, labelled with the model
+    the current call (`counting`) resolved to."""
     code, reason = _status_of(error)
-    _invocations.add(1, _cached("operation", operation, "code", code, "reason", reason))
-    _stage_duration.record(seconds, _cached("operation", operation, "stage", STAGE_TOTAL))
+    capability, deployment = _model_of_call()
+    _invocations.add(
+        1,
+        _cached(
+            "operation",
+            operation,
+            "code",
+            code,
+            "reason",
+            reason,
+            "capability",
+            capability,
+            "deployment",
+            deployment,
+        ),
+    )
+    _record_stage(operation, STAGE_TOTAL, seconds)
 
 
 def front_door_answered(protocol: str, method: str, error: BaseException | None) -> None:
@@ -141,7 +221,26 @@ def front_door_answered(protocol: str, method: str, error: BaseException | None)
 
 
 def stage_finished(operation: str, stage: str, seconds: float) -> None:
-    _stage_duration.record(seconds, _cached("operation", operation, "stage", stage))
+    """One stage of the current call (`counting`) done, labelled with the model it resolved to
+    (UNRESOLVED for a stage before that)."""
+    _record_stage(operation, stage, seconds)
+
+
+def _record_stage(operation: str, stage: str, seconds: float) -> None:
+    capability, deployment = _model_of_call()
+    _stage_duration.record(
+        seconds,
+        _cached(
+            "operation",
+            operation,
+            "stage",
+            stage,
+            "capability",
+            capability,
+            "deployment",
+            deployment,
+        ),
+    )
 
 
 def admission_rejected(reason: str) -> None:

@@ -191,7 +191,8 @@ class NodeAdmin:
         stream = self._hub.get(node_id)
         if stream is not None:
             stream.close(GantryError("UNAUTHENTICATED", f"node {node_id} was deleted"))
-        # Never placeable again (not connected); the scheduler's next snapshot omits it entirely.
+        # Announced removed (deleted_at is set): the scheduler forgets it, its ledger rows and
+        # its breakers now, as its next snapshot would by leaving it out.
         self._lifecycle.announcer.node(node, ())
         return node
 

@@ -154,11 +154,13 @@ class Placer:
         log.info("deployment %s not placed: %s %s", deployment_id, error.reason, message)
         async with self._database.transaction() as session:
             row = await deployments.get_deployment(session, deployment_id)
-            if row.state == DeploymentState.PENDING:
+            # Recorded in whatever live state it is in: one that serves from fewer replicas than
+            # it asked for says why the rest are missing, as a PENDING one does.
+            if row.state in LIVE_STATES:
                 await deployments.set_deployment_state(
                     session,
                     row,
-                    DeploymentState.PENDING,
+                    DeploymentState(row.state),
                     now=self._clock.now(),
                     failure_reason=error.reason,
                     failure_message=message,

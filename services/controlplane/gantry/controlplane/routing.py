@@ -11,6 +11,7 @@ deployments (the legacy path kept for tests).
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 
 from gantry.common.errors import GantryError, invalid_argument
 from gantry.common.ids import parse_id
@@ -42,6 +43,16 @@ TargetedRequest = (
 )
 
 
+@dataclass(frozen=True, slots=True)
+class ResolvedTarget:
+    """A routable deployment and its capability, as stored: a binding names only deployments of
+    its own capability (every bind takes the deployment row's), so a call by capability resolves
+    to the capability it named and a call by deployment id to the deployment's."""
+
+    deployment_id: str
+    capability: str
+
+
 class DeploymentResolver:
     def __init__(self, *, database: Database, routes: RouteCache) -> None:
         self._database = database
@@ -57,14 +68,20 @@ class DeploymentResolver:
         READY and DEGRADED deployments are routable (a degraded one still has residents; the
         scheduler picks only RESIDENT residencies and answers DEPLOYMENT_NOT_READY if none is).
         """
+        return (await self.resolve_target(request)).deployment_id
+
+    async def resolve_target(self, request: TargetedRequest) -> ResolvedTarget:
+        """`resolve`, with the deployment's capability (what its calls are labelled with)."""
         target = request.WhichOneof("target")
         if target == "capability" and request.capability:
-            return await self._by_capability(request.capability)
+            deployment_id = await self._by_capability(request.capability)
+            return ResolvedTarget(deployment_id, request.capability)
         if target == "deployment_id":
             deployment_id = parse_id(request.deployment_id, field="deployment_id")
             async with self._database.transaction() as session:
                 deployment = await deployments.get_live_deployment(session, deployment_id)
-            return self._routable(deployment, name=f"deployment {deployment_id}")
+            routable = self._routable(deployment, name=f"deployment {deployment_id}")
+            return ResolvedTarget(routable, deployment.capability)
         raise invalid_argument("set capability or deployment_id", field="target")
 
     async def _by_capability(self, capability: str) -> str:

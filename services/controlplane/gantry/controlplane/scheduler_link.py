@@ -179,6 +179,16 @@ class SchedulerLink:
     def node_changed(self, node: scheduler_pb2.SchedulerNode) -> None:
         self._send(scheduler_pb2.SchedulerInput(node_update=scheduler_pb2.NodeUpdate(node=node)))
 
+    def node_removed(self, node_id: str) -> None:
+        """Deleted: the scheduler forgets it (the next snapshot leaves it out as well)."""
+        self._send(
+            scheduler_pb2.SchedulerInput(
+                node_update=scheduler_pb2.NodeUpdate(
+                    node=scheduler_pb2.SchedulerNode(node_id=node_id), removed=True
+                )
+            )
+        )
+
     def residency_changed(self, residency: scheduler_pb2.SchedulerResidency) -> None:
         self._send(
             scheduler_pb2.SchedulerInput(

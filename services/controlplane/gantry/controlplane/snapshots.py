@@ -81,6 +81,9 @@ async def registry_snapshot(
                 last_unload_job_id=last.get(JobType.UNLOAD, ""),
             )
         )
+    # Health is kept in memory until its window empties: a capability that no deployment
+    # serves and no binding names any more (deleted) is not shown as if it still existed.
+    existing = {d.capability for d in deployment_rows} | {b.capability for b in binding_rows}
     return cp.RegistrySnapshot(
         taken_at=convert.timestamp(now),
         nodes=[convert.node(n) for n in node_rows],
@@ -92,7 +95,7 @@ async def registry_snapshot(
         ],
         bindings=[convert.binding(b) for b in binding_rows],
         residencies=records,
-        capabilities=list(capabilities),
+        capabilities=[health for health in capabilities if health.capability in existing],
         last_event_id=await audit.last_event_id(session),
     )
 

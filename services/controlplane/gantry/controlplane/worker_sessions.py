@@ -349,6 +349,7 @@ class WorkerHub:
         deadline: timestamp_pb2.Timestamp,
         on_progress: OnProgress | None = None,
         progress_limit: int = DEFAULT_PROGRESS_LIMIT,
+        capability: str = "",
     ) -> wg.InvokeResult:
         """Send one invocation and wait for its result, at most `timeout` seconds.
 
@@ -357,7 +358,7 @@ class WorkerHub:
         result is awaited with it, in order (at most `progress_limit` wait their turn). When the
         wait ends without a result (the timeout, the caller is cancelled because its client went
         away, `on_progress` failed or fell behind) the worker is told to drop the work with a
-        CancelInvoke.
+        CancelInvoke. `capability` is the deployment's, for the worker's metrics labels only.
         """
         stream = self.get(node_id)
         if stream is None:
@@ -365,6 +366,7 @@ class WorkerHub:
         invoke = wg.Invoke(
             request_id=request_id,
             deployment_id=deployment_id,
+            capability=capability,
             deadline=deadline,
             timeout=_duration(timeout),
         )

@@ -186,7 +186,11 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
                 now=now,
             )
         elif kind == "node_update":
-            decisions = core.upsert_node(wire.node(message.node_update.node), now)
+            update = message.node_update
+            if update.removed:
+                decisions = core.remove_node(update.node.node_id, now)
+            else:
+                decisions = core.upsert_node(wire.node(update.node), now)
         elif kind == "residency_update":
             decisions = core.upsert_residency(
                 wire.residency(message.residency_update.residency), now
@@ -204,12 +208,12 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
                 outputs.extend(self._apply(inner))
             return outputs
         elif kind == "deployment_update":
-            update = message.deployment_update
-            if update.removed:
-                core.remove_deployment(update.deployment.deployment_id)
+            deployment_update = message.deployment_update
+            if deployment_update.removed:
+                decisions = core.remove_deployment(deployment_update.deployment.deployment_id, now)
             else:
-                core.upsert_deployment(wire.deployment(update.deployment))
-            decisions = []
+                core.upsert_deployment(wire.deployment(deployment_update.deployment))
+                decisions = []
         else:
             raise GantryError("INVALID_ARGUMENT", f"unknown scheduler input {kind!r}")
         return self._outputs(decisions)

@@ -56,6 +56,7 @@ def node(message: scheduler_pb2.SchedulerNode) -> NodeInfo:
             for d in message.domains
         ),
         adapters=adapters,
+        max_residencies=message.max_residencies,
     )
 
 
@@ -223,6 +224,7 @@ def snapshot(core: CoreSnapshot, *, connected: bool) -> scheduler_pb2.QueueSnaps
                 adapters=sorted(n.adapters),
                 labels=sorted(n.labels),
                 domains=[_domain(d) for d in n.domains],
+                max_residencies=n.max_residencies,
             )
             for n in core.nodes
         ],

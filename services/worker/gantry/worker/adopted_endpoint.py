@@ -183,6 +183,10 @@ class AdoptedEndpoint(ServerCalls):
         await self._client.aclose()
         return wg.UnloadEvidence(pid=0, process_exited=True)
 
+    async def terminate(self, *, grace_s: float, reap_s: float = 0.0) -> wg.UnloadEvidence:
+        """The worker is stopping: forgotten as by `stop`; the server was never ours to signal."""
+        return await self.stop(grace_s=grace_s)
+
 
 def _model_ids(response: httpx.Response) -> set[str]:
     try:

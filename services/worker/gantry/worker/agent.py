@@ -67,6 +67,7 @@ from gantry.worker.probe_job import ProbeRunner, ProbeSettings
 from gantry.worker.residents import DEFAULT_MAX_RESIDENTS, HostFactory, ResidentFacts
 from gantry.worker.resource_domains import DeclaredDomain, measure_node_domains
 from gantry.worker.runtime_adapters.registry import runtime_adapter_for
+from gantry.worker.stop_plan import StopPlan
 from gantry.worker.supervision import SupervisionSettings, Supervisor
 
 log = logging.getLogger(__name__)
@@ -281,9 +282,11 @@ class WorkerAgent:
             await asyncio.sleep(min(left, self._heartbeat_seconds))
             self._record_heartbeat()
 
-    async def shutdown(self) -> None:
-        """Stop every model host this process started; custody ends only for verified reclaims
-        (the rest stay in the map, UNCERTAIN)."""
+    async def shutdown(self, plan: StopPlan | None = None) -> None:
+        """Stop every model host this process started, and its own fork servers, all at once
+        within the plan's deadlines (made now when not given); custody ends only for verified
+        reclaims (the rest stay in the map, UNCERTAIN)."""
+        plan = plan or StopPlan.starting(asyncio.get_running_loop().time())
         if self._liveness is not None:
             self._liveness.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -293,11 +296,15 @@ class WorkerAgent:
             task.cancel()
         await self._jobs.close()
         await self._invocations.close()
-        await self.supervisor.shutdown()
+        # Together: the fork servers only cache imports, and a forked host is the worker's own
+        # child, never theirs, so neither waits for the other.
+        await asyncio.gather(self.supervisor.shutdown(plan), self._close_warm_pool(plan))
         await self.environments.close()
+
+    async def _close_warm_pool(self, plan: StopPlan) -> None:
         if self.warm_pool is not None and self._owns_warm_pool:
-            # The hosts are the worker's own children, stopped above; only the servers remain.
-            await self.warm_pool.aclose()
+            now = asyncio.get_running_loop().time()
+            await self.warm_pool.aclose(exit_s=plan.term_grace_s(now))
 
     def _prewarm(self) -> None:
         """Start the default environment's fork server now, so the first load finds its imports
@@ -370,6 +377,7 @@ class WorkerAgent:
             agent_version="0.1.0",
             hostname=socket.gethostname(),
             resource_domains=[domain.to_proto() for domain in self.resource_domains],
+            max_residents=self.settings.max_residents,
         )
 
     async def _heartbeats(self) -> None:

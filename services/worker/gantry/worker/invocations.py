@@ -144,7 +144,12 @@ class Invocations:
                     GantryError("INVOKE_FAILED", f"{type(exc).__name__}").to_failure()
                 )
         # A cancelled invoke raised CancelledError above and never gets here: no result.
-        metrics.invocation_answered(result.failure.reason, time.perf_counter() - started)
+        metrics.invocation_answered(
+            result.failure.reason,
+            time.perf_counter() - started,
+            capability=invoke.capability,
+            deployment_id=invoke.deployment_id,
+        )
         self._emit(result)
 
     async def _run(self, invoke: wg.Invoke, result: wg.InvokeResult) -> None:

@@ -9,10 +9,12 @@ import logging
 import sys
 from pathlib import Path
 
+from gantry.common.arg_types import positive
 from gantry.common.errors import GantryError
 from gantry.common.manifest import sweep_abandoned_verified_roots
 from gantry.common.metrics import add_metrics_argument, start_metrics
 from gantry.common.process import (
+    WORKER_STOP_BOUND_S,
     add_log_format_argument,
     run_until_signalled,
     setup_logging,
@@ -23,12 +25,14 @@ from gantry.worker.agent import WorkerAgent, WorkerSettings
 from gantry.worker.heartbeat_file import default_heartbeat_file
 from gantry.worker.liveness_check import CHECK_FLAG, check
 from gantry.worker.model_host.sandbox import REQUIRE_CHOICES
+from gantry.worker.residents import DEFAULT_MAX_RESIDENTS
 from gantry.worker.resource_domains import (
     FLAG,
     FLAG_FORMAT,
     ResourceDomainError,
     parse_declaration,
 )
+from gantry.worker.stop_plan import StopPlan
 
 # WorkerSettings fields exposed as flags (--restart-initial-backoff-s, ...), defaults from there.
 _SUPERVISION_ARGUMENTS = {
@@ -76,7 +80,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--control-plane", default="127.0.0.1:50051")
     parser.add_argument("--credential-file", type=Path, required=True)
     parser.add_argument("--artifact-root", type=Path, required=True)
-    parser.add_argument("--max-residents", type=int, default=8)
+    parser.add_argument(
+        "--max-residents",
+        type=positive,
+        default=DEFAULT_MAX_RESIDENTS,
+        metavar="N",
+        help="the most model hosts (served and adopted models) this worker holds at once; it "
+        "says so in its Hello and placement sends it no more: a deployment finding every worker "
+        f"full stays PENDING until one has room (default: {DEFAULT_MAX_RESIDENTS})",
+    )
     parser.add_argument(
         "--require-isolation",
         choices=sorted(REQUIRE_CHOICES),
@@ -163,11 +175,28 @@ def main(argv: list[str] | None = None) -> int:
         runner = asyncio.create_task(agent.run())
         stopper = asyncio.create_task(run_until_signalled())
         done, _ = await asyncio.wait({runner, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        # The bound starts now, at the signal: its supervisor's grace (`gantry up`) is derived
+        # from it, so every step below shares these deadlines instead of taking its own.
+        loop = asyncio.get_running_loop()
+        plan = StopPlan.starting(loop.time())
+        log.info(
+            "stopping %d model hosts at once: SIGTERM now, SIGKILL to any left after %.1fs",
+            len(agent.residents),
+            plan.term_grace_s(loop.time()),
+        )
         for task in (runner, stopper):
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        await agent.shutdown()
+        await agent.shutdown(plan)
+        unconfirmed = sorted(r.deployment_id for r in agent.residents)
+        log.log(
+            logging.ERROR if unconfirmed else logging.INFO,
+            "stopped in %.2fs (bound %gs)%s",
+            plan.elapsed_s(loop.time()),
+            WORKER_STOP_BOUND_S,
+            f"; not confirmed gone: {', '.join(unconfirmed)}" if unconfirmed else "",
+        )
         # Fenced by a newer generation: exit non-zero so a supervisor restarts a fresh process.
         return 1 if runner in done else 0
 

@@ -3,13 +3,20 @@ and its stream to the control plane.
 
 Counted where supervision, the job runner, the invocation runner and the stream loop decide each
 event; label values are reasons from the REASONS table and job kinds (both bounded), never a
-request, job or deployment id.
+request or job id. Invocations also carry the model they ran on: the deployment id and its
+capability as the control plane resolved them (Invoke.capability), bounded by ModelLabels.
 """
 
 from __future__ import annotations
 
 from gantry.common.errors import REASONS
-from gantry.common.metrics import BoundedValues, cached_attributes, duration_histogram, meter
+from gantry.common.metrics import (
+    BoundedValues,
+    ModelLabels,
+    cached_attributes,
+    duration_histogram,
+    meter,
+)
 
 _meter = meter("gantry.worker")
 _host_starts = _meter.create_counter(
@@ -39,10 +46,14 @@ _job_duration = duration_histogram(
     "Time a job ran on this worker, by kind and outcome",
 )
 _invocations = _meter.create_counter(
-    "gantry_worker_invocations", description="Invocations answered by this worker, by reason"
+    "gantry_worker_invocations",
+    description="Invocations answered by this worker, by outcome, reason, capability and "
+    "deployment",
 )
 _invocation_duration = duration_histogram(
-    _meter, "gantry_worker_invocation_duration_seconds", "Time an invocation ran on this worker"
+    _meter,
+    "gantry_worker_invocation_duration_seconds",
+    "Time an invocation ran on this worker, by capability and deployment",
 )
 _stream_events = _meter.create_counter(
     "gantry_worker_stream_events",
@@ -52,6 +63,7 @@ _stream_events = _meter.create_counter(
 
 _reasons = BoundedValues(64)
 _kinds = BoundedValues(16)
+_models = ModelLabels()
 _cached = cached_attributes
 
 
@@ -84,10 +96,35 @@ def job_ran(kind: str, failure_reason: str, seconds: float) -> None:
     _job_duration.record(seconds, _cached("kind", label, "outcome", outcome))
 
 
-def invocation_answered(failure_reason: str, seconds: float) -> None:
+def invocation_answered(
+    failure_reason: str, seconds: float, *, capability: str, deployment_id: str
+) -> None:
+    """One invocation answered, on the deployment the control plane sent it to (`capability`
+    empty from a control plane that does not send it: UNRESOLVED)."""
     reason = _reason(failure_reason)
-    _invocations.add(1, _cached("outcome", "FAILED" if reason else "OK", "reason", reason))
-    _invocation_duration.record(seconds)
+    capability_label, deployment_label = _models(capability, deployment_id)
+    _invocations.add(
+        1,
+        _cached(
+            "outcome",
+            "FAILED" if reason else "OK",
+            "reason",
+            reason,
+            "capability",
+            capability_label,
+            "deployment",
+            deployment_label,
+        ),
+    )
+    _invocation_duration.record(
+        seconds, _cached("capability", capability_label, "deployment", deployment_label)
+    )
+
+
+def model_labels(capability: str, deployment_id: str) -> tuple[str, str]:
+    """The (capability, deployment) label values this worker records an invocation of that
+    model with: the names themselves, OTHER past the caps, UNRESOLVED when empty."""
+    return _models(capability, deployment_id)
 
 
 def stream_event(event: str, reason: str = "") -> None:

@@ -45,6 +45,7 @@ from gantry.worker.residents import (
     ResidentMap,
     SupervisedHost,
 )
+from gantry.worker.stop_plan import StopPlan
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +81,7 @@ class Supervisor:
         self._clock = clock or SystemClock()
         self._host_factory: HostFactory = host_factory or ModelHost.start
         self._oom_counter = oom_counter or OomCounter.for_current_process()
+        self._shutting_down = False
 
     # ---- load and unload ----------------------------------------------------------------------
 
@@ -168,12 +170,15 @@ class Supervisor:
             return wg.UnloadEvidence(pid=0, process_exited=True)  # a cancelled load cleaned up
         return await self._stop(resident)
 
-    async def shutdown(self) -> None:
-        """Stop every host this process started; the unverifiable ones stay, UNCERTAIN."""
-        for resident in self.residents:
-            await self._cancel_start(resident)
+    async def shutdown(self, plan: StopPlan | None = None) -> None:
+        """The worker is stopping: every host this process started, all at once against the
+        plan's deadlines (SIGTERM now, SIGKILL at `kill_at`); the unverifiable ones stay,
+        UNCERTAIN. Nothing is restarted from here on."""
+        plan = plan or StopPlan.starting(asyncio.get_running_loop().time())
+        self._shutting_down = True
+        await asyncio.gather(*(self._cancel_start(r) for r in list(self.residents)))
         results = await asyncio.gather(
-            *(self._stop(r) for r in self.residents if r in self.residents), return_exceptions=True
+            *(self._terminate(r, plan) for r in list(self.residents)), return_exceptions=True
         )
         for result in results:
             if isinstance(result, BaseException):
@@ -274,6 +279,8 @@ class Supervisor:
         resident = next((r for r in self.residents if r.host is exited), None)
         if resident is None or resident.state != RESIDENT or resident.host is None:
             return
+        if self._shutting_down:
+            return  # the shutdown reaps it; a restart now would outlive the worker
         host = resident.host
         error = classify_exit(
             deployment_id=resident.deployment_id,
@@ -358,13 +365,27 @@ class Supervisor:
             await asyncio.shield(task)
 
     async def _stop(self, resident: Resident) -> wg.UnloadEvidence:
+        return await self._end(resident, lambda host: host.stop(grace_s=self.settings.stop_grace_s))
+
+    async def _terminate(self, resident: Resident, plan: StopPlan) -> wg.UnloadEvidence:
+        def terminate(host: SupervisedHost) -> Awaitable[wg.UnloadEvidence]:
+            now = asyncio.get_running_loop().time()
+            return host.terminate(grace_s=plan.term_grace_s(now), reap_s=plan.reap_s(now))
+
+        return await self._end(resident, terminate)
+
+    async def _end(
+        self,
+        resident: Resident,
+        stopping: Callable[[SupervisedHost], Awaitable[wg.UnloadEvidence]],
+    ) -> wg.UnloadEvidence:
         host = resident.host
         resident.state = UNLOADING
         self._changed()
         if host is None:
             self._forget(resident)
             return wg.UnloadEvidence(pid=0, process_exited=True)
-        evidence = await host.stop(grace_s=self.settings.stop_grace_s)
+        evidence = await stopping(host)
         if evidence.process_exited:
             self._forget(resident)
             return evidence

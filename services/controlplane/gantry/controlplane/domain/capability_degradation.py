@@ -115,6 +115,12 @@ class CapabilityDegradation:
             del self._windows[capability]
         return changed
 
+    def retain(self, capabilities: Collection[str]) -> None:
+        """Forget every capability not named (no deployment serves it any more): its window
+        would otherwise show it, and later record it recovered, after it was deleted."""
+        for capability in [c for c in self._windows if c not in capabilities]:
+            del self._windows[capability]
+
     def states(self) -> list[CapabilityHealth]:
         return [self._health(c, w) for c, w in sorted(self._windows.items())]
 

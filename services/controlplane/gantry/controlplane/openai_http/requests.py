@@ -7,8 +7,11 @@ builds, so an HTTP caller is refused exactly as a gRPC caller is. Each refusal h
 INVALID_ARGUMENT naming the OpenAI `param`.
 
 A field OpenAI defines that Gantry cannot honour is refused unless it holds its default (`n: 1`
-is fine, `n: 2` is not); a field OpenAI does not define is refused, as OpenAI refuses it. Omitted
-sampling settings mean greedy decoding (Gantry's default), not OpenAI's temperature 1.
+is fine, `n: 2` is not); a field OpenAI does not define is refused, as OpenAI refuses it, except
+Gantry's own `truncate` on /v1/embeddings (EmbedRequest.truncate: cut a text past the model's
+token limit instead of refusing it INPUT_TOO_LONG, whose message names it). Omitted sampling
+settings mean greedy decoding (Gantry's default), not OpenAI's temperature 1; an omitted
+max_tokens means as many as the deployment allows (generation_validation.max_new_tokens).
 """
 
 from __future__ import annotations
@@ -53,7 +56,10 @@ _GENERATION_FIELDS = frozenset(
     {"model", "max_tokens", "stop", "temperature", "top_p", "seed", "stream", "stream_options"}
     | {"user", "metadata", "store", "service_tier"}  # bookkeeping Gantry has no use for
 )
-_EMBEDDING_FIELDS = frozenset({"model", "input", "encoding_format", "user", "dimensions"})
+_EMBEDDING_FIELDS = frozenset(
+    {"model", "input", "encoding_format", "user", "dimensions"}
+    | {"truncate"}  # Gantry's own, as gRPC's EmbedRequest and KServe's parameter name it
+)
 # A lone surrogate (U+D800-U+DFFF) is not text, and protobuf (and the JSON error) cannot encode
 # one, but json.loads makes one from a \uD800 escape, or (it decodes with "surrogatepass") from
 # its UTF-8 form ED A0-BF xx. Either sign in a UTF-8 body, or any other encoding, has the parsed
@@ -134,6 +140,7 @@ def embedding_call(body: Mapping[str, Any]) -> EmbeddingCall:
     request = inference_pb2.EmbedRequest(
         capability=_model(body),
         inputs=inputs,
+        truncate=bool(_optional(body, "truncate", bool)),
         # The vectors travel as one block either way; the HTTP door writes them as asked.
         encoding=inference_pb2.VECTOR_ENCODING_FLOAT32_LE_BYTES,
     )

@@ -169,6 +169,13 @@ class BreakerBoard:
         for key in [key for key in self._breakers if key[0] == node_id]:
             del self._breakers[key]
 
+    def forget_deployment(self, deployment_id: str) -> None:
+        """Every node's breaker for the deployment (it was removed); the nodes' own stay."""
+        if deployment_id == NODE_BREAKER:
+            return
+        for key in [key for key in self._breakers if key[1] == deployment_id]:
+            del self._breakers[key]
+
     def views(self, now: float) -> list[BreakerView]:
         """Every breaker that is not CLOSED or has failures counted, by (node, deployment)."""
         return [

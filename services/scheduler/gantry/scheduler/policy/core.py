@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from gantry.scheduler.policy.admission import TenantBook
 from gantry.scheduler.policy.autoscale import Autoscaler, ScaleAdviceValue, ScaleSignal
-from gantry.scheduler.policy.breakers import BreakerBoard, BreakerChange
+from gantry.scheduler.policy.breakers import NODE_BREAKER, BreakerBoard, BreakerChange
 from gantry.scheduler.policy.events import (
     CoreSnapshot,
     Decision,
@@ -174,10 +174,30 @@ class SchedulerCore:
         self._nodes[node.node_id] = node
         self._routes.clear()
         self._candidates = None
-        self._ledger.set_node(node.node_id, node.domains)
+        self._ledger.set_node(node.node_id, node.domains, max_holders=node.max_residencies)
         if previous is not None and previous.connected == node.connected:
             return []
         return self._settle_many(self._deployments_on(node.node_id), now)
+
+    def remove_node(self, node_id: str, now: float) -> list[Decision]:
+        """The node was deleted: it leaves every view (nodes, ledger, breakers, residencies), its
+        placement holds lapse now, and work queued for what it served is settled without it."""
+        self._nodes.pop(node_id, None)
+        self._routes.clear()
+        self._candidates = None
+        affected = self._deployments_on(node_id)
+        for rid in sorted(self._by_node.get(node_id, ())):
+            self._ledger.release(rid)
+            self._forget_residency(self._residencies[rid])
+        self._by_node.pop(node_id, None)
+        for deployment_id in [d for d, held in self._holds.items() if node_id in held]:
+            held = self._holds[deployment_id]
+            del held[node_id]
+            if not held:
+                del self._holds[deployment_id]
+        self._ledger.remove_node(node_id)  # and with it the holds' charges
+        self._breakers.forget(node_id)
+        return self._settle_many(affected, now)
 
     def upsert_residency(self, residency: ResidencyInfo, now: float) -> list[Decision]:
         rid, deployment_id = residency.residency_id, residency.deployment_id
@@ -227,10 +247,20 @@ class SchedulerCore:
     def upsert_deployment(self, deployment: DeploymentInfo) -> None:
         self._deployments[deployment.deployment_id] = deployment
 
-    def remove_deployment(self, deployment_id: str) -> None:
+    def remove_deployment(self, deployment_id: str, now: float) -> list[Decision]:
+        """Unloaded or deleted: no more advice, its breakers forgotten (their failures were
+        its model hosts', which are going). Its residencies leave as each goes COLD; work still
+        queued is served by one still resident or answered at once, and then its queue goes."""
         self._deployments.pop(deployment_id, None)
         self._advice.pop(deployment_id, None)
         self._autoscaler.forget(deployment_id)
+        self._breakers.forget_deployment(deployment_id)
+        self._routes.pop(deployment_id, None)
+        decisions = self._settle(deployment_id, now)
+        work = self._work.get(deployment_id)
+        if work is not None and not len(work.queue):
+            del self._work[deployment_id]
+        return decisions
 
     def set_policies(self, policies: Iterable[TenantPolicy]) -> None:
         """Applied at once: the next admission and the next push read the new values."""
@@ -299,9 +329,18 @@ class SchedulerCore:
             residency.in_flight = max(0, residency.in_flight - 1)
             if outcome == Outcome.INFRA_FAILURE:
                 residency.infra_failures += 1
+        # A residency already forgotten (COLD, its deployment removed, its node deleted) keeps
+        # no breaker: a late outcome would bring back a row for what no longer exists. Its
+        # node's own breaker still counts while the node is known.
+        if residency is not None:
+            breaker_key = assignment.deployment_id
+        elif assignment.node_id in self._nodes:
+            breaker_key = NODE_BREAKER
+        else:
+            return self._pump(assignment.deployment_id, now)
         changes = self._breakers.record(
             assignment.node_id,
-            assignment.deployment_id,
+            breaker_key,
             outcome,
             now,
             node_wide=reason in NODE_REASONS,

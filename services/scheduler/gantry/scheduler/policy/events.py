@@ -21,6 +21,7 @@ class NodeInfo:
     labels: frozenset[str] = frozenset()
     domains: tuple[Domain, ...] = ()
     adapters: frozenset[str] = frozenset()
+    max_residencies: int = 0  # the worker's bound on model hosts; 0: none
 
 
 @dataclass(frozen=True, slots=True)

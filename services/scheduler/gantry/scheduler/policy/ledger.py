@@ -68,6 +68,10 @@ class _NodeBook:
     domains: dict[str, Domain]  # sorted by name
     layout: Layout
     usable: dict[str, int]  # capacity - margin, never below 0
+    # The most holders the node's worker takes (its model-host bound); 0: no bound. A holder
+    # needs a host whatever its bytes, so a full node refuses even a claim of nothing.
+    max_holders: int = 0
+    holders: int = 0
     requested: dict[str, int] = field(default_factory=dict)
     reserved: dict[str, int] = field(default_factory=dict)
     headroom: dict[str, int] = field(default_factory=dict)  # usable - reserved; may be < 0
@@ -109,9 +113,10 @@ class Ledger:
 
     # -- nodes -------------------------------------------------------------------------------
 
-    def set_node(self, node_id: str, domains: Sequence[Domain]) -> None:
-        """Declare or re-declare a node's domains. Its holders' charges stay and are resolved
-        again against the new domains; a domain declared twice keeps its last declaration."""
+    def set_node(self, node_id: str, domains: Sequence[Domain], *, max_holders: int = 0) -> None:
+        """Declare or re-declare a node's domains and its bound on holders (0: none). Its holders'
+        charges stay and are resolved again against the new domains; a domain declared twice
+        keeps its last declaration."""
         by_name = {domain.name: domain for domain in domains}
         key = layout_key(by_name.values())
         layout = self._layouts.get(key)
@@ -127,6 +132,7 @@ class Ledger:
             requested=dict.fromkeys(names, 0),
             reserved=dict.fromkeys(names, 0),
             headroom={name: usable[name] for name in names},
+            max_holders=max(0, max_holders),
         )
         holder_ids = self._holders_by_node.get(node_id, set())
         for holder_id in holder_ids:
@@ -210,6 +216,8 @@ class Ledger:
             return Fit(False, "NO_ELIGIBLE_NODE", resolution.missing.message(node_id))
         if book.unknown_kind_holders:
             return Fit(False, "NO_CAPACITY", _unknown_kind_message(book))
+        if book.max_holders and book.holders >= book.max_holders:
+            return Fit(False, "NO_CAPACITY", _full_message(book))
         for name, need in resolution.needs:
             if book.uncertain_holders.get(name):
                 return Fit(False, "NO_CAPACITY", _uncertain_message(name, book))
@@ -324,6 +332,7 @@ class Ledger:
                 book.uncertain_holders.setdefault(name, set()).add(holder.holder_id)
         if holder.unknown_kinds:
             book.unknown_kind_holders[holder.holder_id] = holder.unknown_kinds[0]
+        book.holders += 1
         book.memo.clear()
 
     def _forget(self, holder: _Holder) -> None:
@@ -339,6 +348,7 @@ class Ledger:
                     if not blockers:
                         del book.uncertain_holders[name]
             book.unknown_kind_holders.pop(holder.holder_id, None)
+            book.holders -= 1
             book.memo.clear()
         del self._holders[holder.holder_id]
         self._holders_by_node.get(holder.node_id, set()).discard(holder.holder_id)
@@ -434,6 +444,13 @@ def _unknown_kind_message(book: _NodeBook) -> str:
     return (
         f"node {book.node_id} holds residency {holder_id} with an unknown claim kind {kind}: "
         "nothing more is admitted there until it is reconciled"
+    )
+
+
+def _full_message(book: _NodeBook) -> str:
+    return (
+        f"its worker holds at most {book.max_holders} model hosts and"
+        f" {book.holders} are resident or placed"
     )
 
 

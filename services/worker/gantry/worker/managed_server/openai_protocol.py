@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gantry.common.errors import GantryError
+from gantry.common.inference_limits import DEPLOYMENT_MAX_NEW_TOKENS
 from gantry.v1 import common_pb2
 from gantry.v1 import worker_gateway_pb2 as wg
 
@@ -23,8 +24,8 @@ MODELS = "/v1/models"
 EMBEDDINGS = "/v1/embeddings"
 SSE_DONE = "[DONE]"
 
-# Without a per-deployment limit (max_new_tokens 0): as the model-host adapter bounds it.
-DEFAULT_MAX_NEW_TOKENS = 1024
+# Without a per-deployment limit (max_new_tokens 0): the bound the control plane resolves calls by.
+DEFAULT_MAX_NEW_TOKENS = DEPLOYMENT_MAX_NEW_TOKENS
 DEFAULT_MAX_TOKENS = 256
 
 _FINISH_REASONS = {

@@ -288,15 +288,23 @@ class ManagedServer(ServerCalls):
     async def stop(self, *, grace_s: float = 10.0) -> wg.UnloadEvidence:
         """SIGTERM to its group, SIGKILL after `grace_s`, reaped; `process_exited` only when the
         process is reaped, its pid names no later process and nothing of its group is left."""
+        return await self.terminate(grace_s=grace_s)
+
+    async def terminate(
+        self, *, grace_s: float, reap_s: float = _KILL_GRACE_S
+    ) -> wg.UnloadEvidence:
+        """`stop` with a bound on the reap after SIGKILL as well: the worker's own stop, whose
+        deadlines every host shares. SIGTERM is how a server is asked to stop in any case."""
         if self._evidence is not None and self._evidence.process_exited:
             return self._evidence
+        started = time.monotonic()
         self._stopping = True
         if self._process.returncode is None:
             self._signal_group(signal.SIGTERM if grace_s > 0 else signal.SIGKILL)
             if not await self._exited_within(grace_s):
                 logger.warning("managed server %s ignored SIGTERM; SIGKILL", self.deployment_id)
                 self._signal_group(signal.SIGKILL)
-                await self._exited_within(_KILL_GRACE_S)
+                await self._exited_within(reap_s)
         if self._group_alive():
             self._signal_group(signal.SIGKILL)  # a helper it forked outlived it
         await self._close()
@@ -304,11 +312,12 @@ class ManagedServer(ServerCalls):
             self.pid, self._process.returncode, exited=self._confirmed_gone()
         )
         logger.info(
-            "managed server %s stopped: pid=%d %s exited=%s",
+            "managed server %s stopped: pid=%d %s exited=%s in %.2fs",
             self.deployment_id,
             self.pid,
             describe_returncode(self._process.returncode),
             self._evidence.process_exited,
+            time.monotonic() - started,
         )
         return self._evidence
 

@@ -7,6 +7,7 @@ import json
 import os
 import sys
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 from gantry.common.errors import GantryError
@@ -89,29 +90,58 @@ def host_environment(
     return environment
 
 
-def _unavailable(environment_id: str, message: str) -> GantryError:
+def _unavailable(environment_id: str, message: str, **metadata: str) -> GantryError:
     return GantryError(
-        "RUNTIME_ENVIRONMENT_UNAVAILABLE", message, environment_id=environment_id or "default"
+        "RUNTIME_ENVIRONMENT_UNAVAILABLE",
+        message,
+        environment_id=environment_id or "default",
+        **metadata,
     )
 
 
-def _parse_map(text: str, source: str, environment_id: str) -> dict[str, str]:
+@dataclass(frozen=True, slots=True)
+class MappedEnvironment:
+    """One entry of an environment map: the interpreter, and how to build it when it is missing
+    (`make vision-env`), so a refusal can say what to run instead of only what is absent."""
+
+    python: str
+    build: str = ""
+
+
+def _mapped(value: object) -> MappedEnvironment | None:
+    if isinstance(value, str):
+        return MappedEnvironment(value)
+    if isinstance(value, dict) and set(value) <= {"python", "build"}:
+        python, build = value.get("python"), value.get("build", "")
+        if isinstance(python, str) and isinstance(build, str):
+            return MappedEnvironment(python, build)
+    return None
+
+
+def _parse_map(text: str, source: str, environment_id: str) -> dict[str, MappedEnvironment]:
     try:
         parsed = json.loads(text)
     except json.JSONDecodeError as exc:
         raise _unavailable(environment_id, f"{source} is not valid JSON: {exc}") from exc
+    entries = (
+        {key: _mapped(value) for key, value in parsed.items()} if isinstance(parsed, dict) else {}
+    )
     if not isinstance(parsed, dict) or not all(
-        isinstance(key, str) and isinstance(value, str) for key, value in parsed.items()
+        isinstance(key, str) and entry is not None for key, entry in entries.items()
     ):
         raise _unavailable(
-            environment_id, f"{source} must be a JSON object of environment id -> executable"
+            environment_id,
+            f"{source} must be a JSON object of environment id -> executable, or -> "
+            '{"python": executable, "build": "the command that builds it"}',
         )
-    return parsed
+    return {key: entry for key, entry in entries.items() if entry is not None}
 
 
-def _configured_maps(env: Mapping[str, str], environment_id: str) -> list[dict[str, str]]:
+def _configured_maps(
+    env: Mapping[str, str], environment_id: str
+) -> list[dict[str, MappedEnvironment]]:
     """The configured environment maps in resolution order: the inline JSON, then the file."""
-    maps: list[dict[str, str]] = []
+    maps: list[dict[str, MappedEnvironment]] = []
     inline = env.get(ENV_MAP_JSON, "").strip()
     if inline:
         maps.append(_parse_map(inline, ENV_MAP_JSON, environment_id))
@@ -127,13 +157,16 @@ def _configured_maps(env: Mapping[str, str], environment_id: str) -> list[dict[s
     return maps
 
 
-def _checked_executable(executable: str, environment_id: str) -> str:
+def _checked_executable(executable: str, environment_id: str, build: str = "") -> str:
     path = Path(executable)
     if not path.is_file() or not os.access(path, os.X_OK):
+        how = f": not built here; `{build}` builds it" if build else ""
         raise _unavailable(
             environment_id,
             f"python executable {executable!r} for environment "
-            f"{environment_id or DEFAULT_ENVIRONMENT_ID!r} does not exist or is not executable",
+            f"{environment_id or DEFAULT_ENVIRONMENT_ID!r} does not exist or is not executable"
+            f"{how}",
+            **({"build_command": build} if build else {}),
         )
     return executable
 
@@ -170,7 +203,8 @@ def resolve_python(environment_id: str, env: Mapping[str, str]) -> str:
     environment_maps = _configured_maps(env, environment_id)
     for environment_map in environment_maps:
         if environment_id in environment_map:
-            return _checked_executable(environment_map[environment_id], environment_id)
+            entry = environment_map[environment_id]
+            return _checked_executable(entry.python, environment_id, entry.build)
     if environment_id == DEFAULT_ENVIRONMENT_ID:  # no map names it: the empty id's environment
         return _checked_executable(default_executable, environment_id)
     if not environment_maps:

@@ -11,6 +11,7 @@ import os
 import shutil
 import socket
 import tempfile
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -243,6 +244,7 @@ class ModelHost(HostCalls):
         """
         if self._evidence is not None and self._evidence.process_exited:
             return self._evidence
+        started = time.monotonic()
         self._stopping = True
         if self._process.returncode is None:
             with contextlib.suppress(OSError, FrameError, TimeoutError):
@@ -252,12 +254,40 @@ class ModelHost(HostCalls):
                 )
             if not await self._exited_within(grace_s):
                 logger.warning("model host %s ignored Shutdown; SIGTERM", self.deployment_id)
-                with contextlib.suppress(ProcessLookupError):
-                    self._process.terminate()
-                if not await self._exited_within(_TERM_GRACE_S):
-                    logger.warning("model host %s ignored SIGTERM; SIGKILL", self.deployment_id)
-                    self._kill()
-                    await self._exited_within(_KILL_GRACE_S)
+                await self._signal_then_kill(_TERM_GRACE_S, _KILL_GRACE_S)
+        return await self._conclude(started)
+
+    async def terminate(
+        self, *, grace_s: float, reap_s: float = _KILL_GRACE_S
+    ) -> worker_gateway_pb2.UnloadEvidence:
+        """The worker itself is stopping: SIGTERM now, SIGKILL once `grace_s` has passed, then
+        wait at most `reap_s` for the reap; evidence as `stop` reports it.
+
+        No Shutdown is asked first: a host busy in a forward pass would not read it, and one that
+        does releases its model object by object (seconds, with a large heap) where its exit
+        releases everything at once. Nothing is measured of the release (`unloaded` stays None).
+        """
+        if self._evidence is not None and self._evidence.process_exited:
+            return self._evidence
+        started = time.monotonic()
+        self._stopping = True
+        if self._process.returncode is None:
+            await self._signal_then_kill(grace_s, reap_s)
+        return await self._conclude(started)
+
+    async def _signal_then_kill(self, term_grace_s: float, reap_s: float) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            self._process.terminate()
+        if not await self._exited_within(term_grace_s):
+            logger.warning(
+                "model host %s ignored SIGTERM for %.1fs; SIGKILL", self.deployment_id, term_grace_s
+            )
+            self._kill()
+            await self._exited_within(reap_s)
+
+    async def _conclude(self, started: float) -> worker_gateway_pb2.UnloadEvidence:
+        """After the signals: collect what the child wrote, close the channel, and say (one line)
+        whether it is gone and how long its stop took."""
         if self._process.returncode is not None and self._response_task is not None:
             # The child is gone, so its end of the channel is closed: read what it wrote before
             # exiting (a HostUnloaded) up to the EOF before closing ours.
@@ -266,11 +296,12 @@ class ModelHost(HostCalls):
         returncode = self._process.returncode
         self._evidence = exit_evidence(self.pid, returncode, exited=self._confirmed_gone())
         logger.info(
-            "model host %s stopped: pid=%d %s exited=%s",
+            "model host %s stopped: pid=%d %s exited=%s in %.2fs",
             self.deployment_id,
             self.pid,
             describe_returncode(returncode),
             self._evidence.process_exited,
+            time.monotonic() - started,
         )
         return self._evidence
 

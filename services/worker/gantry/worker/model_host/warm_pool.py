@@ -27,6 +27,7 @@ import socket
 import subprocess
 import tempfile
 import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -171,11 +172,20 @@ class ForkServer:
 
     def close(self) -> None:
         """Blocking: end the server (EOF on its socket, then signals) and reap it."""
+        self.ask_to_exit()
+        self.finish_exit(time.monotonic() + _SERVER_EXIT_S)
+
+    def ask_to_exit(self) -> None:
+        """EOF on its socket: it exits by itself once it has answered what it was asked."""
         self._closing = True
         with contextlib.suppress(OSError):
             self._control.shutdown(socket.SHUT_RDWR)
+
+    def finish_exit(self, deadline: float) -> None:
+        """Blocking: wait for the exit `ask_to_exit` asked for until `deadline` (monotonic),
+        SIGKILL it then, reap it, and remove what it left."""
         try:
-            self.process.wait(timeout=_SERVER_EXIT_S)
+            self.process.wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
@@ -327,17 +337,22 @@ class WarmPool:
             await _end_host_now(pid)
             raise
 
-    def close(self) -> None:
-        """Blocking: stop and reap every server (running hosts are not touched)."""
+    def close(self, *, exit_s: float = _SERVER_EXIT_S) -> None:
+        """Blocking: stop and reap every server (running hosts are not touched). All are asked
+        at once and share one deadline, `exit_s` from now, before they are SIGKILLed: a
+        server's interpreter takes seconds to tear its imports down."""
         with self._lock:
             self._closed = True
             servers = list(self._servers.values())
             self._servers.clear()
         for server in servers:
-            server.close()
+            server.ask_to_exit()
+        deadline = time.monotonic() + exit_s
+        for server in servers:
+            server.finish_exit(deadline)
 
-    async def aclose(self) -> None:
-        await asyncio.to_thread(self.close)
+    async def aclose(self, *, exit_s: float = _SERVER_EXIT_S) -> None:
+        await asyncio.to_thread(self.close, exit_s=exit_s)
 
     def _server_for(self, key: ServerKey) -> ForkServer:
         evicted: list[ForkServer] = []

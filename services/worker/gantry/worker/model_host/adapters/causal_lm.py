@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from gantry.common.errors import GantryError
+from gantry.common.inference_limits import DEPLOYMENT_MAX_NEW_TOKENS
 from gantry.v1 import common_pb2, worker_gateway_pb2
 from gantry.worker.model_host.adapters.base import (
     HEALTH_PROBE_TEXT,
@@ -38,7 +39,8 @@ from gantry.worker.model_host.adapters.base import (
 )
 from gantry.worker.model_host.generated_text import TextStream
 
-DEFAULT_MAX_NEW_TOKENS = 1024
+# Without a profile's max_new_tokens: the bound the control plane resolves calls by.
+DEFAULT_MAX_NEW_TOKENS = DEPLOYMENT_MAX_NEW_TOKENS
 DEFAULT_MAX_TOKENS = 256
 # The prompt tokens decoded before the new ones, so the first new token keeps its leading space
 # (SentencePiece decoders strip the first token's).
