@@ -191,11 +191,8 @@ async def test_every_list_prints_json_that_parses_back(
     assert deployments[0]["state"] == "DEPLOYMENT_STATE_READY"
     status, table, _ = await cli(capsys, *where, "deployments")
     assert status == 0 and table.splitlines()[0].split() == [
-        "ID",
-        "CAPABILITY",
-        "STATE",
-        "NODE",
-        "RESIDENCY",
+        *("ID", "CAPABILITY", "STATE", "READY/WANTED", "NODE", "RESIDENCY"),
+        *("WHY", "NOT", "ALL", "READY"),
     ]
 
 

@@ -131,11 +131,15 @@ def test_every_gate_from_the_cli_then_deploy_deployments_and_unload(
     assert created.adapter.adapter == "sentence_transformers"
     assert created.approval_id == "appr-cand-probe-1"
     created.residencies.add(node_id="node-7", state=common_pb2.RESIDENCY_STATE_RESIDENT)
+    created.replicas = 1
 
     assert gantry(fake, state, "deployments") == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split() == ["ID", "CAPABILITY", "STATE", "NODE", "RESIDENCY"]
-    assert lines[1].split() == ["dep-1", "bge", "PENDING", "node-7", "RESIDENT"]
+    assert lines[0].split() == [
+        *("ID", "CAPABILITY", "STATE", "READY/WANTED", "NODE", "RESIDENCY"),
+        *("WHY", "NOT", "ALL", "READY"),
+    ]
+    assert lines[1].split() == ["dep-1", "bge", "PENDING", "1/1", "node-7", "RESIDENT", "-"]
 
     assert gantry(fake, state, "unload", "dep-1", "--no-wait") == 0
     assert capsys.readouterr().out.strip() == "deployment dep-1: UNLOADING"

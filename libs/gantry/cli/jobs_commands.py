@@ -121,7 +121,8 @@ def outcome(job: control_plane_pb2.ServingJob) -> str:
     return "-"
 
 
-def _shortened(text: str, width: int) -> str:
+def shortened(text: str, width: int) -> str:
+    """One line of at most `width` characters, cut with "..." (table cells)."""
     return text if len(text) <= width else text[: width - 3] + "..."
 
 
@@ -149,7 +150,7 @@ def render_jobs(jobs: Sequence[control_plane_pb2.ServingJob]) -> str:
             subject(job),
             str(job.attempt_count),
             format_timestamp(job.updated_at),
-            _shortened(outcome(job), _RESULT_WIDTH),
+            shortened(outcome(job), _RESULT_WIDTH),
         ]
         for job in jobs
     ]

@@ -14,6 +14,7 @@ from gantry.cli import deployment_commands
 from gantry.cli.artifacts import artifact_location, hash_directory
 from gantry.cli.connection import DEFAULT_TIMEOUT_S, CommandContext, paged
 from gantry.cli.deployment_wait import Goal
+from gantry.cli.jobs_commands import failure_text, shortened
 from gantry.cli.output import print_json, print_records, wants_json
 from gantry.cli.tables import enum_label, format_bytes
 from gantry.v1 import common_pb2, control_plane_pb2, control_plane_pb2_grpc
@@ -23,6 +24,11 @@ PLACEMENT_POLICIES = {
     "bin-pack": common_pb2.PLACEMENT_POLICY_BIN_PACK,
     "spread": common_pb2.PLACEMENT_POLICY_SPREAD,
 }
+
+
+# Wide enough for a reason and the start of its message; `gantry describe deployment ID` and
+# -o json show the whole of it.
+_WHY_WIDTH = 80
 
 
 def _deployment_state(state: int) -> str:
@@ -101,17 +107,32 @@ def deployments(context: CommandContext, args: argparse.Namespace) -> int:
     print_records(
         args,
         found,
-        ["ID", "CAPABILITY", "STATE", "NODE", "RESIDENCY"],
+        ["ID", "CAPABILITY", "STATE", "READY/WANTED", "NODE", "RESIDENCY", "WHY NOT ALL READY"],
         lambda deployment: [
             deployment.deployment_id,
             deployment.capability,
             _deployment_state(deployment.state)
             + ("/deleted" if deployment.HasField("deleted_at") else ""),
+            f"{_resident(deployment)}/{deployment.replicas}",
             ",".join(r.node_id for r in _placed(deployment)) or "-",
             ",".join(_residency_state(r.state) for r in _placed(deployment)) or "-",
+            _why_not_all_ready(deployment),
         ],
     )
     return 0
+
+
+def _resident(deployment: control_plane_pb2.Deployment) -> int:
+    return sum(r.state == common_pb2.RESIDENCY_STATE_RESIDENT for r in deployment.residencies)
+
+
+def _why_not_all_ready(deployment: control_plane_pb2.Deployment) -> str:
+    """The last failure, while the deployment serves from fewer replicas than it asked for (a
+    PENDING one waiting for room says NO_CAPACITY and each node's reason); `-` once all serve."""
+    failure = deployment.last_failure
+    if _resident(deployment) >= deployment.replicas or not failure.reason:
+        return "-"
+    return shortened(failure_text(failure), _WHY_WIDTH)
 
 
 def _placed(deployment: control_plane_pb2.Deployment) -> list[common_pb2.Residency]:
