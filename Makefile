@@ -68,7 +68,8 @@ $(LLAMA_STAMP): requirements-llama.txt
 		-- env -u CMAKE_BUILD_PARALLEL_LEVEL CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" \
 		$(LLAMA_VENV)/bin/pip wheel -v $(PIP_FLAGS) --no-cache-dir --no-deps \
 		-w $(LLAMA_WHEELS)/.building llama-cpp-python==$(LLAMA_CPP_VERSION) && \
-		mv $(LLAMA_WHEELS)/.building/llama_cpp_python-*.whl $(LLAMA_WHEELS)/ )
+		mv $(LLAMA_WHEELS)/.building/llama_cpp_python-*.whl $(LLAMA_WHEELS)/ && \
+		rmdir $(LLAMA_WHEELS)/.building )
 	@$(STEP) "install $(LLAMA_VENV) (the llama.cpp server)" -- \
 		$(LLAMA_VENV)/bin/pip install $(PIP_FLAGS) --find-links $(LLAMA_WHEELS) \
 		-r requirements-llama.txt

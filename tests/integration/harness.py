@@ -46,6 +46,14 @@ def shared_warm_pool() -> WarmPool:
     return _shared_warm_pool
 
 
+# Before the argv of a CLI child a test sends SIGINT (Ctrl-C): a test run started in the
+# background of a shell without job control (`make test &` in a script) inherits SIGINT as
+# ignored, and Python then never turns it into KeyboardInterrupt, as a terminal's Ctrl-C would.
+# coreutils' env resets it and execs the command (same pid). Not a preexec_fn: forking this
+# process, whose gRPC threads are running, can leave the child stuck or dead.
+CTRL_C_REACHES_IT = ("env", "--default-signal=INT")
+
+
 @dataclass
 class Harness:
     scheduler_server: RunningServer

@@ -22,7 +22,7 @@ from tests.integration.generation_support import (
     scripted_generation,
     settled,
 )
-from tests.integration.harness import Harness
+from tests.integration.harness import CTRL_C_REACHES_IT, Harness
 from tests.integration.scripted_worker import ScriptedWorker
 
 GANTRY = Path(sys.executable).with_name("gantry")  # the installed entry point
@@ -45,6 +45,7 @@ def client_argv(harness: Harness, tmp_path: Path) -> list[str]:
 
 async def _child(argv: list[str]) -> asyncio.subprocess.Process:
     return await asyncio.create_subprocess_exec(
+        *CTRL_C_REACHES_IT,
         str(GANTRY),
         *argv,
         stdin=asyncio.subprocess.DEVNULL,

@@ -26,7 +26,7 @@ from gantry.controlplane.persistence import jobs
 from gantry.controlplane.reconciler import ReconcilerSettings
 from gantry.v1 import common_pb2
 from gantry.v1 import control_plane_pb2 as cp
-from tests.integration.harness import Harness, running_gantry, wait_for
+from tests.integration.harness import CTRL_C_REACHES_IT, Harness, running_gantry, wait_for
 from tests.integration.pipeline_support import Pipeline, make_model_dir, pipeline_of
 from tests.integration.pipeline_support import two_replicas as shared_two_replicas
 from tests.integration.scripted_worker import ScriptedWorker
@@ -346,6 +346,7 @@ async def test_events_follow_streams_live_and_resumes_across_a_control_plane_res
     history = await create_keys(plain, "a", "b")
     state_dir = state_dir_for(plain, tmp_path)
     follower = await asyncio.create_subprocess_exec(
+        *CTRL_C_REACHES_IT,
         str(GANTRY),
         "--address",
         plain.address,
