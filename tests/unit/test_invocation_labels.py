@@ -18,10 +18,9 @@ import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-from gantry.common.auth import Principal, Role, auth_metadata
+from gantry.common.auth import auth_metadata
 from gantry.common.clock import ManualClock
 from gantry.common.errors import GantryError
-from gantry.common.grpc_server import ServiceBinding, create_server, insecure_channel
 from gantry.common.metrics import (
     CAPABILITY_LABELS,
     DEPLOYMENT_LABELS,
@@ -38,6 +37,7 @@ from gantry.v1 import inference_pb2, inference_pb2_grpc, scheduler_pb2
 from gantry.v1 import worker_gateway_pb2 as wg
 from gantry.worker import metrics as worker_metrics
 from gantry.worker.invocations import Invocations
+from tests.unit.inference_server_support import serving
 
 INVOCATIONS = "gantry_invocations"
 STAGES = "gantry_invocation_stage_duration_seconds"
@@ -94,11 +94,6 @@ def recorded(monkeypatch: pytest.MonkeyPatch) -> Iterator[Recorded]:
     monkeypatch.setattr(worker_metrics, "_models", ModelLabels())
     yield Recorded(reader)
     provider.shutdown()
-
-
-class FakeAuthenticator:
-    async def authenticate(self, role: Role, token: str) -> Principal:
-        return Principal(role=role, subject="tenant-a")
 
 
 class FakeResolver:
@@ -162,21 +157,8 @@ async def served() -> AsyncIterator[Served]:
         clock=ManualClock(),
         resolver=FakeResolver(),  # type: ignore[arg-type]
     )
-    server = await create_server(
-        listen="127.0.0.1:0",
-        services=[
-            ServiceBinding(
-                "gantry.v1.Inference", service, inference_pb2_grpc.add_InferenceServicer_to_server
-            )
-        ],
-        authenticator=FakeAuthenticator(),
-    )
-    channel = insecure_channel(f"127.0.0.1:{server.port}")
-    try:
-        yield Served(stub=inference_pb2_grpc.InferenceStub(channel), hub=hub)
-    finally:
-        await channel.close()
-        await server.stop(None)
+    async with serving(service) as stub:
+        yield Served(stub=stub, hub=hub)
 
 
 async def test_calls_are_counted_under_the_resolved_deployment_and_its_capability(

@@ -18,9 +18,8 @@ import grpc
 import pytest
 from PIL import Image
 
-from gantry.common.auth import Principal, Role, auth_metadata
+from gantry.common.auth import auth_metadata
 from gantry.common.clock import ManualClock
-from gantry.common.grpc_server import ServiceBinding, create_server, insecure_channel
 from gantry.common.inference_limits import InferenceLimits
 from gantry.common.status import error_info_of
 from gantry.controlplane.domain.work_cost import audio_cost, classify_cost, image_cost
@@ -29,15 +28,9 @@ from gantry.controlplane.route_cache import RouteCache
 from gantry.controlplane.routing import ResolvedTarget
 from gantry.v1 import common_pb2, inference_pb2, inference_pb2_grpc, scheduler_pb2
 from gantry.v1 import worker_gateway_pb2 as wg
+from tests.unit.inference_server_support import serving
 
 LIMITS = InferenceLimits(max_image_pixels=1_000_000, max_audio_seconds=10, max_images=4)
-
-
-class FakeAuthenticator:
-    """Every token is tenant-a's client key."""
-
-    async def authenticate(self, role: Role, token: str) -> Principal:
-        return Principal(role=role, subject="tenant-a")
 
 
 class FakeResolver:
@@ -94,21 +87,8 @@ async def served() -> AsyncIterator[Served]:
         settings=InferenceSettings(limits=LIMITS),
         resolver=FakeResolver(),  # type: ignore[arg-type]
     )
-    server = await create_server(
-        listen="127.0.0.1:0",
-        services=[
-            ServiceBinding(
-                "gantry.v1.Inference", service, inference_pb2_grpc.add_InferenceServicer_to_server
-            )
-        ],
-        authenticator=FakeAuthenticator(),
-    )
-    channel = insecure_channel(f"127.0.0.1:{server.port}")
-    try:
-        yield Served(stub=inference_pb2_grpc.InferenceStub(channel), hub=hub, link=link)
-    finally:
-        await channel.close()
-        await server.stop(None)
+    async with serving(service) as stub:
+        yield Served(stub=stub, hub=hub, link=link)
 
 
 def _png(width: int, height: int) -> common_pb2.Image:

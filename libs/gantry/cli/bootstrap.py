@@ -82,13 +82,12 @@ def choose_device(requested: str, default: wg.RuntimeEnvironment | None) -> str:
     if requested == "auto":
         return "cuda" if reported == "cuda" else "cpu"
     if requested.startswith("cuda") and reported != "cuda":
-        seen = (
-            f"reports device {reported!r}"
-            if reported
-            else "is not available"
-            if default is not None
-            else "was not reported"
-        )
+        if default is None:
+            seen = "was not reported"
+        elif not reported:
+            seen = "is not available"
+        else:
+            seen = f"reports device {reported!r}"
         raise CliError(
             f"--device {requested}: the worker's default environment {seen}, not CUDA;"
             " `--device cpu` (or auto) profiles the bundled model on the CPU"

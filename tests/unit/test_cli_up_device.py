@@ -1,0 +1,97 @@
+"""`gantry up --device` and the runtime environments `up` prints: where the bundled model runs,
+decided from what the worker's default environment reports, and its profile made on that device
+(against the in-memory control plane of test_cli_bootstrap, over real gRPC)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from gantry.cli import bootstrap
+from gantry.cli.errors import CliError
+from gantry.v1 import worker_gateway_pb2
+from tests.unit.test_cli_bootstrap import (  # noqa: F401  (fixtures)
+    METADATA,
+    FakeServer,
+    fake,
+    make_paths,
+    model_dir,
+)
+
+
+def _environment(device: str, *, available: bool = True) -> worker_gateway_pb2.RuntimeEnvironment:
+    return worker_gateway_pb2.RuntimeEnvironment(
+        environment_id="", device=device, available=available
+    )
+
+
+@pytest.mark.parametrize(
+    ("requested", "reported", "chosen"),
+    [
+        ("auto", "cpu", "cpu"),
+        ("auto", "cuda", "cuda"),
+        ("cpu", "cuda", "cpu"),
+        ("cuda", "cuda", "cuda"),
+        ("cuda:1", "cuda", "cuda:1"),
+    ],
+)
+def test_the_bundled_models_device_follows_the_default_environment(
+    requested: str, reported: str, chosen: str
+) -> None:
+    assert bootstrap.choose_device(requested, _environment(reported)) == chosen
+
+
+def test_auto_without_any_default_environment_facts_is_the_cpu() -> None:
+    assert bootstrap.choose_device("auto", None) == "cpu"
+    assert bootstrap.choose_device("auto", _environment("cuda", available=False)) == "cpu"
+
+
+def test_cuda_asked_of_a_cpu_environment_is_refused_not_run_on_the_cpu() -> None:
+    with pytest.raises(CliError) as caught:
+        bootstrap.choose_device("cuda:0", _environment("cpu"))
+    assert str(caught.value) == (
+        "--device cuda:0: the worker's default environment reports device 'cpu', not CUDA;"
+        " `--device cpu` (or auto) profiles the bundled model on the CPU"
+    )
+
+
+@pytest.mark.parametrize("text", ["gpu", "cuda:", "cuda:x", "CPU", "cuda:-1", ""])
+def test_a_device_that_is_not_one_of_the_choices_is_a_usage_error(text: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError):
+        bootstrap.parse_device(text)
+
+
+def test_each_runtime_environment_is_one_line_ready_or_why_not() -> None:
+    lines = bootstrap.describe_environments(
+        [
+            worker_gateway_pb2.RuntimeEnvironment(
+                environment_id="vision", unavailable_reason="not built; `make vision-env`"
+            ),
+            worker_gateway_pb2.RuntimeEnvironment(
+                environment_id="",
+                adapters=["sentence_transformers", "transformers_causal_lm"],
+                device="cpu",
+                device_name="x86_64",
+                available=True,
+            ),
+        ]
+    )
+    assert lines == [
+        "default: ready (cpu, x86_64): sentence_transformers, transformers_causal_lm",
+        "vision: NOT AVAILABLE: not built; `make vision-env`",
+    ]
+
+
+def test_the_profile_is_created_on_the_chosen_device(
+    fake: FakeServer,  # noqa: F811
+    tmp_path: Path,
+    model_dir: Path,  # noqa: F811
+) -> None:
+    paths = make_paths(tmp_path)
+    bootstrap.ensure_deployment(
+        fake.stub, METADATA, paths, model_dir, lambda line: None, device="cuda:1"
+    )
+    [profile] = fake.control_plane.profiles
+    assert (profile.name, profile.adapter.device) == ("all-minilm-l6-v2-cuda1", "cuda:1")
