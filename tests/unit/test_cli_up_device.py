@@ -5,12 +5,16 @@ decided from what the worker's default environment reports, and its profile made
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 
 import pytest
 
 from gantry.cli import bootstrap
 from gantry.cli.errors import CliError
+from gantry.cli.main import main
+from gantry.cli.state import StatePaths
+from gantry.cli.up import UpSettings, child_specs, worker_flags
 from gantry.v1 import worker_gateway_pb2
 from tests.unit.test_cli_bootstrap import (  # noqa: F401  (fixtures)
     METADATA,
@@ -95,3 +99,37 @@ def test_the_profile_is_created_on_the_chosen_device(
     )
     [profile] = fake.control_plane.profiles
     assert (profile.name, profile.adapter.device) == ("all-minilm-l6-v2-cuda1", "cuda:1")
+
+
+def test_up_help_names_the_device_and_the_workers_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["up", "--help"])
+    assert exited.value.code == 0
+    shown = capsys.readouterr().out
+    for flag in ("--device DEVICE", "--max-residents N", "--resource-domain", "--no-warm-pool"):
+        assert flag in shown
+
+
+def test_only_the_worker_flags_given_are_passed_through(tmp_path: Path) -> None:
+    settings = UpSettings(
+        paths=StatePaths(tmp_path / "state"),
+        address="127.0.0.1:1",
+        scheduler_address="127.0.0.1:2",
+        startup_timeout_s=1.0,
+        ready_timeout_s=1.0,
+    )
+    assert worker_flags(settings) == []
+    given = dataclasses.replace(
+        settings,
+        max_residents=2,
+        resource_domains=("host.ram=ram:8GiB", "gpu0.vram=vram:16GiB:1GiB"),
+        warm_pool=False,
+    )
+    assert worker_flags(given) == [
+        *("--max-residents", "2"),
+        *("--resource-domain", "host.ram=ram:8GiB"),
+        *("--resource-domain", "gpu0.vram=vram:16GiB:1GiB"),
+        "--no-warm-pool",
+    ]
+    flags = worker_flags(given)
+    assert child_specs(given)["worker"].argv[-len(flags) :] == flags  # no TLS, no metrics
