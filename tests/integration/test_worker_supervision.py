@@ -287,6 +287,49 @@ async def test_unload_during_load_cancels_it_and_leaves_no_process(
         await supervisor.shutdown()
 
 
+async def test_a_cancel_landing_just_after_the_host_is_ready_stops_the_host(
+    tiny_model_dir: Path,
+) -> None:
+    """The window CI once hit: the start finished (host ready, RESIDENT) but the load's caller
+    had not resumed when its CancelJob or an overtaking unload cancelled it. The cancellation is
+    queued by the factory just before it returns, so it lands in exactly that window."""
+    title = "gantry model-host dep-cancel-at-ready"
+    loading: list[asyncio.Task[Resident]] = []
+    started: list[int] = []
+
+    async def start_then_cancel_the_caller(spec: HostLaunchSpec, **kwargs: object) -> ModelHost:
+        host = await ModelHost.start(spec, warm_pool=shared_warm_pool(), **kwargs)  # type: ignore[arg-type]
+        started.append(host.pid)
+        # Runs after this start task completes and before its awaiting caller resumes.
+        asyncio.get_running_loop().call_soon(loading[0].cancel)
+        return host
+
+    supervisor = Supervisor(
+        QUIET, on_change=lambda: None, host_factory=start_then_cancel_the_caller
+    )
+    loading.append(
+        asyncio.create_task(
+            supervisor.load(
+                "dep-cancel-at-ready",
+                FACTS,
+                _prepare(tiny_model_dir, "dep-cancel-at-ready"),
+                trace_context={},
+            )
+        )
+    )
+    try:
+        with pytest.raises(asyncio.CancelledError):
+            await loading[0]
+        (pid,) = started
+        assert not Path(f"/proc/{pid}").exists()  # stopped and reaped, not left running
+        assert _pids_titled(title) == []
+        assert supervisor.residents.get("dep-cancel-at-ready") is None
+        evidence = await supervisor.unload("dep-cancel-at-ready")  # the unload behind it
+        assert evidence.process_exited
+    finally:
+        await supervisor.shutdown()
+
+
 async def test_deep_health_runs_a_real_forward_pass_and_shallow_health_does_not(
     tiny_model_dir: Path,
 ) -> None:

@@ -118,20 +118,28 @@ class Supervisor:
         resident.start_task = task
         try:
             await task
-        except asyncio.CancelledError:
-            self._forget(resident)
-            if _cancelling(asyncio.current_task()):
-                raise  # our caller was cancelled (CancelJob), not the start
+        except BaseException as exc:
+            await self._release(resident, task)
+            if not isinstance(exc, asyncio.CancelledError) or _cancelling(asyncio.current_task()):
+                raise  # a failed start, or our caller was cancelled (CancelJob, an overtake)
             raise self._overtaken(deployment_id) from None
-        except BaseException:
-            self._forget(resident)
-            raise
         finally:
             if resident.start_task is task:
                 resident.start_task = None
         if self.residents.get(deployment_id) is not resident:
             raise self._overtaken(deployment_id)  # unloaded the moment it became resident
         return resident
+
+    async def _release(self, resident: Resident, task: asyncio.Task[SupervisedHost | None]) -> None:
+        """End custody of a load that did not return. A cancellation can land after the start
+        task finished but before this caller resumed (a CancelJob or an overtaking unload in
+        that window): the host then runs, RESIDENT, and forgetting it would orphan the process.
+        It is stopped here instead, so the unload queued behind this job finds nothing left."""
+        if task.done() and not task.cancelled() and task.exception() is None:
+            with contextlib.suppress(GantryError):  # unverified: it stays, UNCERTAIN
+                await self._stop(resident)
+            return
+        self._forget(resident)
 
     def adopt(
         self, deployment_id: str, facts: ResidentFacts, host: SupervisedHost, *, endpoint_url: str
