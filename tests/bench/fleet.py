@@ -56,7 +56,7 @@ import grpc
 from google.protobuf import duration_pb2
 
 from gantry.common.grpc_server import CHANNEL_OPTIONS, SERVER_OPTIONS
-from gantry.controlplane.reconciler import ReconcilerSettings
+from gantry.controlplane.deployments.reconciler import ReconcilerSettings
 from gantry.v1 import common_pb2, inference_pb2_grpc, worker_gateway_pb2_grpc
 from gantry.v1 import control_plane_pb2 as cp
 from gantry.v1 import worker_gateway_pb2 as wg

@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from gantry.controlplane import metrics as controlplane_metrics
+from gantry.controlplane.platform import metrics as controlplane_metrics
 from gantry.v1 import control_plane_pb2 as cp
 from gantry.v1 import inference_pb2 as inf
 from gantry.v1 import inference_pb2_grpc

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from gantry.common.auth import auth_metadata
 from gantry.common.grpc_server import insecure_channel
-from gantry.controlplane.inference_service import InferenceSettings
+from gantry.controlplane.serving.inference_service import InferenceSettings
 from gantry.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 from gantry.v1 import control_plane_pb2 as cp
 from gantry.v1 import worker_gateway_pb2 as wg

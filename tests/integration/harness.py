@@ -19,10 +19,10 @@ from gantry.common.grpc_server import RunningServer, insecure_channel
 from gantry.common.ids import new_id
 from gantry.common.manifest import build_manifest
 from gantry.controlplane.app import ControlPlane, ControlPlaneSettings, start_control_plane
-from gantry.controlplane.inference_service import InferenceSettings
-from gantry.controlplane.lifecycle import DEFAULT_LEASE_SECONDS
-from gantry.controlplane.persistence.database import migrate_database
-from gantry.controlplane.reconciler import ReconcilerSettings
+from gantry.controlplane.deployments.lifecycle import DEFAULT_LEASE_SECONDS
+from gantry.controlplane.deployments.reconciler import ReconcilerSettings
+from gantry.controlplane.platform.database import migrate_database
+from gantry.controlplane.serving.inference_service import InferenceSettings
 from gantry.scheduler.server import start_scheduler
 from gantry.v1 import (
     common_pb2,

@@ -14,7 +14,7 @@ import pytest
 
 from gantry.common.clock import ManualClock
 from gantry.common.status import error_info_of
-from gantry.controlplane.reconciler import ReconcilerSettings
+from gantry.controlplane.deployments.reconciler import ReconcilerSettings
 from gantry.v1 import common_pb2
 from gantry.v1 import control_plane_pb2 as cp
 from gantry.v1 import inference_pb2 as inf

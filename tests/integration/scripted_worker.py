@@ -19,7 +19,7 @@ import grpc
 
 from gantry.common.auth import auth_metadata
 from gantry.common.digests import adapter_digest, environment_fingerprint
-from gantry.controlplane.reconciler import ReconcilerSettings
+from gantry.controlplane.deployments.reconciler import ReconcilerSettings
 from gantry.v1 import common_pb2, control_plane_pb2, worker_gateway_pb2_grpc
 from gantry.v1 import worker_gateway_pb2 as wg
 

@@ -14,8 +14,8 @@ import grpc
 import pytest
 
 from gantry.common.clock import ManualClock
-from gantry.controlplane.persistence import audit as audit_rows
-from gantry.controlplane.reconciler import ReconcilerSettings
+from gantry.controlplane.deployments.reconciler import ReconcilerSettings
+from gantry.controlplane.observability import audit as audit_rows
 from gantry.v1 import common_pb2, scheduler_pb2
 from gantry.v1 import control_plane_pb2 as cp
 from tests.integration.harness import Harness, running_gantry, wait_for

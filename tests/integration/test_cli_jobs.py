@@ -16,8 +16,8 @@ import pytest
 from gantry.cli.main import main as gantry_cli
 from gantry.common import tokens
 from gantry.common.ids import new_id
-from gantry.controlplane.domain.transitions import JobState, JobType
-from gantry.controlplane.persistence import jobs
+from gantry.controlplane.jobs import store as jobs
+from gantry.controlplane.platform.state_machines import JobState, JobType
 from tests.integration.harness import Harness, running_gantry
 
 T0 = dt.datetime(2026, 11, 30, 9, 0, tzinfo=dt.UTC)

@@ -21,9 +21,9 @@ from gantry.common.clock import ManualClock
 from gantry.common.grpc_server import insecure_channel
 from gantry.common.ids import new_id
 from gantry.controlplane.app import ControlPlaneSettings, start_control_plane
-from gantry.controlplane.domain.transitions import JobState, JobType
-from gantry.controlplane.persistence import jobs
-from gantry.controlplane.reconciler import ReconcilerSettings
+from gantry.controlplane.deployments.reconciler import ReconcilerSettings
+from gantry.controlplane.jobs import store as jobs
+from gantry.controlplane.platform.state_machines import JobState, JobType
 from gantry.v1 import common_pb2
 from gantry.v1 import control_plane_pb2 as cp
 from tests.integration.harness import CTRL_C_REACHES_IT, Harness, running_gantry, wait_for

@@ -16,9 +16,9 @@ import pytest
 
 from gantry.common.bounded_spans import DROPPED_SPAN, PROCESS_DROPS
 from gantry.common.clock import ManualClock
-from gantry.controlplane import metrics as controlplane_metrics
-from gantry.controlplane.degradation_signals import publish_degradation
-from gantry.controlplane.domain.capability_degradation import CapabilityDegradation
+from gantry.controlplane.platform import metrics as controlplane_metrics
+from gantry.controlplane.serving.capability_degradation import CapabilityDegradation
+from gantry.controlplane.serving.degradation_signals import publish_degradation
 from gantry.scheduler.metrics import SchedulerMetrics
 from gantry.scheduler.policy.admission import TenantLoadView
 from gantry.scheduler.policy.breakers import BreakerChange, BreakerView

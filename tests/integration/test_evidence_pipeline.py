@@ -17,9 +17,7 @@ import grpc
 import pytest
 
 from gantry.common.clock import ManualClock
-from gantry.controlplane.persistence import (
-    audit,
-)
+from gantry.controlplane.observability import audit
 from gantry.v1 import common_pb2
 from gantry.v1 import control_plane_pb2 as cp
 from gantry.v1 import inference_pb2 as inf

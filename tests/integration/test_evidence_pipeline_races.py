@@ -12,21 +12,16 @@ import pytest
 
 from gantry.common.errors import GantryError
 from gantry.common.manifest import ManifestEntry
-from gantry.controlplane.domain.pipeline_states import CandidateStatus
-from gantry.controlplane.domain.probe_transitions import ProbeState
-from gantry.controlplane.domain.transitions import DeploymentState
-from gantry.controlplane.persistence import (
-    artifacts,
-    assessments,
-    bindings,
-    candidates,
-    deployments,
-    nodes,
-    probes,
-    profiles,
-)
-from gantry.controlplane.persistence.database import Database
-from gantry.controlplane.persistence.transitions import lost_a_race
+from gantry.controlplane.artifacts import store as artifacts
+from gantry.controlplane.deployments import bindings
+from gantry.controlplane.deployments import store as deployments
+from gantry.controlplane.evidence import assessments, candidates, probes, profiles
+from gantry.controlplane.evidence.pipeline_states import CandidateStatus
+from gantry.controlplane.evidence.probe_transitions import ProbeState
+from gantry.controlplane.nodes import store as nodes
+from gantry.controlplane.platform.database import Database
+from gantry.controlplane.platform.state_machines import DeploymentState
+from gantry.controlplane.platform.transitions import lost_a_race
 
 NOW = dt.datetime(2026, 12, 1, 12, 0, tzinfo=dt.UTC)
 

@@ -15,8 +15,8 @@ from sqlalchemy import func, select
 import gantry.common.manifest as manifest_module
 from gantry.cli.main import main as gantry_cli
 from gantry.common.manifest import build_manifest
-from gantry.controlplane.persistence import audit
-from gantry.controlplane.persistence.models import ArtifactFile, ArtifactSet
+from gantry.controlplane.observability import audit
+from gantry.controlplane.platform.models import ArtifactFile, ArtifactSet
 from gantry.v1 import common_pb2
 from gantry.v1 import control_plane_pb2 as cp
 from tests.integration.harness import Harness, running_gantry

@@ -20,8 +20,8 @@ from gantry.common.auth import auth_metadata
 from gantry.common.grpc_server import insecure_channel
 from gantry.common.inference_limits import DEFAULT_LIMITS as DEFAULT_INFERENCE_LIMITS
 from gantry.common.status import error_info_of
-from gantry.controlplane.domain.transitions import DeploymentState
-from gantry.controlplane.persistence import deployments
+from gantry.controlplane.deployments import store as deployments
+from gantry.controlplane.platform.state_machines import DeploymentState
 from gantry.v1 import control_plane_pb2 as cp
 from gantry.v1 import inference_pb2 as inf
 from gantry.v1 import scheduler_pb2, scheduler_pb2_grpc

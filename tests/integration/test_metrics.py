@@ -17,7 +17,7 @@ import pytest
 
 from gantry.common.errors import GantryError
 from gantry.common.metrics import OTHER, UNRESOLVED
-from gantry.controlplane import metrics as controlplane_metrics
+from gantry.controlplane.platform import metrics as controlplane_metrics
 from gantry.v1 import control_plane_pb2 as cp
 from gantry.v1 import inference_pb2 as inf
 from gantry.v1 import worker_gateway_pb2 as wg

@@ -14,7 +14,7 @@ from sqlalchemy.engine import Connection
 
 from gantry.common import tokens
 from gantry.controlplane.app import ControlPlaneSettings, start_control_plane
-from gantry.controlplane.persistence.database import (
+from gantry.controlplane.platform.database import (
     Database,
     DatabaseNotInitialised,
     alembic_config,
@@ -22,7 +22,7 @@ from gantry.controlplane.persistence.database import (
     migrate_database,
     sqlite_file,
 )
-from gantry.controlplane.persistence.models import Installation, Tenant
+from gantry.controlplane.platform.models import Installation, Tenant
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -200,7 +200,7 @@ async def test_migrate_explains_a_database_it_cannot_reach(tmp_path: Path) -> No
 async def test_migrate_creates_the_sqlite_file_private_and_refuses_a_planted_symlink(
     tmp_path: Path,
 ):
-    from gantry.controlplane.persistence.database import migrate_database
+    from gantry.controlplane.platform.database import migrate_database
 
     database = tmp_path / "private.db"
     await migrate_database(f"sqlite+aiosqlite:///{database}")

@@ -19,9 +19,9 @@ import pytest
 from gantry.common.clock import ManualClock
 from gantry.common.grpc_server import insecure_channel
 from gantry.controlplane.app import ControlPlaneSettings, start_control_plane
-from gantry.controlplane.audit_feed import AuditFeed
-from gantry.controlplane.domain.capability_degradation import DegradationSettings
-from gantry.controlplane.reconciler import ReconcilerSettings
+from gantry.controlplane.deployments.reconciler import ReconcilerSettings
+from gantry.controlplane.observability.audit_feed import AuditFeed
+from gantry.controlplane.serving.capability_degradation import DegradationSettings
 from gantry.v1 import common_pb2
 from gantry.v1 import control_plane_pb2 as cp
 from gantry.v1 import inference_pb2 as inf

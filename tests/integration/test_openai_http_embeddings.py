@@ -25,7 +25,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from gantry.controlplane.app import INFERENCE_PREFIX, front_door_limits
-from gantry.controlplane.inference_service import InferenceSettings
+from gantry.controlplane.serving.inference_service import InferenceSettings
 from gantry.v1 import control_plane_pb2 as cp
 from gantry.v1 import inference_pb2 as inf
 from tests.integration.harness import Harness, running_gantry

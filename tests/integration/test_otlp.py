@@ -32,7 +32,7 @@ from sqlalchemy import text
 
 from gantry.common.bounded_spans import BoundedSpanProcessor
 from gantry.common.telemetry import dropped_observations, start_otlp_export, stop_otlp_export
-from gantry.controlplane.persistence.database import Database
+from gantry.controlplane.platform.database import Database
 from gantry.v1 import control_plane_pb2 as cp
 from gantry.v1 import inference_pb2 as inf
 from tests.integration.harness import Harness, running_gantry, wait_for

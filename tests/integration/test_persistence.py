@@ -11,11 +11,15 @@ from sqlalchemy import inspect, select, text
 from gantry.common import tokens
 from gantry.common.errors import GantryError
 from gantry.common.manifest import ManifestEntry
-from gantry.controlplane.domain.transitions import DeploymentState, JobState, JobType
-from gantry.controlplane.persistence import artifacts, credentials, deployments, jobs, nodes
-from gantry.controlplane.persistence.database import Database, head_revision
-from gantry.controlplane.persistence.jobs import ResultCommit
-from gantry.controlplane.persistence.models import ApiKey, Node
+from gantry.controlplane.artifacts import store as artifacts
+from gantry.controlplane.deployments import store as deployments
+from gantry.controlplane.jobs import store as jobs
+from gantry.controlplane.jobs.store import ResultCommit
+from gantry.controlplane.nodes import store as nodes
+from gantry.controlplane.platform import credentials
+from gantry.controlplane.platform.database import Database, head_revision
+from gantry.controlplane.platform.models import ApiKey, Node
+from gantry.controlplane.platform.state_machines import DeploymentState, JobState, JobType
 
 NOW = dt.datetime(2026, 11, 29, 12, 0, tzinfo=dt.UTC)
 SHA = "a" * 64

@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 
 from gantry.common.manifest import build_manifest
 from gantry.common.status import error_info_of
-from gantry.controlplane.persistence import audit
+from gantry.controlplane.observability import audit
 from gantry.v1 import common_pb2
 from gantry.v1 import control_plane_pb2 as cp
 from gantry.v1 import inference_pb2 as inf

@@ -11,7 +11,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from gantry.controlplane.persistence import deployments
+from gantry.controlplane.deployments import store as deployments
 from gantry.v1 import common_pb2
 from gantry.v1 import control_plane_pb2 as cp
 from gantry.v1 import worker_gateway_pb2 as wg

@@ -19,8 +19,8 @@ import pytest
 from gantry.common.auth import auth_metadata
 from gantry.common.clock import ManualClock
 from gantry.common.grpc_server import insecure_channel
-from gantry.controlplane.persistence import nodes
-from gantry.controlplane.reconciler import ReconcilerSettings
+from gantry.controlplane.deployments.reconciler import ReconcilerSettings
+from gantry.controlplane.nodes import store as nodes
 from gantry.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 from gantry.v1 import control_plane_pb2 as cp
 from gantry.worker.resource_domains import parse_declaration

@@ -8,8 +8,8 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy.engine import Connection
 
-from gantry.controlplane.persistence.database import Database, head_revision
-from gantry.controlplane.persistence.models import Base
+from gantry.controlplane.platform.database import Database, head_revision
+from gantry.controlplane.platform.models import Base
 
 
 def _differences(connection: Connection) -> list[Any]:

@@ -16,8 +16,8 @@ import grpc
 import pytest
 
 from gantry.common.clock import ManualClock
-from gantry.controlplane.persistence import audit as audit_rows
-from gantry.controlplane.reconciler import ReconcilerSettings
+from gantry.controlplane.deployments.reconciler import ReconcilerSettings
+from gantry.controlplane.observability import audit as audit_rows
 from gantry.v1 import common_pb2
 from gantry.v1 import control_plane_pb2 as cp
 from gantry.v1 import worker_gateway_pb2 as wg

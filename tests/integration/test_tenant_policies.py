@@ -23,9 +23,11 @@ from gantry.common.grpc_server import RunningServer, ServiceBinding, create_serv
 from gantry.common.ids import new_id
 from gantry.common.status import error_info_of
 from gantry.controlplane.app import ControlPlane, ControlPlaneSettings, start_control_plane
-from gantry.controlplane.domain.tenant_policy_rules import TenantPolicySettings
-from gantry.controlplane.persistence import audit, credentials, tenants
-from gantry.controlplane.persistence.database import Database, alembic_config, migrate_database
+from gantry.controlplane.observability import audit
+from gantry.controlplane.platform import credentials
+from gantry.controlplane.platform.database import Database, alembic_config, migrate_database
+from gantry.controlplane.tenants import store as tenants
+from gantry.controlplane.tenants.policy_rules import TenantPolicySettings
 from gantry.scheduler.auth import ServiceTokenAuthenticator
 from gantry.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 from gantry.v1 import control_plane_pb2 as cp

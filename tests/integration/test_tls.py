@@ -24,8 +24,8 @@ from gantry.common.grpc_server import RunningServer, channel, create_server, ins
 from gantry.common.ids import new_id
 from gantry.common.tls import ClientTls, IssuedFiles, ServerTls, create_local_ca, issue
 from gantry.controlplane.app import ControlPlaneSettings, start_control_plane
-from gantry.controlplane.persistence.database import migrate_database
-from gantry.controlplane.reconciler import ReconcilerSettings
+from gantry.controlplane.deployments.reconciler import ReconcilerSettings
+from gantry.controlplane.platform.database import migrate_database
 from gantry.scheduler.server import start_scheduler
 from gantry.v1 import control_plane_pb2 as cp
 from gantry.v1 import inference_pb2 as inf

@@ -11,7 +11,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from gantry.controlplane.persistence import jobs
+from gantry.controlplane.jobs import store as jobs
 from gantry.v1 import control_plane_pb2 as cp
 from gantry.worker.model_host.environments import DEFAULT_EXECUTABLE, ENV_MAP_FILE, ENV_MAP_JSON
 from tests.integration.harness import running_gantry

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from gantry.controlplane.reconciler import ReconcilerSettings
+from gantry.controlplane.deployments.reconciler import ReconcilerSettings
 from gantry.worker.heartbeat_file import HeartbeatRecord
 from tests.integration.harness import Harness, running_gantry, wait_for
 

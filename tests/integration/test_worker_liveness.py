@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from gantry.common.clock import ManualClock
-from gantry.controlplane.domain.transitions import NodeState
-from gantry.controlplane.persistence import nodes
-from gantry.controlplane.reconciler import ReconcilerSettings
+from gantry.controlplane.deployments.reconciler import ReconcilerSettings
+from gantry.controlplane.nodes import store as nodes
+from gantry.controlplane.platform.state_machines import NodeState
 from gantry.v1 import common_pb2
 from gantry.v1 import control_plane_pb2 as cp
 from tests.integration.harness import Harness, running_gantry, wait_for

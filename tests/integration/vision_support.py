@@ -28,7 +28,7 @@ import pytest
 import pytest_asyncio
 
 from gantry.common.inference_limits import InferenceLimits
-from gantry.controlplane.inference_service import InferenceSettings
+from gantry.controlplane.serving.inference_service import InferenceSettings
 from gantry.v1 import common_pb2
 from gantry.v1 import control_plane_pb2 as cp
 from gantry.v1 import inference_pb2 as inf

@@ -8,7 +8,7 @@ from contextlib import asynccontextmanager
 
 from gantry.common.auth import Principal, Role
 from gantry.common.grpc_server import ServiceBinding, create_server, insecure_channel
-from gantry.controlplane.inference_service import InferenceService
+from gantry.controlplane.serving.inference_service import InferenceService
 from gantry.v1 import inference_pb2_grpc
 
 

@@ -13,11 +13,11 @@ import httpx
 import pytest
 
 from gantry.common.errors import GantryError
-from gantry.controlplane.domain.deployment_admin_rules import adopted_refusal
-from gantry.controlplane.domain.endpoint_url import check_credential, check_endpoint_url
-from gantry.controlplane.endpoint_sealing import CredentialSealer
-from gantry.controlplane.persistence.models import Deployment
-from gantry.controlplane.placement import missing_replicas
+from gantry.controlplane.deployments.admin_rules import adopted_refusal
+from gantry.controlplane.deployments.placement import missing_replicas
+from gantry.controlplane.endpoints.sealing import CredentialSealer
+from gantry.controlplane.endpoints.url_rules import check_credential, check_endpoint_url
+from gantry.controlplane.platform.models import Deployment
 from gantry.v1 import common_pb2
 from gantry.v1 import worker_gateway_pb2 as wg
 from gantry.worker.adopted_endpoint import AdoptedEndpoint, adopt_endpoint

@@ -8,12 +8,12 @@ import dataclasses
 
 import pytest
 
-from gantry.controlplane.domain.endpoint_reload import AdoptedResidencyFacts, reload_wanted
-from gantry.controlplane.domain.inventory_rules import Action, RecordFacts, ReportedFacts, decide
-from gantry.controlplane.domain.transitions import DeploymentState as D
-from gantry.controlplane.domain.transitions import NodeState as N
-from gantry.controlplane.domain.transitions import ResidencyState as R
-from gantry.controlplane.inventory import reported_facts
+from gantry.controlplane.endpoints.reload_rules import AdoptedResidencyFacts, reload_wanted
+from gantry.controlplane.nodes.inventory import reported_facts
+from gantry.controlplane.nodes.inventory_rules import Action, RecordFacts, ReportedFacts, decide
+from gantry.controlplane.platform.state_machines import DeploymentState as D
+from gantry.controlplane.platform.state_machines import NodeState as N
+from gantry.controlplane.platform.state_machines import ResidencyState as R
 from gantry.v1 import common_pb2
 from gantry.v1 import worker_gateway_pb2 as wg
 

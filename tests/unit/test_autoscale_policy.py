@@ -9,8 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gantry.controlplane.autoscaler import ScaleAdviceInbox
-from gantry.controlplane.domain.autoscale import (
+from gantry.controlplane.deployments.autoscale_rules import (
     Advice,
     DeploymentScale,
     ReplicaBounds,
@@ -19,7 +18,8 @@ from gantry.controlplane.domain.autoscale import (
     decide_scale,
     surplus_replicas,
 )
-from gantry.controlplane.domain.transitions import DeploymentState
+from gantry.controlplane.deployments.autoscaler import ScaleAdviceInbox
+from gantry.controlplane.platform.state_machines import DeploymentState
 from gantry.v1 import scheduler_pb2
 
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)

@@ -1,4 +1,4 @@
-"""A probe's evidence -> LAB_READY or REJECTED with every reason (domain/candidate_rules.py)."""
+"""A probe's evidence -> LAB_READY or REJECTED with every reason (evidence/candidate_rules.py)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from collections.abc import Callable
 
 import pytest
 
-from gantry.controlplane.domain.candidate_rules import judge_evidence
-from gantry.controlplane.domain.pipeline_states import CandidateStatus
+from gantry.controlplane.evidence.candidate_rules import judge_evidence
+from gantry.controlplane.evidence.pipeline_states import CandidateStatus
 from gantry.v1 import common_pb2
 from gantry.v1 import worker_gateway_pb2 as wg
 

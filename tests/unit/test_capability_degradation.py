@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gantry.common.clock import ManualClock
-from gantry.controlplane.domain.capability_degradation import (
+from gantry.controlplane.serving.capability_degradation import (
     CRASH_LOOP,
     SUCCESS_RATE_LOW,
     CapabilityDegradation,
@@ -82,7 +82,7 @@ def test_capabilities_and_outcomes_are_bounded():
 
 
 def test_the_degraded_gauge_is_published_from_the_evaluated_states():
-    from gantry.controlplane.degradation_signals import _degraded, publish_degradation
+    from gantry.controlplane.serving.degradation_signals import _degraded, publish_degradation
 
     policy, _ = _policy()
     policy.evaluate(crash_looping={"loopy"})

@@ -5,12 +5,12 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from gantry.controlplane.domain.deletion_rules import (
+from gantry.controlplane.artifacts.deletion_rules import (
     SHOWN_IDS,
     artifact_set_delete_refusal,
     node_delete_refusal,
 )
-from gantry.controlplane.domain.transitions import NodeState
+from gantry.controlplane.platform.state_machines import NodeState
 
 
 def test_an_unused_artifact_set_may_be_deleted() -> None:

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 import yaml
 
-from gantry.controlplane.openai_http import HttpListenError
-from gantry.controlplane.openai_http.server import parse_listen
+from gantry.controlplane.serving.openai_http import HttpListenError
+from gantry.controlplane.serving.openai_http.server import parse_listen
 from tests.unit.deploy_manifests_support import (
     DEPLOY,
     GRPC_PORTS,

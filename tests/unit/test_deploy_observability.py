@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from gantry.common.errors import REASONS
-from gantry.controlplane.domain.transitions import DeploymentState, NodeState, ResidencyState
+from gantry.controlplane.platform.state_machines import DeploymentState, NodeState, ResidencyState
 from gantry.scheduler.policy.types import BreakerState
 from tests.unit.deploy_manifests_support import (
     COMPOSE,

@@ -23,9 +23,9 @@ import yaml
 from google.protobuf import json_format
 
 from gantry.common import tokens
-from gantry.controlplane.endpoint_sealing import CredentialSealer
-from gantry.controlplane.openai_http.requests import embedding_call, json_object
-from gantry.controlplane.openai_http.server import parse_listen
+from gantry.controlplane.endpoints.sealing import CredentialSealer
+from gantry.controlplane.serving.openai_http.requests import embedding_call, json_object
+from gantry.controlplane.serving.openai_http.server import parse_listen
 from gantry.v1 import control_plane_pb2 as cp
 from tests.unit.deploy_manifests_support import (
     COMPOSE,

@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 
 from gantry.common.errors import GantryError
-from gantry.controlplane.domain.deployment_admin_rules import (
+from gantry.controlplane.deployments.admin_rules import (
     check_scale_replicas,
     delete_refusal,
     restart_refusal,
     scale_refusal,
 )
-from gantry.controlplane.domain.transitions import DeploymentState, check_transition
+from gantry.controlplane.platform.state_machines import DeploymentState, check_transition
 
 ALL = list(DeploymentState)
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from gantry.common.errors import GantryError
-from gantry.controlplane.domain.autoscale import PlacementPolicyName
-from gantry.controlplane.validation import (
+from gantry.controlplane.deployments.autoscale_rules import PlacementPolicyName
+from gantry.controlplane.platform.validation import (
     MAX_REPLICAS,
     ReplicaRequest,
     check_placement_policy,

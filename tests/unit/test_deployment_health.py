@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from gantry.controlplane.domain.deployment_health import ResidencyHealth, settled_state
-from gantry.controlplane.domain.transitions import DeploymentState as D
-from gantry.controlplane.domain.transitions import ResidencyState as R
+from gantry.controlplane.deployments.health_rules import ResidencyHealth, settled_state
+from gantry.controlplane.platform.state_machines import DeploymentState as D
+from gantry.controlplane.platform.state_machines import ResidencyState as R
 
 
 def health(state: R, *, restarting: bool = False, usable: bool = True, connected: bool = True):

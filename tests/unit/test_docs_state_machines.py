@@ -21,13 +21,13 @@ from pathlib import Path
 
 import pytest
 
-from gantry.controlplane.domain import transitions
-from gantry.controlplane.domain.pipeline_states import (
+from gantry.controlplane.evidence.pipeline_states import (
     ASSESSMENT_TRANSITIONS,
     AssessmentState,
     CandidateStatus,
 )
-from gantry.controlplane.domain.probe_transitions import PROBE_TRANSITIONS, ProbeState
+from gantry.controlplane.evidence.probe_transitions import PROBE_TRANSITIONS, ProbeState
+from gantry.controlplane.platform import state_machines as transitions
 from gantry.scheduler.policy import breakers
 from gantry.scheduler.policy.types import BreakerState
 

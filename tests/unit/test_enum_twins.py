@@ -13,17 +13,16 @@ from typing import Any
 import pytest
 
 from gantry.common.errors import REASONS
-from gantry.controlplane import convert
-from gantry.controlplane.domain.pipeline_states import AssessmentState, CandidateStatus
-from gantry.controlplane.domain.probe_transitions import ProbeState
-from gantry.controlplane.domain.transitions import (
+from gantry.controlplane.evidence.pipeline_states import AssessmentState, CandidateStatus
+from gantry.controlplane.evidence.probe_transitions import ProbeState
+from gantry.controlplane.platform import convert, models
+from gantry.controlplane.platform.state_machines import (
     DeploymentState,
     JobState,
     JobType,
     NodeState,
     ResidencyState,
 )
-from gantry.controlplane.persistence import models
 from gantry.v1 import common_pb2, control_plane_pb2, worker_gateway_pb2
 
 # (domain enum, proto enum, prefix of the proto value names)

@@ -25,20 +25,20 @@ from gantry.common.inference_limits import (
     limits_from,
 )
 from gantry.controlplane import main as controlplane_main
-from gantry.controlplane.domain.adapter_modalities import TEXT, modality_of
-from gantry.controlplane.domain.profile_preprocessing import bind_preprocessing
-from gantry.controlplane.domain.work_cost import TOKEN_UNITS, generate_cost
-from gantry.controlplane.generation_answers import (
+from gantry.controlplane.evidence.adapter_modalities import TEXT, modality_of
+from gantry.controlplane.evidence.profile_preprocessing import bind_preprocessing
+from gantry.controlplane.platform.validation import SUPPORTED_ADAPTERS, check_adapter_settings
+from gantry.controlplane.serving.generation_answers import (
     checked_delta,
     checked_generation_result,
     checked_stream_result,
 )
-from gantry.controlplane.generation_validation import (
+from gantry.controlplane.serving.generation_validation import (
     checked_generation,
     deployment_max_new_tokens,
     max_new_tokens,
 )
-from gantry.controlplane.validation import SUPPORTED_ADAPTERS, check_adapter_settings
+from gantry.controlplane.serving.work_cost import TOKEN_UNITS, generate_cost
 from gantry.v1 import common_pb2
 from gantry.v1 import inference_pb2 as inf
 from gantry.v1 import worker_gateway_pb2 as wg

@@ -11,8 +11,8 @@ import math
 import pytest
 
 from gantry.common.errors import GantryError
-from gantry.controlplane.domain.profile_preprocessing import bind_preprocessing
-from gantry.controlplane.validation import (
+from gantry.controlplane.evidence.profile_preprocessing import bind_preprocessing
+from gantry.controlplane.platform.validation import (
     MAX_IMAGE_SIZE,
     SUPPORTED_ADAPTERS,
     check_adapter_settings,

@@ -21,7 +21,7 @@ from gantry.common.inference_limits import (
     limits_from,
 )
 from gantry.controlplane import main as controlplane_main
-from gantry.controlplane.inference_validation import validate_inputs, validate_rerank
+from gantry.controlplane.serving.inference_validation import validate_inputs, validate_rerank
 
 SMALL = InferenceLimits(max_inputs=3, max_input_chars=10, max_request_bytes=25)
 

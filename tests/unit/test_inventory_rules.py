@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from gantry.controlplane.domain.inventory_rules import (
+from gantry.controlplane.nodes.inventory_rules import (
     Action,
     RecordFacts,
     ReportedFacts,
     decide,
 )
-from gantry.controlplane.domain.transitions import ResidencyState as R
+from gantry.controlplane.platform.state_machines import ResidencyState as R
 
 GEN = 7
 

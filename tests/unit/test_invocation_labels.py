@@ -29,10 +29,10 @@ from gantry.common.metrics import (
     ModelLabels,
     duration_histogram,
 )
-from gantry.controlplane import metrics as controlplane_metrics
-from gantry.controlplane.inference_service import InferenceService
-from gantry.controlplane.route_cache import RouteCache
-from gantry.controlplane.routing import ResolvedTarget
+from gantry.controlplane.platform import metrics as controlplane_metrics
+from gantry.controlplane.serving.inference_service import InferenceService
+from gantry.controlplane.serving.route_cache import RouteCache
+from gantry.controlplane.serving.routing import ResolvedTarget
 from gantry.v1 import inference_pb2, inference_pb2_grpc, scheduler_pb2
 from gantry.v1 import worker_gateway_pb2 as wg
 from gantry.worker import metrics as worker_metrics

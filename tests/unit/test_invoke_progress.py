@@ -11,7 +11,7 @@ import pytest
 from google.protobuf import timestamp_pb2
 
 from gantry.common.errors import GantryError
-from gantry.controlplane.worker_sessions import WorkerHub, WorkerStream, WorkerStreamSettings
+from gantry.controlplane.nodes.sessions import WorkerHub, WorkerStream, WorkerStreamSettings
 from gantry.v1 import common_pb2
 from gantry.v1 import worker_gateway_pb2 as wg
 

@@ -10,8 +10,14 @@ from typing import Any
 import pytest
 
 from gantry.common.errors import GantryError
-from gantry.controlplane.kserve.mappings import GENERATION, IMAGE, RERANK, TRANSCRIPTION, Call
-from gantry.controlplane.kserve.tensors import InputTensor
+from gantry.controlplane.serving.kserve.mappings import (
+    GENERATION,
+    IMAGE,
+    RERANK,
+    TRANSCRIPTION,
+    Call,
+)
+from gantry.controlplane.serving.kserve.tensors import InputTensor
 from gantry.v1 import common_pb2
 from gantry.v1 import inference_pb2 as inf
 

@@ -9,8 +9,14 @@ import pytest
 
 from gantry.common.auth import Role, required_role
 from gantry.common.errors import GantryError
-from gantry.controlplane.kserve.mappings import EMBEDDING, GENERATION, IMAGE, OCR, mapping_of
-from gantry.controlplane.kserve.tensors import (
+from gantry.controlplane.serving.kserve.mappings import (
+    EMBEDDING,
+    GENERATION,
+    IMAGE,
+    OCR,
+    mapping_of,
+)
+from gantry.controlplane.serving.kserve.tensors import (
     add_outputs,
     bytes_output,
     decode_inputs,

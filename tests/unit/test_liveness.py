@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gantry.common.clock import ManualClock
-from gantry.controlplane.liveness import Heard, Liveness, SeenBatch
+from gantry.controlplane.nodes.liveness import Heard, Liveness, SeenBatch
 
 STREAM = object()  # the stream a record belongs to (opaque to liveness)
 

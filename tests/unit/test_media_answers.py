@@ -8,7 +8,7 @@ import math
 import pytest
 
 from gantry.common.errors import GantryError
-from gantry.controlplane.media_answers import (
+from gantry.controlplane.serving.media_answers import (
     checked_image_embeddings,
     classifications,
     recognized_texts,

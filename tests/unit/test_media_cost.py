@@ -8,7 +8,7 @@ import math
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gantry.controlplane.domain.work_cost import (
+from gantry.controlplane.serving.work_cost import (
     AUDIO_UNITS_PER_SECOND,
     IMAGE_BASE_UNITS,
     audio_cost,

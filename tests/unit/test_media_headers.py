@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from PIL import Image
 
 from gantry.common.errors import GantryError
-from gantry.controlplane.media_headers import (
+from gantry.controlplane.serving.media_headers import (
     FLAC,
     PCM,
     WAV,
@@ -271,7 +271,7 @@ def test_the_control_plane_reads_headers_without_an_imaging_or_audio_library() -
     modules = ("PIL", "soundfile", "numpy", "torch")
     script = (
         "import importlib, json, sys\n"
-        "for name in ('gantry.controlplane.app', 'gantry.controlplane.media_inference'):\n"
+        "for name in ('gantry.controlplane.app', 'gantry.controlplane.serving.media_inference'):\n"
         "    importlib.import_module(name)\n"
         f"print(json.dumps(sorted(m for m in {modules!r} if m in sys.modules)))\n"
     )

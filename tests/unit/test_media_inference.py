@@ -22,10 +22,10 @@ from gantry.common.auth import auth_metadata
 from gantry.common.clock import ManualClock
 from gantry.common.inference_limits import InferenceLimits
 from gantry.common.status import error_info_of
-from gantry.controlplane.domain.work_cost import audio_cost, classify_cost, image_cost
-from gantry.controlplane.inference_service import InferenceService, InferenceSettings
-from gantry.controlplane.route_cache import RouteCache
-from gantry.controlplane.routing import ResolvedTarget
+from gantry.controlplane.serving.inference_service import InferenceService, InferenceSettings
+from gantry.controlplane.serving.route_cache import RouteCache
+from gantry.controlplane.serving.routing import ResolvedTarget
+from gantry.controlplane.serving.work_cost import audio_cost, classify_cost, image_cost
 from gantry.v1 import common_pb2, inference_pb2, inference_pb2_grpc, scheduler_pb2
 from gantry.v1 import worker_gateway_pb2 as wg
 from tests.unit.inference_server_support import serving

@@ -26,7 +26,11 @@ from gantry.common.inference_limits import (
     add_limit_arguments,
     limits_from,
 )
-from gantry.controlplane.media_validation import validate_audio, validate_images, validate_labels
+from gantry.controlplane.serving.media_validation import (
+    validate_audio,
+    validate_images,
+    validate_labels,
+)
 from gantry.v1 import common_pb2
 
 SMALL = InferenceLimits(

@@ -64,7 +64,7 @@ def test_without_an_address_or_otlp_nothing_is_installed_and_instruments_cost_no
         from opentelemetry import metrics
         from opentelemetry.sdk.metrics import MeterProvider
         from gantry.common import metrics as gantry_metrics
-        import gantry.controlplane.metrics as controlplane
+        import gantry.controlplane.platform.metrics as controlplane
         import gantry.scheduler.metrics as scheduler
         import gantry.worker.metrics as worker
 

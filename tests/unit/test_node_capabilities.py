@@ -12,9 +12,7 @@ from google.protobuf import json_format
 
 from gantry.common.clock import ManualClock
 from gantry.common.errors import GantryError
-from gantry.controlplane.announcer import Announcer, scheduler_node, scheduler_residency
-from gantry.controlplane.domain.adapter_modalities import ADAPTER_MODALITIES, modality_of
-from gantry.controlplane.domain.deployment_requirements import (
+from gantry.controlplane.deployments.requirements import (
     DEFAULT_SLOTS,
     NOTHING_CHARGED,
     ResidencyCharge,
@@ -24,12 +22,14 @@ from gantry.controlplane.domain.deployment_requirements import (
     required_labels,
     residency_charge,
 )
-from gantry.controlplane.domain.envelope import profile_envelope
-from gantry.controlplane.domain.node_capabilities import domains_from_json, domains_to_json
-from gantry.controlplane.persistence.models import Node, Residency, RuntimeProfile
-from gantry.controlplane.route_cache import RouteCache
-from gantry.controlplane.scheduler_link import PlacementRefused
-from gantry.controlplane.validation import SUPPORTED_ADAPTERS
+from gantry.controlplane.evidence.adapter_modalities import ADAPTER_MODALITIES, modality_of
+from gantry.controlplane.evidence.envelope import profile_envelope
+from gantry.controlplane.nodes.capabilities import domains_from_json, domains_to_json
+from gantry.controlplane.platform.announcer import Announcer, scheduler_node, scheduler_residency
+from gantry.controlplane.platform.models import Node, Residency, RuntimeProfile
+from gantry.controlplane.platform.scheduler_link import PlacementRefused
+from gantry.controlplane.platform.validation import SUPPORTED_ADAPTERS
+from gantry.controlplane.serving.route_cache import RouteCache
 from gantry.v1 import common_pb2, scheduler_pb2
 from gantry.v1 import worker_gateway_pb2 as wg
 

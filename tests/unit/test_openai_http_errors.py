@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gantry.common.errors import REASONS, GantryError
-from gantry.controlplane.openai_http.errors import (
+from gantry.controlplane.serving.openai_http.errors import (
     ERROR_TYPE_OF_STATUS,
     body_too_large,
     http_error,

@@ -12,14 +12,14 @@ from typing import Any
 import pytest
 
 from gantry.common.errors import GantryError
-from gantry.controlplane.openai_http.requests import (
+from gantry.controlplane.serving.openai_http.requests import (
     EncodingFormat,
     chat_completion_call,
     completion_call,
     embedding_call,
     json_object,
 )
-from gantry.controlplane.openai_http.responses import (
+from gantry.controlplane.serving.openai_http.responses import (
     SSE_DONE,
     Completion,
     embeddings_body,

@@ -11,8 +11,8 @@ import pytest
 
 from gantry.common.auth import Principal, Role
 from gantry.common.errors import GantryError
-from gantry.controlplane.openai_http import HttpApiSettings, HttpListenError, start_http_api
-from gantry.controlplane.openai_http.server import parse_listen
+from gantry.controlplane.serving.openai_http import HttpApiSettings, HttpListenError, start_http_api
+from gantry.controlplane.serving.openai_http.server import parse_listen
 
 
 class _Keys:

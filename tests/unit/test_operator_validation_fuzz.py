@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 
 from gantry.common.errors import GantryError
 from gantry.common.ids import parse_id
-from gantry.controlplane.paging import page_of
-from gantry.controlplane.validation import (
+from gantry.controlplane.platform.paging import page_of
+from gantry.controlplane.platform.validation import (
     MAX_LABELS,
     _check_labels,
     _check_length,

@@ -1,7 +1,7 @@
 """Every (from, to) pair of the probe table against an expectation written out by hand.
 
 The allowed pairs below are the intended semantics of ARCHITECTURE.md's probe states, listed
-independently of `domain/probe_transitions.py`: a change to the table that is not also made here
+independently of `evidence/probe_transitions.py`: a change to the table that is not also made here
 fails, and so does a state the table forgets.
 """
 
@@ -12,7 +12,7 @@ import itertools
 import pytest
 
 from gantry.common.errors import GantryError
-from gantry.controlplane.domain.probe_transitions import (
+from gantry.controlplane.evidence.probe_transitions import (
     PROBE_TRANSITIONS,
     ProbeState,
     check_probe_transition,

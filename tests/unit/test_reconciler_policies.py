@@ -6,8 +6,8 @@ import pytest
 
 from gantry.common.clock import ManualClock
 from gantry.common.errors import GantryError
-from gantry.controlplane.domain.backoff import Backoff
-from gantry.controlplane.domain.transitions import shortest_path
+from gantry.controlplane.platform.backoff import Backoff
+from gantry.controlplane.platform.state_machines import shortest_path
 
 
 def test_backoff_doubles_to_its_cap_and_resets_on_success():

@@ -8,8 +8,8 @@ import pytest
 
 from gantry.common.errors import GantryError
 from gantry.common.inference_limits import MAX_INPUT_CHARS, MAX_INPUTS, MAX_REQUEST_TEXT_BYTES
-from gantry.controlplane.inference_service import ranked
-from gantry.controlplane.inference_validation import validate_rerank
+from gantry.controlplane.serving.inference_service import ranked
+from gantry.controlplane.serving.inference_validation import validate_rerank
 
 
 def _pairs(scores: list[float], top_n: int = 0) -> list[tuple[int, float]]:

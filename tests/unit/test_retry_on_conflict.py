@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gantry.common.errors import GantryError
-from gantry.controlplane.persistence.transitions import lost_a_race, retry_on_conflict
+from gantry.controlplane.platform.transitions import lost_a_race, retry_on_conflict
 
 
 def _conflict() -> GantryError:

@@ -6,8 +6,8 @@ import asyncio
 
 from gantry.common.clock import ManualClock
 from gantry.common.errors import GantryError
-from gantry.controlplane.route_cache import RouteCache
-from gantry.controlplane.routing import DeploymentResolver
+from gantry.controlplane.serving.route_cache import RouteCache
+from gantry.controlplane.serving.routing import DeploymentResolver
 from gantry.v1 import inference_pb2
 
 

@@ -18,7 +18,7 @@ from gantry.common.grpc_server import (
     create_server,
     insecure_channel,
 )
-from gantry.controlplane.scheduler_link import LinkPhase, SchedulerLink
+from gantry.controlplane.platform.scheduler_link import LinkPhase, SchedulerLink
 from gantry.scheduler.auth import ServiceTokenAuthenticator
 from gantry.scheduler.policy.core import CoreSettings, SchedulerCore
 from gantry.scheduler.policy.events import (

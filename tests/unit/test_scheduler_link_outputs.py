@@ -13,7 +13,7 @@ import pytest
 
 from gantry.common import tokens
 from gantry.common.grpc_server import RunningServer, ServiceBinding, create_server
-from gantry.controlplane.scheduler_link import SchedulerLink
+from gantry.controlplane.platform.scheduler_link import SchedulerLink
 from gantry.scheduler.auth import ServiceTokenAuthenticator
 from gantry.v1 import scheduler_pb2, scheduler_pb2_grpc
 
@@ -117,7 +117,7 @@ async def test_breaker_moves_and_advice_reach_their_listeners_and_opening_warns(
         on_breaker_changed=breakers,
         on_scale_advice=advice,
     )
-    caplog.set_level(logging.INFO, logger="gantry.controlplane.scheduler_link")
+    caplog.set_level(logging.INFO, logger="gantry.controlplane.platform.scheduler_link")
     link.start()
     try:
         await advice.wait()

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from gantry.common.errors import GantryError
-from gantry.controlplane.validation import (
+from gantry.controlplane.platform.validation import (
     SUPPORTED_ADAPTERS,
     check_adapter_settings,
     check_supported_adapter,

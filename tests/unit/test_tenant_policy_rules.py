@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gantry.common.errors import GantryError
-from gantry.controlplane.domain.tenant_policy_rules import (
+from gantry.controlplane.tenants.policy_rules import (
     MAX_BUDGET_UNITS,
     MAX_BUDGET_WINDOW_SECONDS,
     MAX_CONCURRENCY,

@@ -1,7 +1,7 @@
 """Every (from, to) pair of every state machine against an expectation written out by hand.
 
 The allowed pairs below are the intended semantics, listed independently of
-`domain/transitions.py`: a change to a table that is not also made here fails, and so does a
+`platform/state_machines.py`: a change to a table that is not also made here fails, and so does a
 state that a table forgets.
 """
 
@@ -13,7 +13,7 @@ import itertools
 import pytest
 
 from gantry.common.errors import GantryError
-from gantry.controlplane.domain.transitions import (
+from gantry.controlplane.platform.state_machines import (
     MACHINES,
     DeploymentState,
     JobState,

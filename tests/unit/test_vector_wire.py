@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from gantry.common.errors import GantryError
-from gantry.controlplane.vector_wire import vectors_wire
+from gantry.controlplane.serving.vector_wire import vectors_wire
 from gantry.v1 import inference_pb2, worker_gateway_pb2
 
 FLOATS = inference_pb2.VECTOR_ENCODING_FLOAT_LIST
@@ -68,7 +68,7 @@ def test_rows_of_width_zero_are_empty_vectors_one_per_input() -> None:
 
 @pytest.mark.parametrize("inputs", [1, 3])
 def test_a_vector_count_other_than_the_inputs_is_the_worker_failing(inputs: int) -> None:
-    from gantry.controlplane.inference_service import embedding_response
+    from gantry.controlplane.serving.inference_service import embedding_response
 
     assert len(embedding_response(_block(2, 4), FLOATS, inputs=2).vectors) == 2
     with pytest.raises(GantryError) as caught:

@@ -6,9 +6,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gantry.common.clock import ManualClock
-from gantry.controlplane.domain.work_cost import embed_cost, rerank_cost
-from gantry.controlplane.inference_service import CallBudget, InferenceService, work_cost
-from gantry.controlplane.route_cache import RouteCache
+from gantry.controlplane.serving.inference_service import CallBudget, InferenceService, work_cost
+from gantry.controlplane.serving.route_cache import RouteCache
+from gantry.controlplane.serving.work_cost import embed_cost, rerank_cost
 from gantry.v1 import inference_pb2, scheduler_pb2
 from gantry.v1 import worker_gateway_pb2 as wg
 

@@ -19,20 +19,20 @@ from gantry.common.clock import ManualClock
 from gantry.common.errors import GantryError
 from gantry.common.grpc_server import ServiceBinding, create_server, insecure_channel
 from gantry.common.status import error_info_of
-from gantry.controlplane.inference_service import (
-    CallBudget,
-    InferenceService,
-    InferenceSettings,
-    work_outcome,
-)
-from gantry.controlplane.route_cache import RouteCache
-from gantry.controlplane.scheduler_link import SchedulerLink
-from gantry.controlplane.worker_sessions import (
+from gantry.controlplane.nodes.sessions import (
     WorkerHub,
     WorkerSession,
     WorkerStream,
     WorkerStreamSettings,
 )
+from gantry.controlplane.platform.scheduler_link import SchedulerLink
+from gantry.controlplane.serving.inference_service import (
+    CallBudget,
+    InferenceService,
+    InferenceSettings,
+    work_outcome,
+)
+from gantry.controlplane.serving.route_cache import RouteCache
 from gantry.scheduler.server import start_scheduler
 from gantry.v1 import (
     common_pb2,

@@ -19,7 +19,7 @@ def migrate(context: CommandContext, args: argparse.Namespace) -> int:
         # Lazily: the rest of the CLI must not need SQLAlchemy, Alembic or the service package.
         from sqlalchemy.exc import SQLAlchemyError
 
-        from gantry.controlplane.persistence.database import (
+        from gantry.controlplane.platform.database import (
             migrate_database,
             shown_url,
             sqlite_file,

@@ -11,28 +11,29 @@ from gantry.common.clock import Clock, SystemClock
 from gantry.common.grpc_server import RunningServer, ServiceBinding, create_server
 from gantry.common.interceptors import DEFAULT_LIMITS, ServiceLimit
 from gantry.common.tls import ClientTls, ServerTls
-from gantry.controlplane.audit_feed import AuditFeed
-from gantry.controlplane.authn import ControlPlaneAuthenticator
-from gantry.controlplane.autoscaler import ScaleAdviceInbox
-from gantry.controlplane.deployment_admin import DeploymentAdmin
-from gantry.controlplane.endpoint_sealing import CredentialSealer
-from gantry.controlplane.evidence_pipeline import EvidencePipeline
-from gantry.controlplane.gateway import GatewaySettings, WorkerGatewayService
-from gantry.controlplane.inference_service import InferenceService, InferenceSettings
-from gantry.controlplane.kserve.service import KServeInference
-from gantry.controlplane.lifecycle import DEFAULT_LEASE_SECONDS, DeploymentLifecycle
-from gantry.controlplane.liveness import Liveness
-from gantry.controlplane.node_admin import NodeAdmin
-from gantry.controlplane.openai_http import HttpApi, HttpApiSettings, start_http_api
-from gantry.controlplane.operator_service import ControlPlaneService
-from gantry.controlplane.persistence import credentials, nodes
-from gantry.controlplane.persistence.database import Database
-from gantry.controlplane.reconciler import Reconciler, ReconcilerSettings
-from gantry.controlplane.route_cache import RouteCache
-from gantry.controlplane.routing import DeploymentResolver
-from gantry.controlplane.scheduler_link import SchedulerLink
-from gantry.controlplane.settle import settle_node_deployments
-from gantry.controlplane.worker_sessions import WorkerHub
+from gantry.controlplane.deployments.admin import DeploymentAdmin
+from gantry.controlplane.deployments.autoscaler import ScaleAdviceInbox
+from gantry.controlplane.deployments.lifecycle import DEFAULT_LEASE_SECONDS, DeploymentLifecycle
+from gantry.controlplane.deployments.reconciler import Reconciler, ReconcilerSettings
+from gantry.controlplane.deployments.settle import settle_node_deployments
+from gantry.controlplane.endpoints.sealing import CredentialSealer
+from gantry.controlplane.evidence.pipeline import EvidencePipeline
+from gantry.controlplane.nodes import store as nodes
+from gantry.controlplane.nodes.admin import NodeAdmin
+from gantry.controlplane.nodes.gateway import GatewaySettings, WorkerGatewayService
+from gantry.controlplane.nodes.liveness import Liveness
+from gantry.controlplane.nodes.sessions import WorkerHub
+from gantry.controlplane.observability.audit_feed import AuditFeed
+from gantry.controlplane.platform import credentials
+from gantry.controlplane.platform.authn import ControlPlaneAuthenticator
+from gantry.controlplane.platform.database import Database
+from gantry.controlplane.platform.operator_service import ControlPlaneService
+from gantry.controlplane.platform.scheduler_link import SchedulerLink
+from gantry.controlplane.serving.inference_service import InferenceService, InferenceSettings
+from gantry.controlplane.serving.kserve.service import KServeInference
+from gantry.controlplane.serving.openai_http import HttpApi, HttpApiSettings, start_http_api
+from gantry.controlplane.serving.route_cache import RouteCache
+from gantry.controlplane.serving.routing import DeploymentResolver
 from gantry.kserve import grpc_service_pb2_grpc as kserve_grpc
 from gantry.v1 import control_plane_pb2_grpc, inference_pb2_grpc, worker_gateway_pb2_grpc
 

@@ -27,11 +27,11 @@ from gantry.common.tls import (
     server_tls_from,
 )
 from gantry.controlplane.app import ControlPlaneSettings, start_control_plane
-from gantry.controlplane.inference_service import InferenceSettings
-from gantry.controlplane.lifecycle import DEFAULT_LEASE_SECONDS
-from gantry.controlplane.openai_http import HttpListenError
-from gantry.controlplane.persistence.database import DatabaseNotInitialised
-from gantry.controlplane.reconciler import ReconcilerSettings
+from gantry.controlplane.deployments.lifecycle import DEFAULT_LEASE_SECONDS
+from gantry.controlplane.deployments.reconciler import ReconcilerSettings
+from gantry.controlplane.platform.database import DatabaseNotInitialised
+from gantry.controlplane.serving.inference_service import InferenceSettings
+from gantry.controlplane.serving.openai_http import HttpListenError
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,333 @@
+"""Deployment lifecycle: the facade operators' and workers' handlers call.
+
+It composes placement (placement.py), the job pump (job_pump.py), one handler per job type
+(job_handlers.py) and inventory reconciliation (inventory.py). Every change is committed first and
+announced after: the scheduler hears about a residency only once its new state is in the database,
+and a worker receives a job only once its lease is.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from google.protobuf import json_format
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from gantry.common.clock import Clock
+from gantry.common.errors import GantryError
+from gantry.controlplane.deployments import store as deployments
+from gantry.controlplane.deployments.health_rules import LIVE_STATES
+from gantry.controlplane.deployments.placement import Placer
+from gantry.controlplane.deployments.residency_charges import read_charges
+from gantry.controlplane.deployments.residency_stop import stop_residency
+from gantry.controlplane.endpoints import store as endpoints
+from gantry.controlplane.endpoints.sealing import CredentialSealer
+from gantry.controlplane.endpoints.store import ORIGIN_ADOPTED
+from gantry.controlplane.jobs import store as jobs
+from gantry.controlplane.jobs.handlers import HANDLERS, ResultContext
+from gantry.controlplane.jobs.pump import JobPump
+from gantry.controlplane.jobs.store import ResultCommit
+from gantry.controlplane.nodes import store as nodes
+from gantry.controlplane.nodes.inventory import Reconciled, reconcile_inventory
+from gantry.controlplane.nodes.sessions import WorkerHub
+from gantry.controlplane.observability import audit
+from gantry.controlplane.platform import metrics
+from gantry.controlplane.platform.announcer import (
+    Announcer,
+    scheduler_deployment,
+    scheduler_node,
+    scheduler_residency,
+)
+from gantry.controlplane.platform.database import Database
+from gantry.controlplane.platform.models import Deployment, Residency, ServingJob
+from gantry.controlplane.platform.scheduler_link import SchedulerLink
+from gantry.controlplane.platform.state_machines import (
+    DeploymentState,
+    JobState,
+    JobType,
+    NodeState,
+    ResidencyState,
+)
+from gantry.controlplane.serving.route_cache import RouteCache
+from gantry.controlplane.tenants import store as tenants
+from gantry.controlplane.tenants.policy_rules import policy_message
+from gantry.v1 import scheduler_pb2
+from gantry.v1 import worker_gateway_pb2 as wg
+
+DEFAULT_LEASE_SECONDS = 30.0
+
+log = logging.getLogger(__name__)
+
+
+def result_digest(result: wg.JobResult) -> str:
+    return hashlib.sha256(result.SerializeToString(deterministic=True)).hexdigest()
+
+
+class DeploymentLifecycle:
+    def __init__(
+        self,
+        *,
+        database: Database,
+        hub: WorkerHub,
+        scheduler: SchedulerLink,
+        routes: RouteCache,
+        clock: Clock,
+        lease_seconds: float = DEFAULT_LEASE_SECONDS,
+        sealer: CredentialSealer | None = None,
+    ) -> None:
+        self._database = database
+        self._hub = hub
+        self._clock = clock
+        # Seals adopted endpoints' credentials (AdoptEndpoint) and opens them into LOAD jobs.
+        self.sealer = sealer or CredentialSealer.ephemeral()
+        self.announcer = Announcer(scheduler=scheduler, routes=routes)
+        self.pump = JobPump(
+            database=database,
+            hub=hub,
+            clock=clock,
+            lease_seconds=lease_seconds,
+            sealer=self.sealer,
+        )
+        self.placer = Placer(
+            database=database, scheduler=scheduler, announcer=self.announcer, clock=clock
+        )
+
+    # ---- operator actions ---------------------------------------------------------------------
+
+    async def place(self, deployment: Deployment) -> None:
+        """Place the replicas the deployment lacks and send their LOAD jobs."""
+        node_ids = await self.placer.place(deployment.deployment_id)
+        for node_id in node_ids:
+            await self.pump.dispatch(node_id)
+
+    async def unload(self, deployment_id: str, *, actor: str) -> Deployment:
+        now = self._clock.now()
+        async with self._database.transaction() as session:
+            row = await deployments.get_live_deployment(session, deployment_id)
+            if row.state in (DeploymentState.UNLOADING, DeploymentState.UNLOADED):
+                return row
+            await jobs.cancel_open_jobs(session, deployment_id=deployment_id, now=now)
+            changed: list[Residency] = []
+            for residency in await deployments.residencies_of(session, deployment_id):
+                if residency.state == ResidencyState.COLD:
+                    continue
+                connected = await self._node_connected(session, residency.node_id)
+                await stop_residency(session, residency, worker_connected=connected, now=now)
+                changed.append(residency)
+            still_live = any(r.state != ResidencyState.COLD for r in changed)
+            await deployments.move_deployment(
+                session,
+                row,
+                DeploymentState.UNLOADING if still_live else DeploymentState.UNLOADED,
+                now=now,
+            )
+            await audit.record_event(
+                session,
+                actor=actor,
+                action="deployment.unload",
+                subject_kind="deployment",
+                subject_id=deployment_id,
+                now=now,
+            )
+            if row.origin == ORIGIN_ADOPTED:
+                # Its worker only forgets the server (closes its client); nothing reaches it.
+                endpoint = await endpoints.endpoint_of_deployment(session, deployment_id)
+                await audit.record_event(
+                    session,
+                    actor=actor,
+                    action="endpoint.forget",
+                    subject_kind="endpoint",
+                    subject_id=endpoint.endpoint_id,
+                    now=now,
+                    deployment_id=deployment_id,
+                    why="deployment.unload",
+                )
+        self.announce(changed)
+        for node_id in {r.node_id for r in changed}:
+            await self.pump.dispatch(node_id)
+        return row
+
+    async def check_health(self, deployment_id: str, *, actor: str) -> list[ServingJob]:
+        """One deep HEALTH job per RESIDENT residency whose worker is connected."""
+        now = self._clock.now()
+        created: list[ServingJob] = []
+        async with self._database.transaction() as session:
+            await deployments.get_live_deployment(session, deployment_id)
+            for residency in await deployments.residencies_of(session, deployment_id):
+                if residency.state != ResidencyState.RESIDENT:
+                    continue
+                if self._hub.get(residency.node_id) is None:
+                    continue
+                created.append(
+                    await jobs.create_job(
+                        session,
+                        job_type=JobType.HEALTH,
+                        deployment_id=deployment_id,
+                        node_id=residency.node_id,
+                        residency_id=residency.residency_id,
+                        now=now,
+                    )
+                )
+            if not created:
+                raise GantryError(
+                    "DEPLOYMENT_NOT_READY",
+                    f"deployment {deployment_id} has no resident residency on a connected node",
+                    deployment_id=deployment_id,
+                )
+            await audit.record_event(
+                session,
+                actor=actor,
+                action="deployment.check_health",
+                subject_kind="deployment",
+                subject_id=deployment_id,
+                now=now,
+            )
+        for node_id in sorted({job.node_id for job in created}):
+            await self.pump.dispatch(node_id)
+        return created
+
+    async def _node_connected(self, session: AsyncSession, node_id: str) -> bool:
+        return (await nodes.get_node(session, node_id)).state in (
+            NodeState.CONNECTED,
+            NodeState.DISABLED,
+        ) and self._hub.get(node_id) is not None
+
+    # ---- the job pump -------------------------------------------------------------------------
+
+    async def dispatch_queued(self, node_id: str) -> None:
+        await self.pump.dispatch(node_id)
+
+    # ---- results from workers -----------------------------------------------------------------
+
+    async def apply_result(
+        self, *, node_id: str, generation: int, result: wg.JobResult
+    ) -> ResultCommit:
+        """Commit a job result once; a duplicate changes nothing (the caller acks both)."""
+        now = self._clock.now()
+        outcome = result.WhichOneof("outcome")
+        failure = result.failure if outcome == "failure" else None
+        payload: dict[str, Any] = json_format.MessageToDict(
+            result, preserving_proto_field_name=True
+        )
+        payload.pop("lease_token", None)
+        async with self._database.transaction() as session:
+            job, commit = await jobs.record_result(
+                session,
+                job_id=result.job_id,
+                node_id=node_id,
+                generation=generation,
+                lease_token=result.lease_token,
+                succeeded=failure is None,
+                result=payload,
+                result_digest=result_digest(result),
+                failure_reason=failure.reason if failure else "",
+                failure_message=failure.message if failure else "",
+                now=now,
+            )
+            if commit is ResultCommit.DUPLICATE:
+                return commit
+            context = ResultContext(
+                session=session,
+                job=job,
+                result=result,
+                generation=generation,
+                now=now,
+                # Evidence-pipeline jobs (INSPECT, PROBE) have neither.
+                deployment_row=(
+                    await deployments.get_deployment(session, job.deployment_id)
+                    if job.deployment_id
+                    else None
+                ),
+                residency_row=(
+                    await deployments.get_residency(session, job.residency_id)
+                    if job.residency_id
+                    else None
+                ),
+            )
+            await HANDLERS[JobType(job.job_type)].apply(context)
+        metrics.job_committed(job.job_type, failure.reason if failure else "", job.created_at, now)
+        self.announce(context.changed)
+        return commit
+
+    async def apply_update(self, *, node_id: str, generation: int, update: wg.JobUpdate) -> None:
+        """A JobUpdate from the holder of the job's current lease (a probe's stage, say).
+
+        Refused (a typed error, nothing committed) when the lease is not current: an expired or
+        cancelled job's worker is not heard.
+        """
+        now = self._clock.now()
+        async with self._database.transaction() as session:
+            job = await jobs.check_current_lease(
+                session,
+                job_id=update.job_id,
+                node_id=node_id,
+                generation=generation,
+                lease_token=update.lease_token,
+            )
+            await HANDLERS[JobType(job.job_type)].progress(session, job, update, now=now)
+
+    def cancel_on_worker(self, job: ServingJob) -> None:
+        """Tell the worker that holds a (now cancelled) job to stop it, if it is connected."""
+        stream = self._hub.get(job.node_id)
+        if stream is None:
+            return  # its worker is away: the cancelled lease refuses whatever it sends later
+        try:
+            stream.send(wg.ControlMessage(cancel_job=wg.CancelJob(job_id=job.job_id)))
+        except GantryError as error:
+            log.warning("could not send CancelJob for %s: %s", job.job_id, error)
+
+    # ---- what a worker's inventory says -------------------------------------------------------
+
+    async def reconcile_node(
+        self,
+        session: AsyncSession,
+        *,
+        node_id: str,
+        generation: int,
+        inventory: wg.Inventory,
+        now: dt.datetime,
+    ) -> Reconciled:
+        return await reconcile_inventory(
+            session, node_id=node_id, generation=generation, inventory=inventory, now=now
+        )
+
+    def announce(self, residencies: Sequence[Residency]) -> None:
+        """Tell the scheduler what changed (after the commit), and forget cached routes."""
+        self.announcer.residencies(residencies)
+
+    async def cluster_state(self) -> scheduler_pb2.ClusterState:
+        """The full snapshot the scheduler rebuilds itself from."""
+        async with self._database.transaction() as session:
+            node_rows = await nodes.list_nodes(session, after="", limit=100_000)
+            live = await deployments.all_live_residencies(session)
+            live_deployments = await deployments.deployments_in_states(session, LIVE_STATES)
+            policies = await tenants.stored_policies(session)
+            # Every charge a residency may need to be announced with until the next snapshot.
+            charges = await read_charges(
+                session,
+                [r.deployment_id for r in live] + [d.deployment_id for d in live_deployments],
+            )
+        self.announcer.learn_charges(charges)
+        connected = set(self._hub.connected_node_ids())
+        return scheduler_pb2.ClusterState(
+            nodes=[
+                scheduler_node(
+                    n.node_id,
+                    n.generation,
+                    n.inventory,
+                    connected if n.state == NodeState.CONNECTED else (),
+                    disabled=n.state == NodeState.DISABLED,
+                )
+                for n in node_rows
+            ],
+            residencies=[scheduler_residency(r, charges[r.deployment_id]) for r in live],
+            deployments=[scheduler_deployment(d) for d in live_deployments],
+            tenant_policies=[policy_message(p) for p in policies],
+        )
+
+
+__all__ = ["DeploymentLifecycle", "JobState", "scheduler_node", "scheduler_residency"]

@@ -1,0 +1,487 @@
+"""The reconciler: the one loop that owns every time-driven rule of the control plane.
+
+Each pass, with time from the injected clock:
+1. expired leases go back to QUEUED (the old token dies; the next lease counts one more attempt);
+2. a CONNECTED node whose last heartbeat is older than the staleness grace is DISCONNECTED and
+   its stream closed (a stopped worker no longer holds requests until their deadlines). For a
+   stream open on this control plane the last heartbeat is the one in memory (liveness.py),
+   whose `last_seen_at` this loop flushes in batches; the database's `last_seen_at` decides only
+   for nodes with no stream here (another replica's, or none since a restart);
+3. a node absent past the longer absence grace loses its residencies (COLD) and their jobs, and
+   its unfinished inspections and probes FAIL (WORKER_UNAVAILABLE);
+4. live deployments with fewer placed replicas than wanted are placed (PENDING ones included),
+   with backoff per deployment; a refusal leaves them PENDING with the reason;
+5. an adopted endpoint's COLD residency gets a new LOAD on its own node once that node is
+   connected and the deployment still wanted (endpoints/reload_rules.py), with backoff;
+6. UNCERTAIN residencies on a connected node get another UNLOAD, with backoff;
+7. every connected node with queued jobs gets a pump pass.
+8. capabilities' degradation is evaluated (degradation_signals.py); changes are audited.
+Before placement, the latest scale advice per deployment (autoscaler.py) is applied: it moves
+the replicas wanted within the deployment's bounds, and drains any surplus.
+Handlers never sleep or poll: they record facts and `wake()` this loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import functools
+import logging
+from dataclasses import dataclass
+
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from gantry.common.clock import Clock
+from gantry.common.errors import GantryError
+from gantry.common.metrics import metrics_enabled
+from gantry.controlplane.deployments import store as deployments
+from gantry.controlplane.deployments.autoscaler import Autoscaler, ScaleAdviceInbox
+from gantry.controlplane.deployments.health_rules import LIVE_STATES
+from gantry.controlplane.deployments.lifecycle import DeploymentLifecycle
+from gantry.controlplane.deployments.placement import missing_replicas, queue_load
+from gantry.controlplane.deployments.settle import settle_deployment, settle_node_deployments
+from gantry.controlplane.endpoints.reload_rules import AdoptedResidencyFacts, reload_wanted
+from gantry.controlplane.endpoints.store import ORIGIN_ADOPTED
+from gantry.controlplane.jobs import store as jobs
+from gantry.controlplane.jobs.handlers import (
+    MAX_LOAD_ATTEMPTS,
+    abandon_pipeline_jobs,
+    jobs_requeued,
+)
+from gantry.controlplane.nodes import store as nodes
+from gantry.controlplane.nodes.liveness import Heard, Liveness
+from gantry.controlplane.nodes.sessions import WorkerHub
+from gantry.controlplane.observability import audit
+from gantry.controlplane.observability.state_counts import count_by_state
+from gantry.controlplane.platform import metrics
+from gantry.controlplane.platform.backoff import Backoff
+from gantry.controlplane.platform.database import Database
+from gantry.controlplane.platform.models import Deployment, Node, Residency
+from gantry.controlplane.platform.state_machines import (
+    DeploymentState,
+    JobType,
+    NodeState,
+    ResidencyState,
+)
+from gantry.controlplane.platform.transitions import retry_on_conflict
+from gantry.controlplane.serving.capability_degradation import CapabilityDegradation
+from gantry.controlplane.serving.degradation_signals import evaluate_degradation
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReconcilerSettings:
+    interval_s: float = 1.0
+    # Every 3 s, so a silent worker is DISCONNECTED within 10 s of its last heartbeat
+    # (PERFORMANCE.md): 3 missed intervals is 9 s, plus at most one reconcile interval.
+    heartbeat_interval_s: float = 3.0
+    # A node is stale after this many missed heartbeats (the issue's default: 3 intervals).
+    stale_after_heartbeats: float = 3.0
+    # Past this absence its residencies are COLD and their work is re-placed elsewhere.
+    absence_grace_s: float = 60.0
+    retry_initial_s: float = 1.0
+    retry_max_s: float = 30.0
+
+    @property
+    def stale_after_s(self) -> float:
+        return self.heartbeat_interval_s * self.stale_after_heartbeats
+
+
+class Reconciler:
+    def __init__(
+        self,
+        *,
+        database: Database,
+        hub: WorkerHub,
+        lifecycle: DeploymentLifecycle,
+        clock: Clock,
+        settings: ReconcilerSettings,
+        liveness: Liveness,
+        scale_advice: ScaleAdviceInbox | None = None,
+        degradation: CapabilityDegradation | None = None,
+    ) -> None:
+        self._database = database
+        # Fed by the inference path; evaluated (and its changes audited) once per pass.
+        self.degradation = degradation or CapabilityDegradation(clock)
+        self._liveness = liveness
+        self._hub = hub
+        self._lifecycle = lifecycle
+        self._clock = clock
+        self.settings = settings
+        self._wake = asyncio.Event()
+        self._placements = Backoff(
+            clock, initial_s=settings.retry_initial_s, max_s=settings.retry_max_s
+        )
+        self._unloads = Backoff(
+            clock, initial_s=settings.retry_initial_s, max_s=settings.retry_max_s
+        )
+        # Per adopted residency: a server that is down fails each LOAD; ask again less often.
+        self._endpoint_loads = Backoff(
+            clock, initial_s=settings.retry_initial_s, max_s=settings.retry_max_s
+        )
+        # Filled from the scheduler link's reader; new advice wakes the loop.
+        self.scale_advice = scale_advice or ScaleAdviceInbox()
+        self.scale_advice.on_offer = self.wake
+        self._autoscaler = Autoscaler(database=database, hub=hub, lifecycle=lifecycle, clock=clock)
+        lifecycle.announcer.on_capacity_freed = self.capacity_freed
+        self._task: asyncio.Task[None] | None = None
+        self.passes = 0
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self.run(), name="reconciler")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def capacity_freed(self) -> None:
+        """A node connected or a residency went COLD: refused placements are due again now."""
+        self._placements.reset()
+        self._wake.set()
+
+    async def run(self) -> None:
+        while True:
+            try:
+                await self.reconcile_once()
+            except asyncio.CancelledError:
+                raise
+            except GantryError as error:
+                # Typically a race another writer won; the next pass starts from fresh rows.
+                log.warning("reconciler pass stopped early: %s", error)
+            except Exception:
+                # One bad pass must not end the loop: the next one starts from the database.
+                log.exception("reconciler pass failed")
+            await self._pause()
+
+    async def _pause(self) -> None:
+        sleeper = asyncio.ensure_future(self._clock.sleep(self.settings.interval_s))
+        waker = asyncio.ensure_future(self._wake.wait())
+        try:
+            await asyncio.wait({sleeper, waker}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (sleeper, waker):
+                task.cancel()
+            self._wake.clear()
+
+    async def reconcile_once(self) -> None:
+        now = self._clock.now()
+        dispatch: set[str] = set()
+        dispatch |= await self._expire_leases(now)
+        await self._flush_last_seen(now)
+        await self._disconnect_stale(now)
+        await self._forget_absent(now)
+        dispatch |= await self._apply_scale_advice()
+        dispatch |= await self._place_missing_replicas()
+        dispatch |= await self._reload_adopted_endpoints(now)
+        dispatch |= await self._retry_uncertain(now)
+        dispatch |= await self._nodes_with_queued_jobs()
+        await evaluate_degradation(self._database, self.degradation, now=now)
+        if metrics_enabled():
+            await self._publish_state_counts()
+        for node_id in sorted(dispatch):
+            if self._hub.get(node_id) is not None:
+                await self._lifecycle.dispatch_queued(node_id)
+        self.passes += 1
+
+    # ---- 1. leases ----------------------------------------------------------------------------
+
+    async def _expire_leases(self, now: dt.datetime) -> set[str]:
+        async with self._database.transaction() as session:
+            expired = await jobs.expired_leases(session, now=now)
+            for job in expired:
+                log.warning(
+                    "lease of job %s (%s, attempt %d) expired; queued again",
+                    job.job_id,
+                    job.job_type,
+                    job.attempt_count,
+                )
+                await jobs.requeue_job(session, job, now=now)
+                metrics.lease_expired(job.job_type)
+            await jobs_requeued(session, expired, now=now)
+            return {job.node_id for job in expired}
+
+    async def _publish_state_counts(self) -> None:
+        """The state gauges, computed here (once a pass) so a scrape never reads the database."""
+        async with self._database.transaction() as session:
+            counts = await count_by_state(session)
+        metrics.publish_state_counts(counts)
+
+    # ---- 2. and 3. liveness -------------------------------------------------------------------
+
+    async def _flush_last_seen(self, now: dt.datetime) -> None:
+        """`last_seen_at` of every node heard since the last flush, in one statement, at most once
+        per flush interval (heartbeats themselves never write the database)."""
+        if not self._liveness.flush_due(now):
+            return
+        batch = self._liveness.take_flush(now)
+        if batch is None:
+            return
+        try:
+            async with self._database.transaction() as session:
+                await nodes.record_last_seen(session, batch)
+        except BaseException:
+            self._liveness.flush_failed(batch)  # written with the next flush instead
+            raise
+
+    async def _disconnect_stale(self, now: dt.datetime) -> None:
+        seen_before = now - dt.timedelta(seconds=self.settings.stale_after_s)
+        silent = {
+            heard.node_id: heard
+            for heard in self._liveness.stale(now, stale_after_s=self.settings.stale_after_s)
+        }
+        stale: list[tuple[Node, Heard | None]] = []
+        async with self._database.transaction() as session:
+            candidates: list[tuple[Node, Heard | None]] = [
+                (await nodes.get_node(session, node_id), heard) for node_id, heard in silent.items()
+            ]
+            for node in await nodes.nodes_in_state(
+                session, NodeState.CONNECTED, seen_before=seen_before
+            ):
+                candidates.append((node, None))
+            for node, heard in candidates:
+                if not _is_stale(node, heard, self._liveness):
+                    continue
+                values = {} if heard is None else {"last_seen_at": _latest(node, heard)}
+                await nodes.set_node_state(session, node, NodeState.DISCONNECTED, now=now, **values)
+                await settle_node_deployments(session, node.node_id, now=now)
+                stale.append((node, heard))
+        for node, heard in stale:
+            if heard is not None:
+                # The row now says DISCONNECTED: this stream's liveness is no longer kept here.
+                self._liveness.declared_stale(heard)
+            log.warning(
+                "node %s sent no heartbeat since %s: disconnected", node.node_id, node.last_seen_at
+            )
+            stream = self._hub.get(node.node_id)
+            if stream is not None:
+                stream.close(
+                    GantryError(
+                        "WORKER_UNAVAILABLE",
+                        f"node {node.node_id} missed its heartbeats for "
+                        f"{self.settings.stale_after_s:g}s",
+                    )
+                )
+            self._lifecycle.announcer.node(node, ())
+
+    async def _forget_absent(self, now: dt.datetime) -> None:
+        gone_before = now - dt.timedelta(seconds=self.settings.absence_grace_s)
+        changed: list[Residency] = []
+        async with self._database.transaction() as session:
+            absent = [
+                *await nodes.nodes_in_state(
+                    session, NodeState.DISCONNECTED, seen_before=gone_before
+                ),
+                *await nodes.nodes_in_state(session, NodeState.DISABLED, seen_before=gone_before),
+            ]
+            for node in absent:
+                if self._hub.get(node.node_id) is not None:
+                    continue  # a disabled node whose worker is still connected
+                # Its inspections and probes will not come back: they end as FAILED, never wait.
+                await abandon_pipeline_jobs(
+                    session,
+                    node.node_id,
+                    reason="WORKER_UNAVAILABLE",
+                    message=f"node {node.node_id} absent since {node.last_seen_at}",
+                    now=now,
+                )
+                for residency in await deployments.residencies_on_node(session, node.node_id):
+                    if residency.state == ResidencyState.COLD:
+                        continue
+                    for job in await jobs.open_jobs_for_residency(session, residency.residency_id):
+                        await jobs.cancel_job(session, job, now=now)
+                    await deployments.set_residency_state(
+                        session,
+                        residency,
+                        ResidencyState.COLD,
+                        now=now,
+                        pid=0,
+                        last_failure_reason="WORKER_UNAVAILABLE",
+                        last_failure_message=(
+                            f"node {node.node_id} absent since {node.last_seen_at}"
+                        ),
+                    )
+                    await settle_deployment(session, residency.deployment_id, now=now)
+                    await audit.record_event(
+                        session,
+                        actor="reconciler",
+                        action="residency.lost",
+                        subject_kind="residency",
+                        subject_id=residency.residency_id,
+                        now=now,
+                        node_id=node.node_id,
+                    )
+                    changed.append(residency)
+        if changed:
+            self._lifecycle.announce(changed)
+
+    # ---- 4. scale advice, then placement ------------------------------------------------------
+
+    async def _apply_scale_advice(self) -> set[str]:
+        dispatch: set[str] = set()
+        for advice in self.scale_advice.take():
+            try:
+                dispatch |= await self._autoscaler.apply(advice)
+            except GantryError as error:
+                # Dropped, not retried: the scheduler advises again while the need lasts.
+                log.warning("scale advice for %s not applied: %s", advice.deployment_id, error)
+        return dispatch
+
+    async def _place_missing_replicas(self) -> set[str]:
+        wanted: set[str] = set()
+        async with self._database.transaction() as session:
+            for deployment in await deployments.deployments_in_states(session, LIVE_STATES):
+                if deployment.load_failure_count >= MAX_LOAD_ATTEMPTS:
+                    continue
+                if await missing_replicas(session, deployment):
+                    wanted.add(deployment.deployment_id)
+        self._placements.forget_except(wanted)
+        dispatch: set[str] = set()
+        for deployment_id in sorted(wanted):
+            if not self._placements.due(deployment_id):
+                continue
+            try:
+                node_ids = await retry_on_conflict(
+                    functools.partial(self._lifecycle.placer.place, deployment_id)
+                )
+            except GantryError as error:
+                # One deployment's trouble must not stop the others; its backoff grows.
+                log.warning("placing deployment %s failed: %s", deployment_id, error)
+                self._placements.failed(deployment_id)
+                continue
+            async with self._database.transaction() as session:
+                deployment = await deployments.get_deployment(session, deployment_id)
+                still_missing = await missing_replicas(session, deployment)
+            if still_missing:
+                self._placements.failed(deployment_id)
+            else:
+                self._placements.succeeded(deployment_id)
+            dispatch.update(node_ids)
+        return dispatch
+
+    # ---- 5. adopted endpoints ------------------------------------------------------------------
+
+    async def _reload_adopted_endpoints(self, now: dt.datetime) -> set[str]:
+        """A new LOAD for each adopted endpoint whose residency went COLD while it is wanted, on
+        the endpoint's own node (never placed elsewhere: the server runs there)."""
+        dispatch: set[str] = set()
+        # COLD, or LOADING on the way back: a key is kept until its endpoint is RESIDENT again,
+        # so a LOAD that fails resumes the backoff instead of starting it over.
+        waiting: set[str] = set()
+        changed: list[Residency] = []
+        async with self._database.transaction() as session:
+            adopted = [
+                deployment
+                for deployment in await deployments.deployments_in_states(session, LIVE_STATES)
+                if deployment.origin == ORIGIN_ADOPTED
+            ]
+            for deployment in adopted:
+                for residency in await deployments.residencies_of(
+                    session, deployment.deployment_id
+                ):
+                    if residency.state in (ResidencyState.COLD, ResidencyState.LOADING):
+                        waiting.add(residency.residency_id)
+                    if residency.state != ResidencyState.COLD:
+                        continue
+                    facts = await self._adopted_facts(session, deployment, residency)
+                    if not reload_wanted(facts) or not self._endpoint_loads.due(
+                        residency.residency_id
+                    ):
+                        continue
+                    # Counted as failed until the endpoint is RESIDENT (forget_except below): a
+                    # server that stays down is asked again with a growing delay. A node that was
+                    # away made no attempt meanwhile, so its endpoints are due once it connects.
+                    self._endpoint_loads.failed(residency.residency_id)
+                    log.info(
+                        "adopted endpoint of deployment %s is COLD on connected node %s: loading",
+                        deployment.deployment_id,
+                        residency.node_id,
+                    )
+                    await queue_load(session, deployment, residency, now=now)
+                    await settle_deployment(session, deployment.deployment_id, now=now)
+                    changed.append(residency)
+                    dispatch.add(residency.node_id)
+        self._endpoint_loads.forget_except(waiting)
+        if changed:
+            self._lifecycle.announce(changed)
+        return dispatch
+
+    async def _adopted_facts(
+        self, session: AsyncSession, deployment: Deployment, residency: Residency
+    ) -> AdoptedResidencyFacts:
+        node = await nodes.get_node(session, residency.node_id)
+        return AdoptedResidencyFacts(
+            deployment_state=DeploymentState(deployment.state),
+            deployment_deleted=deployment.deleted_at is not None,
+            residency_state=ResidencyState(residency.state),
+            node_state=NodeState(node.state),
+            node_stream_open=self._hub.get(node.node_id) is not None,
+            open_job=bool(await jobs.open_jobs_for_residency(session, residency.residency_id)),
+        )
+
+    # ---- 6. uncertain residencies -------------------------------------------------------------
+
+    async def _retry_uncertain(self, now: dt.datetime) -> set[str]:
+        dispatch: set[str] = set()
+        uncertain: set[str] = set()
+        async with self._database.transaction() as session:
+            for residency in await deployments.all_live_residencies(session):
+                if residency.state != ResidencyState.UNCERTAIN:
+                    continue
+                uncertain.add(residency.residency_id)
+                if self._hub.get(residency.node_id) is None:
+                    continue
+                if await jobs.open_jobs_for_residency(session, residency.residency_id):
+                    continue
+                if not self._unloads.due(residency.residency_id):
+                    continue
+                self._unloads.failed(residency.residency_id)
+                await jobs.create_job(
+                    session,
+                    job_type=JobType.UNLOAD,
+                    deployment_id=residency.deployment_id,
+                    node_id=residency.node_id,
+                    residency_id=residency.residency_id,
+                    now=now,
+                )
+                dispatch.add(residency.node_id)
+        self._unloads.forget_except(uncertain)
+        return dispatch
+
+    # ---- 7. the job pump ----------------------------------------------------------------------
+
+    async def _nodes_with_queued_jobs(self) -> set[str]:
+        async with self._database.transaction() as session:
+            return {
+                job.node_id
+                for job in await jobs.open_jobs(session)
+                if job.state == "QUEUED" and self._hub.get(job.node_id) is not None
+            }
+
+
+def _is_stale(node: Node, heard: Heard | None, liveness: Liveness) -> bool:
+    """Whether to disconnect a CONNECTED-looking node now.
+
+    `heard` is set when liveness named the stream silent: it still holds only if the row is that
+    generation's and no heartbeat came in since (the checks in between awaited the database).
+    Without it the row's `last_seen_at` was old, which decides only for a node whose stream is
+    not here: for one that is, that time may merely not be flushed yet.
+    """
+    if node.state != NodeState.CONNECTED:
+        return False  # already disconnected (this pass or a goodbye), or disabled
+    if heard is not None:
+        return node.generation == heard.generation and liveness.last_heard(node.node_id) == heard
+    return not liveness.tracks(node.node_id)
+
+
+def _latest(node: Node, heard: Heard) -> dt.datetime:
+    """The later of the row's `last_seen_at` and the last heartbeat heard here."""
+    if node.last_seen_at is None:
+        return heard.heard_at
+    return max(node.last_seen_at, heard.heard_at)

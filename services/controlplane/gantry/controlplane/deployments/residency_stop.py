@@ -1,0 +1,40 @@
+"""Stopping one residency the way every operator action and the autoscaler stop one.
+
+UNLOADING with an UNLOAD job until its worker confirms the process exited (custody ends only when
+it is reaped), or COLD at once for a load whose worker is away: its queued load was cancelled and
+nothing runs there. Unload, restart, scale down and the autoscaler share it, so none of them can
+drift from the custody rule.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from gantry.controlplane.deployments import store as deployments
+from gantry.controlplane.jobs import store as jobs
+from gantry.controlplane.platform.models import Residency
+from gantry.controlplane.platform.state_machines import JobType, ResidencyState
+
+
+async def stop_residency(
+    session: AsyncSession, residency: Residency, *, worker_connected: bool, now: dt.datetime
+) -> None:
+    if residency.state == ResidencyState.LOADING and not worker_connected:
+        await deployments.set_residency_state(
+            session, residency, ResidencyState.COLD, now=now, pid=0
+        )
+        return
+    await deployments.set_residency_state(session, residency, ResidencyState.UNLOADING, now=now)
+    if not await jobs.open_jobs_for_residency(
+        session, residency.residency_id, job_type=JobType.UNLOAD
+    ):
+        await jobs.create_job(
+            session,
+            job_type=JobType.UNLOAD,
+            deployment_id=residency.deployment_id,
+            node_id=residency.node_id,
+            residency_id=residency.residency_id,
+            now=now,
+        )

@@ -1,0 +1,3 @@
+"""Adopted endpoints (external OpenAI-compatible servers): adoption, sealed credentials, reload
+rules and the table.
+"""

@@ -1,0 +1,299 @@
+"""The evidence pipeline's job handlers: INSPECT (an assessment) and PROBE (a runtime probe).
+
+Neither job names a deployment or a residency: nothing here is ever placed or routed, and a
+probe's child is never a resident. What their results mean:
+- INSPECT: the assessment COMPLETES with the inspection (compatible only when some adapter can
+  execute it in the environment asked for), or FAILS with the worker's typed failure.
+- PROBE: each JobUpdate moves the probe one stage through the table; the evidence COMPLETES it
+  and makes its DeploymentCandidate (evidence/candidate_rules.py decides LAB_READY or REJECTED) and
+  raises the profile's measured peaks; a failure FAILS it. A lost lease or a restarted worker puts
+  it back to QUEUED; a node gone for good FAILS it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from typing import Any
+
+from google.protobuf import json_format
+from google.protobuf.message import Message
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from gantry.controlplane.artifacts import store as artifacts
+from gantry.controlplane.evidence import assessments, candidates, probes, profiles
+from gantry.controlplane.evidence.candidate_rules import judge_evidence
+from gantry.controlplane.evidence.pipeline_states import AssessmentState
+from gantry.controlplane.evidence.probe_transitions import TERMINAL_PROBE_STATES, ProbeState
+from gantry.controlplane.jobs import store as jobs
+from gantry.controlplane.jobs.context import ResultContext
+from gantry.controlplane.observability import audit
+from gantry.controlplane.platform import convert
+from gantry.controlplane.platform.models import ServingJob
+from gantry.controlplane.platform.state_machines import JobType
+from gantry.v1 import common_pb2
+from gantry.v1 import worker_gateway_pb2 as wg
+
+log = logging.getLogger(__name__)
+
+
+async def artifact_ref(session: AsyncSession, artifact_set_id: str) -> wg.ArtifactRef:
+    """The artifact set as a job names it: where it is and every file the worker must verify."""
+    artifact = await artifacts.get_artifact_set(session, artifact_set_id)
+    manifest = await artifacts.get_manifest(session, artifact_set_id)
+    return wg.ArtifactRef(
+        artifact_set_id=artifact.artifact_set_id,
+        artifact_location=artifact.location,
+        manifest_digest=artifact.manifest_digest,
+        manifest=convert.manifest_messages(manifest),
+    )
+
+
+def _measured(measurement: common_pb2.Measurement) -> int | None:
+    return measurement.bytes if measurement.WhichOneof("value") == "bytes" else None
+
+
+def _as_json(message: Message) -> dict[str, Any]:
+    return json_format.MessageToDict(message, preserving_proto_field_name=True)
+
+
+def inspection_verdict(
+    evidence: wg.InspectEvidence, *, asked_environment_id: str
+) -> tuple[bool, str, str]:
+    """(compatible, failure reason, failure message) of a completed inspection.
+
+    Compatible only when some adapter can execute the artifact in the environment that was asked
+    for (an empty environment id asks for the worker's default, whatever it is named).
+    """
+    inspection = evidence.inspection
+    inspected = evidence.environment_id or "default"  # workers name their default "default"
+    if asked_environment_id and inspected != asked_environment_id:
+        return (
+            False,
+            "RUNTIME_ENVIRONMENT_UNAVAILABLE",
+            f"the worker inspected environment {evidence.environment_id!r}, "
+            f"not {asked_environment_id!r}",
+        )
+    if inspection.executable and inspection.adapters:
+        return True, "", ""
+    finding = next((f for f in inspection.findings if f.reason), None)
+    if finding is not None:
+        where = f" ({finding.path})" if finding.path else ""
+        return False, finding.reason, f"{finding.message}{where}"
+    return (
+        False,
+        "RUNTIME_INCOMPATIBLE",
+        f"no adapter can execute this {inspection.inspector or 'artifact'} here",
+    )
+
+
+class InspectHandler:
+    job_type = JobType.INSPECT
+    allowed_on_disabled_node = False
+
+    async def fill(
+        self, session: AsyncSession, job: ServingJob, assignment: wg.JobAssignment
+    ) -> None:
+        assert job.assessment_id is not None  # an INSPECT job names its assessment
+        assessment = await assessments.get_assessment(session, job.assessment_id)
+        assignment.job_type = wg.JOB_TYPE_INSPECT
+        assignment.inspect.CopyFrom(
+            wg.InspectSpec(
+                assessment_id=assessment.assessment_id,
+                artifact=await artifact_ref(session, assessment.artifact_set_id),
+                environment_id=assessment.environment_id,
+            )
+        )
+
+    async def apply(self, context: ResultContext) -> None:
+        assert context.job.assessment_id is not None
+        assessment = await assessments.get_assessment(context.session, context.job.assessment_id)
+        if assessment.state != AssessmentState.PENDING:
+            return  # ended by something else first (its node was lost); the result changes nothing
+        result = context.result
+        outcome = result.WhichOneof("outcome")
+        if outcome == "inspect":
+            compatible, reason, message = inspection_verdict(
+                result.inspect, asked_environment_id=assessment.environment_id
+            )
+            await assessments.complete_assessment(
+                context.session,
+                assessment,
+                compatible=compatible,
+                inspection=_as_json(result.inspect.inspection),
+                environment_fingerprint=result.inspect.environment_fingerprint,
+                failure_reason=reason,
+                failure_message=message,
+                now=context.now,
+            )
+        elif outcome == "failure":
+            await assessments.fail_assessment(
+                context.session,
+                assessment,
+                reason=result.failure.reason or "INTERNAL",
+                message=result.failure.message,
+                now=context.now,
+            )
+        else:
+            await assessments.fail_assessment(
+                context.session,
+                assessment,
+                reason="INTERNAL",
+                message=f"an INSPECT job answered with {outcome!r}",
+                now=context.now,
+            )
+
+    async def progress(
+        self, session: AsyncSession, job: ServingJob, update: wg.JobUpdate, *, now: dt.datetime
+    ) -> None:
+        await jobs.mark_running(session, job, now=now)
+
+    async def requeued(self, session: AsyncSession, job: ServingJob, *, now: dt.datetime) -> None:
+        return None  # still PENDING: the re-leased job inspects again
+
+    async def abandoned(
+        self,
+        session: AsyncSession,
+        job: ServingJob,
+        *,
+        reason: str,
+        message: str,
+        now: dt.datetime,
+    ) -> None:
+        assert job.assessment_id is not None
+        assessment = await assessments.get_assessment(session, job.assessment_id)
+        if assessment.state == AssessmentState.PENDING:
+            await assessments.fail_assessment(
+                session, assessment, reason=reason, message=message, now=now
+            )
+
+
+class ProbeHandler:
+    job_type = JobType.PROBE
+    allowed_on_disabled_node = False
+
+    async def fill(
+        self, session: AsyncSession, job: ServingJob, assignment: wg.JobAssignment
+    ) -> None:
+        assert job.probe_id is not None  # a PROBE job names its probe
+        probe = await probes.get_probe(session, job.probe_id)
+        profile = await profiles.get_profile(session, probe.profile_id)
+        # The probe counts the attempts of its job: this lease is one more.
+        probe.attempt_count = job.attempt_count
+        await session.flush()
+        assignment.job_type = wg.JOB_TYPE_PROBE
+        assignment.probe.CopyFrom(
+            wg.ProbeSpec(
+                probe_id=probe.probe_id,
+                profile_id=profile.profile_id,
+                artifact=await artifact_ref(session, profile.artifact_set_id),
+                environment_id=profile.environment_id,
+                adapter=convert.adapter_from_json(profile.adapter),
+            )
+        )
+
+    async def apply(self, context: ResultContext) -> None:
+        assert context.job.probe_id is not None
+        session, now = context.session, context.now
+        probe = await probes.get_probe(session, context.job.probe_id)
+        if probes.has_ended(probe):
+            return
+        result = context.result
+        outcome = result.WhichOneof("outcome")
+        if outcome != "probe":
+            failure = (
+                result.failure
+                if outcome == "failure"
+                else common_pb2.Failure(
+                    reason="INTERNAL", message=f"a PROBE job answered with {outcome!r}"
+                )
+            )
+            await probes.end_probe(
+                session,
+                probe,
+                ProbeState.FAILED,
+                reason=failure.reason or "INTERNAL",
+                message=failure.message,
+                now=now,
+            )
+            return
+        evidence = result.probe
+        profile = await profiles.get_profile(session, probe.profile_id)
+        status, reasons = judge_evidence(evidence)
+        candidate = await candidates.create_candidate(
+            session,
+            probe_id=probe.probe_id,
+            profile_id=profile.profile_id,
+            artifact_set_id=profile.artifact_set_id,
+            status=status,
+            reasons=reasons,
+            now=now,
+        )
+        await probes.complete_probe(
+            session,
+            probe,
+            evidence=_as_json(evidence),
+            candidate_id=candidate.candidate_id,
+            now=now,
+        )
+        await profiles.raise_measured_peaks(
+            session,
+            profile,
+            ram_peak_bytes=_measured(evidence.memory.rss_peak),
+            vram_peak_bytes=_measured(evidence.memory.cuda_peak_allocated),
+        )
+        await audit.record_event(
+            session,
+            actor=f"node:{context.job.node_id}",
+            action="candidate.create",
+            subject_kind="candidate",
+            subject_id=candidate.candidate_id,
+            now=now,
+            probe_id=probe.probe_id,
+            status=str(status),
+        )
+
+    async def progress(
+        self, session: AsyncSession, job: ServingJob, update: wg.JobUpdate, *, now: dt.datetime
+    ) -> None:
+        await jobs.mark_running(session, job, now=now)
+        if update.probe_state == common_pb2.PROBE_STATE_UNSPECIFIED:
+            return
+        assert job.probe_id is not None
+        probe = await probes.get_probe(session, job.probe_id)
+        target = ProbeState(
+            common_pb2.ProbeState.Name(update.probe_state).removeprefix("PROBE_STATE_")
+        )
+        if probe.state == target:
+            return  # the same stage reported again (a resend after a reconnect)
+        if target in TERMINAL_PROBE_STATES:
+            # Only the job's result ends a probe: it carries the evidence or the typed failure.
+            log.info(
+                "probe %s: %s reported as a stage; waiting for the result", job.probe_id, target
+            )
+            return
+        # A report the table does not allow (a stage skipped, a move backwards, a terminal state
+        # the result should carry) is refused here as INVALID_STATE_TRANSITION and not recorded.
+        await probes.move_probe(session, probe, target, now=now)
+
+    async def requeued(self, session: AsyncSession, job: ServingJob, *, now: dt.datetime) -> None:
+        assert job.probe_id is not None
+        probe = await probes.get_probe(session, job.probe_id)
+        if await probes.requeue_probe(session, probe, now=now):
+            log.info("probe %s back to QUEUED (job %s re-queued)", probe.probe_id, job.job_id)
+
+    async def abandoned(
+        self,
+        session: AsyncSession,
+        job: ServingJob,
+        *,
+        reason: str,
+        message: str,
+        now: dt.datetime,
+    ) -> None:
+        assert job.probe_id is not None
+        probe = await probes.get_probe(session, job.probe_id)
+        if not probes.has_ended(probe):
+            await probes.end_probe(
+                session, probe, ProbeState.FAILED, reason=reason, message=message, now=now
+            )

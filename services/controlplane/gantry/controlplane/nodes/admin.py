@@ -1,0 +1,212 @@
+"""Disabling and enabling a node: drain what it runs, refuse it new work, let it back in."""
+
+from __future__ import annotations
+
+from gantry.common.clock import Clock
+from gantry.common.errors import GantryError
+from gantry.controlplane.artifacts.deletion_rules import node_delete_refusal
+from gantry.controlplane.deployments import store as deployments
+from gantry.controlplane.deployments.lifecycle import DeploymentLifecycle
+from gantry.controlplane.deployments.settle import settle_deployment
+from gantry.controlplane.jobs import store as jobs
+from gantry.controlplane.jobs.handlers import abandon_pipeline_jobs
+from gantry.controlplane.nodes import store as nodes
+from gantry.controlplane.nodes.sessions import WorkerHub
+from gantry.controlplane.observability import audit
+from gantry.controlplane.platform.database import Database
+from gantry.controlplane.platform.models import Node, Residency
+from gantry.controlplane.platform.state_machines import JobType, NodeState, ResidencyState
+
+
+class NodeAdmin:
+    def __init__(
+        self,
+        *,
+        database: Database,
+        hub: WorkerHub,
+        lifecycle: DeploymentLifecycle,
+        clock: Clock,
+        wake_reconciler: object,
+    ) -> None:
+        self._database = database
+        self._hub = hub
+        self._lifecycle = lifecycle
+        self._clock = clock
+        self._wake = wake_reconciler
+
+    async def disable(self, node_id: str, *, reason: str, actor: str) -> Node:
+        """DISABLED: its residencies are unloaded (or COLD when its worker is away), queued loads
+        cancelled, and the reconciler re-places them elsewhere; its inspections and probes are
+        cancelled and FAIL (NODE_DISABLED). Its worker is refused on Hello."""
+        now = self._clock.now()
+        connected = self._hub.get(node_id) is not None
+        changed: list[Residency] = []
+        async with self._database.transaction() as session:
+            node = _live(await nodes.get_node(session, node_id))
+            if node.state == NodeState.DISABLED:
+                return node
+            await nodes.set_node_state(
+                session, node, NodeState.DISABLED, now=now, disabled_reason=reason or "disabled"
+            )
+            touched: set[str] = set()
+            for residency in await deployments.residencies_on_node(session, node_id):
+                if residency.state == ResidencyState.COLD:
+                    continue
+                for job in await jobs.open_jobs_for_residency(session, residency.residency_id):
+                    if job.job_type != JobType.UNLOAD:
+                        await jobs.cancel_job(session, job, now=now)
+                if not connected:
+                    await deployments.set_residency_state(
+                        session,
+                        residency,
+                        ResidencyState.COLD,
+                        now=now,
+                        pid=0,
+                        last_failure_reason="NODE_DISABLED",
+                        last_failure_message=f"node {node_id} was disabled while away",
+                    )
+                elif residency.state != ResidencyState.UNLOADING:
+                    await deployments.set_residency_state(
+                        session, residency, ResidencyState.UNLOADING, now=now
+                    )
+                    if not await jobs.open_jobs_for_residency(
+                        session, residency.residency_id, job_type=JobType.UNLOAD
+                    ):
+                        await jobs.create_job(
+                            session,
+                            job_type=JobType.UNLOAD,
+                            deployment_id=residency.deployment_id,
+                            node_id=node_id,
+                            residency_id=residency.residency_id,
+                            now=now,
+                        )
+                changed.append(residency)
+                touched.add(residency.deployment_id)
+            for deployment_id in touched:
+                await settle_deployment(session, deployment_id, now=now)
+            # Inspections and probes add work: they end now (FAILED, NODE_DISABLED).
+            stopped = await abandon_pipeline_jobs(
+                session,
+                node_id,
+                reason="NODE_DISABLED",
+                message=f"node {node_id} was disabled",
+                now=now,
+            )
+            await audit.record_event(
+                session,
+                actor=actor,
+                action="node.disable",
+                subject_kind="node",
+                subject_id=node_id,
+                now=now,
+                reason=reason,
+            )
+        self._lifecycle.announcer.node(node, ())
+        self._lifecycle.announce(changed)
+        for job in stopped:
+            self._lifecycle.cancel_on_worker(job)
+        if connected:
+            await self._lifecycle.dispatch_queued(node_id)
+        self._wake.wake()  # type: ignore[attr-defined]
+        return node
+
+    async def enable(self, node_id: str, *, actor: str) -> Node:
+        now = self._clock.now()
+        stream = self._hub.get(node_id)
+        async with self._database.transaction() as session:
+            node = _live(await nodes.get_node(session, node_id))
+            if node.state != NodeState.DISABLED:
+                return node
+            await nodes.set_node_state(
+                session, node, NodeState.DISCONNECTED, now=now, disabled_reason=""
+            )
+            if stream is not None and stream.generation == node.generation:
+                await nodes.set_node_state(session, node, NodeState.CONNECTED, last_seen_at=now)
+            await audit.record_event(
+                session,
+                actor=actor,
+                action="node.enable",
+                subject_kind="node",
+                subject_id=node_id,
+                now=now,
+            )
+        connected = [node_id] if stream is not None else []
+        self._lifecycle.announcer.node(node, connected)
+        self._wake.wake()  # type: ignore[attr-defined]
+        return node
+
+    async def rotate_credential(self, node_id: str, *, actor: str) -> tuple[Node, str]:
+        """A new credential, returned once. The old one is refused from now on, and the stream it
+        opened is closed: whoever holds the old credential is cut off at once."""
+        now = self._clock.now()
+        async with self._database.transaction() as session:
+            node = _live(await nodes.get_node(session, node_id))
+            credential = await nodes.rotate_credential(session, node)
+            await audit.record_event(
+                session,
+                actor=actor,
+                action="node.rotate_credential",
+                subject_kind="node",
+                subject_id=node_id,
+                now=now,
+            )
+        stream = self._hub.get(node_id)
+        if stream is not None:
+            stream.close(
+                GantryError("UNAUTHENTICATED", f"the credential of node {node_id} was rotated")
+            )
+        return node, credential
+
+    async def delete(self, node_id: str, *, actor: str) -> Node:
+        """Deleted (kept for its history): refused (NODE_IN_USE) while it is connected and
+        enabled, holds a residency that is not COLD, or has a job open. Its credential stops
+        working at once and a stream it still holds (a disabled node's drained worker) is closed.
+        Deleting a deleted node changes nothing."""
+        now = self._clock.now()
+        async with self._database.transaction() as session:
+            node = await nodes.lock_node(session, node_id)
+            if node.deleted_at is not None:
+                return node
+            refusal = node_delete_refusal(
+                node_id,
+                state=node.state,
+                stream_open=self._hub.get(node_id) is not None,
+                warm_residency_ids=[
+                    r.residency_id
+                    for r in await deployments.residencies_on_node(session, node_id)
+                    if r.state != ResidencyState.COLD
+                ],
+                open_job_ids=await nodes.open_job_ids_on_node(session, node_id),
+            )
+            if refusal is not None:
+                raise refusal
+            await nodes.mark_deleted(session, node, now=now)
+            await audit.record_event(
+                session,
+                actor=actor,
+                action="node.delete",
+                subject_kind="node",
+                subject_id=node_id,
+                now=now,
+                name=node.name,
+                state=node.state,
+            )
+        stream = self._hub.get(node_id)
+        if stream is not None:
+            stream.close(GantryError("UNAUTHENTICATED", f"node {node_id} was deleted"))
+        # Announced removed (deleted_at is set): the scheduler forgets it, its ledger rows and
+        # its breakers now, as its next snapshot would by leaving it out.
+        self._lifecycle.announcer.node(node, ())
+        return node
+
+
+def _live(node: Node) -> Node:
+    """A deleted node takes no more operations but delete (a new one may take its name)."""
+    if node.deleted_at is not None:
+        raise GantryError(
+            "NOT_FOUND",
+            f"node {node.node_id} was deleted; register a new node instead",
+            kind="node",
+            id=node.node_id,
+        )
+    return node

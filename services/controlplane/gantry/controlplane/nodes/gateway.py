@@ -1,0 +1,434 @@
+"""WorkerGateway.Connect: the control plane's end of each worker's outbound stream.
+
+Hello binds the stream to one node generation by a single conditional UPDATE (fencing); anything
+from another generation is rejected and nothing from it is committed. Invoke results and progress
+are handed over inline by the reader; everything else (heartbeats, job results, inventory) goes
+through a bounded per-stream queue to one writer task, in the order sent, so a slow write never
+delays an invoke result behind it. Results are committed idempotently and acknowledged. A
+heartbeat refreshes the stream's liveness in memory (liveness.py; the reconciler flushes
+`last_seen_at` in batches) and writes the database only to renew the leases of the jobs it names.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import grpc
+from google.protobuf import duration_pb2, json_format
+
+from gantry.common.auth import current_principal
+from gantry.common.clock import Clock
+from gantry.common.errors import GantryError
+from gantry.common.ids import generation_micros
+from gantry.controlplane.deployments.lifecycle import DeploymentLifecycle
+from gantry.controlplane.deployments.reconciler import Reconciler
+from gantry.controlplane.deployments.settle import settle_node_deployments
+from gantry.controlplane.jobs import store as jobs
+from gantry.controlplane.jobs.handlers import jobs_requeued
+from gantry.controlplane.nodes import store as nodes
+from gantry.controlplane.nodes.capabilities import domains_to_json
+from gantry.controlplane.nodes.inventory import Reconciled
+from gantry.controlplane.nodes.liveness import Liveness
+from gantry.controlplane.nodes.sessions import WorkerHub, WorkerStream
+from gantry.controlplane.platform import metrics
+from gantry.controlplane.platform.database import Database
+from gantry.controlplane.platform.transitions import retry_on_conflict
+from gantry.v1 import worker_gateway_pb2 as wg
+from gantry.v1 import worker_gateway_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+# How long a closing stream's writer may take to finish the writes already queued.
+_WRITER_DRAIN_S = 5.0
+# On a stream's write queue: run a pump pass for its node (after the Welcome is sent).
+_DISPATCH = wg.WorkerMessage()
+
+
+@dataclass(frozen=True, kw_only=True)
+class GatewaySettings:
+    heartbeat_interval_s: float = 3.0
+    # Database work waiting per stream; past it the stream is closed (the worker reconnects and
+    # resends what was not acknowledged) rather than holding an unbounded backlog.
+    write_queue_limit: int = 1024
+    # How far ahead of this control plane's clock a worker's generation may have been drawn.
+    max_clock_skew_s: float = 300.0
+
+
+class WorkerGatewayService(worker_gateway_pb2_grpc.WorkerGatewayServicer):
+    def __init__(
+        self,
+        *,
+        database: Database,
+        hub: WorkerHub,
+        lifecycle: DeploymentLifecycle,
+        reconciler: Reconciler,
+        clock: Clock,
+        settings: GatewaySettings,
+        liveness: Liveness,
+    ) -> None:
+        self._database = database
+        self._liveness = liveness  # shared with the reconciler, which decides staleness from it
+        self._hub = hub
+        self._lifecycle = lifecycle
+        self._reconciler = reconciler
+        self._clock = clock
+        self._settings = settings
+        self._endings: set[asyncio.Task[None]] = set()
+
+    async def Connect(
+        self,
+        request_iterator: AsyncIterator[wg.WorkerMessage],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[wg.ControlMessage]:
+        node_id = current_principal().subject
+        first = await anext(aiter(request_iterator), None)
+        if first is None:
+            return
+        if first.WhichOneof("kind") != "hello":
+            raise GantryError("INVALID_ARGUMENT", "the first message on a worker stream is Hello")
+        if first.node_id and first.node_id != node_id:
+            raise GantryError("PERMISSION_DENIED", "Hello names another node than the credential")
+        stream = self._hub.open_stream(node_id=node_id, generation=first.generation)
+        welcome = await self._hello(stream, first.hello)
+        self._hub.attach(stream)
+        metrics.worker_stream("connected")
+        writes: asyncio.Queue[wg.WorkerMessage | None] = asyncio.Queue(
+            maxsize=self._settings.write_queue_limit + 2  # + the first dispatch and the end marker
+        )
+        reader: asyncio.Task[None] | None = None
+        writer: asyncio.Task[None] | None = None
+        try:
+            yield wg.ControlMessage(welcome=welcome)
+            writer = asyncio.create_task(self._write(stream, writes), name=f"writes-{node_id}")
+            reader = asyncio.create_task(
+                self._read(stream, request_iterator, writes), name=f"read-{node_id}"
+            )
+            # The first pump pass runs on the writer too: database work on a stream is never cut
+            # in half by the handler's cancellation (a client going away, a server stopping).
+            writes.put_nowait(_DISPATCH)
+            while (message := await stream.outbox.get()) is not None:
+                yield message
+        finally:
+            # The end runs as its own task, shielded: a handler cancelled by a stopping server
+            # must not cut a database write in half; `close()` waits for every such end.
+            ending = asyncio.create_task(
+                self._end_stream(stream, reader, writer, writes), name=f"end-{node_id}"
+            )
+            self._endings.add(ending)
+            ending.add_done_callback(self._endings.discard)
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.shield(ending)
+
+    async def _end_stream(
+        self,
+        stream: WorkerStream,
+        reader: asyncio.Task[None] | None,
+        writer: asyncio.Task[None] | None,
+        writes: asyncio.Queue[wg.WorkerMessage | None],
+    ) -> None:
+        if reader is not None:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reader
+        if writer is not None:
+            # Finish the writes already queued (results the worker waits to see acknowledged
+            # are resent anyway), then stop; never cancel one mid-transaction unless it hangs.
+            writes.put_nowait(None)
+            try:
+                await asyncio.wait_for(asyncio.shield(writer), _WRITER_DRAIN_S)
+            except TimeoutError:
+                writer.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await writer
+        metrics.worker_stream("disconnected")
+        await self._goodbye(stream)
+
+    async def close(self) -> None:
+        """Wait for every stream's end (its last writes and its goodbye) to finish."""
+        if self._endings:
+            await asyncio.wait(set(self._endings), timeout=_WRITER_DRAIN_S * 2)
+
+    async def _hello(self, stream: WorkerStream, hello: wg.Hello) -> wg.Welcome:
+        if stream.generation <= 0:
+            raise GantryError("INVALID_ARGUMENT", "a worker generation must be positive")
+        now = self._clock.now()
+        # A generation carries the time it was drawn. One from the future (beyond the allowed
+        # clock skew) is refused: otherwise a credential holder could send 2**63-1 and fence the
+        # real worker forever, even after the credential is rotated.
+        latest = int((now.timestamp() + self._settings.max_clock_skew_s) * 1_000_000)
+        if generation_micros(stream.generation) > latest:
+            raise GantryError(
+                "INVALID_ARGUMENT",
+                f"generation {stream.generation} was drawn more than "
+                f"{self._settings.max_clock_skew_s:g}s in the future; check the worker's clock",
+                limit_seconds=f"{self._settings.max_clock_skew_s:g}",
+            )
+        adapters = sorted({a for env in hello.environments for a in env.adapters})
+        inventory = {
+            "adapters": adapters,
+            # What the node offers placement: the scheduler's ledger charges these.
+            "domains": domains_to_json(hello.resource_domains),
+            # The worker's bound on model hosts: placement sends it no more (0: not said).
+            "max_residents": hello.max_residents,
+            "inventory": json_format.MessageToDict(hello.inventory),
+            "environments": [json_format.MessageToDict(e) for e in hello.environments],
+        }
+        async with self._database.transaction() as db:
+            previous = (await nodes.get_node(db, stream.node_id)).generation
+            node = await nodes.claim_generation(
+                db,
+                stream.node_id,
+                generation=stream.generation,
+                hostname=hello.hostname,
+                inventory=inventory,
+                now=now,
+            )
+            if previous and stream.generation > previous:
+                # A new worker process: the old one's unfinished jobs go back to the queue (a
+                # probe among them back to QUEUED: its child died with the old process).
+                released = await jobs.release_generation_jobs(
+                    db, node_id=node.node_id, generation=previous, now=now
+                )
+                await jobs_requeued(db, released, now=now)
+            reconciled = await self._lifecycle.reconcile_node(
+                db,
+                node_id=node.node_id,
+                generation=stream.generation,
+                inventory=hello.inventory,
+                now=now,
+            )
+            await settle_node_deployments(db, node.node_id, now=now)
+        # Right after the commit, which wrote `last_seen_at = now`: until this line the row alone
+        # is fresh, from here on the reconciler judges the stream by what it hears.
+        self._liveness.connected(stream.node_id, stream.generation, now, holder=stream)
+        self._lifecycle.announcer.node(node, [stream.node_id])
+        self._lifecycle.announce(reconciled.changed)
+        self._reconciler.wake()
+        log.info(
+            "node %s connected, generation %d, adopted %d, unloading %d",
+            stream.node_id,
+            stream.generation,
+            len(reconciled.adopted),
+            len(reconciled.unwanted),
+        )
+        interval = duration_pb2.Duration()
+        interval.FromNanoseconds(int(self._settings.heartbeat_interval_s * 1e9))
+        return wg.Welcome(
+            node_id=stream.node_id,
+            accepted_generation=stream.generation,
+            heartbeat_interval=interval,
+            adopted_deployment_ids=reconciled.adopted,
+            unload_deployment_ids=reconciled.unwanted,
+        )
+
+    async def _read(
+        self,
+        stream: WorkerStream,
+        messages: AsyncIterator[wg.WorkerMessage],
+        writes: asyncio.Queue[wg.WorkerMessage | None],
+    ) -> None:
+        try:
+            async for message in messages:
+                if stream.closed:
+                    return
+                if message.generation != stream.generation:
+                    metrics.message_refused("STALE_GENERATION", message.WhichOneof("kind") or "")
+                    stream.send(
+                        _reject(
+                            "",
+                            GantryError(
+                                "STALE_GENERATION",
+                                f"message from generation {message.generation}, stream holds "
+                                f"{stream.generation}",
+                            ),
+                        )
+                    )
+                    continue
+                kind = message.WhichOneof("kind")
+                if kind == "invoke_result":
+                    stream.resolve_invoke(message.invoke_result)
+                elif kind == "invoke_progress":
+                    # Inline like a result, and never waiting: a caller that falls behind has its
+                    # own call failed (worker_sessions), never this reader's other calls delayed.
+                    stream.progress_invoke(message.invoke_progress)
+                elif kind == "heartbeat" and self._heard_inline(stream, message, writes):
+                    continue
+                elif kind in ("heartbeat", "job_result", "job_update", "inventory_report"):
+                    if writes.qsize() >= self._settings.write_queue_limit:
+                        log.error("node %s: database writes fell behind; closing", stream.node_id)
+                        return
+                    writes.put_nowait(message)
+                else:
+                    stream.send(
+                        _reject(
+                            "",
+                            GantryError("INVALID_ARGUMENT", f"unexpected worker message {kind!r}"),
+                        )
+                    )
+        except grpc.aio.AioRpcError:
+            pass
+        except GantryError as error:
+            log.warning("worker stream of node %s: %s", stream.node_id, error)
+        except Exception:
+            log.exception("worker stream of node %s failed", stream.node_id)
+        finally:
+            stream.close(
+                GantryError("WORKER_UNAVAILABLE", f"lost the stream to node {stream.node_id}")
+            )
+
+    def _heard_inline(
+        self,
+        stream: WorkerStream,
+        message: wg.WorkerMessage,
+        writes: asyncio.Queue[wg.WorkerMessage | None],
+    ) -> bool:
+        """A heartbeat with no leases to renew and nothing queued before it is only liveness, kept
+        in memory: note it here rather than wake the writer for it. Most heartbeats of a fleet are
+        these; the queue hop cost a task switch each (fleet bench, issue 9). With writes pending,
+        it waits its turn behind them as `_heartbeat` says."""
+        if message.heartbeat.active_job_ids or not writes.empty():
+            return False
+        self._liveness.heard(stream.node_id, stream.generation, self._clock.now())
+        return True
+
+    async def _write(
+        self, stream: WorkerStream, writes: asyncio.Queue[wg.WorkerMessage | None]
+    ) -> None:
+        while (message := await writes.get()) is not None:
+            try:
+                if message is _DISPATCH:
+                    await self._lifecycle.dispatch_queued(stream.node_id)
+                else:
+                    await self._handle(stream, message)
+            except GantryError as error:
+                log.warning(
+                    "node %s: %s refused: %s", stream.node_id, message.WhichOneof("kind"), error
+                )
+            except Exception:
+                log.exception(
+                    "node %s: handling %s failed", stream.node_id, message.WhichOneof("kind")
+                )
+
+    async def _handle(self, stream: WorkerStream, message: wg.WorkerMessage) -> None:
+        kind = message.WhichOneof("kind")
+        if kind == "heartbeat":
+            await self._heartbeat(stream, message.heartbeat)
+        elif kind == "job_result":
+            await self._job_result(stream, message.job_result)
+        elif kind == "job_update":
+            await self._job_update(stream, message.job_update)
+        elif kind == "inventory_report":
+            await self._inventory(stream, message.inventory_report.inventory)
+
+    async def _heartbeat(self, stream: WorkerStream, heartbeat: wg.Heartbeat) -> None:
+        """Note the stream as heard, and renew the leases of the jobs the worker still runs.
+
+        On the writer, so it counts only once the messages sent before it were handled. Only the
+        generation that holds the node refreshes its liveness, and only the one that holds a job
+        renews it (`renew_leases` matches node and generation): a late heartbeat of an old
+        generation changes nothing.
+        """
+        self._liveness.heard(stream.node_id, stream.generation, self._clock.now())
+        if not heartbeat.active_job_ids:
+            return  # no transaction: liveness alone is kept in memory
+        async with self._database.transaction() as db:
+            await jobs.renew_leases(
+                db,
+                node_id=stream.node_id,
+                generation=stream.generation,
+                job_ids=list(heartbeat.active_job_ids),
+                lease_seconds=self._lifecycle.pump.lease_seconds,
+                now=self._clock.now(),
+            )
+
+    async def _job_result(self, stream: WorkerStream, result: wg.JobResult) -> None:
+        try:
+            await retry_on_conflict(
+                lambda: self._lifecycle.apply_result(
+                    node_id=stream.node_id, generation=stream.generation, result=result
+                )
+            )
+        except GantryError as error:
+            log.warning("job result %s refused: %s", result.job_id, error)
+            metrics.message_refused(error.reason, "job_result")
+            stream.send(_reject(result.job_id, error))
+            return
+        stream.send(wg.ControlMessage(ack=wg.Ack(job_id=result.job_id)))
+        self._reconciler.wake()  # a failed load may need placing elsewhere
+
+    async def _job_update(self, stream: WorkerStream, update: wg.JobUpdate) -> None:
+        """Progress, recorded only from the holder of the job's current lease. A refusal is
+        logged, never answered with a Reject: a Reject is what a worker reads about a result."""
+        if update.progress:
+            log.info("job %s: %s", update.job_id, update.progress)
+        try:
+            await retry_on_conflict(
+                lambda: self._lifecycle.apply_update(
+                    node_id=stream.node_id, generation=stream.generation, update=update
+                )
+            )
+        except GantryError as error:
+            log.warning("job update %s refused: %s", update.job_id, error)
+            metrics.message_refused(error.reason, "job_update")
+
+    async def _inventory(self, stream: WorkerStream, inventory: wg.Inventory) -> None:
+        async def reconcile() -> Reconciled:
+            async with self._database.transaction() as db:
+                # GetInventory shows the latest report, not only the Hello's (an adopted
+                # endpoint, say, appears only in a report).
+                node = await nodes.get_node(db, stream.node_id)
+                node.inventory = {
+                    **(node.inventory or {}),
+                    "inventory": json_format.MessageToDict(inventory),
+                }
+                return await self._lifecycle.reconcile_node(
+                    db,
+                    node_id=stream.node_id,
+                    generation=stream.generation,
+                    inventory=inventory,
+                    now=self._clock.now(),
+                )
+
+        reconciled = await retry_on_conflict(reconcile)
+        if reconciled.unwanted:
+            # Only a Hello's Welcome tells a worker to unload what no record accounts for; mid-
+            # stream this is rare (a load that outlived its record) and is reported, not guessed.
+            log.warning(
+                "node %s holds deployments no record on it accounts for: %s (unloaded on its "
+                "next connect)",
+                stream.node_id,
+                ", ".join(reconciled.unwanted),
+            )
+        self._lifecycle.announce(reconciled.changed)
+        if reconciled.queued_jobs:
+            await self._lifecycle.dispatch_queued(stream.node_id)
+
+    async def _goodbye(self, stream: WorkerStream) -> None:
+        stream.close(GantryError("WORKER_UNAVAILABLE", f"node {stream.node_id} disconnected"))
+        if not self._hub.detach(stream):
+            self._liveness.disconnected(stream.node_id, holder=stream)  # a newer one's is kept
+            return  # a newer generation already holds the node
+        now = self._clock.now()
+        try:
+            async with self._database.transaction() as db:
+                await nodes.mark_disconnected(
+                    db, stream.node_id, generation=stream.generation, now=now
+                )
+                await settle_node_deployments(db, stream.node_id, now=now)
+                node = await nodes.get_node(db, stream.node_id)
+        except GantryError as error:
+            log.warning("could not mark node %s disconnected: %s", stream.node_id, error)
+            return
+        finally:
+            # Only now: until the row says DISCONNECTED, staleness is still decided from here.
+            self._liveness.disconnected(stream.node_id, holder=stream)
+        self._lifecycle.announcer.node(node, ())
+        log.info("node %s (generation %d) disconnected", stream.node_id, stream.generation)
+
+
+def _reject(job_id: str, error: GantryError) -> wg.ControlMessage:
+    return wg.ControlMessage(reject=wg.Reject(job_id=job_id, failure=error.to_failure()))

@@ -1,0 +1,251 @@
+"""Applies what a worker's inventory means (nodes/inventory_rules) to the residency records."""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from gantry.controlplane.deployments import store as deployments
+from gantry.controlplane.deployments.health_rules import LIVE_STATES
+from gantry.controlplane.deployments.placement import queue_load
+from gantry.controlplane.deployments.settle import settle_deployment
+from gantry.controlplane.endpoints import store as endpoints
+from gantry.controlplane.endpoints.store import ORIGIN_ADOPTED
+from gantry.controlplane.jobs import store as jobs
+from gantry.controlplane.nodes import inventory_rules as rules
+from gantry.controlplane.observability import audit
+from gantry.controlplane.platform.models import Residency
+from gantry.controlplane.platform.state_machines import JobType, ResidencyState
+from gantry.v1 import common_pb2
+from gantry.v1 import worker_gateway_pb2 as wg
+
+# What an adopted server that stops answering its pings shows (its residency and deployment).
+ENDPOINT_UNRESPONSIVE = "RUNTIME_UNRESPONSIVE"
+
+_WIRE_STATE = {
+    common_pb2.RESIDENCY_STATE_RESIDENT: ResidencyState.RESIDENT,
+    common_pb2.RESIDENCY_STATE_LOADING: ResidencyState.LOADING,
+    common_pb2.RESIDENCY_STATE_UNLOADING: ResidencyState.UNLOADING,
+    common_pb2.RESIDENCY_STATE_UNCERTAIN: ResidencyState.UNCERTAIN,
+}
+
+
+@dataclass
+class Reconciled:
+    changed: list[Residency] = field(default_factory=list)
+    adopted: list[str] = field(default_factory=list)
+    unwanted: list[str] = field(default_factory=list)
+    queued_jobs: bool = False
+
+
+def reported_facts(resident: wg.ResidentModel) -> rules.ReportedFacts:
+    return rules.ReportedFacts(
+        deployment_id=resident.deployment_id,
+        # Anything else a worker might say is treated as the one state that promises nothing.
+        state=_WIRE_STATE.get(resident.state, ResidencyState.UNCERTAIN),
+        pid=resident.pid,
+        artifact_digest=resident.artifact_digest,
+        adapter_digest=resident.adapter_digest,
+        environment_fingerprint=resident.environment_fingerprint,
+        restart_count=resident.restart_count,
+        failure_reason=resident.last_failure.reason,
+        failure_message=resident.last_failure.message,
+        crash_loop=resident.crash_loop,
+        adopted=resident.adopted,
+        endpoint_url=resident.endpoint_url,
+        unresponsive=_failed_liveness(resident),
+    )
+
+
+def _failed_liveness(resident: wg.ResidentModel) -> str:
+    """An adopted server's failed ping, as the worker recorded it. Only an adopted one: a model
+    host's supervision acts on its own pings (kills and restarts it), which the inventory shows
+    as a restart."""
+    if not resident.adopted or resident.health.runtime.status != wg.HEALTH_STATUS_FAILED:
+        return ""
+    return resident.health.runtime.detail or "the adopted server failed its liveness ping"
+
+
+async def reconcile_inventory(
+    session: AsyncSession,
+    *,
+    node_id: str,
+    generation: int,
+    inventory: wg.Inventory,
+    now: dt.datetime,
+) -> Reconciled:
+    reported = {r.deployment_id: reported_facts(r) for r in inventory.residents}
+    rows = {r.residency_id: r for r in await deployments.residencies_on_node(session, node_id)}
+    records = []
+    for row in rows.values():
+        open_jobs = await jobs.open_jobs_for_residency(session, row.residency_id)
+        endpoint_url = ""
+        if row.state != ResidencyState.COLD and (
+            (await deployments.get_deployment(session, row.deployment_id)).origin == ORIGIN_ADOPTED
+        ):
+            endpoint_url = (await endpoints.endpoint_of_deployment(session, row.deployment_id)).url
+        records.append(
+            rules.RecordFacts(
+                residency_id=row.residency_id,
+                deployment_id=row.deployment_id,
+                state=ResidencyState(row.state),
+                generation=row.generation,
+                artifact_digest=row.artifact_digest,
+                adapter_digest=row.adapter_digest,
+                environment_fingerprint=row.environment_fingerprint,
+                load_in_flight=any(j.job_type == JobType.LOAD for j in open_jobs),
+                unload_in_flight=any(j.job_type == JobType.UNLOAD for j in open_jobs),
+                endpoint_url=endpoint_url,
+            )
+        )
+    decisions, unwanted = rules.decide(records, reported, generation=generation)
+    outcome = Reconciled(unwanted=unwanted)
+    touched: set[str] = set()
+    for decision in decisions:
+        row = rows[decision.residency_id]
+        held = reported.get(row.deployment_id)
+        if decision.action is rules.Action.KEEP:
+            continue
+        if decision.action is rules.Action.ADOPT:
+            outcome.adopted.append(row.deployment_id)
+            if held is not None and (row.pid != held.pid):
+                row.pid = held.pid
+            continue
+        await _apply(session, row, decision, held, generation=generation, now=now, out=outcome)
+        outcome.changed.append(row)
+        touched.add(row.deployment_id)
+    for deployment_id in touched:
+        await settle_deployment(session, deployment_id, now=now)
+    return outcome
+
+
+async def _apply(
+    session: AsyncSession,
+    row: Residency,
+    decision: rules.Decision,
+    held: rules.ReportedFacts | None,
+    *,
+    generation: int,
+    now: dt.datetime,
+    out: Reconciled,
+) -> None:
+    action = decision.action
+    if action is rules.Action.RESIDENT and held is not None:
+        await deployments.set_residency_state(
+            session,
+            row,
+            ResidencyState.RESIDENT,
+            now=now,
+            pid=held.pid,
+            generation=generation,
+            restart_count=held.restart_count,
+            last_failure_reason="",
+            last_failure_message="",
+        )
+    elif action is rules.Action.RESTARTING and held is not None:
+        was_looping = row.last_failure_reason == rules.CRASH_LOOP
+        reason = rules.CRASH_LOOP if held.crash_loop else (held.failure_reason or "RUNTIME_CRASHED")
+        await deployments.set_residency_state(
+            session,
+            row,
+            ResidencyState.LOADING,
+            now=now,
+            pid=0,
+            restart_count=held.restart_count,  # the worker counts; each report repeats it
+            last_failure_reason=reason,
+            last_failure_message=held.failure_message,
+        )
+        if held.crash_loop and not was_looping:
+            await audit.record_event(
+                session,
+                actor=f"node:{row.node_id}",
+                action="residency.crash_loop",
+                subject_kind="residency",
+                subject_id=row.residency_id,
+                now=now,
+                deployment_id=row.deployment_id,
+                restart_count=str(held.restart_count),
+                message=held.failure_message,
+            )
+    elif action is rules.Action.UNRESPONSIVE:
+        # Not routed to (the scheduler routes RESIDENT residencies only) and shown, until a
+        # report says it answers again (Action.RESIDENT). The worker keeps it and keeps pinging;
+        # nothing is sent to the server, which is not ours to restart.
+        await deployments.set_residency_state(
+            session,
+            row,
+            ResidencyState.LOADING,
+            now=now,
+            last_failure_reason=ENDPOINT_UNRESPONSIVE,
+            last_failure_message=decision.why,
+        )
+        await audit.record_event(
+            session,
+            actor=f"node:{row.node_id}",
+            action="endpoint.unresponsive",
+            subject_kind="residency",
+            subject_id=row.residency_id,
+            now=now,
+            deployment_id=row.deployment_id,
+            message=decision.why,
+        )
+    elif action is rules.Action.UNCERTAIN:
+        if row.state != ResidencyState.UNCERTAIN:
+            await deployments.set_residency_state(
+                session,
+                row,
+                ResidencyState.UNCERTAIN,
+                now=now,
+                last_failure_reason="RECLAIM_UNVERIFIED",
+                last_failure_message=decision.why,
+            )
+            await audit.record_event(
+                session,
+                actor="controlplane",
+                action="residency.uncertain",
+                subject_kind="residency",
+                subject_id=row.residency_id,
+                now=now,
+                why=decision.why,
+            )
+        await _queue_unload(session, row, now=now)
+        out.queued_jobs = True
+    elif action is rules.Action.GONE:
+        await _cancel_open_jobs(session, row, now=now)
+        await deployments.set_residency_state(
+            session,
+            row,
+            ResidencyState.COLD,
+            now=now,
+            pid=0,
+            last_failure_reason="RUNTIME_CRASHED",
+            last_failure_message=decision.why,
+        )
+        deployment = await deployments.get_deployment(session, row.deployment_id)
+        if deployment.state in LIVE_STATES:
+            # Load it again where it was: the node is here and reporting.
+            await queue_load(session, deployment, row, now=now)
+            out.queued_jobs = True
+    elif action is rules.Action.UNLOADED:
+        await _cancel_open_jobs(session, row, now=now)
+        await deployments.set_residency_state(session, row, ResidencyState.COLD, now=now, pid=0)
+
+
+async def _queue_unload(session: AsyncSession, row: Residency, *, now: dt.datetime) -> None:
+    if await jobs.open_jobs_for_residency(session, row.residency_id, job_type=JobType.UNLOAD):
+        return
+    await jobs.create_job(
+        session,
+        job_type=JobType.UNLOAD,
+        deployment_id=row.deployment_id,
+        node_id=row.node_id,
+        residency_id=row.residency_id,
+        now=now,
+    )
+
+
+async def _cancel_open_jobs(session: AsyncSession, row: Residency, *, now: dt.datetime) -> None:
+    for job in await jobs.open_jobs_for_residency(session, row.residency_id):
+        await jobs.cancel_job(session, job, now=now)

@@ -1,0 +1,292 @@
+"""Node records: registration with a hashed credential, connection state, the current generation."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import select, update
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from gantry.common import tokens
+from gantry.common.errors import GantryError, not_found
+from gantry.common.ids import new_id
+from gantry.controlplane.jobs.store import OPEN_JOB_STATES
+from gantry.controlplane.nodes.liveness import SeenBatch
+from gantry.controlplane.observability import state_history
+from gantry.controlplane.platform.models import Node, ServingJob
+from gantry.controlplane.platform.state_machines import NodeState
+from gantry.controlplane.platform.transitions import compare_and_set, lost_a_race
+
+# Nodes per `record_last_seen` statement: far below SQLite's and PostgreSQL's bind limits.
+LAST_SEEN_CHUNK = 5_000
+
+
+async def register_node(
+    session: AsyncSession, *, name: str, labels: dict[str, str], now: dt.datetime
+) -> tuple[Node, str]:
+    """A new node and its credential; the credential is returned once, only its hash is stored."""
+    # A deleted node keeps its row (and name) for its history: the name is free again.
+    existing = await session.scalar(
+        select(Node).where(Node.name == name, Node.deleted_at.is_(None))
+    )
+    if existing is not None:
+        raise GantryError("ALREADY_EXISTS", f"a node named {name!r} exists", name=name)
+    node_id = new_id()
+    credential = tokens.mint_token(tokens.NODE_CREDENTIAL, node_id)
+    node = Node(
+        node_id=node_id,
+        name=name,
+        credential_hash=tokens.hash_token(credential),
+        state=NodeState.REGISTERED,
+        generation=0,
+        labels=labels,
+        hostname="",
+        inventory={},
+        created_at=now,
+    )
+    session.add(node)
+    await state_history.record_creation(
+        session, subject_kind="node", subject_id=node_id, state=node.state, at=now
+    )
+    await session.flush()
+    return node, credential
+
+
+async def get_node(session: AsyncSession, node_id: str) -> Node:
+    node = await session.get(Node, node_id)
+    if node is None:
+        raise not_found("node", node_id)
+    return node
+
+
+async def list_nodes(
+    session: AsyncSession, *, after: str, limit: int, include_deleted: bool = False
+) -> Sequence[Node]:
+    """Nodes by id; deleted ones only when asked (placement, snapshots and the scheduler's view
+    never see them)."""
+    query = select(Node).where(Node.node_id > after)
+    if not include_deleted:
+        query = query.where(Node.deleted_at.is_(None))
+    return (await session.scalars(query.order_by(Node.node_id).limit(limit))).all()
+
+
+async def mark_connected(
+    session: AsyncSession,
+    node: Node,
+    *,
+    generation: int,
+    hostname: str,
+    inventory: dict[str, Any],
+    now: dt.datetime,
+) -> None:
+    if node.state != NodeState.CONNECTED:
+        await compare_and_set(
+            session,
+            Node,
+            node.node_id,
+            machine="node",
+            expected=node.state,
+            target=NodeState.CONNECTED,
+            now=now,
+        )
+    node.generation = generation
+    node.hostname = hostname
+    node.inventory = inventory
+    node.last_seen_at = now
+    await session.flush()
+
+
+async def mark_disconnected(
+    session: AsyncSession, node_id: str, *, generation: int, now: dt.datetime
+) -> bool:
+    """Only the generation that holds the node may mark it gone (a newer one may be connected)."""
+    node = await get_node(session, node_id)
+    if node.generation != generation or node.state != NodeState.CONNECTED:
+        return False
+    await compare_and_set(
+        session,
+        Node,
+        node_id,
+        machine="node",
+        expected=NodeState.CONNECTED,
+        target=NodeState.DISCONNECTED,
+        last_seen_at=now,
+    )
+    return True
+
+
+async def disconnect_all(session: AsyncSession, *, now: dt.datetime) -> int:
+    """At control-plane start no worker stream exists yet: CONNECTED rows are stale."""
+    rows = (await session.scalars(select(Node).where(Node.state == NodeState.CONNECTED))).all()
+    disconnected = 0
+    for row in rows:
+        try:
+            await compare_and_set(
+                session,
+                Node,
+                row.node_id,
+                machine="node",
+                expected=NodeState.CONNECTED,
+                target=NodeState.DISCONNECTED,
+                now=now,
+            )
+        except GantryError as error:
+            # A previous control plane's last goodbye (still committing as it shuts down) moved
+            # the row first: it is no longer CONNECTED, which is all this start needs.
+            if not lost_a_race(error):
+                raise
+            continue
+        disconnected += 1
+    return disconnected
+
+
+async def claim_generation(
+    session: AsyncSession,
+    node_id: str,
+    *,
+    generation: int,
+    hostname: str,
+    inventory: dict[str, Any],
+    now: dt.datetime,
+) -> Node:
+    """Fence in one conditional UPDATE: the node takes `generation` only if it is not older.
+
+    Two streams of one node racing (an old process reconnecting, a new one starting) cannot both
+    win: the UPDATE holds `generation >= current` in its WHERE, so the check and the write are one.
+    """
+    # Read for the history only: the UPDATE below stays the one check-and-write.
+    previous_state = await session.scalar(select(Node.state).where(Node.node_id == node_id))
+    result = await session.execute(
+        update(Node)
+        .where(
+            Node.node_id == node_id,
+            Node.generation <= generation,
+            Node.state != NodeState.DISABLED,
+            # DeleteNode locks the row: a Hello racing it either lands first (and the delete is
+            # refused: CONNECTED) or waits and matches nothing here.
+            Node.deleted_at.is_(None),
+        )
+        .values(
+            state=NodeState.CONNECTED,
+            generation=generation,
+            hostname=hostname,
+            inventory=inventory,
+            last_seen_at=now,
+        )
+        .execution_options(synchronize_session="fetch")
+    )
+    node = await get_node(session, node_id)
+    await session.refresh(node)
+    if result.rowcount == 1:  # type: ignore[attr-defined]
+        if previous_state is not None and previous_state != NodeState.CONNECTED:
+            await state_history.record_change(
+                session,
+                Node,
+                node_id,
+                machine="node",
+                from_state=previous_state,
+                to_state=NodeState.CONNECTED,
+                values={},
+                at=now,
+            )
+        return node
+    if node.deleted_at is not None:
+        raise GantryError("UNAUTHENTICATED", f"node {node_id} was deleted")
+    if node.state == NodeState.DISABLED:
+        raise GantryError("NODE_DISABLED", f"node {node_id} is disabled", node_id=node_id)
+    raise GantryError(
+        "STALE_GENERATION",
+        f"generation {generation} is older than {node.generation}",
+        node_id=node_id,
+    )
+
+
+async def nodes_in_state(
+    session: AsyncSession, state: NodeState, *, seen_before: dt.datetime | None = None
+) -> Sequence[Node]:
+    query = select(Node).where(Node.state == state, Node.deleted_at.is_(None))
+    if seen_before is not None:
+        query = query.where((Node.last_seen_at < seen_before) | (Node.last_seen_at.is_(None)))
+    return (await session.scalars(query)).all()
+
+
+async def record_last_seen(session: AsyncSession, batch: SeenBatch) -> None:
+    """Write `last_seen_at = batch.seen_at` for the batch's nodes: one statement per
+    `LAST_SEEN_CHUNK` nodes (a bound on bind parameters that both stores accept).
+
+    A row only moves forward: a flush that lands after a disconnect or a newer generation's Hello
+    wrote a later time changes nothing, so no generation check is needed here.
+    """
+    for start in range(0, len(batch.node_ids), LAST_SEEN_CHUNK):
+        await session.execute(
+            update(Node)
+            .where(
+                Node.node_id.in_(batch.node_ids[start : start + LAST_SEEN_CHUNK]),
+                (Node.last_seen_at.is_(None)) | (Node.last_seen_at < batch.seen_at),
+            )
+            .values(last_seen_at=batch.seen_at)
+            .execution_options(synchronize_session=False)
+        )
+
+
+async def set_node_state(
+    session: AsyncSession,
+    node: Node,
+    target: NodeState,
+    *,
+    now: dt.datetime | None = None,
+    **values: Any,
+) -> None:
+    await compare_and_set(
+        session,
+        Node,
+        node.node_id,
+        machine="node",
+        expected=node.state,
+        target=target,
+        now=now,
+        **values,
+    )
+    await session.refresh(node)
+
+
+async def rotate_credential(session: AsyncSession, node: Node) -> str:
+    """A new credential for the node; only its hash is kept, the old one no longer matches."""
+    credential = tokens.mint_token(tokens.NODE_CREDENTIAL, node.node_id)
+    node.credential_hash = tokens.hash_token(credential)
+    await session.flush()
+    return credential
+
+
+async def lock_node(session: AsyncSession, node_id: str) -> Node:
+    """The node read under a row lock (PostgreSQL; SQLite's writers already take turns): a Hello
+    racing a delete waits for it instead of slipping in between its checks and its write."""
+    node = await session.scalar(
+        select(Node)
+        .where(Node.node_id == node_id)
+        .with_for_update()
+        .execution_options(populate_existing=True)
+    )
+    if node is None:
+        raise not_found("node", node_id)
+    return node
+
+
+async def mark_deleted(session: AsyncSession, node: Node, *, now: dt.datetime) -> None:
+    """Deleted: the row stays for its history. No token hashes to an empty string, so the
+    credential it had matches nothing from now on (the authenticator refuses it first anyway)."""
+    node.deleted_at = now
+    node.credential_hash = ""
+    await session.flush()
+
+
+async def open_job_ids_on_node(session: AsyncSession, node_id: str) -> list[str]:
+    """Jobs of any type still queued, leased or running on the node, oldest first."""
+    query = (
+        select(ServingJob.job_id)
+        .where(ServingJob.node_id == node_id, ServingJob.state.in_(OPEN_JOB_STATES))
+        .order_by(ServingJob.created_at, ServingJob.job_id)
+    )
+    return list((await session.scalars(query)).all())

@@ -1,0 +1,113 @@
+"""Authenticates control-plane RPCs by role: operator token, client API key, node credential."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gantry.common import tokens
+from gantry.common.auth import Principal, Role
+from gantry.common.clock import Clock
+from gantry.common.errors import GantryError
+from gantry.controlplane.nodes import store as nodes
+from gantry.controlplane.platform import credentials
+from gantry.controlplane.platform.database import Database
+from gantry.controlplane.platform.state_machines import NodeState
+
+_KINDS = {
+    Role.OPERATOR: tokens.OPERATOR_TOKEN,
+    Role.CLIENT: tokens.API_KEY,
+    Role.WORKER: tokens.NODE_CREDENTIAL,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class _CachedKey:
+    key_hash: str
+    tenant_id: str
+    expires_at: float
+
+
+class ControlPlaneAuthenticator:
+    # Client keys are checked on every inference call; a short cache keeps the database off that
+    # hot path. A revoked key stops working within this many seconds.
+    CLIENT_KEY_CACHE_SECONDS = 5.0
+
+    def __init__(self, database: Database, clock: Clock) -> None:
+        self._database = database
+        self._clock = clock
+        self._client_keys: dict[str, _CachedKey] = {}
+
+    async def authenticate(self, role: Role, token: str) -> Principal:
+        kind = _KINDS.get(role)
+        parsed = tokens.parse_token(token, kind=kind) if kind else None
+        if parsed is None:
+            other = next(
+                (
+                    r
+                    for r, k in _KINDS.items()
+                    if r is not role and tokens.parse_token(token, kind=k)
+                ),
+                None,
+            )
+            if other is not None:
+                # A genuine credential of another role is known but not allowed here; a forged one
+                # is simply not known (the call below raises UNAUTHENTICATED for it).
+                await self.authenticate(other, token)
+                raise GantryError(
+                    "PERMISSION_DENIED",
+                    f"{_article(other.value)} {other.value} credential cannot make "
+                    f"{role.value} calls",
+                    role=role.value,
+                )
+            raise GantryError(
+                "UNAUTHENTICATED",
+                f"this call needs {_article(role.value)} {role.value} token, and the bearer token "
+                "given is not one (malformed, or of an unknown kind)",
+            )
+        if role is Role.CLIENT:
+            return await self._client(token, parsed.token_id)
+        async with self._database.transaction() as session:
+            if role is Role.OPERATOR:
+                row = await credentials.find_operator_token(session, parsed.token_id)
+                if row is None or row.revoked_at is not None:
+                    raise GantryError("UNAUTHENTICATED", "unknown or revoked operator token")
+                stored, subject = row.token_hash, row.token_id
+            else:
+                node = await session.get(nodes.Node, parsed.token_id)
+                if node is None:
+                    raise GantryError("UNAUTHENTICATED", "unknown node credential")
+                if node.deleted_at is not None:
+                    raise GantryError("UNAUTHENTICATED", f"node {node.node_id} was deleted")
+                stored, subject = node.credential_hash, node.node_id
+                if node.state == NodeState.DISABLED and tokens.token_matches(token, stored):
+                    raise GantryError("NODE_DISABLED", f"node {node.node_id} is disabled")
+        if not tokens.token_matches(token, stored):
+            raise GantryError("UNAUTHENTICATED", f"the {role.value} token does not match")
+        return Principal(role=role, subject=subject)
+
+    def forget_api_key(self, api_key_id: str) -> None:
+        """A revoked key must not live on in the cache: the next call reads the database."""
+        self._client_keys.pop(api_key_id, None)
+
+    async def _client(self, token: str, api_key_id: str) -> Principal:
+        now = self._clock.monotonic()
+        cached = self._client_keys.get(api_key_id)
+        if cached is None or cached.expires_at < now:
+            async with self._database.transaction() as session:
+                row = await credentials.find_api_key(session, api_key_id)
+            if row is None or row.revoked_at is not None:
+                self._client_keys.pop(api_key_id, None)
+                raise GantryError("UNAUTHENTICATED", "unknown or revoked API key")
+            cached = _CachedKey(
+                key_hash=row.key_hash,
+                tenant_id=row.tenant_id,
+                expires_at=now + self.CLIENT_KEY_CACHE_SECONDS,
+            )
+            self._client_keys[api_key_id] = cached
+        if not tokens.token_matches(token, cached.key_hash):
+            raise GantryError("UNAUTHENTICATED", "the API key does not match")
+        return Principal(role=Role.CLIENT, subject=cached.tenant_id)
+
+
+def _article(word: str) -> str:
+    return "an" if word[:1] in "aeiou" else "a"

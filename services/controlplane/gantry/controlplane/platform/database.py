@@ -1,0 +1,309 @@
+"""The database seam: engine, sessions and migrations for SQLite (default) or PostgreSQL.
+
+Only `gantry migrate` creates or upgrades the schema (`migrate_database`: the Alembic head, then
+the installation record). A starting control plane only checks (`require_initialised`) and
+refuses a missing SQLite file, an empty database or an old schema rather than repairing it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import os
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from alembic.util.exc import CommandError
+from sqlalchemy import event
+from sqlalchemy.engine import URL, Connection, make_url
+from sqlalchemy.ext.asyncio import (
+    AsyncEngine,
+    AsyncSession,
+    async_sessionmaker,
+    create_async_engine,
+)
+
+from gantry.controlplane.observability import audit
+from gantry.controlplane.platform import installation
+from gantry.controlplane.platform.models import Installation
+
+MIGRATIONS_DIR = Path(__file__).with_name("migrations")
+
+
+class DatabaseNotInitialised(Exception):
+    """The control plane's database is missing, empty, or not at this Gantry's schema.
+
+    The message is one line for the operator and says what to run.
+    """
+
+
+def _sqlite_pragmas(dbapi_connection: object, _record: object) -> None:
+    # The driver's own implicit BEGIN is off: `_sqlite_begin_immediate` emits each BEGIN.
+    dbapi_connection.isolation_level = None  # type: ignore[attr-defined]
+    cursor = dbapi_connection.cursor()  # type: ignore[attr-defined]
+    # WAL lets readers run beside the one writer; foreign keys are off by default in SQLite.
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.execute("PRAGMA busy_timeout=5000")
+    cursor.close()
+
+
+def _sqlite_begin_immediate(connection: Connection) -> None:
+    # A deferred transaction that reads and then writes must upgrade its lock, and in WAL mode an
+    # upgrade that meets another writer fails at once with "database is locked" (busy_timeout
+    # does not apply to it): a burst of worker Hellos hit this (issue 9, 7 of 1,000). Taking the
+    # write lock at BEGIN makes a second writer wait its turn under busy_timeout instead. Read-only
+    # transactions take it too and so wait for a writer's commit; the control plane's reads on
+    # hot paths are cached (routes, keys), so that costs little.
+    connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def sqlite_file(url: str | URL) -> Path | None:
+    """The file behind a SQLite URL; None for other databases and in-memory SQLite."""
+    url = make_url(url)
+    if url.get_backend_name() != "sqlite":
+        return None
+    database = url.database or ""
+    if database in ("", ":memory:") or database.startswith("file:"):
+        return None
+    return Path(database)
+
+
+def shown_url(url: str | URL) -> str:
+    return make_url(url).render_as_string(hide_password=True)
+
+
+def migrate_hint(url: str | URL) -> str:
+    return f"run `gantry migrate --database-url {shown_url(url)}`"
+
+
+# Set in a session's `info` by a write that changes which deployment a request reaches (a
+# capability binding moving): the routing watchers hear of it around the commit.
+ROUTING_CHANGED = "gantry.routing_changed"
+
+
+class RoutingWatcher(Protocol):
+    """Something that remembers routes (the route cache) and must not outlive a change of them."""
+
+    def routing_changing(self) -> None:
+        """A transaction that changes routing is about to commit: stop trusting what you hold."""
+
+    def routing_changed(self) -> None:
+        """... it has committed (or rolled back): forget what you hold, trust again."""
+
+
+class AuditListener(Protocol):
+    """Something that follows the audit trail (the audit feed of WatchAuditEvents)."""
+
+    def audit_committed(self) -> None:
+        """A transaction that wrote audit events has committed: they are readable now."""
+
+
+class SqliteTurns:
+    """SQLite has one writer at a time: this process's transactions take turns here, first come
+    first served. Left to SQLite's busy handler, which sleeps and retries, a burst of writers (1,000
+    worker Hellos) starved some of them past busy_timeout and they failed "database is locked"."""
+
+    def __init__(self) -> None:
+        self._lock = asyncio.Lock()
+        self._holder: asyncio.Task[object] | None = None
+
+    @contextlib.asynccontextmanager
+    async def turn(self) -> AsyncIterator[None]:
+        task = asyncio.current_task()
+        if task is not None and task is self._holder:
+            # Waiting here would wait for ourselves forever: say so instead of hanging.
+            raise RuntimeError("a SQLite transaction was opened inside another in the same task")
+        async with self._lock:
+            self._holder = task
+            try:
+                yield
+            finally:
+                self._holder = None
+
+
+@dataclass(slots=True)
+class Database:
+    engine: AsyncEngine
+    sessions: async_sessionmaker[AsyncSession]
+    routing_watchers: list[RoutingWatcher] = field(default_factory=list)
+    audit_listeners: list[AuditListener] = field(default_factory=list)
+    sqlite_turns: SqliteTurns | None = None
+
+    @classmethod
+    def connect(cls, url: str) -> Database:
+        """An engine for url; nothing is opened (or, for SQLite, created) until first use."""
+        engine = create_async_engine(url, pool_pre_ping=True)
+        turns = None
+        if engine.dialect.name == "sqlite":
+            event.listen(engine.sync_engine, "connect", _sqlite_pragmas)
+            event.listen(engine.sync_engine, "begin", _sqlite_begin_immediate)
+            turns = SqliteTurns()
+        sessions = async_sessionmaker(engine, expire_on_commit=False)
+        return cls(engine=engine, sessions=sessions, sqlite_turns=turns)
+
+    @contextlib.asynccontextmanager
+    async def transaction(self) -> AsyncIterator[AsyncSession]:
+        """One unit of work: repository functions flush, this commits (or rolls back on error)."""
+        if self.sqlite_turns is None:
+            async with self._transaction() as session:
+                yield session
+        else:
+            async with self.sqlite_turns.turn(), self._transaction() as session:
+                yield session
+
+    @contextlib.asynccontextmanager
+    async def _transaction(self) -> AsyncIterator[AsyncSession]:
+        async with self.sessions() as session:
+            watched = False
+            try:
+                async with session.begin():
+                    yield session
+                    # Last, so the ids are drawn in commit order (observability/audit.py).
+                    audited = await audit.write_pending(session)
+                    if session.info.get(ROUTING_CHANGED):
+                        # From before the commit until after it, no cached route is served: a
+                        # request resolved once the commit is visible reads the new binding.
+                        watched = True
+                        for watcher in self.routing_watchers:
+                            watcher.routing_changing()
+                if audited:
+                    for listener in self.audit_listeners:
+                        listener.audit_committed()
+            finally:
+                if watched:
+                    for watcher in self.routing_watchers:
+                        watcher.routing_changed()
+
+    async def migrate(self) -> str:
+        """Create or upgrade the schema to the newest Alembic revision; returns that revision."""
+        async with self.engine.begin() as connection:
+            await connection.run_sync(_upgrade)
+        return head_revision()
+
+    async def schema_revisions(self) -> tuple[str, ...]:
+        """The revisions the database is stamped with; empty when it holds no Gantry schema."""
+        async with self.engine.connect() as connection:
+            return await connection.run_sync(_current_heads)
+
+    async def require_initialised(self) -> None:
+        """Refuse (DatabaseNotInitialised) unless `gantry migrate` brought this database to the
+        head revision and wrote its installation record. Closes the engine when it refuses."""
+        try:
+            await self._check_initialised()
+        except BaseException:
+            await self.close()
+            raise
+
+    async def _check_initialised(self) -> None:
+        url = self.engine.url
+        where = shown_url(url)
+        path = sqlite_file(url)
+        # Checked before the first connection: SQLite would silently create an empty file.
+        if path is not None and not path.is_file():
+            raise DatabaseNotInitialised(
+                f"the database file {path} does not exist; {migrate_hint(url)} to create it"
+            )
+        found = await self.schema_revisions()
+        head = head_revision()
+        if not found:
+            raise DatabaseNotInitialised(
+                f"the database {where} holds no Gantry schema; {migrate_hint(url)} to initialise it"
+            )
+        if found != (head,):
+            if all(is_known_revision(revision) for revision in found):
+                raise DatabaseNotInitialised(
+                    f"the database {where} is at schema revision {', '.join(found)}, this Gantry"
+                    f" needs {head}; {migrate_hint(url)} to upgrade it"
+                )
+            raise DatabaseNotInitialised(
+                f"the database {where} is at schema revision {', '.join(found)}, which this"
+                f" Gantry (schema {head}) does not know; run the Gantry version that migrated it"
+            )
+        async with self.transaction() as session:
+            record = await installation.get_installation(session)
+        if record is None:
+            raise DatabaseNotInitialised(
+                f"the database {where} has no installation record; {migrate_hint(url)} to write it"
+            )
+
+    async def close(self) -> None:
+        await self.engine.dispose()
+
+
+async def migrate_database(url: str, *, now: dt.datetime | None = None) -> Installation:
+    """What `gantry migrate` does: the schema to the Alembic head, then the installation record
+    (created once; later migrations update its revision and version)."""
+    path = sqlite_file(url)
+    if path is not None:
+        _create_private_file(path)
+    database = Database.connect(url)
+    try:
+        revision = await database.migrate()
+        async with database.transaction() as session:
+            return await installation.record_installation(
+                session,
+                schema_revision=revision,
+                version=installation.gantry_version(),
+                now=now or dt.datetime.now(dt.UTC),
+            )
+    finally:
+        await database.close()
+
+
+def _create_private_file(path: Path) -> None:
+    """Create the SQLite file 0600 before SQLite does (it would follow the umask and symlinks).
+
+    O_EXCL|O_NOFOLLOW: a symlink planted at the database path is refused, never written through.
+    An existing regular file is left as it is (a migration of an existing database).
+    """
+    try:
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    except FileNotFoundError:
+        return  # no such directory: connecting reports it, with the URL
+    except FileExistsError:
+        if path.is_symlink():
+            raise DatabaseNotInitialised(
+                f"the database path {path} is a symlink; refusing it"
+            ) from None
+        return
+    os.close(descriptor)
+    os.chmod(path, 0o600)  # the mode given to open is filtered by the umask
+
+
+def alembic_config(connection: Connection | None = None) -> Config:
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    if connection is not None:
+        config.attributes["connection"] = connection
+    return config
+
+
+def head_revision() -> str:
+    """The newest revision of the migrations shipped with this Gantry (exactly one head)."""
+    heads = ScriptDirectory.from_config(alembic_config()).get_heads()
+    if len(heads) != 1:
+        raise RuntimeError(f"the migrations have {len(heads)} heads ({heads}), not one")
+    return heads[0]
+
+
+def is_known_revision(revision: str) -> bool:
+    try:
+        return ScriptDirectory.from_config(alembic_config()).get_revision(revision) is not None
+    except CommandError:
+        return False
+
+
+def _upgrade(connection: Connection) -> None:
+    command.upgrade(alembic_config(connection), "head")
+
+
+def _current_heads(connection: Connection) -> tuple[str, ...]:
+    return tuple(MigrationContext.configure(connection).get_current_heads())

@@ -1,0 +1,12 @@
+"""The OpenAI-compatible HTTP API (`/v1/embeddings`, `/v1/completions`, `/v1/chat/completions`,
+`/v1/models`): a protocol adapter in front of the Inference servicer, served by the control plane
+beside its gRPC server (server.py). Below the adapter every call takes the gRPC door's path."""
+
+from gantry.controlplane.serving.openai_http.server import (
+    HttpApi,
+    HttpApiSettings,
+    HttpListenError,
+    start_http_api,
+)
+
+__all__ = ["HttpApi", "HttpApiSettings", "HttpListenError", "start_http_api"]

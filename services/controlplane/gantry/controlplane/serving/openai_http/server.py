@@ -1,0 +1,163 @@
+"""The HTTP listener: uvicorn serving the OpenAI routes in the control plane's own event loop,
+beside its gRPC server, started and stopped with it.
+
+The socket is bound here before uvicorn starts, so a taken port fails the control plane's start at
+once with one line (HttpListenError), and port 0 reports the port it got. uvicorn's signal
+handling is left out: the control plane owns SIGINT/SIGTERM and stops this listener itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import ssl
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import uvicorn
+
+from gantry.common.auth import Authenticator
+from gantry.common.tls import ServerTls
+from gantry.controlplane.platform.database import Database
+from gantry.controlplane.serving.openai_http.routes import OpenAiRoutes
+from gantry.v1 import inference_pb2_grpc
+
+log = logging.getLogger(__name__)
+# How long a stop waits for calls in flight (a stream included) before cancelling them.
+SHUTDOWN_GRACE_S = 2
+STOP_TIMEOUT_S = SHUTDOWN_GRACE_S + 5.0
+
+
+class HttpListenError(Exception):
+    """The HTTP API cannot listen where it was told to (taken, not an address): an operator's
+    setting, reported in one line."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class HttpApiSettings:
+    listen: str  # HOST:PORT; port 0 picks a free one
+    max_body_bytes: int
+    max_in_flight: int
+    tls: ServerTls | None = None  # the control plane's own certificate (and client CA: mTLS)
+
+
+def parse_listen(listen: str) -> tuple[str, int]:
+    host, _, port = listen.rpartition(":")
+    host = host.strip("[]")
+    if not host or not port.isdigit() or int(port) > 65535:
+        raise HttpListenError(f"the HTTP listen address {listen!r} is not HOST:PORT")
+    return host, int(port)
+
+
+def _bind(listen: str) -> socket.socket:
+    host, port = parse_listen(listen)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    # IPPROTO_TCP named, not 0: asyncio sets TCP_NODELAY only on sockets that say they are TCP,
+    # and without it a response written as head then body waits out the client's delayed ACK
+    # (40 ms a call on Linux).
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.bind((host, port))
+        sock.listen(2048)
+        return sock
+    except OSError as exc:
+        sock.close()
+        raise HttpListenError(
+            f"the OpenAI HTTP API cannot listen on {listen}: {exc.strerror or exc}"
+        ) from None
+
+
+class _EmbeddedServer(uvicorn.Server):
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield  # the control plane's signals are its own; it calls stop()
+
+
+class HttpApi:
+    """One running listener; `stop` is idempotent."""
+
+    def __init__(self, server: _EmbeddedServer, sock: socket.socket) -> None:
+        self._server = server
+        self._socket = sock
+        self.port: int = sock.getsockname()[1]
+        self._task = asyncio.create_task(server.serve(sockets=[sock]), name="openai-http")
+        self._task.add_done_callback(_report_exit)
+
+    async def stop(self) -> None:
+        if self._task.done():
+            return
+        self._server.should_exit = True
+        try:
+            await asyncio.wait_for(asyncio.shield(self._task), STOP_TIMEOUT_S)
+        except TimeoutError:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        finally:
+            self._socket.close()
+
+
+def _report_exit(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("the OpenAI HTTP API stopped serving", exc_info=task.exception())
+
+
+def _config(routes: OpenAiRoutes, tls: ServerTls | None) -> uvicorn.Config:
+    ssl_settings: dict[str, object] = {}
+    if tls is not None:
+        ssl_settings = {
+            "ssl_certfile": str(tls.cert_chain_file),
+            "ssl_keyfile": str(tls.private_key_file),
+        }
+        if tls.client_ca_file is not None:
+            ssl_settings |= {
+                "ssl_ca_certs": str(tls.client_ca_file),
+                "ssl_cert_reqs": ssl.CERT_REQUIRED,
+            }
+    config = uvicorn.Config(
+        routes.app(),
+        http="h11",
+        ws="none",
+        lifespan="off",
+        log_config=None,  # the control plane's logging, not uvicorn's own
+        access_log=False,  # every call is counted and traced instead (routes.py)
+        server_header=False,
+        proxy_headers=False,  # a caller is its socket; nothing in front of it is trusted
+        timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
+        **ssl_settings,  # type: ignore[arg-type]
+    )
+    config.load()  # a bad certificate fails the start here, not inside the serving task
+    return config
+
+
+async def start_http_api(
+    settings: HttpApiSettings,
+    *,
+    inference: inference_pb2_grpc.InferenceServicer,
+    authenticator: Authenticator,
+    database: Database,
+) -> HttpApi:
+    routes = OpenAiRoutes(
+        inference=inference,
+        authenticator=authenticator,
+        database=database,
+        max_body_bytes=settings.max_body_bytes,
+        max_in_flight=settings.max_in_flight,
+    )
+    try:
+        config = _config(routes, settings.tls)
+    except (OSError, ssl.SSLError) as exc:
+        raise HttpListenError(f"the OpenAI HTTP API cannot load its TLS files: {exc}") from None
+    sock = _bind(settings.listen)
+    api = HttpApi(_EmbeddedServer(config), sock)
+    log.info(
+        "OpenAI-compatible HTTP API listening on %s:%d (%s)",
+        parse_listen(settings.listen)[0],
+        api.port,
+        "TLS" if settings.tls else "plaintext",
+    )
+    return api
