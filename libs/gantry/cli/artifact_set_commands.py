@@ -21,7 +21,7 @@ def add_artifact_set_arguments(
     actions: argparse._SubParsersAction,  # type: ignore[type-arg]
     options: argparse.ArgumentParser,
 ) -> None:
-    """`list` and `delete` under `gantry artifacts` (whose `register` lives in main.py)."""
+    """`list` and `delete` under `gantry artifacts` (whose `register` is operator_commands.py's)."""
     listing = actions.add_parser(
         "list", parents=[options], help="list artifact sets (deleted ones with --all)"
     )

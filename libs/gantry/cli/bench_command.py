@@ -124,6 +124,12 @@ def add_bench_arguments(bench: argparse.ArgumentParser) -> None:
     target = bench.add_mutually_exclusive_group(required=True)
     target.add_argument("--capability", metavar="NAME")
     target.add_argument("--deployment", "--deployment-id", dest="deployment_id", metavar="ID")
+    _add_load_arguments(bench)
+    _add_call_arguments(bench)
+
+
+def _add_load_arguments(bench: argparse.ArgumentParser) -> None:
+    """How much load: calls in flight, how many calls or for how long, and each call's size."""
     bench.add_argument(
         "--concurrency",
         type=_bounded_int(1, MAX_CONCURRENCY),
@@ -159,6 +165,10 @@ def add_bench_arguments(bench: argparse.ArgumentParser) -> None:
         help=f"characters per text (and the query), 1..{MAX_INPUT_CHARS} "
         f"(default {DEFAULT_INPUT_CHARS})",
     )
+
+
+def _add_call_arguments(bench: argparse.ArgumentParser) -> None:
+    """What each call is and how it is made, measured and reported."""
     bench.add_argument("--priority", choices=sorted(PRIORITY_NAMES), help="default: the server's")
     bench.add_argument("--rerank", action="store_true", help="call Rerank instead of Embed")
     bench.add_argument(

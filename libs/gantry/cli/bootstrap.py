@@ -272,24 +272,50 @@ def ensure_deployment(
     decision, existing = decide_bundled(
         _deployments(stub, metadata, include_deleted=True), CAPABILITY
     )
-    if decision is Bundled.KEEP and existing is not None:
-        say(f"deployment {existing.deployment_id} ({CAPABILITY}) is {deployment_state(existing)}")
+    if decision is not Bundled.DEPLOY and existing is not None:
+        for line in existing_bundled_notes(decision, existing, gantry=gantry, device=device):
+            say(line)
+        return existing
+    artifact_set_id = ensure_artifact_set(stub, metadata, paths, model_dir, say)
+    profile = _assess_and_profile(
+        stub, metadata, artifact_set_id, say, gate_timeout_s=gate_timeout_s, device=device
+    )
+    return _probe_approve_and_deploy(stub, metadata, profile, say, gate_timeout_s=gate_timeout_s)
+
+
+def existing_bundled_notes(
+    decision: Bundled, existing: control_plane_pb2.Deployment, *, gantry: str, device: str
+) -> list[str]:
+    """What `gantry up` says of a bundled deployment it keeps or leaves unloaded. Pure."""
+    if decision is Bundled.KEEP:
+        notes = [
+            f"deployment {existing.deployment_id} ({CAPABILITY}) is {deployment_state(existing)}"
+        ]
         if existing.adapter.device and existing.adapter.device != device:
-            say(
+            notes.append(
                 f"it runs on {existing.adapter.device}, not {device}: `{gantry} unload"
                 f" {existing.deployment_id}` and `{gantry} delete deployment"
                 f" {existing.deployment_id}`, then `gantry up` profiles it on {device}"
             )
-        return existing
-    if decision is Bundled.UNLOADED and existing is not None:
-        again = f"{gantry} deploy {existing.approval_id} --capability {CAPABILITY}"
-        how = "deleted" if deleted(existing) else "unloaded"
-        say(
-            f"{CAPABILITY} was {how} by the operator ({existing.deployment_id});"
-            f" not deploying it again: `{again}` to bring it back"
-        )
-        return existing
-    artifact_set_id = ensure_artifact_set(stub, metadata, paths, model_dir, say)
+        return notes
+    again = f"{gantry} deploy {existing.approval_id} --capability {CAPABILITY}"
+    how = "deleted" if deleted(existing) else "unloaded"
+    return [
+        f"{CAPABILITY} was {how} by the operator ({existing.deployment_id});"
+        f" not deploying it again: `{again}` to bring it back"
+    ]
+
+
+def _assess_and_profile(
+    stub: Stub,
+    metadata: Metadata,
+    artifact_set_id: str,
+    say: Say,
+    *,
+    gate_timeout_s: float,
+    device: str,
+) -> control_plane_pb2.RuntimeProfile:
+    """The first gates: the artifact set assessed on the local node, then a profile for `device`."""
     assessment = pipeline.assess(
         stub, metadata, artifact_set_id=artifact_set_id, say=say, timeout_s=gate_timeout_s
     )
@@ -299,7 +325,7 @@ def ensure_deployment(
         f"assessed: {inspection.inspector} {inspection.task or inspection.model_type},"
         f" {inspection.weight_format} weights, adapters {', '.join(inspection.adapters)}"
     )
-    profile = stub.CreateRuntimeProfile(
+    profile: control_plane_pb2.RuntimeProfile = stub.CreateRuntimeProfile(
         control_plane_pb2.CreateRuntimeProfileRequest(
             assessment_id=assessment.assessment_id,
             name=f"{MODEL_NAME}-{device.replace(':', '')}",
@@ -309,6 +335,18 @@ def ensure_deployment(
         timeout=TIMEOUT_S,
     )
     say(f"created runtime profile {profile.profile_id} ({profile.name})")
+    return profile
+
+
+def _probe_approve_and_deploy(
+    stub: Stub,
+    metadata: Metadata,
+    profile: control_plane_pb2.RuntimeProfile,
+    say: Say,
+    *,
+    gate_timeout_s: float,
+) -> control_plane_pb2.Deployment:
+    """The last gates: the profile probed in a child that exits, approved, deployed."""
     probe = pipeline.run_probe(
         stub, metadata, profile_id=profile.profile_id, say=say, timeout_s=gate_timeout_s
     )
@@ -326,7 +364,7 @@ def ensure_deployment(
         timeout=TIMEOUT_S,
     )
     say(f"approved candidate {candidate.candidate_id} ({approval.approval_id})")
-    deployment = stub.CreateDeployment(
+    deployment: control_plane_pb2.Deployment = stub.CreateDeployment(
         control_plane_pb2.CreateDeploymentRequest(
             approval_id=approval.approval_id, capability=CAPABILITY
         ),

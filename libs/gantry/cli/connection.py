@@ -87,3 +87,9 @@ class CommandContext:
 
     def client_metadata(self) -> Metadata:
         return bearer(read_secret(self.paths.client_key, what="client API key", state=self.paths))
+
+
+# What a subcommand runs, and main.py's `command(name, handler, help)` that registers one: the
+# modules that own a command add it through this, so every command gets the global options.
+Handler = Callable[[CommandContext, argparse.Namespace], int]
+AddCommand = Callable[[str, Handler, str], argparse.ArgumentParser]

@@ -1,8 +1,9 @@
 """`gantry delete KIND ID`: one command, one kind per object that can be deleted.
 
 Each kind registers itself with `add_delete_kind` when its module is imported (main.py imports
-them all before it builds the parser): `deployment` in deployment_commands.py; artifact sets and
-nodes the same way from their own modules. Every kind's parser gets the ID and `--output`.
+every command module, and so every kind, before it builds the parser): `deployment` in
+deployment_commands.py; artifact sets and nodes the same way from their own modules. Every kind's
+parser gets the ID and `--output`.
 """
 
 from __future__ import annotations

@@ -149,6 +149,13 @@ def add_scale_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("deployment_id", metavar="DEPLOYMENT_ID")
     # uint32 on the wire: a negative count is a usage error here; 0 is the server's to refuse.
     parser.add_argument("--replicas", type=non_negative, required=True, metavar="N")
+    add_autoscale_bounds_arguments(parser)
+    add_wait_arguments(parser)
+    add_output_argument(parser)
+
+
+def add_autoscale_bounds_arguments(parser: argparse.ArgumentParser) -> None:
+    """--min-replicas and --max-replicas: shared by `gantry deploy` and `gantry scale`."""
     parser.add_argument(
         "--min-replicas",
         type=non_negative,
@@ -163,5 +170,3 @@ def add_scale_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="autoscale ceiling (default: replicas)",
     )
-    add_wait_arguments(parser)
-    add_output_argument(parser)

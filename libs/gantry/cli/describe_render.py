@@ -8,7 +8,7 @@ residencies, and its history (state transitions and audit events) in time order.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -94,88 +94,123 @@ def _time(value: timestamp_pb2.Timestamp) -> dt.datetime:
     return value.ToDatetime(tzinfo=dt.UTC)
 
 
-def key_fields(kind: str, record: Any) -> list[tuple[str, str]]:
+Fields = list[tuple[str, str]]
+
+
+def _deployment_fields(record: Any) -> Fields:
+    return [
+        ("capability", record.capability + (" (bound)" if record.bound else "")),
+        ("replicas", f"{record.replicas} (min {record.min_replicas}, max {record.max_replicas})"),
+        ("artifact set", record.artifact_set_id),
+        ("adapter", f"{record.adapter.adapter} on {record.adapter.device or 'cpu'}"),
+        ("created", format_timestamp(record.created_at)),
+        ("updated", format_timestamp(record.updated_at)),
+    ]
+
+
+def _node_fields(record: Any) -> Fields:
+    labels = ",".join(f"{k}={v}" for k, v in sorted(record.labels.items())) or "-"
+    fields = [
+        ("name", record.name),
+        ("hostname", record.hostname or "-"),
+        ("generation", str(record.generation)),
+        ("labels", labels),
+        ("last seen", format_timestamp(record.last_seen_at)),
+    ]
+    if record.disabled_reason:
+        fields.append(("disabled", record.disabled_reason))
+    return fields
+
+
+def _artifact_set_fields(record: Any) -> Fields:
+    return [
+        ("name", record.name),
+        ("location", record.location),
+        ("digest", record.manifest_digest),
+        ("files", f"{record.file_count} ({format_bytes(record.total_size_bytes)})"),
+        ("created", format_timestamp(record.created_at)),
+    ]
+
+
+def _assessment_fields(record: Any) -> Fields:
+    return [
+        ("compatible", "yes" if record.compatible else "no"),
+        ("artifact set", record.artifact_set_id),
+        ("node", record.node_id or "-"),
+        ("environment", record.environment_id or "default"),
+        ("job", record.job_id or "-"),
+    ]
+
+
+def _profile_fields(record: Any) -> Fields:
+    return [
+        ("name", record.name),
+        ("assessment", record.assessment_id),
+        ("adapter", f"{record.adapter.adapter} on {record.adapter.device or 'cpu'}"),
+        ("ram envelope", format_bytes(record.ram_envelope_bytes)),
+    ]
+
+
+def _probe_fields(record: Any) -> Fields:
+    return [
+        ("profile", record.profile_id),
+        ("node", record.node_id or "-"),
+        ("job", record.job_id or "-"),
+        ("attempts", str(record.attempt_count)),
+        ("candidate", record.candidate_id or "-"),
+    ]
+
+
+def _candidate_fields(record: Any) -> Fields:
+    return [
+        ("production", "yes" if record.production else "no"),
+        ("approval", record.approval_id or "-"),
+        ("reasons", "; ".join(record.reasons) or "-"),
+    ]
+
+
+def _approval_fields(record: Any) -> Fields:
+    return [("approved by", record.approved_by), ("reason", record.reason)]
+
+
+def _job_fields(record: Any) -> Fields:
+    job_type = cp.ServingJobType.Name(record.job_type)
+    return [
+        ("type", enum_label(job_type, "SERVING_JOB_TYPE_")),
+        ("deployment", record.deployment_id or "-"),
+        ("node", record.node_id or "-"),
+        ("residency", record.residency_id or "-"),
+        ("attempts", str(record.attempt_count)),
+    ]
+
+
+def _residency_fields(record: Any) -> Fields:
+    return [
+        ("deployment", record.deployment_id),
+        ("node", record.node_id),
+        ("pid", str(record.pid or "-")),
+        ("restarts", str(record.restart_count)),
+    ]
+
+
+_KEY_FIELDS: dict[str, Callable[[Any], Fields]] = {
+    "deployment": _deployment_fields,
+    "node": _node_fields,
+    "artifacts": _artifact_set_fields,
+    "assessment": _assessment_fields,
+    "profile": _profile_fields,
+    "probe": _probe_fields,
+    "candidate": _candidate_fields,
+    "approval": _approval_fields,
+    "job": _job_fields,
+    "residency": _residency_fields,
+}
+
+
+def key_fields(kind: str, record: Any) -> Fields:
     """The fields an operator reads first, per kind (JSON output carries every field)."""
-    if kind == "deployment":
-        return [
-            ("capability", record.capability + (" (bound)" if record.bound else "")),
-            (
-                "replicas",
-                f"{record.replicas} (min {record.min_replicas}, max {record.max_replicas})",
-            ),
-            ("artifact set", record.artifact_set_id),
-            ("adapter", f"{record.adapter.adapter} on {record.adapter.device or 'cpu'}"),
-            ("created", format_timestamp(record.created_at)),
-            ("updated", format_timestamp(record.updated_at)),
-        ]
-    if kind == "node":
-        labels = ",".join(f"{k}={v}" for k, v in sorted(record.labels.items())) or "-"
-        fields = [
-            ("name", record.name),
-            ("hostname", record.hostname or "-"),
-            ("generation", str(record.generation)),
-            ("labels", labels),
-            ("last seen", format_timestamp(record.last_seen_at)),
-        ]
-        if record.disabled_reason:
-            fields.append(("disabled", record.disabled_reason))
-        return fields
-    if kind == "artifacts":
-        return [
-            ("name", record.name),
-            ("location", record.location),
-            ("digest", record.manifest_digest),
-            ("files", f"{record.file_count} ({format_bytes(record.total_size_bytes)})"),
-            ("created", format_timestamp(record.created_at)),
-        ]
-    if kind == "assessment":
-        return [
-            ("compatible", "yes" if record.compatible else "no"),
-            ("artifact set", record.artifact_set_id),
-            ("node", record.node_id or "-"),
-            ("environment", record.environment_id or "default"),
-            ("job", record.job_id or "-"),
-        ]
-    if kind == "profile":
-        return [
-            ("name", record.name),
-            ("assessment", record.assessment_id),
-            ("adapter", f"{record.adapter.adapter} on {record.adapter.device or 'cpu'}"),
-            ("ram envelope", format_bytes(record.ram_envelope_bytes)),
-        ]
-    if kind == "probe":
-        return [
-            ("profile", record.profile_id),
-            ("node", record.node_id or "-"),
-            ("job", record.job_id or "-"),
-            ("attempts", str(record.attempt_count)),
-            ("candidate", record.candidate_id or "-"),
-        ]
-    if kind == "candidate":
-        return [
-            ("production", "yes" if record.production else "no"),
-            ("approval", record.approval_id or "-"),
-            ("reasons", "; ".join(record.reasons) or "-"),
-        ]
-    if kind == "approval":
-        return [("approved by", record.approved_by), ("reason", record.reason)]
-    if kind == "job":
-        job_type = cp.ServingJobType.Name(record.job_type)
-        return [
-            ("type", enum_label(job_type, "SERVING_JOB_TYPE_")),
-            ("deployment", record.deployment_id or "-"),
-            ("node", record.node_id or "-"),
-            ("residency", record.residency_id or "-"),
-            ("attempts", str(record.attempt_count)),
-        ]
-    if kind == "residency":
-        return [
-            ("deployment", record.deployment_id),
-            ("node", record.node_id),
-            ("pid", str(record.pid or "-")),
-            ("restarts", str(record.restart_count)),
-        ]
-    return []
+    fields_of = _KEY_FIELDS.get(kind)
+    return fields_of(record) if fields_of is not None else []
 
 
 def _link_summary(link: Link) -> str:

@@ -10,11 +10,11 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import grpc
 
-from gantry.cli.connection import CommandContext
+from gantry.cli.connection import AddCommand, CommandContext
 from gantry.cli.errors import CliError
 from gantry.common.inference_limits import MAX_INPUTS, MAX_REQUEST_TEXT_BYTES
 from gantry.v1 import inference_pb2, inference_pb2_grpc
@@ -23,6 +23,32 @@ from gantry.v1 import inference_pb2, inference_pb2_grpc
 EMBED_TIMEOUT_S = 120.0
 STDIN_PATH = "-"
 _SHOWN_VALUES = 8
+
+
+def add_embed_command(command: AddCommand) -> None:
+    parser = command("embed", embed, "embed texts with the local client key")
+    parser.set_defaults(command_parser=parser)
+    parser.add_argument("texts", nargs="*", metavar="TEXT")
+    parser.add_argument(
+        "--file",
+        dest="files",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="embed the text of a file ('-': standard input); repeatable, after the TEXTs",
+    )
+    parser.add_argument(
+        "--lines", action="store_true", help="each non-empty line of a --file is one text"
+    )
+    parser.add_argument(
+        "--truncate",
+        action="store_true",
+        help="cut texts past the model's token limit instead of refusing them (INPUT_TOO_LONG)",
+    )
+    target = parser.add_mutually_exclusive_group()
+    target.add_argument("--capability", default="minilm")
+    target.add_argument("--deployment-id")
+    parser.add_argument("--json", action="store_true", help="print every value as JSON")
 
 
 def read_text_file(path: str, stdin: BinaryIO) -> str:
@@ -91,9 +117,73 @@ def vector_values(vector: inference_pb2.Vector, encoding: int) -> list[float]:
     return list(vector.values)
 
 
-def _float32(value: float) -> float:
+def float32_value(value: float) -> float:
     # Nine significant digits round-trip a float32 exactly, without float64 noise digits.
     return float(f"{value:.9g}")
+
+
+# ---- what `gantry embed` and `gantry embed-image` print (pure) -----------------------------------
+
+
+def response_vectors(responses: Sequence[inference_pb2.EmbedResponse]) -> list[list[float]]:
+    """Every call's vectors, in call order: the inputs' order."""
+    return [
+        vector_values(vector, response.encoding)
+        for response in responses
+        for vector in response.vectors
+    ]
+
+
+def embedding_dim(responses: Sequence[inference_pb2.EmbedResponse], vectors: Sequence[Any]) -> int:
+    return responses[0].dim or (len(vectors[0]) if vectors else 0)
+
+
+def embeddings_document(
+    responses: Sequence[inference_pb2.EmbedResponse],
+    vectors: Sequence[Sequence[float]],
+    *,
+    files: Sequence[str] | None = None,
+) -> dict[str, Any]:
+    """The JSON record: the first answer's deployment and node, the vectors, and `files` (for
+    embed-image, each vector's file) when given."""
+    first = responses[0]
+    document: dict[str, Any] = {
+        "deployment_id": first.deployment_id,
+        "node_id": first.node_id,
+        "dim": embedding_dim(responses, vectors),
+    }
+    if files is not None:
+        document["files"] = list(files)
+    document["vectors"] = [[float32_value(value) for value in vector] for vector in vectors]
+    # One entry per call, in order: a large input is split into calls within the per-call bounds.
+    document["calls"] = [
+        {
+            "deployment_id": response.deployment_id,
+            "node_id": response.node_id,
+            "vectors": len(response.vectors),
+        }
+        for response in responses
+    ]
+    return document
+
+
+def embeddings_lines(
+    responses: Sequence[inference_pb2.EmbedResponse],
+    vectors: Sequence[Sequence[float]],
+    labels: Sequence[str],
+) -> list[str]:
+    """A summary line, then each vector's first values after its label (a text or a file)."""
+    first = responses[0]
+    in_calls = f" in {len(responses)} calls" if len(responses) > 1 else ""
+    lines = [
+        f"{len(vectors)} vector(s), dim {embedding_dim(responses, vectors)},"
+        f" deployment {first.deployment_id}{in_calls}"
+    ]
+    for index, (label, vector) in enumerate(zip(labels, vectors, strict=False)):
+        head = ", ".join(f"{value:+.4f}" for value in vector[:_SHOWN_VALUES])
+        more = ", …" if len(vector) > _SHOWN_VALUES else ""
+        lines.append(f"[{index}] {label!r}: [{head}{more}]")
+    return lines
 
 
 def _preview(text: str, limit: int = 40) -> str:
@@ -106,6 +196,20 @@ def embed(context: CommandContext, args: argparse.Namespace) -> int:
     texts = gather_texts(args.texts, args.files, lines=args.lines, stdin=sys.stdin.buffer)
     if not texts:
         args.command_parser.error("the files given hold no text to embed")
+    responses = _embed_calls(context, args, texts)
+    vectors = response_vectors(responses)
+    if args.json:
+        print(json.dumps(embeddings_document(responses, vectors)))
+        return 0
+    for line in embeddings_lines(responses, vectors, [_preview(text) for text in texts]):
+        print(line)
+    return 0
+
+
+def _embed_calls(
+    context: CommandContext, args: argparse.Namespace, texts: Sequence[str]
+) -> list[inference_pb2.EmbedResponse]:
+    """The texts embedded in as many Embed calls as split_calls makes, in order."""
     metadata = context.client_metadata()
     responses: list[inference_pb2.EmbedResponse] = []
     calls = split_calls(texts)
@@ -131,35 +235,4 @@ def embed(context: CommandContext, args: argparse.Namespace) -> int:
                     )
                 raise
             first_text += len(inputs)
-    vectors = [
-        vector_values(vector, response.encoding)
-        for response in responses
-        for vector in response.vectors
-    ]
-    first = responses[0]
-    dim = first.dim or (len(vectors[0]) if vectors else 0)
-    if args.json:
-        document = {
-            "deployment_id": first.deployment_id,
-            "node_id": first.node_id,
-            "dim": dim,
-            "vectors": [[_float32(value) for value in vector] for vector in vectors],
-            # One entry per Embed call, in order: a large input is split (MAX_INPUTS per call).
-            "calls": [
-                {
-                    "deployment_id": response.deployment_id,
-                    "node_id": response.node_id,
-                    "vectors": len(response.vectors),
-                }
-                for response in responses
-            ],
-        }
-        print(json.dumps(document))
-        return 0
-    in_calls = f" in {len(responses)} calls" if len(responses) > 1 else ""
-    print(f"{len(vectors)} vector(s), dim {dim}, deployment {first.deployment_id}{in_calls}")
-    for index, (text, vector) in enumerate(zip(texts, vectors, strict=False)):
-        head = ", ".join(f"{value:+.4f}" for value in vector[:_SHOWN_VALUES])
-        more = ", …" if len(vector) > _SHOWN_VALUES else ""
-        print(f"[{index}] {_preview(text)!r}: [{head}{more}]")
-    return 0
+    return responses

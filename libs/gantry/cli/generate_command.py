@@ -12,17 +12,14 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any, TextIO
 
-from gantry.cli.connection import CommandContext
+from gantry.cli.connection import AddCommand, CommandContext
 from gantry.cli.embed import read_text_file
 from gantry.cli.output import add_output_argument, message_dict, print_json, wants_json
 from gantry.common.arg_types import non_negative, positive_seconds
 from gantry.v1 import common_pb2, inference_pb2, inference_pb2_grpc
-
-Handler = Callable[[CommandContext, argparse.Namespace], int]
-AddCommand = Callable[[str, Handler, str], argparse.ArgumentParser]
 
 # A generation of a few hundred tokens on a CPU takes tens of seconds, after a model host may
 # have had to come back.
@@ -43,6 +40,34 @@ def add_generate_command(command: AddCommand) -> None:
     target = parser.add_mutually_exclusive_group(required=True)
     target.add_argument("--capability", metavar="NAME", help="the capability to call")
     target.add_argument("--deployment-id", metavar="ID", help="one deployment, by id")
+    _add_sampling_arguments(parser)
+    parser.add_argument(
+        "--chat",
+        action="store_true",
+        help="send PROMPT as a user's message, rendered by the model's chat template",
+    )
+    parser.add_argument(
+        "--system",
+        metavar="TEXT",
+        help="a system message before PROMPT (implies --chat)",
+    )
+    parser.add_argument(
+        "--no-stream",
+        action="store_true",
+        help="ask for the whole text at once (Generate) instead of streaming it",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=positive_seconds,
+        default=GENERATE_TIMEOUT_S,
+        metavar="SECONDS",
+        help=f"deadline of the call (default {GENERATE_TIMEOUT_S:g})",
+    )
+    add_output_argument(parser)
+
+
+def _add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
+    """How many tokens, where to stop, and how each token is chosen (GenerateRequest.sampling)."""
     parser.add_argument(
         "--max-tokens",
         type=non_negative,
@@ -77,29 +102,6 @@ def add_generate_command(command: AddCommand) -> None:
         metavar="N",
         help="with --temperature: the same seed gives the same text (0: unseeded)",
     )
-    parser.add_argument(
-        "--chat",
-        action="store_true",
-        help="send PROMPT as a user's message, rendered by the model's chat template",
-    )
-    parser.add_argument(
-        "--system",
-        metavar="TEXT",
-        help="a system message before PROMPT (implies --chat)",
-    )
-    parser.add_argument(
-        "--no-stream",
-        action="store_true",
-        help="ask for the whole text at once (Generate) instead of streaming it",
-    )
-    parser.add_argument(
-        "--timeout",
-        type=positive_seconds,
-        default=GENERATE_TIMEOUT_S,
-        metavar="SECONDS",
-        help=f"deadline of the call (default {GENERATE_TIMEOUT_S:g})",
-    )
-    add_output_argument(parser)
 
 
 def generate_request(args: argparse.Namespace, prompt: str) -> inference_pb2.GenerateRequest:

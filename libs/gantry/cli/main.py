@@ -6,13 +6,12 @@ import argparse
 import importlib.metadata
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import grpc
 
 from gantry.cli import (
-    artifact_set_commands,
     bench_command,
     check_command,
     delete_commands,
@@ -26,6 +25,7 @@ from gantry.cli import (
     jobs_commands,
     key_commands,
     media_commands,
+    migrate,
     node_commands,
     operator_commands,
     pipeline_commands,
@@ -36,17 +36,21 @@ from gantry.cli import (
     transcribe_command,
 )
 from gantry.cli.bootstrap import DEVICE_CHOICES, parse_device
-from gantry.cli.connection import ADDRESS_ENV, DEFAULT_ADDRESS, CommandContext, command_tls
+from gantry.cli.connection import (
+    ADDRESS_ENV,
+    DEFAULT_ADDRESS,
+    AddCommand,
+    CommandContext,
+    Handler,
+    command_tls,
+)
 from gantry.cli.errors import CliError, format_gantry_error, format_rpc_error
-from gantry.cli.migrate import migrate
-from gantry.cli.output import add_output_argument
 from gantry.cli.roles import ROLE_HELP, ROLES, run_role
 from gantry.cli.state import DEFAULT_STATE_DIR, STATE_DIR_ENV, locate_state_dir
-from gantry.common.arg_types import non_negative, positive
+from gantry.common.arg_types import positive
 from gantry.common.errors import GantryError
 from gantry.common.tls import TlsSettingsError, add_client_tls_arguments
 
-Handler = Callable[[CommandContext, argparse.Namespace], int]
 _GLOBAL_OPTIONS = (
     "--address",
     "--state-dir",
@@ -108,19 +112,6 @@ def _global_options() -> argparse.ArgumentParser:
     return options
 
 
-def _add_wait_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--no-wait", action="store_true", help="start it and return; do not wait for its result"
-    )
-    parser.add_argument(
-        "--wait-timeout",
-        type=float,
-        default=pipeline_commands.DEFAULT_WAIT_S,
-        metavar="SECONDS",
-        help=f"how long to wait (default {pipeline_commands.DEFAULT_WAIT_S:g})",
-    )
-
-
 def _version() -> str:
     try:
         return importlib.metadata.version("gantry-libs")
@@ -139,17 +130,40 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"gantry {_version()}")
     commands = parser.add_subparsers(title="commands", metavar="COMMAND")
+    command = _command_adder(commands, options)
+    # The order here is the order `gantry --help` lists them in.
+    _add_role_commands(commands)
+    _add_up_command(command)
+    migrate.add_migrate_command(command)
+    _add_object_commands(commands, command, options)
+    _add_observation_commands(command, options)
+    _add_pipeline_commands(commands, command, options)
+    _add_inference_commands(command)
+    return parser
+
+
+def _command_adder(
+    commands: argparse._SubParsersAction,  # type: ignore[type-arg]
+    options: argparse.ArgumentParser,
+) -> AddCommand:
+    """`command(name, handler, help)`: a subcommand taking the global options, run by handler."""
 
     def command(name: str, handler: Handler, help_text: str) -> argparse.ArgumentParser:
         sub = commands.add_parser(name, parents=[options], help=help_text, description=help_text)
         sub.set_defaults(handler=handler)
         return sub
 
+    return command
+
+
+def _add_role_commands(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     for role, help_text in ROLE_HELP.items():
         # Dispatched before parsing (see _role_invocation); listed here for --help.
         sub = commands.add_parser(role, help=help_text, add_help=False)
         sub.add_argument("service_args", nargs=argparse.REMAINDER)
 
+
+def _add_up_command(command: AddCommand) -> None:
     up = command("up", _up, "start scheduler, control plane, worker and the bundled model")
     # `up` creates ./.gantry where it runs unless told otherwise; it never adopts a parent's.
     up.set_defaults(walk_up_for_state=False)
@@ -182,6 +196,10 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"where the bundled model runs: {DEVICE_CHOICES} (default auto: CUDA when the "
         "worker's default environment reports it, else the CPU); used when `up` first deploys it",
     )
+    _add_up_worker_arguments(up)
+
+
+def _add_up_worker_arguments(up: argparse.ArgumentParser) -> None:
     worker = up.add_argument_group("the worker's own flags, passed through (gantry worker --help)")
     worker.add_argument(
         "--max-residents",
@@ -207,15 +225,13 @@ def build_parser() -> argparse.ArgumentParser:
         "worker's preloaded fork server",
     )
 
-    migrate_parser = command(
-        "migrate", migrate, "create or upgrade the control plane's database schema"
-    )
-    migrate_parser.add_argument(
-        "--database-url",
-        metavar="URL",
-        help="SQLAlchemy URL (default: the SQLite database in the state directory)",
-    )
 
+def _add_object_commands(
+    commands: argparse._SubParsersAction,  # type: ignore[type-arg]
+    command: AddCommand,
+    options: argparse.ArgumentParser,
+) -> None:
+    """nodes, keys, endpoints, artifacts, deployments, describe, jobs: the objects Gantry keeps."""
     node_commands.add_nodes_arguments(
         command(
             "nodes",
@@ -236,35 +252,8 @@ def build_parser() -> argparse.ArgumentParser:
         ),
         options,
     )
-
-    artifacts = commands.add_parser("artifacts", help="register and list artifact sets")
-    artifacts.set_defaults(help_parser=artifacts)
-    artifact_commands = artifacts.add_subparsers(title="commands", metavar="COMMAND")
-    register = artifact_commands.add_parser(
-        "register", parents=[options], help="hash a model directory and register it"
-    )
-    register.set_defaults(handler=operator_commands.artifacts_register)
-    register.add_argument("directory", metavar="DIR", help="a directory under the artifact root")
-    add_output_argument(register)
-    register.add_argument("--name", help="artifact set name (default: the directory name)")
-    register.add_argument(
-        "--artifact-root",
-        help="the servers' artifact root, when not <state-dir>/artifacts",
-    )
-    register.add_argument(
-        "--allow-pickle-weights",
-        action="store_true",
-        help="accept pickle-based weight files (audited; a profile must allow loading them too)",
-    )
-    artifact_set_commands.add_artifact_set_arguments(artifact_commands, options)
-
-    deployments_parser = command(
-        "deployments", operator_commands.deployments, "list deployments and residencies"
-    )
-    add_output_argument(deployments_parser)
-    deployments_parser.add_argument(
-        "--all", action="store_true", help="deleted deployments too (hidden by default)"
-    )
+    operator_commands.add_artifacts_command(commands, options)
+    operator_commands.add_deployments_command(command)
     describe_commands.add_describe_arguments(
         command(
             "describe",
@@ -281,6 +270,9 @@ def build_parser() -> argparse.ArgumentParser:
         options,
     )
 
+
+def _add_observation_commands(command: AddCommand, options: argparse.ArgumentParser) -> None:
+    """tenants, queue, status, events, inventory, reclaim: what the system is doing now."""
     tenant_commands.add_tenant_arguments(
         command(
             "tenants",
@@ -325,149 +317,20 @@ def build_parser() -> argparse.ArgumentParser:
         )
     )
 
-    assess = command(
-        "assess", pipeline_commands.assess, "inspect an artifact set statically on a node"
-    )
-    assess.add_argument("artifact_set_id", metavar="ARTIFACT_SET_ID")
-    assess.add_argument(
-        "--node", metavar="NODE", help="a node id or name (default: any connected node)"
-    )
-    assess.add_argument(
-        "--environment",
-        metavar="ENV_ID",
-        help="the worker's runtime environment to inspect in, e.g. vision (default: its default)",
-    )
-    _add_wait_options(assess)
-    add_output_argument(assess)
 
-    profile = command(
-        "profile", pipeline_commands.profile, "create a runtime profile from an assessment"
-    )
-    profile.add_argument("assessment_id", metavar="ASSESSMENT_ID")
-    profile.add_argument("--name", required=True)
-    profile.add_argument(
-        "--adapter",
-        default="sentence_transformers",
-        help="sentence_transformers (embeddings), sentence_transformers_cross_encoder "
-        "(reranking), transformers_whisper (speech recognition), transformers_trocr (text "
-        "recognition in images), transformers_siglip2 (image embeddings and classification), "
-        "transformers_causal_lm (text generation in a model host) or llama_cpp_server (a GGUF "
-        "served by llama.cpp's server, which the worker starts; vllm_server where vLLM is "
-        "installed)",
-    )
-    profile.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1 (default cpu)")
-    profile.add_argument(
-        "--language", default="", help="transformers_whisper: a code such as en (default: detect)"
-    )
-    profile.add_argument(
-        "--task", default="", help="transformers_whisper: transcribe (default) or translate"
-    )
-    # Preprocessing: inspection fills in what is left unset; a value given must agree with the
-    # artifact's own processor (the control plane refuses one that does not).
-    profile.add_argument(
-        "--image-size",
-        type=pipeline_commands.positive_whole,
-        default=0,
-        metavar="N",
-        help="image adapters: the square side the processor hands the model (default: inspected)",
-    )
-    profile.add_argument(
-        "--image-mean",
-        type=pipeline_commands.channel_values,
-        default=[],
-        metavar="A,B,C",
-        help="image adapters: per-channel normalisation mean (default: inspected)",
-    )
-    profile.add_argument(
-        "--image-std",
-        type=pipeline_commands.channel_values,
-        default=[],
-        metavar="A,B,C",
-        help="image adapters: per-channel normalisation std (default: inspected)",
-    )
-    profile.add_argument(
-        "--sampling-rate",
-        type=pipeline_commands.positive_whole,
-        default=0,
-        metavar="HZ",
-        help="transformers_whisper: the feature extractor's sampling rate (default: inspected)",
-    )
-    profile.add_argument(
-        "--max-new-tokens",
-        type=pipeline_commands.positive_whole,
-        default=0,
-        metavar="N",
-        help="generation adapters: the most new tokens one call may ask (default: the "
-        "adapter's, 1024)",
-    )
-    profile.add_argument("--normalize", action="store_true", help="L2-normalise embeddings")
-    profile.add_argument("--max-batch-size", type=int, default=0, metavar="N")
-    profile.add_argument("--max-input-length", type=int, default=0, metavar="TOKENS")
-    profile.add_argument("--ram-estimate", type=int, default=0, metavar="BYTES")
-    profile.add_argument("--vram-estimate", type=int, default=0, metavar="BYTES")
-    profile.add_argument(
-        "--allow-pickle-weights",
-        action="store_true",
-        help="let this profile load pickle-based weights (recorded in the audit log)",
-    )
-    add_output_argument(profile)
-
-    probe = command(
-        "probe",
-        pipeline_commands.probe,
-        "probe a profile (gantry probe PROFILE_ID), or: probe show|cancel PROBE_ID, probe list",
-    )
-    probe.add_argument("words", nargs="+", metavar="PROFILE_ID | show PROBE_ID | list")
-    probe.add_argument(
-        "--node", metavar="NODE", help="a node id or name (default: the assessing node)"
-    )
-    _add_wait_options(probe)
-    add_output_argument(probe)
-
-    add_output_argument(
-        command("candidates", pipeline_commands.candidates, "list deployment candidates")
-    )
-
-    approve = command(
-        "approve", pipeline_commands.approve, "approve a LAB_READY candidate for production"
-    )
-    approve.add_argument("candidate_id", metavar="CANDIDATE_ID")
-    approve.add_argument("--reason", required=True, help="why it may serve (recorded)")
-    add_output_argument(approve)
-
-    deploy = command("deploy", operator_commands.deploy, "deploy an approved candidate")
-    deploy.add_argument("approval_id", metavar="APPROVAL_ID")
-    deploy.add_argument("--capability", required=True, metavar="NAME")
-    # uint32 on the wire: a negative count is refused here, as a usage error, not a traceback.
-    deploy.add_argument("--replicas", type=non_negative, default=1)
-    deploy.add_argument(
-        "--min-replicas",
-        type=non_negative,
-        default=0,
-        metavar="N",
-        help="autoscale floor (default: replicas)",
-    )
-    deploy.add_argument(
-        "--max-replicas",
-        type=non_negative,
-        default=0,
-        metavar="N",
-        help="autoscale ceiling (default: replicas)",
-    )
-    deploy.add_argument(
-        "--placement",
-        choices=sorted(operator_commands.PLACEMENT_POLICIES),
-        default="bin-pack",
-        help="bin-pack: fill the fullest node that fits; spread: the least loaded node",
-    )
-
-    bind = command("bind", pipeline_commands.bind, "bind a capability to exactly one deployment")
-    bind.add_argument("capability", metavar="CAPABILITY")
-    bind.add_argument("deployment_id", metavar="DEPLOYMENT_ID")
-    add_output_argument(bind)
-
-    deployment_commands.add_wait_arguments(deploy)
-    add_output_argument(deploy)
+def _add_pipeline_commands(
+    commands: argparse._SubParsersAction,  # type: ignore[type-arg]
+    command: AddCommand,
+    options: argparse.ArgumentParser,
+) -> None:
+    """The evidence pipeline in the order an artifact walks it, then a deployment's life."""
+    pipeline_commands.add_assess_command(command)
+    pipeline_commands.add_profile_command(command)
+    pipeline_commands.add_probe_command(command)
+    pipeline_commands.add_candidates_command(command)
+    pipeline_commands.add_approve_command(command)
+    operator_commands.add_deploy_command(command)
+    pipeline_commands.add_bind_command(command)
     check_command.add_check_arguments(
         command(
             "check",
@@ -475,11 +338,7 @@ def build_parser() -> argparse.ArgumentParser:
             "deep health now: a real forward pass on every resident replica (exit 1 if one fails)",
         )
     )
-
-    unload = command("unload", operator_commands.unload, "unload a deployment")
-    unload.add_argument("deployment_id", metavar="DEPLOYMENT_ID")
-    deployment_commands.add_wait_arguments(unload)
-    add_output_argument(unload)
+    operator_commands.add_unload_command(command)
     deployment_commands.add_restart_arguments(
         command(
             "restart",
@@ -497,34 +356,13 @@ def build_parser() -> argparse.ArgumentParser:
         options,
     )
 
-    embed_parser = command("embed", embed.embed, "embed texts with the local client key")
-    embed_parser.set_defaults(command_parser=embed_parser)
-    embed_parser.add_argument("texts", nargs="*", metavar="TEXT")
-    embed_parser.add_argument(
-        "--file",
-        dest="files",
-        action="append",
-        default=[],
-        metavar="PATH",
-        help="embed the text of a file ('-': standard input); repeatable, after the TEXTs",
-    )
-    embed_parser.add_argument(
-        "--lines", action="store_true", help="each non-empty line of a --file is one text"
-    )
-    embed_parser.add_argument(
-        "--truncate",
-        action="store_true",
-        help="cut texts past the model's token limit instead of refusing them (INPUT_TOO_LONG)",
-    )
-    target = embed_parser.add_mutually_exclusive_group()
-    target.add_argument("--capability", default="minilm")
-    target.add_argument("--deployment-id")
-    embed_parser.add_argument("--json", action="store_true", help="print every value as JSON")
-    # ocr, embed-image, classify, transcribe: images and audio, with the local client key.
+
+def _add_inference_commands(command: AddCommand) -> None:
+    """embed, ocr, embed-image, classify, transcribe, generate (the local client key), bench."""
+    embed.add_embed_command(command)
     media_commands.add_media_commands(command)
     transcribe_command.add_transcribe_command(command)
     generate_command.add_generate_command(command)
-
     bench_command.add_bench_arguments(
         command(
             "bench",
@@ -532,7 +370,6 @@ def build_parser() -> argparse.ArgumentParser:
             "load a capability or deployment with Embed/Rerank calls; latency, throughput, errors",
         )
     )
-    return parser
 
 
 def _role_invocation(arguments: Sequence[str]) -> tuple[str, list[str]] | None:

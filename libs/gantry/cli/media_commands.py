@@ -13,13 +13,20 @@ from __future__ import annotations
 import argparse
 import functools
 import sys
-from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from collections.abc import Callable, Sequence, Sized
+from dataclasses import dataclass
+from typing import Any
 
 import grpc
+from google.protobuf.message import Message
 
-from gantry.cli.connection import CommandContext, Metadata
-from gantry.cli.embed import vector_values
+from gantry.cli.connection import AddCommand, CommandContext, Handler
+from gantry.cli.embed import (
+    embeddings_document,
+    embeddings_lines,
+    float32_value,
+    response_vectors,
+)
 from gantry.cli.errors import CliError
 from gantry.cli.media_files import (
     IMAGE_TYPES,
@@ -34,13 +41,8 @@ from gantry.common.arg_types import non_negative, positive_seconds
 from gantry.common.inference_limits import MAX_IMAGE_REQUEST_BYTES, MAX_IMAGES
 from gantry.v1 import common_pb2, inference_pb2, inference_pb2_grpc
 
-Handler = Callable[[CommandContext, argparse.Namespace], int]
-AddCommand = Callable[[str, Handler, str], argparse.ArgumentParser]
-Response = TypeVar("Response")
-
 # A call may wait for a model host to come back, and a window is a full generate on CPU.
 CALL_TIMEOUT_S = 120.0
-_SHOWN_VALUES = 8
 
 
 def add_media_commands(command: AddCommand) -> None:
@@ -116,11 +118,6 @@ def target_of(args: argparse.Namespace) -> dict[str, str]:
     return {"capability": args.capability}
 
 
-def _float32(value: float) -> float:
-    # As `gantry embed` prints: nine significant digits round-trip a float32 exactly.
-    return float(f"{value:.9g}")
-
-
 def one_line(text: str) -> str:
     return " ".join(text.split())
 
@@ -144,22 +141,59 @@ def _read_images(args: argparse.Namespace, command: str) -> list[MediaFile]:
     ]
 
 
-def _image_calls(
-    context: CommandContext,
-    images: Sequence[MediaFile],
-    call: Callable[[inference_pb2_grpc.InferenceStub, list[common_pb2.Image], Metadata], Response],
-) -> list[tuple[range, Response]]:
-    """Each run of images (split_image_calls) sent by `call`, with the images each answer is for.
+@dataclass(frozen=True, slots=True)
+class _ImageRpc:
+    """One image command's Inference call: the RPC, its request for a run of images (with the
+    command's arguments), and the repeated field that holds one answer per image."""
+
+    command: str
+    rpc: Callable[[inference_pb2_grpc.InferenceStub], Callable[..., Any]]
+    request: Callable[[list[common_pb2.Image], argparse.Namespace], Message]
+    answers: Callable[[Any], Sized]
+    what: str
+
+
+_RECOGNIZE_TEXT = _ImageRpc(
+    "ocr",
+    lambda stub: stub.RecognizeText,
+    lambda images, args: inference_pb2.RecognizeTextRequest(images=images, **target_of(args)),
+    lambda response: response.texts,
+    "texts",
+)
+_EMBED_IMAGE = _ImageRpc(
+    "embed-image",
+    lambda stub: stub.EmbedImage,
+    lambda images, args: inference_pb2.EmbedImageRequest(images=images, **target_of(args)),
+    lambda response: response.vectors,
+    "vectors",
+)
+_CLASSIFY_IMAGE = _ImageRpc(
+    "classify",
+    lambda stub: stub.ClassifyImage,
+    lambda images, args: inference_pb2.ClassifyImageRequest(
+        images=images, labels=args.labels, top_k=args.top_k, **target_of(args)
+    ),
+    lambda response: response.results,
+    "results",
+)
+
+
+def _send_images(
+    context: CommandContext, args: argparse.Namespace, call: _ImageRpc
+) -> tuple[list[MediaFile], list[tuple[range, Any]]]:
+    """The command's FILEs, and each run of them (split_image_calls) sent by `call`, with the
+    images each answer is for; an answer with other than one of `call.what` per image is refused.
 
     The runs stay within the control plane's default bounds (inference_limits); a server run with
     lower ones refuses a call by naming its limit."""
+    images = _read_images(args, call.command)
     metadata = context.client_metadata()
     calls = split_image_calls(
         [len(image.data) for image in images],
         max_images=MAX_IMAGES,
         max_request_bytes=MAX_IMAGE_REQUEST_BYTES,
     )
-    answered: list[tuple[range, Response]] = []
+    answered: list[tuple[range, Any]] = []
     with context.open_channel() as channel:
         stub = inference_pb2_grpc.InferenceStub(channel)
         for number, indexes in enumerate(calls, start=1):
@@ -168,7 +202,11 @@ def _image_calls(
                 for index in indexes
             ]
             try:
-                answered.append((indexes, call(stub, payload, metadata)))
+                response = call.rpc(stub)(
+                    call.request(payload, args), metadata=metadata, timeout=args.timeout
+                )
+                _expect(len(call.answers(response)), len(payload), call.what)
+                answered.append((indexes, response))
             except grpc.RpcError:
                 if len(calls) > 1:
                     # The error's indexes (images[2]) count within this call, not all the files.
@@ -180,46 +218,40 @@ def _image_calls(
                         file=sys.stderr,
                     )
                 raise
-    return answered
+    return images, answered
 
 
-def _calls_record(answered: Sequence[tuple[range, Any]]) -> list[dict[str, Any]]:
-    return [
-        {"deployment_id": response.deployment_id, "node_id": response.node_id, "images": len(run)}
-        for run, response in answered
-    ]
+def _results_document(
+    answered: Sequence[tuple[range, Any]], results: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """The JSON record of ocr and classify: the first answer's deployment and node, one result per
+    file, and each call with how many images it held."""
+    first = answered[0][1]
+    return {
+        "deployment_id": first.deployment_id,
+        "node_id": first.node_id,
+        "results": results,
+        "calls": [
+            {
+                "deployment_id": response.deployment_id,
+                "node_id": response.node_id,
+                "images": len(run),
+            }
+            for run, response in answered
+        ],
+    }
 
 
 @usage_errors
 def ocr_command(context: CommandContext, args: argparse.Namespace) -> int:
-    images = _read_images(args, "ocr")
-    target = target_of(args)
-
-    def call(
-        stub: inference_pb2_grpc.InferenceStub, payload: list[common_pb2.Image], metadata: Metadata
-    ) -> inference_pb2.RecognizeTextResponse:
-        request = inference_pb2.RecognizeTextRequest(images=payload, **target)
-        response: inference_pb2.RecognizeTextResponse = stub.RecognizeText(
-            request, metadata=metadata, timeout=args.timeout
-        )
-        _expect(len(response.texts), len(payload), "texts")
-        return response
-
-    answered = _image_calls(context, images, call)
+    images, answered = _send_images(context, args, _RECOGNIZE_TEXT)
     texts = [text for _, response in answered for text in response.texts]
     if wants_json(args):
-        first = answered[0][1]
-        print_json(
-            {
-                "deployment_id": first.deployment_id,
-                "node_id": first.node_id,
-                "results": [
-                    {"file": image.path, "media_type": image.media_type, "text": text}
-                    for image, text in zip(images, texts, strict=True)
-                ],
-                "calls": _calls_record(answered),
-            }
-        )
+        results = [
+            {"file": image.path, "media_type": image.media_type, "text": text}
+            for image, text in zip(images, texts, strict=True)
+        ]
+        print_json(_results_document(answered, results))
         return 0
     # One line per file, FILE<TAB>text: `cut -f2` gives the texts (whitespace runs made one space).
     for image, text in zip(images, texts, strict=True):
@@ -229,96 +261,35 @@ def ocr_command(context: CommandContext, args: argparse.Namespace) -> int:
 
 @usage_errors
 def embed_image_command(context: CommandContext, args: argparse.Namespace) -> int:
-    images = _read_images(args, "embed-image")
-    target = target_of(args)
-
-    def call(
-        stub: inference_pb2_grpc.InferenceStub, payload: list[common_pb2.Image], metadata: Metadata
-    ) -> inference_pb2.EmbedResponse:
-        request = inference_pb2.EmbedImageRequest(images=payload, **target)
-        response: inference_pb2.EmbedResponse = stub.EmbedImage(
-            request, metadata=metadata, timeout=args.timeout
-        )
-        _expect(len(response.vectors), len(payload), "vectors")
-        return response
-
-    answered = _image_calls(context, images, call)
+    images, answered = _send_images(context, args, _EMBED_IMAGE)
     responses = [response for _, response in answered]
-    vectors = [
-        vector_values(vector, response.encoding)
-        for response in responses
-        for vector in response.vectors
-    ]
-    first = responses[0]
-    dim = first.dim or (len(vectors[0]) if vectors else 0)
+    vectors = response_vectors(responses)
     if wants_json(args):
-        print_json(
-            {
-                "deployment_id": first.deployment_id,
-                "node_id": first.node_id,
-                "dim": dim,
-                "files": [image.path for image in images],
-                "vectors": [[_float32(value) for value in vector] for vector in vectors],
-                # One entry per EmbedImage call, as `gantry embed` lists its Embed calls.
-                "calls": [
-                    {
-                        "deployment_id": response.deployment_id,
-                        "node_id": response.node_id,
-                        "vectors": len(response.vectors),
-                    }
-                    for response in responses
-                ],
-            }
-        )
+        # The record `gantry embed -o json` prints, with each vector's file.
+        print_json(embeddings_document(responses, vectors, files=[image.path for image in images]))
         return 0
-    in_calls = f" in {len(responses)} calls" if len(responses) > 1 else ""
-    print(f"{len(vectors)} vector(s), dim {dim}, deployment {first.deployment_id}{in_calls}")
-    for index, (image, vector) in enumerate(zip(images, vectors, strict=True)):
-        head = ", ".join(f"{value:+.4f}" for value in vector[:_SHOWN_VALUES])
-        more = ", …" if len(vector) > _SHOWN_VALUES else ""
-        print(f"[{index}] {image.path!r}: [{head}{more}]")
+    for line in embeddings_lines(responses, vectors, [image.path for image in images]):
+        print(line)
     return 0
 
 
 @usage_errors
 def classify_command(context: CommandContext, args: argparse.Namespace) -> int:
-    images = _read_images(args, "classify")
-    target = target_of(args)
-
-    def call(
-        stub: inference_pb2_grpc.InferenceStub, payload: list[common_pb2.Image], metadata: Metadata
-    ) -> inference_pb2.ClassifyImageResponse:
-        request = inference_pb2.ClassifyImageRequest(
-            images=payload, labels=args.labels, top_k=args.top_k, **target
-        )
-        response: inference_pb2.ClassifyImageResponse = stub.ClassifyImage(
-            request, metadata=metadata, timeout=args.timeout
-        )
-        _expect(len(response.results), len(payload), "results")
-        return response
-
-    answered = _image_calls(context, images, call)
+    images, answered = _send_images(context, args, _CLASSIFY_IMAGE)
     results = [result for _, response in answered for result in response.results]
     if wants_json(args):
-        first = answered[0][1]
-        print_json(
+        per_file = [
             {
-                "deployment_id": first.deployment_id,
-                "node_id": first.node_id,
-                "results": [
-                    {
-                        "file": image.path,
-                        # Every field, index 0 included (proto JSON would leave it out).
-                        "labels": [
-                            {"label": s.label, "index": s.index, "score": _float32(s.score)}
-                            for s in result.labels
-                        ],
-                    }
-                    for image, result in zip(images, results, strict=True)
+                "file": image.path,
+                # Every field, index 0 included (proto JSON would leave it out).
+                "labels": [
+                    {"label": s.label, "index": s.index, "score": float32_value(s.score)}
+                    for s in result.labels
                 ],
-                "calls": _calls_record(answered),
             }
-        )
+            for image, result in zip(images, results, strict=True)
+        ]
+        print_json(_results_document(answered, per_file))
         return 0
     rows: list[list[str]] = []
     for image, result in zip(images, results, strict=True):

@@ -10,8 +10,17 @@ import argparse
 import asyncio
 from pathlib import Path
 
-from gantry.cli.connection import CommandContext
+from gantry.cli.connection import AddCommand, CommandContext
 from gantry.cli.errors import CliError
+
+
+def add_migrate_command(command: AddCommand) -> None:
+    parser = command("migrate", migrate, "create or upgrade the control plane's database schema")
+    parser.add_argument(
+        "--database-url",
+        metavar="URL",
+        help="SQLAlchemy URL (default: the SQLite database in the state directory)",
+    )
 
 
 def migrate(context: CommandContext, args: argparse.Namespace) -> int:

@@ -48,40 +48,15 @@ def add_nodes_arguments(nodes: argparse.ArgumentParser, options: argparse.Argume
 
     _add_list_options(action("list", nodes_list, "list worker nodes (deleted ones with --all)"))
 
-    register = action(
-        "register", nodes_register, "register a node: prints its id and credential (once)"
+    _add_register_arguments(
+        action("register", nodes_register, "register a node: prints its id and credential (once)")
     )
-    register.add_argument("name", metavar="NAME")
-    register.add_argument(
-        "--label",
-        dest="labels",
-        action="append",
-        default=[],
-        type=_label,
-        metavar="KEY=VALUE",
-        help="a label placement may require (repeatable)",
-    )
-    _add_credential_options(register)
-
-    drain = action(
-        "drain",
-        nodes_drain,
-        "disable a node: unload what it runs (re-placed elsewhere), refuse its worker",
-    )
-    drain.add_argument("node", metavar="NODE", help="a node id or name")
-    drain.add_argument("--reason", default="", help="why (recorded, shown on the node)")
-    drain.add_argument(
-        "--wait",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="wait until every residency on the node is COLD (default: wait)",
-    )
-    drain.add_argument(
-        "--wait-timeout",
-        type=float,
-        default=DEFAULT_DRAIN_WAIT_S,
-        metavar="SECONDS",
-        help=f"how long to wait (default {DEFAULT_DRAIN_WAIT_S:g})",
+    _add_drain_arguments(
+        action(
+            "drain",
+            nodes_drain,
+            "disable a node: unload what it runs (re-placed elsewhere), refuse its worker",
+        )
     )
 
     enable = action("enable", nodes_enable, "let a disabled (drained) node take work again")
@@ -101,6 +76,38 @@ def add_nodes_arguments(nodes: argparse.ArgumentParser, options: argparse.Argume
         "delete a drained node (refused while it runs anything); its credential stops working",
     )
     add_delete_node_arguments(delete)
+
+
+def _add_register_arguments(register: argparse.ArgumentParser) -> None:
+    register.add_argument("name", metavar="NAME")
+    register.add_argument(
+        "--label",
+        dest="labels",
+        action="append",
+        default=[],
+        type=_label,
+        metavar="KEY=VALUE",
+        help="a label placement may require (repeatable)",
+    )
+    _add_credential_options(register)
+
+
+def _add_drain_arguments(drain: argparse.ArgumentParser) -> None:
+    drain.add_argument("node", metavar="NODE", help="a node id or name")
+    drain.add_argument("--reason", default="", help="why (recorded, shown on the node)")
+    drain.add_argument(
+        "--wait",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="wait until every residency on the node is COLD (default: wait)",
+    )
+    drain.add_argument(
+        "--wait-timeout",
+        type=float,
+        default=DEFAULT_DRAIN_WAIT_S,
+        metavar="SECONDS",
+        help=f"how long to wait (default {DEFAULT_DRAIN_WAIT_S:g})",
+    )
 
 
 def add_delete_node_arguments(parser: argparse.ArgumentParser) -> None:

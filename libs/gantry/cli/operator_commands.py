@@ -11,12 +11,14 @@ import sys
 from pathlib import Path
 
 from gantry.cli import deployment_commands
+from gantry.cli.artifact_set_commands import add_artifact_set_arguments
 from gantry.cli.artifacts import artifact_location, hash_directory
-from gantry.cli.connection import DEFAULT_TIMEOUT_S, CommandContext, paged
+from gantry.cli.connection import DEFAULT_TIMEOUT_S, AddCommand, CommandContext, paged
 from gantry.cli.deployment_wait import Goal
 from gantry.cli.jobs_commands import failure_text, shortened
-from gantry.cli.output import print_json, print_records, wants_json
+from gantry.cli.output import add_output_argument, print_json, print_records, wants_json
 from gantry.cli.tables import enum_label, format_bytes
+from gantry.common.arg_types import non_negative
 from gantry.v1 import common_pb2, control_plane_pb2, control_plane_pb2_grpc
 
 # `gantry deploy --placement`: the CLI's spelling of each PlacementPolicy.
@@ -37,6 +39,71 @@ def _deployment_state(state: int) -> str:
 
 def _residency_state(state: int) -> str:
     return enum_label(common_pb2.ResidencyState.Name(state), "RESIDENCY_STATE_")
+
+
+# ---- arguments ----------------------------------------------------------------------------------
+
+
+def add_artifacts_command(
+    commands: argparse._SubParsersAction,  # type: ignore[type-arg]
+    options: argparse.ArgumentParser,
+) -> None:
+    """`gantry artifacts register`, with `list` and `delete` from artifact_set_commands."""
+    artifacts = commands.add_parser("artifacts", help="register and list artifact sets")
+    artifacts.set_defaults(help_parser=artifacts)
+    actions = artifacts.add_subparsers(title="commands", metavar="COMMAND")
+    register = actions.add_parser(
+        "register", parents=[options], help="hash a model directory and register it"
+    )
+    register.set_defaults(handler=artifacts_register)
+    register.add_argument("directory", metavar="DIR", help="a directory under the artifact root")
+    add_output_argument(register)
+    register.add_argument("--name", help="artifact set name (default: the directory name)")
+    register.add_argument(
+        "--artifact-root",
+        help="the servers' artifact root, when not <state-dir>/artifacts",
+    )
+    register.add_argument(
+        "--allow-pickle-weights",
+        action="store_true",
+        help="accept pickle-based weight files (audited; a profile must allow loading them too)",
+    )
+    add_artifact_set_arguments(actions, options)
+
+
+def add_deployments_command(command: AddCommand) -> None:
+    parser = command("deployments", deployments, "list deployments and residencies")
+    add_output_argument(parser)
+    parser.add_argument(
+        "--all", action="store_true", help="deleted deployments too (hidden by default)"
+    )
+
+
+def add_deploy_command(command: AddCommand) -> None:
+    parser = command("deploy", deploy, "deploy an approved candidate")
+    parser.add_argument("approval_id", metavar="APPROVAL_ID")
+    parser.add_argument("--capability", required=True, metavar="NAME")
+    # uint32 on the wire: a negative count is refused here, as a usage error, not a traceback.
+    parser.add_argument("--replicas", type=non_negative, default=1)
+    deployment_commands.add_autoscale_bounds_arguments(parser)
+    parser.add_argument(
+        "--placement",
+        choices=sorted(PLACEMENT_POLICIES),
+        default="bin-pack",
+        help="bin-pack: fill the fullest node that fits; spread: the least loaded node",
+    )
+    deployment_commands.add_wait_arguments(parser)
+    add_output_argument(parser)
+
+
+def add_unload_command(command: AddCommand) -> None:
+    parser = command("unload", unload, "unload a deployment")
+    parser.add_argument("deployment_id", metavar="DEPLOYMENT_ID")
+    deployment_commands.add_wait_arguments(parser)
+    add_output_argument(parser)
+
+
+# ---- commands -----------------------------------------------------------------------------------
 
 
 def artifacts_register(context: CommandContext, args: argparse.Namespace) -> int:

@@ -137,72 +137,64 @@ def advice_rows(advice: Sequence[scheduler_pb2.ScaleAdvice]) -> list[list[str]]:
     ]
 
 
-def render_queue_snapshot(snapshot: scheduler_pb2.QueueSnapshot) -> str:
-    """Totals, then one table per concern; an empty concern says `none`."""
+# Each concern's table header, in the order render_queue_snapshot prints them.
+TENANT_HEADERS = (
+    "TENANT",
+    "WEIGHT",
+    "QUEUED",
+    "IN-FLIGHT",
+    "SERVED",
+    "SHARE(SERVED/WEIGHT)",
+    "REJECTED",
+    "BUDGET(USED/LIMIT)",
+)
+LEDGER_HEADERS = (
+    "NODE",
+    "DOMAIN",
+    "KIND",
+    "CAPACITY",
+    "MARGIN",
+    "REQUESTED",
+    "RESERVED",
+    "AVAILABLE",
+    "BLOCKED",
+)
+RESIDENCY_HEADERS = (
+    "RESIDENCY",
+    "DEPLOYMENT",
+    "NODE",
+    "STATE",
+    "IN-FLIGHT/SLOTS",
+    "INFRA-FAILURES",
+    "BREAKER",
+)
+BREAKER_HEADERS = ("NODE", "DEPLOYMENT", "STATE", "FAILURES", "COOLDOWN")
+ADVICE_HEADERS = ("DEPLOYMENT", "CURRENT", "DESIRED", "REASON")
+
+
+def _totals_lines(snapshot: scheduler_pb2.QueueSnapshot) -> list[str]:
     connection = (
         "connected to the control plane"
         if snapshot.control_plane_connected
         else "NOT connected to the control plane"
     )
-    lines = [
+    return [
         f"scheduler  {connection}",
         f"work       {snapshot.queued} queued, {snapshot.in_flight} in flight;"
         f" {snapshot.dispatched_total} dispatched, {snapshot.rejected_total} rejected,"
         f" {snapshot.expired_total} expired, {snapshot.cancelled_total} cancelled,"
         f" {snapshot.infra_failures_total} infra failures",
     ]
-    lines += _section(
-        "TENANTS",
-        (
-            "TENANT",
-            "WEIGHT",
-            "QUEUED",
-            "IN-FLIGHT",
-            "SERVED",
-            "SHARE(SERVED/WEIGHT)",
-            "REJECTED",
-            "BUDGET(USED/LIMIT)",
-        ),
-        tenant_load_rows(snapshot.tenants),
-    )
-    lines += _section(
-        "LEDGER",
-        (
-            "NODE",
-            "DOMAIN",
-            "KIND",
-            "CAPACITY",
-            "MARGIN",
-            "REQUESTED",
-            "RESERVED",
-            "AVAILABLE",
-            "BLOCKED",
-        ),
-        ledger_rows(snapshot.ledger),
-    )
-    lines += _section(
-        "RESIDENCIES",
-        (
-            "RESIDENCY",
-            "DEPLOYMENT",
-            "NODE",
-            "STATE",
-            "IN-FLIGHT/SLOTS",
-            "INFRA-FAILURES",
-            "BREAKER",
-        ),
-        residency_rows(snapshot.residencies),
-    )
-    lines += _section(
-        "BREAKERS",
-        ("NODE", "DEPLOYMENT", "STATE", "FAILURES", "COOLDOWN"),
-        breaker_rows(snapshot.breakers),
-    )
-    lines += _section(
-        "AUTOSCALE ADVICE",
-        ("DEPLOYMENT", "CURRENT", "DESIRED", "REASON"),
-        advice_rows(snapshot.advice),
-    )
+
+
+def render_queue_snapshot(snapshot: scheduler_pb2.QueueSnapshot) -> str:
+    """Totals, then one table per concern; an empty concern says `none`."""
+    lines = _totals_lines(snapshot)
+    lines += _section("TENANTS", TENANT_HEADERS, tenant_load_rows(snapshot.tenants))
+    lines += _section("LEDGER", LEDGER_HEADERS, ledger_rows(snapshot.ledger))
+    lines += _section("RESIDENCIES", RESIDENCY_HEADERS, residency_rows(snapshot.residencies))
+    lines += _section("BREAKERS", BREAKER_HEADERS, breaker_rows(snapshot.breakers))
+    lines += _section("AUTOSCALE ADVICE", ADVICE_HEADERS, advice_rows(snapshot.advice))
     return "\n".join(lines)
 
 

@@ -16,7 +16,7 @@ from google.protobuf import json_format, timestamp_pb2
 from gantry.cli.connection import DEFAULT_TIMEOUT_S, CommandContext
 from gantry.cli.jobs_commands import failure_text, job_state_label, job_type_label, subject
 from gantry.cli.output import add_output_argument, wants_json
-from gantry.cli.tables import enum_label, render_table
+from gantry.cli.tables import enum_label, render_table, seconds_ago
 from gantry.v1 import common_pb2, control_plane_pb2, control_plane_pb2_grpc, scheduler_pb2
 
 # Rows kept per section; the rest are counted ("… N more").
@@ -44,15 +44,8 @@ def _age(value: timestamp_pb2.Timestamp, now: dt.datetime) -> str:
     if value.seconds == 0 and value.nanos == 0:
         return "never"
     seconds = int((now - value.ToDatetime(tzinfo=dt.UTC)).total_seconds())
-    if seconds < 0:
-        return "just now"
-    if seconds < 120:
-        return f"{seconds}s ago"
-    if seconds < 7200:
-        return f"{seconds // 60}m ago"
-    if seconds < 172800:
-        return f"{seconds // 3600}h ago"
-    return f"{seconds // 86400}d ago"
+    # A clock a little ahead of ours is no news on this screen.
+    return "just now" if seconds < 0 else seconds_ago(seconds)
 
 
 def _shortened(text: str, width: int = _FAILURE_WIDTH) -> str:

@@ -32,12 +32,12 @@ def format_timestamp(value: timestamp_pb2.Timestamp, *, now: dt.datetime | None 
         return "never"
     moment = value.ToDatetime(tzinfo=dt.UTC)
     age_s = int(((now or dt.datetime.now(dt.UTC)) - moment).total_seconds())
-    return f"{moment:%Y-%m-%d %H:%M:%S}Z ({_age(age_s)})"
+    ago = "in the future" if age_s < 0 else seconds_ago(age_s)
+    return f"{moment:%Y-%m-%d %H:%M:%S}Z ({ago})"
 
 
-def _age(seconds: int) -> str:
-    if seconds < 0:
-        return "in the future"
+def seconds_ago(seconds: int) -> str:
+    """A past age (0 or more seconds) in its largest fitting unit: 90s, 5m, 3h, 2d ago."""
     if seconds < 120:
         return f"{seconds}s ago"
     if seconds < 7200:

@@ -15,9 +15,8 @@ from typing import Any
 
 import grpc
 
-from gantry.cli.connection import CommandContext, Metadata
+from gantry.cli.connection import AddCommand, CommandContext, Metadata
 from gantry.cli.media_commands import (
-    AddCommand,
     add_target_arguments,
     one_line,
     target_of,

@@ -7,6 +7,8 @@ with a generic message (logged here with its traceback, never sent to the client
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import inspect
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -174,82 +176,91 @@ class GantryServerInterceptor(grpc.aio.ServerInterceptor):
     def _wrap(self, handler: grpc.RpcMethodHandler, method: str, principal: Any) -> Any:
         found = self._in_flight.limit_of(method)
         request_limit = found[1].max_request_bytes if found else None
+        # A single request is bounded and parsed before the handler; a stream's messages are not.
+        if handler.unary_unary is not None or handler.unary_stream is not None:
+            deserializer = _guarded(handler.request_deserializer, request_limit, method)
+        else:
+            deserializer = handler.request_deserializer
+        serving = functools.partial(self._serving, method, principal)
         if handler.unary_unary is not None or handler.stream_unary is not None:
-            inner_unary = handler.unary_unary or handler.stream_unary
-
-            async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
-                set_principal(principal)
-                slot: str | None = None
-                try:
-                    if isinstance(request, _Unparsed):
-                        raise request.refusal
-                    slot = self._in_flight.enter(method)
-                    return await inner_unary(request, context)
-                except GantryError as error:
-                    await _abort(context, error)
-                except (asyncio.CancelledError, grpc.aio.AbortError):
-                    raise
-                except Exception as exc:
-                    await _abort(context, _unexpected(method, exc))
-                finally:
-                    self._in_flight.leave(slot)
-
-            unary_factory = (
-                grpc.unary_unary_rpc_method_handler
-                if handler.unary_unary is not None
-                else grpc.stream_unary_rpc_method_handler
-            )
-            return unary_factory(
-                unary,
-                request_deserializer=(
-                    _guarded(handler.request_deserializer, request_limit, method)
-                    if handler.unary_unary is not None
-                    else handler.request_deserializer
-                ),
-                response_serializer=handler.response_serializer,
-            )
+            return _unary_response(handler, serving, deserializer)
         if handler.stream_stream is not None or handler.unary_stream is not None:
-            streaming = handler.stream_stream is not None
-            inner_stream = handler.stream_stream or handler.unary_stream
-
-            async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-                set_principal(principal)
-                slot: str | None = None
-                try:
-                    if isinstance(request, _Unparsed):
-                        raise request.refusal
-                    slot = self._in_flight.enter(method)
-                    result = inner_stream(request, context)
-                    if inspect.isasyncgen(result):
-                        async for response in result:
-                            yield response
-                    else:
-                        await result
-                except GantryError as error:
-                    await _abort(context, error)
-                except (asyncio.CancelledError, grpc.aio.AbortError):
-                    raise
-                except Exception as exc:
-                    await _abort(context, _unexpected(method, exc))
-                finally:
-                    self._in_flight.leave(slot)
-
-            factory = (
-                grpc.stream_stream_rpc_method_handler
-                if streaming
-                else grpc.unary_stream_rpc_method_handler
-            )
-            return factory(
-                stream,
-                request_deserializer=(
-                    handler.request_deserializer
-                    if streaming
-                    else _guarded(handler.request_deserializer, request_limit, method)
-                ),
-                response_serializer=handler.response_serializer,
-            )
+            return _stream_response(handler, serving, deserializer)
         # A shape this interceptor does not know is refused, never served unauthenticated.
         return _refusal(handler, GantryError("INTERNAL", f"{method} has an unknown handler shape"))
+
+    @contextlib.asynccontextmanager
+    async def _serving(
+        self, method: str, principal: Any, request: Any, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[None]:
+        """One call of any shape: admitted (parsed, within its service's calls in flight), then
+        every failure mapped to a status once; cancellation and an abort pass through as they are.
+        """
+        set_principal(principal)
+        slot: str | None = None
+        try:
+            if isinstance(request, _Unparsed):
+                raise request.refusal
+            slot = self._in_flight.enter(method)
+            yield
+        except GantryError as error:
+            await _abort(context, error)
+        except (asyncio.CancelledError, grpc.aio.AbortError):
+            raise
+        except Exception as exc:
+            await _abort(context, _unexpected(method, exc))
+        finally:
+            self._in_flight.leave(slot)
+
+
+# How a wrapped handler serves one call: GantryServerInterceptor._serving, bound to its method.
+_Serving = Callable[[Any, grpc.aio.ServicerContext], contextlib.AbstractAsyncContextManager[None]]
+
+
+def _unary_response(
+    handler: grpc.RpcMethodHandler, serving: _Serving, deserializer: Callable[[bytes], Any] | None
+) -> Any:
+    """A unary-unary or stream-unary handler that runs the original inside `serving`."""
+    inner = handler.unary_unary or handler.stream_unary
+
+    async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        async with serving(request, context):
+            return await inner(request, context)
+
+    factory = (
+        grpc.unary_unary_rpc_method_handler
+        if handler.unary_unary is not None
+        else grpc.stream_unary_rpc_method_handler
+    )
+    return factory(
+        unary, request_deserializer=deserializer, response_serializer=handler.response_serializer
+    )
+
+
+def _stream_response(
+    handler: grpc.RpcMethodHandler, serving: _Serving, deserializer: Callable[[bytes], Any] | None
+) -> Any:
+    """A stream-stream or unary-stream handler that runs the original inside `serving`; the
+    original may be an async generator or a coroutine that writes to its context."""
+    inner = handler.stream_stream or handler.unary_stream
+
+    async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        async with serving(request, context):
+            result = inner(request, context)
+            if inspect.isasyncgen(result):
+                async for response in result:
+                    yield response
+            else:
+                await result
+
+    factory = (
+        grpc.stream_stream_rpc_method_handler
+        if handler.stream_stream is not None
+        else grpc.unary_stream_rpc_method_handler
+    )
+    return factory(
+        stream, request_deserializer=deserializer, response_serializer=handler.response_serializer
+    )
 
 
 def _refusal(handler: grpc.RpcMethodHandler, error: GantryError) -> Any:

@@ -620,16 +620,7 @@ def verify_artifact(
     """
     location = check_relative_path(location, what="artifact location")
     expected = {entry.path: entry for entry in validate_manifest(manifest)}
-    try:
-        root_fd = os.open(artifact_root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except (FileNotFoundError, NotADirectoryError):
-        raise GantryError(
-            "ARTIFACT_MISMATCH", f"artifact root {artifact_root} is missing", location=location
-        ) from None
-    try:
-        location_fd = _open_location(root_fd, location)
-    finally:
-        os.close(root_fd)
+    location_fd = _open_artifact_location(artifact_root, location)
     try:
         copy = Path(
             tempfile.mkdtemp(
@@ -639,26 +630,9 @@ def verify_artifact(
             )
         )
         try:
-            problems, listing, verified_bytes = _copy_verified(location_fd, expected, copy)
-            if problems:
-                raise GantryError(
-                    "ARTIFACT_MISMATCH",
-                    f"artifact {location!r} does not match its manifest: "
-                    + "; ".join(problems[:10]),
-                    location=location,
-                    differences=str(len(problems)),
-                )
-            # Names and modes as found in the source; contents from the copy: the bytes that load.
-            check_listing(listing, allow_pickle=allow_pickle)
-            copy_fd = _open_directory(copy)
-            try:
-                check_contents(
-                    sorted(expected),
-                    lambda path, limit: _read_relative(copy_fd, path, limit),
-                    allow_pickle=allow_pickle,
-                )
-            finally:
-                os.close(copy_fd)
+            verified_bytes = _verify_into_copy(
+                location_fd, location, expected, copy, allow_pickle=allow_pickle
+            )
         except BaseException:
             remove_verified_copy(copy)
             raise
@@ -667,6 +641,52 @@ def verify_artifact(
     return VerifiedArtifact(
         directory=copy, files_verified=len(expected), bytes_verified=verified_bytes
     )
+
+
+def _open_artifact_location(artifact_root: Path, location: str) -> int:
+    """A descriptor of the location's directory, opened from the root without following links."""
+    try:
+        root_fd = os.open(artifact_root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except (FileNotFoundError, NotADirectoryError):
+        raise GantryError(
+            "ARTIFACT_MISMATCH", f"artifact root {artifact_root} is missing", location=location
+        ) from None
+    try:
+        return _open_location(root_fd, location)
+    finally:
+        os.close(root_fd)
+
+
+def _verify_into_copy(
+    location_fd: int,
+    location: str,
+    expected: dict[str, ManifestEntry],
+    copy: Path,
+    *,
+    allow_pickle: bool,
+) -> int:
+    """Copy the location into `copy`, refusing any difference from the manifest, then pass the
+    gate over what was copied; the bytes verified."""
+    problems, listing, verified_bytes = _copy_verified(location_fd, expected, copy)
+    if problems:
+        raise GantryError(
+            "ARTIFACT_MISMATCH",
+            f"artifact {location!r} does not match its manifest: " + "; ".join(problems[:10]),
+            location=location,
+            differences=str(len(problems)),
+        )
+    # Names and modes as found in the source; contents from the copy: the bytes that load.
+    check_listing(listing, allow_pickle=allow_pickle)
+    copy_fd = _open_directory(copy)
+    try:
+        check_contents(
+            sorted(expected),
+            lambda path, limit: _read_relative(copy_fd, path, limit),
+            allow_pickle=allow_pickle,
+        )
+    finally:
+        os.close(copy_fd)
+    return verified_bytes
 
 
 def remove_verified_copy(directory: Path) -> None:

@@ -182,30 +182,19 @@ def add_client_tls_arguments(
     peer: str = "the server",
     default: Any = None,
 ) -> None:
-    parser.add_argument(
-        f"{names.prefix}-ca",
-        metavar="PEM",
-        default=default,
-        help=f"verify {peer} with this CA; turns TLS on (env {names.ca_env})",
-    )
-    parser.add_argument(
-        f"{names.prefix}-cert",
-        metavar="PEM",
-        default=default,
-        help=f"client certificate for mTLS (env {names.cert_env})",
-    )
-    parser.add_argument(
-        f"{names.prefix}-key",
-        metavar="PEM",
-        default=default,
-        help=f"client certificate's private key (env {names.key_env})",
-    )
-    parser.add_argument(
-        f"{names.prefix}-server-name",
-        metavar="NAME",
-        default=default,
-        help=f"expect this name in {peer}'s certificate (env {names.server_name_env})",
-    )
+    for suffix, metavar, help_text in (
+        ("ca", "PEM", f"verify {peer} with this CA; turns TLS on (env {names.ca_env})"),
+        ("cert", "PEM", f"client certificate for mTLS (env {names.cert_env})"),
+        ("key", "PEM", f"client certificate's private key (env {names.key_env})"),
+        (
+            "server-name",
+            "NAME",
+            f"expect this name in {peer}'s certificate (env {names.server_name_env})",
+        ),
+    ):
+        parser.add_argument(
+            f"{names.prefix}-{suffix}", metavar=metavar, default=default, help=help_text
+        )
 
 
 def client_tls_from(
@@ -283,20 +272,7 @@ def create_local_ca(directory: Path, *, common_name: str = "Gantry local CA") ->
         .not_valid_before(now - dt.timedelta(minutes=5))
         .not_valid_after(now + CA_VALIDITY)
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=True,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
+        .add_extension(_key_usage(signs_certificates=True), critical=True)
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
         .sign(key, hashes.SHA256())
     )
@@ -315,6 +291,75 @@ def _san(entry: str) -> Any:
         return x509.DNSName(entry)
 
 
+def _key_usage(*, signs_certificates: bool) -> Any:
+    """Signatures only; the CA's key also signs certificates and CRLs, a leaf's never."""
+    from cryptography import x509
+
+    return x509.KeyUsage(
+        digital_signature=True,
+        content_commitment=False,
+        key_encipherment=False,
+        data_encipherment=False,
+        key_agreement=False,
+        key_cert_sign=signs_certificates,
+        crl_sign=signs_certificates,
+        encipher_only=False,
+        decipher_only=False,
+    )
+
+
+def _load_local_ca(directory: Path) -> tuple[Any, Any]:
+    """The certificate and EC private key create_local_ca wrote into `directory`."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    ca_cert = x509.load_pem_x509_certificate(_read(directory / "ca.pem", "CA certificate"))
+    ca_key = serialization.load_pem_private_key(
+        _read(directory / "ca.key", "CA private key"), password=None
+    )
+    if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
+        raise TlsSettingsError(f"{directory / 'ca.key'} is not an EC key made by create_local_ca")
+    return ca_cert, ca_key
+
+
+def _leaf_certificate(
+    name: str, sans: list[str], key: Any, ca_cert: Any, ca_key: Any, *, client: bool
+) -> Any:
+    """A certificate for `key`, signed by the CA, for client or server authentication only."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    now = dt.datetime.now(dt.UTC)
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + LEAF_VALIDITY)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(_key_usage(signs_certificates=False), critical=True)
+        .add_extension(
+            x509.ExtendedKeyUsage(
+                [ExtendedKeyUsageOID.CLIENT_AUTH if client else ExtendedKeyUsageOID.SERVER_AUTH]
+            ),
+            critical=False,
+        )
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()),
+            critical=False,
+        )
+    )
+    if sans:
+        builder = builder.add_extension(
+            x509.SubjectAlternativeName([_san(entry) for entry in sans]), critical=False
+        )
+    return builder.sign(ca_key, hashes.SHA256())
+
+
 def issue(
     directory: Path,
     name: str,
@@ -327,59 +372,12 @@ def issue(
     A server certificate names 127.0.0.1, localhost and `sans`; a client certificate (`client`)
     is for client authentication only and names `name` (and `sans`, if any).
     """
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-    ca_cert = x509.load_pem_x509_certificate(_read(directory / "ca.pem", "CA certificate"))
-    ca_key = serialization.load_pem_private_key(
-        _read(directory / "ca.key", "CA private key"), password=None
-    )
-    if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
-        raise TlsSettingsError(f"{directory / 'ca.key'} is not an EC key made by create_local_ca")
+    ca_cert, ca_key = _load_local_ca(directory)
     key = ec.generate_private_key(ec.SECP256R1())
     names = list(dict.fromkeys(sans if client else ("127.0.0.1", "localhost", *sans)))
-    now = dt.datetime.now(dt.UTC)
-    builder = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
-        .issuer_name(ca_cert.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + LEAF_VALIDITY)
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=False,
-                crl_sign=False,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
-        .add_extension(
-            x509.ExtendedKeyUsage(
-                [ExtendedKeyUsageOID.CLIENT_AUTH if client else ExtendedKeyUsageOID.SERVER_AUTH]
-            ),
-            critical=False,
-        )
-        .add_extension(
-            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()),
-            critical=False,
-        )
-    )
-    if names:
-        builder = builder.add_extension(
-            x509.SubjectAlternativeName([_san(entry) for entry in names]), critical=False
-        )
-    certificate = builder.sign(ca_key, hashes.SHA256())
+    certificate = _leaf_certificate(name, names, key, ca_cert, ca_key, client=client)
     files = IssuedFiles(cert_file=directory / f"{name}.pem", key_file=directory / f"{name}.key")
     _write_private_key(files.key_file, key)
     _write_certificate(files.cert_file, certificate)
