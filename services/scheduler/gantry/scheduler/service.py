@@ -157,66 +157,71 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
         """One input to the core; the outputs its decisions make, in order."""
         now = self._clock.monotonic()
         kind = message.WhichOneof("kind")
-        core = self._core
-        decisions: list[Decision]
-        if kind == "work_submitted":
-            submitted = message.work_submitted
-            if message.trace_context:
-                self._traces[submitted.work_id] = dict(message.trace_context)
-            self._metrics.submitted(submitted.work_id, submitted.tenant_id, now)
-            decisions = core.submit(wire.work(submitted), now)
-        elif kind == "work_finished":
-            finished = message.work_finished
-            self._traces.pop(finished.work_id, None)
-            self._metrics.finished(finished.work_id)
-            # An outcome this scheduler does not know says nothing about health.
-            outcome = (
-                Outcome(finished.outcome)
-                if finished.outcome in _KNOWN_OUTCOMES
-                else Outcome.CANCELLED
-            )
-            decisions = core.finish(finished.work_id, outcome, now, reason=finished.reason)
-        elif kind == "cluster_state":
-            state = message.cluster_state
-            decisions = core.load_cluster(
-                nodes=[wire.node(n) for n in state.nodes],
-                residencies=[wire.residency(r) for r in state.residencies],
-                deployments=[wire.deployment(d) for d in state.deployments],
-                policies=[wire.tenant_policy(p) for p in state.tenant_policies],
-                now=now,
-            )
-        elif kind == "node_update":
-            update = message.node_update
-            if update.removed:
-                decisions = core.remove_node(update.node.node_id, now)
-            else:
-                decisions = core.upsert_node(wire.node(update.node), now)
-        elif kind == "residency_update":
-            decisions = core.upsert_residency(
-                wire.residency(message.residency_update.residency), now
-            )
-        elif kind == "place_deployment":
-            decisions = [core.place(wire.placement(message.place_deployment), now)]
-        elif kind == "tenant_policies":
-            core.set_policies(wire.tenant_policy(p) for p in message.tenant_policies.policies)
-            decisions = core.tick(now)  # a raised quota or weight may let waiting work go now
-        elif kind == "batch":
+        if kind == "batch":
             outputs = []
             for inner in message.batch.inputs:
                 if inner.WhichOneof("kind") == "batch":
                     raise GantryError("INVALID_ARGUMENT", "scheduler input batches do not nest")
                 outputs.extend(self._apply(inner))
             return outputs
-        elif kind == "deployment_update":
+        if kind == "work_submitted":
+            decisions = self._submit(message, now)
+        elif kind == "work_finished":
+            decisions = self._finish(message.work_finished, now)
+        else:
+            decisions = self._update_cluster(message, kind, now)
+        return self._outputs(decisions)
+
+    def _submit(self, message: scheduler_pb2.SchedulerInput, now: float) -> list[Decision]:
+        submitted = message.work_submitted
+        if message.trace_context:
+            self._traces[submitted.work_id] = dict(message.trace_context)
+        self._metrics.submitted(submitted.work_id, submitted.tenant_id, now)
+        return self._core.submit(wire.work(submitted), now)
+
+    def _finish(self, finished: scheduler_pb2.WorkFinished, now: float) -> list[Decision]:
+        self._traces.pop(finished.work_id, None)
+        self._metrics.finished(finished.work_id)
+        # An outcome this scheduler does not know says nothing about health.
+        outcome = (
+            Outcome(finished.outcome) if finished.outcome in _KNOWN_OUTCOMES else Outcome.CANCELLED
+        )
+        return self._core.finish(finished.work_id, outcome, now, reason=finished.reason)
+
+    def _update_cluster(
+        self, message: scheduler_pb2.SchedulerInput, kind: str | None, now: float
+    ) -> list[Decision]:
+        """What the cluster's state, a node, residency, deployment or tenant policy changing
+        decides now."""
+        core = self._core
+        if kind == "cluster_state":
+            state = message.cluster_state
+            return core.load_cluster(
+                nodes=[wire.node(n) for n in state.nodes],
+                residencies=[wire.residency(r) for r in state.residencies],
+                deployments=[wire.deployment(d) for d in state.deployments],
+                policies=[wire.tenant_policy(p) for p in state.tenant_policies],
+                now=now,
+            )
+        if kind == "node_update":
+            update = message.node_update
+            if update.removed:
+                return core.remove_node(update.node.node_id, now)
+            return core.upsert_node(wire.node(update.node), now)
+        if kind == "residency_update":
+            return core.upsert_residency(wire.residency(message.residency_update.residency), now)
+        if kind == "place_deployment":
+            return [core.place(wire.placement(message.place_deployment), now)]
+        if kind == "tenant_policies":
+            core.set_policies(wire.tenant_policy(p) for p in message.tenant_policies.policies)
+            return core.tick(now)  # a raised quota or weight may let waiting work go now
+        if kind == "deployment_update":
             deployment_update = message.deployment_update
             if deployment_update.removed:
-                decisions = core.remove_deployment(deployment_update.deployment.deployment_id, now)
-            else:
-                core.upsert_deployment(wire.deployment(deployment_update.deployment))
-                decisions = []
-        else:
-            raise GantryError("INVALID_ARGUMENT", f"unknown scheduler input {kind!r}")
-        return self._outputs(decisions)
+                return core.remove_deployment(deployment_update.deployment.deployment_id, now)
+            core.upsert_deployment(wire.deployment(deployment_update.deployment))
+            return []
+        raise GantryError("INVALID_ARGUMENT", f"unknown scheduler input {kind!r}")
 
     def _outputs(self, decisions: list[Decision]) -> list[scheduler_pb2.SchedulerOutput]:
         outputs = []

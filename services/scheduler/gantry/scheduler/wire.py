@@ -5,21 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from gantry.common.errors import GantryError
+from gantry.scheduler.policy import events
+from gantry.scheduler.policy.admission import TenantLoadView
 from gantry.scheduler.policy.autoscale import ScaleAdviceValue
-from gantry.scheduler.policy.breakers import BreakerChange
-from gantry.scheduler.policy.events import (
-    CoreSnapshot,
-    Decision,
-    DeploymentInfo,
-    Dispatched,
-    NodeInfo,
-    PlacementMade,
-    PlacementRefused,
-    PlacementRequest,
-    ResidencyInfo,
-    WorkRejected,
-    WorkRequest,
-)
+from gantry.scheduler.policy.breakers import BreakerChange, BreakerView
+from gantry.scheduler.policy.ledger import DomainView
 from gantry.scheduler.policy.types import (
     ALL_PRIORITIES,
     DEFAULT_BUDGET_WINDOW_SECONDS,
@@ -35,13 +25,13 @@ DEFAULT_SLOTS = 1  # SchedulerResidency.slots 0, as the proto says
 _KNOWN_PRIORITIES = frozenset(int(p) for p in Priority)
 
 
-def node(message: scheduler_pb2.SchedulerNode) -> NodeInfo:
+def node(message: scheduler_pb2.SchedulerNode) -> events.NodeInfo:
     adapters = frozenset(message.adapters)
     # A node that sends no labels (an older control plane) is labelled from its adapters.
     labels = frozenset(message.labels) or frozenset(
         {f"adapter:{name}" for name in adapters} | {"device:cpu"}
     )
-    return NodeInfo(
+    return events.NodeInfo(
         node_id=message.node_id,
         connected=message.state == common_pb2.NODE_STATE_CONNECTED,
         labels=labels,
@@ -64,8 +54,8 @@ def claims(messages: list[common_pb2.ResourceClaim]) -> tuple[Claim, ...]:
     return tuple(Claim(kind=c.kind, bytes=c.bytes, device=c.device) for c in messages)
 
 
-def residency(message: scheduler_pb2.SchedulerResidency) -> ResidencyInfo:
-    return ResidencyInfo(
+def residency(message: scheduler_pb2.SchedulerResidency) -> events.ResidencyInfo:
+    return events.ResidencyInfo(
         residency_id=message.residency_id,
         deployment_id=message.deployment_id,
         node_id=message.node_id,
@@ -76,9 +66,9 @@ def residency(message: scheduler_pb2.SchedulerResidency) -> ResidencyInfo:
     )
 
 
-def deployment(message: scheduler_pb2.SchedulerDeployment) -> DeploymentInfo:
+def deployment(message: scheduler_pb2.SchedulerDeployment) -> events.DeploymentInfo:
     replicas = max(1, message.replicas)
-    return DeploymentInfo(
+    return events.DeploymentInfo(
         deployment_id=message.deployment_id,
         replicas=replicas,
         min_replicas=message.min_replicas or replicas,
@@ -102,8 +92,8 @@ def tenant_policy(message: common_pb2.TenantPolicy) -> TenantPolicy:
     )
 
 
-def work(message: scheduler_pb2.WorkSubmitted) -> WorkRequest:
-    return WorkRequest(
+def work(message: scheduler_pb2.WorkSubmitted) -> events.WorkRequest:
+    return events.WorkRequest(
         work_id=message.work_id,
         tenant_id=message.tenant_id,
         deployment_id=message.deployment_id,
@@ -113,11 +103,11 @@ def work(message: scheduler_pb2.WorkSubmitted) -> WorkRequest:
     )
 
 
-def placement(message: scheduler_pb2.PlaceDeployment) -> PlacementRequest:
+def placement(message: scheduler_pb2.PlaceDeployment) -> events.PlacementRequest:
     labels = set(message.required_labels)
     if message.required_adapter:
         labels.add(f"adapter:{message.required_adapter}")
-    return PlacementRequest(
+    return events.PlacementRequest(
         request_id=message.request_id,
         deployment_id=message.deployment_id,
         replicas=max(1, message.replicas),
@@ -131,8 +121,8 @@ def placement(message: scheduler_pb2.PlaceDeployment) -> PlacementRequest:
     )
 
 
-def output(decision: Decision) -> scheduler_pb2.SchedulerOutput:
-    if isinstance(decision, Dispatched):
+def output(decision: events.Decision) -> scheduler_pb2.SchedulerOutput:
+    if isinstance(decision, events.Dispatched):
         return scheduler_pb2.SchedulerOutput(
             dispatch=scheduler_pb2.Dispatch(
                 work_id=decision.work_id,
@@ -141,14 +131,14 @@ def output(decision: Decision) -> scheduler_pb2.SchedulerOutput:
                 deployment_id=decision.deployment_id,
             )
         )
-    if isinstance(decision, WorkRejected):
+    if isinstance(decision, events.WorkRejected):
         return scheduler_pb2.SchedulerOutput(
             rejected=scheduler_pb2.Rejected(
                 work_id=decision.work_id,
                 failure=GantryError(decision.reason, decision.message).to_failure(),
             )
         )
-    if isinstance(decision, PlacementMade):
+    if isinstance(decision, events.PlacementMade):
         return scheduler_pb2.SchedulerOutput(
             placement=scheduler_pb2.Placement(
                 request_id=decision.request_id,
@@ -156,7 +146,7 @@ def output(decision: Decision) -> scheduler_pb2.SchedulerOutput:
                 node_ids=decision.node_ids,
             )
         )
-    if isinstance(decision, PlacementRefused):
+    if isinstance(decision, events.PlacementRefused):
         return scheduler_pb2.SchedulerOutput(
             rejected=scheduler_pb2.Rejected(
                 work_id=decision.request_id,
@@ -190,7 +180,7 @@ def scale_advice(advice: ScaleAdviceValue) -> scheduler_pb2.ScaleAdvice:
     )
 
 
-def snapshot(core: CoreSnapshot, *, connected: bool) -> scheduler_pb2.QueueSnapshot:
+def snapshot(core: events.CoreSnapshot, *, connected: bool) -> scheduler_pb2.QueueSnapshot:
     return scheduler_pb2.QueueSnapshot(
         control_plane_connected=connected,
         in_flight=core.in_flight,
@@ -200,72 +190,75 @@ def snapshot(core: CoreSnapshot, *, connected: bool) -> scheduler_pb2.QueueSnaps
         expired_total=core.expired_total,
         cancelled_total=core.cancelled_total,
         infra_failures_total=core.infra_failures_total,
-        residencies=[
-            scheduler_pb2.ResidencyLoad(
-                residency_id=r.residency_id,
-                deployment_id=r.deployment_id,
-                node_id=r.node_id,
-                state=_enum(r.phase),
-                in_flight=r.in_flight,
-                infra_failures=r.infra_failures,
-                slots=r.slots,
-                breaker=_enum(r.breaker),
-            )
-            for r in core.residencies
-        ],
-        nodes=[
-            scheduler_pb2.SchedulerNode(
-                node_id=n.node_id,
-                state=(
-                    common_pb2.NODE_STATE_CONNECTED
-                    if n.connected
-                    else common_pb2.NODE_STATE_DISCONNECTED
-                ),
-                adapters=sorted(n.adapters),
-                labels=sorted(n.labels),
-                domains=[_domain(d) for d in n.domains],
-                max_residencies=n.max_residencies,
-            )
-            for n in core.nodes
-        ],
-        tenants=[
-            scheduler_pb2.TenantLoad(
-                tenant_id=t.tenant_id,
-                weight=t.weight,
-                queued=t.queued,
-                in_flight=t.in_flight,
-                served_total=t.served_total,
-                served_cost=t.served_cost,
-                served_share=t.served_share,
-                weight_share=t.weight_share,
-                rejected_total=t.rejected_total,
-                budget_used=t.budget_used,
-                budget_units=t.budget_units,
-            )
-            for t in core.tenants
-        ],
-        ledger=[
-            scheduler_pb2.DomainLedger(
-                node_id=view.node_id,
-                domain=_domain(view.domain),
-                requested_bytes=view.requested,
-                reserved_bytes=view.reserved,
-                available_bytes=view.available,
-                blocked_reason=view.blocked_reason,
-            )
-            for view in core.ledger
-        ],
-        breakers=[
-            scheduler_pb2.BreakerView(
-                node_id=b.node_id,
-                deployment_id=b.deployment_id,
-                state=_enum(b.state),
-                consecutive_failures=b.consecutive_failures,
-                cooldown_left_seconds=b.cooldown_left,
-            )
-            for b in core.breakers
-        ],
+        residencies=[_residency_load(r) for r in core.residencies],
+        nodes=[_node_view(n) for n in core.nodes],
+        tenants=[_tenant_load(t) for t in core.tenants],
+        ledger=[_domain_ledger(view) for view in core.ledger],
+        breakers=[_breaker_view(b) for b in core.breakers],
         advice=[scale_advice(a) for a in core.advice],
+    )
+
+
+def _residency_load(r: events.ResidencyLoadView) -> scheduler_pb2.ResidencyLoad:
+    return scheduler_pb2.ResidencyLoad(
+        residency_id=r.residency_id,
+        deployment_id=r.deployment_id,
+        node_id=r.node_id,
+        state=_enum(r.phase),
+        in_flight=r.in_flight,
+        infra_failures=r.infra_failures,
+        slots=r.slots,
+        breaker=_enum(r.breaker),
+    )
+
+
+def _node_view(n: events.NodeInfo) -> scheduler_pb2.SchedulerNode:
+    return scheduler_pb2.SchedulerNode(
+        node_id=n.node_id,
+        state=(
+            common_pb2.NODE_STATE_CONNECTED if n.connected else common_pb2.NODE_STATE_DISCONNECTED
+        ),
+        adapters=sorted(n.adapters),
+        labels=sorted(n.labels),
+        domains=[_domain(d) for d in n.domains],
+        max_residencies=n.max_residencies,
+    )
+
+
+def _tenant_load(t: TenantLoadView) -> scheduler_pb2.TenantLoad:
+    return scheduler_pb2.TenantLoad(
+        tenant_id=t.tenant_id,
+        weight=t.weight,
+        queued=t.queued,
+        in_flight=t.in_flight,
+        served_total=t.served_total,
+        served_cost=t.served_cost,
+        served_share=t.served_share,
+        weight_share=t.weight_share,
+        rejected_total=t.rejected_total,
+        budget_used=t.budget_used,
+        budget_units=t.budget_units,
+    )
+
+
+def _domain_ledger(view: DomainView) -> scheduler_pb2.DomainLedger:
+    return scheduler_pb2.DomainLedger(
+        node_id=view.node_id,
+        domain=_domain(view.domain),
+        requested_bytes=view.requested,
+        reserved_bytes=view.reserved,
+        available_bytes=view.available,
+        blocked_reason=view.blocked_reason,
+    )
+
+
+def _breaker_view(b: BreakerView) -> scheduler_pb2.BreakerView:
+    return scheduler_pb2.BreakerView(
+        node_id=b.node_id,
+        deployment_id=b.deployment_id,
+        state=_enum(b.state),
+        consecutive_failures=b.consecutive_failures,
+        cooldown_left_seconds=b.cooldown_left,
     )
 
 

@@ -64,7 +64,12 @@ from gantry.worker.model_host.process import (
 from gantry.worker.model_host.sandbox import IsolationRequirement
 from gantry.worker.model_host.warm_pool import WarmPool
 from gantry.worker.probe_job import ProbeRunner, ProbeSettings
-from gantry.worker.residents import DEFAULT_MAX_RESIDENTS, HostFactory, ResidentFacts
+from gantry.worker.residents import (
+    DEFAULT_MAX_RESIDENTS,
+    HostFactory,
+    ResidentFacts,
+    SupervisedHost,
+)
 from gantry.worker.resource_domains import DeclaredDomain, measure_node_domains
 from gantry.worker.runtime_adapters.registry import runtime_adapter_for
 from gantry.worker.stop_plan import StopPlan
@@ -146,6 +151,72 @@ def _pooled_host_factory(warm_pool: WarmPool) -> Callable[..., Coroutine[Any, An
     return start
 
 
+def _node_id(credential: str) -> str:
+    """The node id the node credential names; ValueError when it is malformed."""
+    parsed = tokens.parse_token(credential, kind=tokens.NODE_CREDENTIAL)
+    if parsed is None:
+        raise ValueError("the node credential is malformed")
+    return parsed.token_id
+
+
+def _warm_pool_for(
+    settings: WorkerSettings, *, shared: WarmPool | None
+) -> tuple[WarmPool | None, bool]:
+    """The agent's warm pool, and whether it owns it (and so stops it at shutdown): `shared`
+    when given, else its own, when its settings ask for one at all."""
+    if not settings.warm_pool:
+        return None, False
+    return shared or WarmPool(), shared is None
+
+
+def _probe_settings(settings: WorkerSettings) -> ProbeSettings:
+    return ProbeSettings(
+        artifact_root=settings.artifact_root,
+        env=settings.env,
+        require_isolation=settings.require_isolation,
+        max_pending=settings.host_max_pending,
+        inbox_limit=settings.host_inbox_limit,
+        load_timeout_s=settings.probe_load_timeout_s,
+        check_timeout_s=settings.probe_check_timeout_s,
+        stop_grace_s=settings.probe_stop_grace_s,
+    )
+
+
+def _node_domains(settings: WorkerSettings) -> tuple[DeclaredDomain, ...]:
+    """The resource domains placement may fill: as declared, else as measured here (logged)."""
+    domains = (
+        settings.resource_domains
+        if settings.resource_domains is not None
+        else measure_node_domains(settings.env)
+    )
+    log.info("resource domains: %s", ", ".join(d.describe() for d in domains) or "none")
+    return domains
+
+
+def _load_evidence(
+    host: SupervisedHost, facts: ResidentFacts, *, verified: tuple[int, int]
+) -> wg.LoadEvidence:
+    """What a load established: the loaded host, and the files and bytes verified for it."""
+    files_verified, bytes_verified = verified
+    return wg.LoadEvidence(
+        pid=host.pid,
+        load_seconds=host.ready.load_seconds,
+        dim=host.ready.dim,
+        rss_bytes=host.rss_bytes(),
+        runtime_versions=dict(host.ready.runtime_versions),
+        files_verified=files_verified,
+        bytes_verified=bytes_verified,
+        adapter_digest=facts.adapter_digest,
+        environment_fingerprint=facts.environment_fingerprint,
+        isolation=host.ready.isolation,
+        isolation_reason=host.ready.isolation_reason,
+    )
+
+
+# What runs one job kind: its assignment in, its result filled in.
+JobHandler = Callable[[wg.JobAssignment, wg.JobResult], Awaitable[None]]
+
+
 class FencedError(Exception):
     """The control plane holds a newer generation of this node: this process must stop."""
 
@@ -162,17 +233,10 @@ class WorkerAgent:
     ) -> None:
         """`warm_pool`: one shared with other agents (tests), left running at shutdown; without
         it an agent whose settings ask for a warm pool owns one and stops it at shutdown."""
-        parsed = tokens.parse_token(settings.credential, kind=tokens.NODE_CREDENTIAL)
-        if parsed is None:
-            raise ValueError("the node credential is malformed")
         self.settings = settings
-        self.node_id = parsed.token_id
+        self.node_id = _node_id(settings.credential)
         self.generation = generation if generation is not None else new_generation()
-        self.warm_pool: WarmPool | None = None
-        self._owns_warm_pool = False
-        if settings.warm_pool:
-            self.warm_pool = warm_pool or WarmPool()
-            self._owns_warm_pool = warm_pool is None
+        self.warm_pool, self._owns_warm_pool = _warm_pool_for(settings, shared=warm_pool)
         pooled = _pooled_host_factory(self.warm_pool) if self.warm_pool is not None else None
         self.supervisor = Supervisor(
             settings.supervision(),
@@ -193,8 +257,7 @@ class WorkerAgent:
             emit_progress=lambda progress: self._offer(wg.WorkerMessage(invoke_progress=progress)),
             max_in_flight=settings.max_in_flight_invokes,
         )
-        self._job_handlers: dict[str, Callable[[wg.JobAssignment, wg.JobResult], Awaitable[None]]]
-        self._job_handlers = {
+        self._job_handlers: dict[str, JobHandler] = {
             "load": self._load,
             "unload": self._unload,
             "health": self._health,
@@ -207,28 +270,9 @@ class WorkerAgent:
         )
         # Probe hosts are the probe jobs' own: never residents, never routed, never counted.
         self.probes = ProbeRunner(
-            ProbeSettings(
-                artifact_root=settings.artifact_root,
-                env=settings.env,
-                require_isolation=settings.require_isolation,
-                max_pending=settings.host_max_pending,
-                inbox_limit=settings.host_inbox_limit,
-                load_timeout_s=settings.probe_load_timeout_s,
-                check_timeout_s=settings.probe_check_timeout_s,
-                stop_grace_s=settings.probe_stop_grace_s,
-            ),
-            environments=self.environments,
-            host_factory=pooled,
+            _probe_settings(settings), environments=self.environments, host_factory=pooled
         )
-        self.resource_domains = (
-            settings.resource_domains
-            if settings.resource_domains is not None
-            else measure_node_domains(settings.env)
-        )
-        log.info(
-            "resource domains: %s",
-            ", ".join(d.describe() for d in self.resource_domains) or "none",
-        )
+        self.resource_domains = _node_domains(settings)
         self._tasks: set[asyncio.Task[None]] = set()
         self._liveness: asyncio.Task[None] | None = None
         self._heartbeat_seconds = 3.0  # until the Welcome names the interval
@@ -486,14 +530,7 @@ class WorkerAgent:
     async def _load(self, assignment: wg.JobAssignment, result: wg.JobResult) -> None:
         spec = assignment.load
         if spec.HasField("endpoint"):  # an adopted server: called, never started
-            admitted = await adopt_endpoint(
-                spec,
-                admit=lambda deployment_id, facts, host: self.supervisor.adopt(
-                    deployment_id, facts, host, endpoint_url=host.url
-                ),
-                check_timeout_s=self.supervisor.settings.deep_health_timeout_s,
-            )
-            result.load.CopyFrom(admitted)
+            result.load.CopyFrom(await self._adopt(spec))
             return
         # Before anything is admitted or spawned: an adapter the registry does not know is
         # RUNTIME_INCOMPATIBLE, an environment that cannot run it RUNTIME_ENVIRONMENT_UNAVAILABLE
@@ -538,21 +575,15 @@ class WorkerAgent:
             )
         host = resident.host
         assert host is not None
-        files_verified, bytes_verified = verified_facts[0]
-        result.load.CopyFrom(
-            wg.LoadEvidence(
-                pid=host.pid,
-                load_seconds=host.ready.load_seconds,
-                dim=host.ready.dim,
-                rss_bytes=host.rss_bytes(),
-                runtime_versions=dict(host.ready.runtime_versions),
-                files_verified=files_verified,
-                bytes_verified=bytes_verified,
-                adapter_digest=facts.adapter_digest,
-                environment_fingerprint=facts.environment_fingerprint,
-                isolation=host.ready.isolation,
-                isolation_reason=host.ready.isolation_reason,
-            )
+        result.load.CopyFrom(_load_evidence(host, facts, verified=verified_facts[0]))
+
+    async def _adopt(self, spec: wg.LoadSpec) -> wg.LoadEvidence:
+        return await adopt_endpoint(
+            spec,
+            admit=lambda deployment_id, facts, host: self.supervisor.adopt(
+                deployment_id, facts, host, endpoint_url=host.url
+            ),
+            check_timeout_s=self.supervisor.settings.deep_health_timeout_s,
         )
 
     async def _inspect(self, assignment: wg.JobAssignment, result: wg.JobResult) -> None:

@@ -317,56 +317,20 @@ async def collect_environment(
     worker_environment: Mapping[str, str] | None = None,
 ) -> wg.RuntimeEnvironment:
     """Run the facts script with `python_executable`; never raises for the environment's faults."""
-    scratch = Path(tempfile.mkdtemp(prefix="gantry-facts-"))
-    try:
-        (scratch / "tmp").mkdir(mode=0o700)
-        environment = host_environment(
-            worker_environment if worker_environment is not None else os.environ,
-            private_dir=scratch,
-            scratch_dir=scratch / "tmp",
-        )
-        try:
-            process = await asyncio.create_subprocess_exec(
-                python_executable,
-                "-I",
-                "-c",
-                FACTS_SCRIPT,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-                cwd=scratch,
-                env=environment,
-            )
-        except OSError as exc:
-            return unavailable_environment(
-                environment_id, python_executable, f"cannot run {python_executable!r}: {exc}"
-            )
-        try:
-            async with asyncio.timeout(timeout_s):
-                stdout, stderr = await process.communicate()
-        except TimeoutError:
-            with contextlib.suppress(ProcessLookupError):
-                process.kill()
-            await process.wait()
-            return unavailable_environment(
-                environment_id,
-                python_executable,
-                f"the facts script did not finish within {timeout_s:g}s",
-            )
-        except BaseException:
-            # Cancelled with the worker's start: the script must not outlive it.
-            with contextlib.suppress(ProcessLookupError):
-                process.kill()
-            await process.wait()
-            raise
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-    if process.returncode != 0:
+    ran = await _run_facts_script(
+        python_executable,
+        timeout_s=timeout_s,
+        worker_environment=worker_environment if worker_environment is not None else os.environ,
+    )
+    if isinstance(ran, str):
+        return unavailable_environment(environment_id, python_executable, ran)
+    returncode, stdout, stderr = ran
+    if returncode != 0:
         tail = stderr[-_MAX_OUTPUT_BYTES:].decode(errors="replace").strip().splitlines()[-3:]
         return unavailable_environment(
             environment_id,
             python_executable,
-            f"the facts script exited with {process.returncode}: {' | '.join(tail)}",
+            f"the facts script exited with {returncode}: {' | '.join(tail)}",
         )
     lines = stdout[-_MAX_OUTPUT_BYTES:].decode(errors="replace").strip().splitlines()
     try:
@@ -382,6 +346,51 @@ async def collect_environment(
             "; ".join(str(note) for note in facts["notes"]),
         )
     return environment
+
+
+async def _run_facts_script(
+    python_executable: str, *, timeout_s: float, worker_environment: Mapping[str, str]
+) -> tuple[int | None, bytes, bytes] | str:
+    """The facts script's exit status, stdout and stderr, or why it could not run to its end.
+    Its scratch directory is removed, and the script never outlives this call (a timeout or a
+    cancellation kills and reaps it)."""
+    scratch = Path(tempfile.mkdtemp(prefix="gantry-facts-"))
+    try:
+        (scratch / "tmp").mkdir(mode=0o700)
+        environment = host_environment(
+            worker_environment, private_dir=scratch, scratch_dir=scratch / "tmp"
+        )
+        try:
+            process = await asyncio.create_subprocess_exec(
+                python_executable,
+                "-I",
+                "-c",
+                FACTS_SCRIPT,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                cwd=scratch,
+                env=environment,
+            )
+        except OSError as exc:
+            return f"cannot run {python_executable!r}: {exc}"
+        try:
+            async with asyncio.timeout(timeout_s):
+                stdout, stderr = await process.communicate()
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()
+            await process.wait()
+            return f"the facts script did not finish within {timeout_s:g}s"
+        except BaseException:
+            # Cancelled with the worker's start: the script must not outlive it.
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()
+            await process.wait()
+            raise
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return process.returncode, stdout, stderr
 
 
 @dataclass(frozen=True, kw_only=True)

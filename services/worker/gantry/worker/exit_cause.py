@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gantry.common.errors import GantryError
+from gantry.worker.model_host.exit_status import describe_returncode
 
 _CGROUP_ROOT = Path("/sys/fs/cgroup")
 
@@ -110,15 +111,6 @@ def classify_exit(
         )
     return GantryError(
         "RUNTIME_CRASHED",
-        f"model host {deployment_id!r} (pid {pid}) exited with {_describe(returncode)}",
+        f"model host {deployment_id!r} (pid {pid}) exited with {describe_returncode(returncode)}",
         **metadata,
     )
-
-
-def _describe(returncode: int) -> str:
-    if returncode < 0:
-        try:
-            return f"signal {signal.Signals(-returncode).name}"
-        except ValueError:
-            return f"signal {-returncode}"
-    return f"exit code {returncode}"

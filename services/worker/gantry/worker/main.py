@@ -20,7 +20,12 @@ from gantry.common.process import (
     setup_logging,
 )
 from gantry.common.telemetry import setup_tracing
-from gantry.common.tls import TlsSettingsError, add_client_tls_arguments, client_tls_from
+from gantry.common.tls import (
+    ClientTls,
+    TlsSettingsError,
+    add_client_tls_arguments,
+    client_tls_from,
+)
 from gantry.worker.agent import WorkerAgent, WorkerSettings
 from gantry.worker.heartbeat_file import default_heartbeat_file
 from gantry.worker.liveness_check import CHECK_FLAG, check
@@ -29,6 +34,7 @@ from gantry.worker.residents import DEFAULT_MAX_RESIDENTS
 from gantry.worker.resource_domains import (
     FLAG,
     FLAG_FORMAT,
+    DeclaredDomain,
     ResourceDomainError,
     parse_declaration,
 )
@@ -76,10 +82,44 @@ def main(argv: list[str] | None = None) -> int:
     if CHECK_FLAG in argv:
         # The liveness probe: reads the heartbeat file only (no credential, no connection).
         return check(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    tls, declared = _checked_flags(parser, args)
+    setup_logging("worker", args.log_format)
+    setup_tracing("gantry-worker")
+    if not start_metrics("gantry-worker", args.metrics_address):
+        return 2
+    reclaim_abandoned_verified_copies()
+    return asyncio.run(_serve(_settings(args, tls=tls, declared=declared)))
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gantry worker")
     parser.add_argument("--control-plane", default="127.0.0.1:50051")
     parser.add_argument("--credential-file", type=Path, required=True)
     parser.add_argument("--artifact-root", type=Path, required=True)
+    _add_hosting_arguments(parser)
+    parser.add_argument(
+        "--heartbeat-file",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="rewritten every heartbeat interval, connected to the control plane or not; "
+        f"`gantry worker --check` reads it (default: {default_heartbeat_file()})",
+    )
+    add_log_format_argument(parser)
+    add_client_tls_arguments(
+        parser.add_argument_group("TLS to the control plane (plaintext unless one is given)"),
+        peer="the control plane",
+    )
+    _add_supervision_arguments(parser.add_argument_group("model host supervision"))
+    add_metrics_argument(parser)
+    return parser
+
+
+def _add_hosting_arguments(parser: argparse.ArgumentParser) -> None:
+    """How many model hosts the worker holds, how isolated, in which resource domains, and
+    how it starts them."""
     parser.add_argument(
         "--max-residents",
         type=positive,
@@ -115,21 +155,10 @@ def main(argv: list[str] | None = None) -> int:
         help="spawn every model host as a fresh interpreter that imports torch itself, instead "
         "of forking it from a preloaded fork server (the default, ready in about a second)",
     )
-    parser.add_argument(
-        "--heartbeat-file",
-        type=Path,
-        default=None,
-        metavar="PATH",
-        help="rewritten every heartbeat interval, connected to the control plane or not; "
-        f"`gantry worker --check` reads it (default: {default_heartbeat_file()})",
-    )
-    add_log_format_argument(parser)
-    add_client_tls_arguments(
-        parser.add_argument_group("TLS to the control plane (plaintext unless one is given)"),
-        peer="the control plane",
-    )
+
+
+def _add_supervision_arguments(supervision: argparse._ArgumentGroup) -> None:
     defaults = WorkerSettings(control_plane="", credential="", artifact_root=Path())
-    supervision = parser.add_argument_group("model host supervision")
     for name, help_text in _SUPERVISION_ARGUMENTS.items():
         default = getattr(defaults, name)
         supervision.add_argument(
@@ -138,8 +167,12 @@ def main(argv: list[str] | None = None) -> int:
             default=default,
             help=f"{help_text} (default: {default})",
         )
-    add_metrics_argument(parser)
-    args = parser.parse_args(argv)
+
+
+def _checked_flags(
+    parser: argparse.ArgumentParser, args: argparse.Namespace
+) -> tuple[ClientTls | None, tuple[DeclaredDomain, ...] | None]:
+    """The TLS settings and declared resource domains, or the parser's exit saying why not."""
     try:
         tls = client_tls_from(args)
         if tls is not None:
@@ -151,12 +184,16 @@ def main(argv: list[str] | None = None) -> int:
         declared = parse_declaration(args.resource_domains) if args.resource_domains else None
     except ResourceDomainError as exc:
         parser.exit(2, f"{parser.prog}: error: {exc}\n")  # one line: the usage says nothing here
-    setup_logging("worker", args.log_format)
-    setup_tracing("gantry-worker")
-    if not start_metrics("gantry-worker", args.metrics_address):
-        return 2
-    reclaim_abandoned_verified_copies()
-    settings = WorkerSettings(
+    return tls, declared
+
+
+def _settings(
+    args: argparse.Namespace,
+    *,
+    tls: ClientTls | None,
+    declared: tuple[DeclaredDomain, ...] | None,
+) -> WorkerSettings:
+    return WorkerSettings(
         control_plane=args.control_plane,
         credential=args.credential_file.read_text().strip(),
         artifact_root=args.artifact_root,
@@ -169,38 +206,37 @@ def main(argv: list[str] | None = None) -> int:
         **{name: getattr(args, name) for name in _SUPERVISION_ARGUMENTS},
     )
 
-    async def serve() -> int:
-        agent = WorkerAgent(settings)
-        log.info("worker generation %d", agent.generation)
-        runner = asyncio.create_task(agent.run())
-        stopper = asyncio.create_task(run_until_signalled())
-        done, _ = await asyncio.wait({runner, stopper}, return_when=asyncio.FIRST_COMPLETED)
-        # The bound starts now, at the signal: its supervisor's grace (`gantry up`) is derived
-        # from it, so every step below shares these deadlines instead of taking its own.
-        loop = asyncio.get_running_loop()
-        plan = StopPlan.starting(loop.time())
-        log.info(
-            "stopping %d model hosts at once: SIGTERM now, SIGKILL to any left after %.1fs",
-            len(agent.residents),
-            plan.term_grace_s(loop.time()),
-        )
-        for task in (runner, stopper):
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        await agent.shutdown(plan)
-        unconfirmed = sorted(r.deployment_id for r in agent.residents)
-        log.log(
-            logging.ERROR if unconfirmed else logging.INFO,
-            "stopped in %.2fs (bound %gs)%s",
-            plan.elapsed_s(loop.time()),
-            WORKER_STOP_BOUND_S,
-            f"; not confirmed gone: {', '.join(unconfirmed)}" if unconfirmed else "",
-        )
-        # Fenced by a newer generation: exit non-zero so a supervisor restarts a fresh process.
-        return 1 if runner in done else 0
 
-    return asyncio.run(serve())
+async def _serve(settings: WorkerSettings) -> int:
+    agent = WorkerAgent(settings)
+    log.info("worker generation %d", agent.generation)
+    runner = asyncio.create_task(agent.run())
+    stopper = asyncio.create_task(run_until_signalled())
+    done, _ = await asyncio.wait({runner, stopper}, return_when=asyncio.FIRST_COMPLETED)
+    # The bound starts now, at the signal: its supervisor's grace (`gantry up`) is derived
+    # from it, so every step below shares these deadlines instead of taking its own.
+    loop = asyncio.get_running_loop()
+    plan = StopPlan.starting(loop.time())
+    log.info(
+        "stopping %d model hosts at once: SIGTERM now, SIGKILL to any left after %.1fs",
+        len(agent.residents),
+        plan.term_grace_s(loop.time()),
+    )
+    for task in (runner, stopper):
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    await agent.shutdown(plan)
+    unconfirmed = sorted(r.deployment_id for r in agent.residents)
+    log.log(
+        logging.ERROR if unconfirmed else logging.INFO,
+        "stopped in %.2fs (bound %gs)%s",
+        plan.elapsed_s(loop.time()),
+        WORKER_STOP_BOUND_S,
+        f"; not confirmed gone: {', '.join(unconfirmed)}" if unconfirmed else "",
+    )
+    # Fenced by a newer generation: exit non-zero so a supervisor restarts a fresh process.
+    return 1 if runner in done else 0
 
 
 if __name__ == "__main__":

@@ -116,15 +116,7 @@ class ProbeRunner:
         # An unknown adapter fails before anything else runs (RUNTIME_INCOMPATIBLE).
         adapter = self._adapter(spec.adapter.adapter)
         prepared = await adapter.prepare(
-            PrepareRequest(
-                environment_id=spec.environment_id,
-                settings=spec.adapter,
-                artifact_root=self._settings.artifact_root,
-                artifact_location=spec.artifact.artifact_location,
-                manifest=spec.artifact.manifest,
-                verified_root=self._settings.verified_root,
-            ),
-            environments=self._environments,
+            self._prepare_request(spec), environments=self._environments
         )
         nvml = self._open_nvml()
         try:
@@ -136,16 +128,9 @@ class ProbeRunner:
                 adapter=adapter.name,
                 adapter_digest=adapter_digest(spec.adapter),
             )
-            start = StartRequest(
-                name=f"probe-{spec.probe_id}",
-                require_isolation=self._settings.require_isolation,
-                load_timeout_s=self._settings.load_timeout_s,
-                max_pending=self._settings.max_pending,
-                inbox_limit=self._settings.inbox_limit,
-            )
             enter(common_pb2.PROBE_STATE_LOADING, f"model host with {prepared.python_executable}")
             # A failed or cancelled start leaves no process of it behind before it raises.
-            running = await adapter.start(prepared, start)
+            running = await adapter.start(prepared, self._start_request(spec))
             try:
                 await self._check(adapter, running, spec.adapter.device, nvml, evidence, enter)
             except BaseException:
@@ -166,6 +151,25 @@ class ProbeRunner:
         finally:
             nvml.close()
             discard_copy(prepared.directory)
+
+    def _prepare_request(self, spec: wg.ProbeSpec) -> PrepareRequest:
+        return PrepareRequest(
+            environment_id=spec.environment_id,
+            settings=spec.adapter,
+            artifact_root=self._settings.artifact_root,
+            artifact_location=spec.artifact.artifact_location,
+            manifest=spec.artifact.manifest,
+            verified_root=self._settings.verified_root,
+        )
+
+    def _start_request(self, spec: wg.ProbeSpec) -> StartRequest:
+        return StartRequest(
+            name=f"probe-{spec.probe_id}",
+            require_isolation=self._settings.require_isolation,
+            load_timeout_s=self._settings.load_timeout_s,
+            max_pending=self._settings.max_pending,
+            inbox_limit=self._settings.inbox_limit,
+        )
 
     async def _check(
         self,

@@ -22,8 +22,6 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from google.protobuf import timestamp_pb2
-
 from gantry.common.clock import Clock, SystemClock
 from gantry.common.errors import GantryError
 from gantry.common.manifest import remove_verified_copy
@@ -45,6 +43,7 @@ from gantry.worker.residents import (
     ResidentMap,
     SupervisedHost,
 )
+from gantry.worker.runtime_adapters.base import health_report
 from gantry.worker.stop_plan import StopPlan
 
 log = logging.getLogger(__name__)
@@ -243,7 +242,7 @@ class Supervisor:
         host = resident.host if resident.state == RESIDENT else None
         if host is None or not host.alive:
             why = resident.last_failure.message if resident.last_failure else "no running host"
-            report = _report(
+            report = health_report(
                 process=(FAILED, f"no live model host ({why})"),
                 runtime=(NOT_CHECKED, "no process to ping"),
                 model=(NOT_CHECKED, "no process to run the model"),
@@ -302,7 +301,7 @@ class Supervisor:
         log.error("%s; restarting in place", error.message)
         resident.state = LOADING
         resident.host = None
-        resident.health = _report(
+        resident.health = health_report(
             process=(FAILED, error.message),
             runtime=(NOT_CHECKED, "no process to ping"),
             model=(NOT_CHECKED, "no process to run the model"),
@@ -441,17 +440,21 @@ class Supervisor:
             if error.reason == "DEADLINE_EXCEEDED" and host is resident.host and host.alive:
                 why = f"no answer to a ping within {self.settings.ping_timeout_s:g}s"
                 host.kill_unresponsive(why)
-                return _report(process=process, runtime=(FAILED, why), model=_unchecked(deep))
-            return _report(process=process, runtime=(FAILED, error.message), model=_unchecked(deep))
+                return health_report(process=process, runtime=(FAILED, why), model=_unchecked(deep))
+            return health_report(
+                process=process, runtime=(FAILED, error.message), model=_unchecked(deep)
+            )
         runtime = (OK, f"ping answered in {time.monotonic() - started:.3f}s")
         if not deep:
-            return _report(process=process, runtime=runtime, model=_unchecked(deep), since=started)
+            return health_report(
+                process=process, runtime=runtime, model=_unchecked(deep), since=started
+            )
         try:
             checked = await host.check_model(timeout_s=self.settings.deep_health_timeout_s)
         except GantryError as error:
-            return _report(process=process, runtime=runtime, model=(FAILED, error.message))
+            return health_report(process=process, runtime=runtime, model=(FAILED, error.message))
         model = (checked.model.status, checked.model.detail)
-        return _report(process=process, runtime=runtime, model=model, since=started)
+        return health_report(process=process, runtime=runtime, model=model, since=started)
 
     def _record_health(
         self, resident: Resident, report: wg.HealthReport, *, force: bool = False
@@ -480,21 +483,3 @@ def _unchecked(deep: bool) -> tuple[wg.HealthStatus, str]:
 
 def _statuses(report: wg.HealthReport) -> tuple[int, int, int]:
     return (report.process.status, report.runtime.status, report.model.status)
-
-
-def _report(
-    *,
-    process: tuple[wg.HealthStatus, str],
-    runtime: tuple[wg.HealthStatus, str],
-    model: tuple[wg.HealthStatus, str],
-    since: float | None = None,
-) -> wg.HealthReport:
-    checked_at = timestamp_pb2.Timestamp()
-    checked_at.GetCurrentTime()
-    return wg.HealthReport(
-        process=wg.HealthLayer(status=process[0], detail=process[1]),
-        runtime=wg.HealthLayer(status=runtime[0], detail=runtime[1]),
-        model=wg.HealthLayer(status=model[0], detail=model[1]),
-        latency_seconds=time.monotonic() - since if since is not None else 0.0,
-        checked_at=checked_at,
-    )

@@ -79,6 +79,20 @@ class Draft:
     findings: list[wg.InspectionFinding] = field(default_factory=list)
     details: dict[str, str] = field(default_factory=dict)
 
+    def refuse(self, message: str, path: str = "") -> None:
+        """An INCOMPATIBLE finding: what the model host could not run, read from `path` (the file
+        that identified the layout when none is named)."""
+        self.findings.append(finding(INCOMPATIBLE, message, path or self.key_path))
+
+    def keep_sub_config(
+        self, config: Mapping[str, Any], name: str, prefix: str, keys: tuple[str, ...]
+    ) -> dict[str, Any]:
+        """The nested config `name` of `config` ({} when it is not one), its `keys` kept into
+        the details as `prefix + key` ("encoder_image_size")."""
+        nested = sub_config(config, name)
+        keep_prefixed(self.details, nested, prefix, keys)
+        return nested
+
 
 def text(value: object) -> str:
     """A config value as a details string: JSON scalars as JSON writes them, lists comma-joined."""

@@ -8,15 +8,10 @@ config with exactly one label (how older versions saved one, and how most rerank
 
 from __future__ import annotations
 
+from typing import Any
+
 from gantry.worker.inspection import transformers
-from gantry.worker.inspection.artifact_files import (
-    INCOMPATIBLE,
-    ArtifactFiles,
-    Draft,
-    finding,
-    keep,
-    text,
-)
+from gantry.worker.inspection.artifact_files import ArtifactFiles, Draft, keep, text
 
 MODULES = "modules.json"
 ST_CONFIG = "config_sentence_transformers.json"
@@ -91,33 +86,42 @@ def inspect(files: ArtifactFiles) -> Draft:
     )
     if cross_encoder:
         draft.key_path = ST_CONFIG if st_model_type == "CrossEncoder" else config_path
-        draft.task = "reranking"
-        draft.details["num_labels"] = str(transformers.num_labels(config))
-        keep(draft.details, st_config, "activation_fn")
-        # Which adapter runs it is the runtime adapters' decision (their inspect_support).
-        if transformers.num_labels(config) != 1:
-            findings.append(
-                finding(
-                    INCOMPATIBLE,
-                    f"a cross-encoder with num_labels={transformers.num_labels(config)}: "
-                    "reranking needs exactly one score per pair",
-                    config_path,
-                )
-            )
+        _add_cross_encoder(draft, st_config, config, config_path=config_path)
         return draft
     if st_model_type not in (None, "SentenceTransformer"):
         draft.key_path = ST_CONFIG
         draft.task = f"{str(st_model_type).lower()}-embedding"
         return draft  # SparseEncoder and later kinds: assessed, no adapter runs them here
+    _add_embedding(files, draft, module_types)
+    return draft
 
+
+def _add_cross_encoder(
+    draft: Draft, st_config: dict[str, Any], config: dict[str, Any], *, config_path: str
+) -> None:
+    """A cross-encoder's task and details, and a refusal unless it gives one score per pair."""
+    draft.task = "reranking"
+    draft.details["num_labels"] = str(transformers.num_labels(config))
+    keep(draft.details, st_config, "activation_fn")
+    # Which adapter runs it is the runtime adapters' decision (their inspect_support).
+    if transformers.num_labels(config) != 1:
+        draft.refuse(
+            f"a cross-encoder with num_labels={transformers.num_labels(config)}: "
+            "reranking needs exactly one score per pair",
+            config_path,
+        )
+
+
+def _add_embedding(files: ArtifactFiles, draft: Draft, module_types: list[tuple[str, str]]) -> None:
+    """An embedding model's task and details: normalisation, pooling and its width."""
     draft.key_path = (
         MODULES if files.has(MODULES) else next(path for path in LAYOUT_FILES if files.has(path))
     )
     draft.task = "embedding"
-    draft.details["normalize"] = text("Normalize" in names)
+    draft.details["normalize"] = text("Normalize" in [name for name, _ in module_types])
     pooling_dir = next((path for name, path in module_types if name == "Pooling"), None)
     if pooling_dir is not None:
-        pooling = files.json_object(_under(pooling_dir, "config.json"), findings)
+        pooling = files.json_object(_under(pooling_dir, "config.json"), draft.findings)
         # "word_embedding_dimension" up to sentence-transformers 5, "embedding_dimension" after.
         for key in ("word_embedding_dimension", "embedding_dimension"):
             if key in pooling:
@@ -127,4 +131,3 @@ def inspect(files: ArtifactFiles) -> Draft:
             modes = [pooling["pooling_mode"]]
         if modes:
             draft.details["pooling"] = ",".join(modes)
-    return draft

@@ -18,16 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gantry.worker.inspection import image_processor
-from gantry.worker.inspection.artifact_files import (
-    INCOMPATIBLE,
-    ArtifactFiles,
-    Draft,
-    finding,
-    keep,
-    keep_prefixed,
-    positive_int,
-    sub_config,
-)
+from gantry.worker.inspection.artifact_files import ArtifactFiles, Draft, keep, positive_int
 
 MODEL_TYPE = "siglip2"
 TASK = "zero-shot-image-classification"
@@ -50,9 +41,8 @@ def add_details(
     """SigLIP2's details into `draft`, and a refusal for what the model host could not run."""
     if is_dual_encoder(architectures):
         draft.task = TASK
-    vision, text_tower = sub_config(config, "vision_config"), sub_config(config, "text_config")
-    keep_prefixed(draft.details, vision, "vision_", _VISION_KEYS)
-    keep_prefixed(draft.details, text_tower, "text_", _TEXT_KEYS)
+    vision = draft.keep_sub_config(config, "vision_config", "vision_", _VISION_KEYS)
+    text_tower = draft.keep_sub_config(config, "text_config", "text_", _TEXT_KEYS)
     image_width = positive_int(vision.get("hidden_size"))
     # The text head projects to projection_size (unset: the text width). A width the config
     # leaves to transformers' default is not recorded, and not compared.
@@ -63,13 +53,9 @@ def add_details(
         if image_width == text_width:
             draft.details["embedding_dimension"] = str(image_width)
         else:
-            draft.findings.append(
-                finding(
-                    INCOMPATIBLE,
-                    f"the vision tower embeds in {image_width} dimensions and the text tower in "
-                    f"{text_width}: images and texts could not be compared",
-                    draft.key_path,
-                )
+            draft.refuse(
+                f"the vision tower embeds in {image_width} dimensions and the text tower in "
+                f"{text_width}: images and texts could not be compared"
             )
     model = "a SigLIP2 model"
     processor, source = image_processor.add_processor_details(files, draft, model=model)
@@ -80,20 +66,13 @@ def add_details(
             positive_int(vision.get("patch_size")),
         )
         if cut is not None and embedded is not None and cut != embedded:
-            draft.findings.append(
-                finding(
-                    INCOMPATIBLE,
-                    f"the image processor cuts {cut} px patches; the vision tower embeds "
-                    f"{embedded} px patches (vision_config.patch_size in config.json)",
-                    source,
-                )
+            draft.refuse(
+                f"the image processor cuts {cut} px patches; the vision tower embeds "
+                f"{embedded} px patches (vision_config.patch_size in config.json)",
+                source,
             )
     if not image_processor.has_tokenizer(files, TOKENIZER_FILES):
-        draft.findings.append(
-            finding(
-                INCOMPATIBLE,
-                f"{model} without a tokenizer ({' or '.join(TOKENIZER_FILES)}): no text can be "
-                "embedded, so there are no labels to classify against",
-                draft.key_path,
-            )
+        draft.refuse(
+            f"{model} without a tokenizer ({' or '.join(TOKENIZER_FILES)}): no text can be "
+            "embedded, so there are no labels to classify against"
         )

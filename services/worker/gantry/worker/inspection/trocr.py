@@ -14,16 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gantry.worker.inspection import image_processor
-from gantry.worker.inspection.artifact_files import (
-    INCOMPATIBLE,
-    ArtifactFiles,
-    Draft,
-    finding,
-    keep,
-    keep_prefixed,
-    positive_int,
-    sub_config,
-)
+from gantry.worker.inspection.artifact_files import ArtifactFiles, Draft, keep, positive_int
 
 MODEL_TYPE = "vision-encoder-decoder"
 DECODER_TYPE = "trocr"
@@ -41,9 +32,8 @@ def add_details(files: ArtifactFiles, config: Mapping[str, Any], draft: Draft) -
     """TrOCR's details into `draft` (its task is image-to-text whatever its architectures say),
     and a refusal for what the model host could not feed or decode."""
     draft.task = TASK
-    encoder, decoder = sub_config(config, "encoder"), sub_config(config, "decoder")
-    keep_prefixed(draft.details, encoder, "encoder_", _ENCODER_KEYS)
-    keep_prefixed(draft.details, decoder, "decoder_", _DECODER_KEYS)
+    encoder = draft.keep_sub_config(config, "encoder", "encoder_", _ENCODER_KEYS)
+    decoder = draft.keep_sub_config(config, "decoder", "decoder_", _DECODER_KEYS)
     # The special tokens sit on the top-level config (released checkpoints) or the decoder's.
     tokens = {**decoder, **{key: value for key, value in config.items() if value is not None}}
     keep(draft.details, tokens, *_START_KEYS)
@@ -52,22 +42,15 @@ def add_details(files: ArtifactFiles, config: Mapping[str, Any], draft: Draft) -
     side = image_processor.processed_side(processor) if source else None
     built_for = positive_int(encoder.get("image_size"))
     if side is not None and built_for is not None and side != built_for:
-        draft.findings.append(
-            finding(
-                INCOMPATIBLE,
-                f"the image processor hands the encoder {side} px images; the encoder was built "
-                f"for {built_for} px (encoder.image_size in config.json)",
-                source,
-            )
+        draft.refuse(
+            f"the image processor hands the encoder {side} px images; the encoder was built "
+            f"for {built_for} px (encoder.image_size in config.json)",
+            source,
         )
     if not image_processor.has_tokenizer(files, TOKENIZER_FILES):
-        draft.findings.append(
-            finding(
-                INCOMPATIBLE,
-                f"{model} without a tokenizer ({' or '.join(TOKENIZER_FILES)}): its generated "
-                "ids cannot be turned into text",
-                draft.key_path,
-            )
+        draft.refuse(
+            f"{model} without a tokenizer ({' or '.join(TOKENIZER_FILES)}): its generated "
+            "ids cannot be turned into text"
         )
     generation = files.json_object(GENERATION_CONFIG, draft.findings)
     keep(draft.details, generation, "max_length", "max_new_tokens", "num_beams")

@@ -15,14 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from gantry.worker.inspection.artifact_files import (
-    INCOMPATIBLE,
-    ArtifactFiles,
-    Draft,
-    finding,
-    keep,
-    text,
-)
+from gantry.worker.inspection.artifact_files import ArtifactFiles, Draft, keep, text
 
 MODEL_TYPE = "whisper"
 PREPROCESSOR_CONFIG = "preprocessor_config.json"
@@ -59,39 +52,28 @@ def add_details(files: ArtifactFiles, config: Mapping[str, Any], draft: Draft) -
     keep(draft.details, config, *_CONFIG_KEYS)
     features, source = feature_extractor(files, draft)
     if not source:
-        draft.findings.append(
-            finding(
-                INCOMPATIBLE,
-                f"a Whisper model without its feature extractor ({PREPROCESSOR_CONFIG}, or "
-                f"{PROCESSOR_CONFIG} with a feature_extractor): audio cannot be turned into "
-                "its input",
-                draft.key_path,
-            )
+        draft.refuse(
+            f"a Whisper model without its feature extractor ({PREPROCESSOR_CONFIG}, or "
+            f"{PROCESSOR_CONFIG} with a feature_extractor): audio cannot be turned into "
+            "its input"
         )
     else:
         draft.details["feature_extractor_file"] = source
         keep(draft.details, features, *_FEATURE_KEYS)
         rate = features.get("sampling_rate")
         if rate != HOST_SAMPLE_RATE:
-            draft.findings.append(
-                finding(
-                    INCOMPATIBLE,
-                    f"the feature extractor takes {text(rate) or 'an unstated rate'} Hz; the "
-                    f"model host decodes audio to {HOST_SAMPLE_RATE} Hz",
-                    source,
-                )
+            draft.refuse(
+                f"the feature extractor takes {text(rate) or 'an unstated rate'} Hz; the "
+                f"model host decodes audio to {HOST_SAMPLE_RATE} Hz",
+                source,
             )
         chunk = features.get("chunk_length")
         if isinstance(chunk, int) and not isinstance(chunk, bool):
             draft.details["window_seconds"] = str(chunk)
     if not any(files.has(path) for path in TOKENIZER_FILES):
-        draft.findings.append(
-            finding(
-                INCOMPATIBLE,
-                f"a Whisper model without a tokenizer ({' or '.join(TOKENIZER_FILES)}): its "
-                "generated ids cannot be turned into text",
-                draft.key_path,
-            )
+        draft.refuse(
+            f"a Whisper model without a tokenizer ({' or '.join(TOKENIZER_FILES)}): its "
+            "generated ids cannot be turned into text"
         )
     generation = files.json_object(GENERATION_CONFIG, draft.findings)
     multilingual = generation.get("is_multilingual")

@@ -144,15 +144,9 @@ class ServerCalls(abc.ABC):
             )
         return _embed_result(answer)
 
-    async def rerank(
-        self,
-        query: str,
-        documents: list[str],
-        *,
-        trace_context: dict[str, str],
-        timeout_s: float,
-        truncate: bool = False,
-    ) -> wg.RerankResult:
+    async def rerank(self, query: str, documents: list[str], **_: object) -> wg.RerankResult:
+        # No server kind reranks, so the call's options (trace context, timeout, truncate) are
+        # never read.
         raise self._not_served("rerank")
 
     async def transcribe(

@@ -22,7 +22,6 @@ import os
 import shutil
 import signal
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -44,14 +43,9 @@ from gantry.worker.managed_server.kinds import (
 from gantry.worker.managed_server.openai_protocol import MODELS
 from gantry.worker.managed_server.server_calls import ISOLATION_REASON, ServerCalls
 from gantry.worker.model_host import sandbox
-from gantry.worker.model_host.environments import host_environment
-from gantry.worker.model_host.exit_status import (
-    crashed_error,
-    describe_returncode,
-    exit_evidence,
-)
+from gantry.worker.model_host.custody import ChildCustody, private_workspace
+from gantry.worker.model_host.exit_status import crashed_error, describe_returncode
 from gantry.worker.model_host.landlock import Isolation, IsolationLevel
-from gantry.worker.model_host.proc_facts import process_start_ticks, rss_bytes_of
 from gantry.worker.model_host.process import HostLaunchSpec
 from gantry.worker.model_host.stderr_tail import StderrTail
 
@@ -150,8 +144,11 @@ def check_executable(executable: str, *, deployment_id: str, kind: str) -> None:
         )
 
 
-class ManagedServer(ServerCalls):
+class ManagedServer(ChildCustody[asyncio.subprocess.Process], ServerCalls):
     """A running managed server. Create with `await ManagedServer.start(spec)` (or `launch`)."""
+
+    child_kind = "managed server"
+    _log = logger
 
     def __init__(
         self,
@@ -162,25 +159,20 @@ class ManagedServer(ServerCalls):
         private_dir: Path,
         on_exit: OnServerExit | None,
     ) -> None:
+        super().__init__(process=process, private_dir=private_dir)
         self._launch = launch
         self._kind = launch.kind
         self._served_name = launch.served_name
         self._max_new_tokens = launch.max_new_tokens
         self._max_pending = launch.max_pending
         self._in_flight = 0
-        self._process = process
         self._output = output
-        self._private_dir: Path | None = private_dir
         self._on_exit = on_exit
-        self._start_ticks = process_start_ticks(process.pid)
         # trust_env=False: no proxy variable of the worker may route loopback calls elsewhere.
         self._client = httpx.AsyncClient(
             base_url=f"http://{LOOPBACK_HOST}:{launch.port}", trust_env=False, timeout=None
         )
         self._ready: model_host_pb2.HostReady | None = None
-        self._stopping = False
-        self._unresponsive: GantryError | None = None
-        self._evidence: wg.UnloadEvidence | None = None
         self._exit_task: asyncio.Task[int] | None = None
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -196,15 +188,12 @@ class ManagedServer(ServerCalls):
     ) -> ManagedServer:
         """Start the server `spec` names on a port the worker allocates; see `launch`."""
         refusal = sandbox.shortfall(
-            spec.require_isolation, Isolation(level=IsolationLevel.NONE, reason=ISOLATION_REASON)
+            spec.require_isolation,
+            Isolation(level=IsolationLevel.NONE, reason=ISOLATION_REASON),
+            deployment_id=spec.deployment_id,
         )
         if refusal is not None:
-            raise GantryError(
-                refusal.reason,
-                refusal.message,
-                **refusal.metadata,
-                deployment_id=spec.deployment_id,
-            )
+            raise refusal
         return await cls.launch(launch_for(spec, port=port_allocator()), on_exit=on_exit)
 
     @classmethod
@@ -219,30 +208,10 @@ class ManagedServer(ServerCalls):
         name = launch.deployment_id
         check_executable(launch.executable, deployment_id=name, kind=launch.kind.name)
         loopback.check_port_free(launch.port, deployment_id=name)
-        private_dir = Path(tempfile.mkdtemp(prefix=f"gantry-server-{name}-"))
-        scratch_dir = private_dir / "tmp"
-        scratch_dir.mkdir(mode=0o700)
-        environment = host_environment(
-            launch.environment, private_dir=private_dir, scratch_dir=scratch_dir
+        private_dir, environment = private_workspace(
+            launch.environment, prefix=f"gantry-server-{name}-"
         )
-        try:
-            process = await asyncio.create_subprocess_exec(
-                *_dying_with_worker(launch.argv),
-                stdin=asyncio.subprocess.DEVNULL,
-                # One stream: servers log to either, and both end up in the tail and the log.
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.STDOUT,
-                cwd=private_dir,
-                env=environment,
-                start_new_session=True,  # its own process group, signalled as one
-            )
-        except OSError as exc:
-            shutil.rmtree(private_dir, ignore_errors=True)
-            raise GantryError(
-                "RUNTIME_ENVIRONMENT_UNAVAILABLE",
-                f"cannot start the {launch.kind.name} server with {launch.executable!r}: {exc}",
-                deployment_id=name,
-            ) from exc
+        process = await _spawn_server(launch, private_dir=private_dir, environment=environment)
         assert process.stdout is not None
         server = cls(
             launch=launch,
@@ -251,39 +220,51 @@ class ManagedServer(ServerCalls):
             private_dir=private_dir,
             on_exit=on_exit,
         )
+        await server._await_ready(started)
+        server._serve(started)
+        return server
+
+    async def _await_ready(self, started: float) -> None:
+        """An answer on loopback within the load timeout, from this process, listening nowhere
+        else; a server that fails that, runs out of time or is cancelled meanwhile is killed with
+        its group and reaped before this raises."""
+        timeout_s = self._launch.load_timeout_s
         try:
-            async with asyncio.timeout(launch.load_timeout_s):
-                await server._await_answer(started)
-            server._check_listeners()
+            async with asyncio.timeout(timeout_s):
+                await self._await_answer(started)
+            self._check_listeners()
         except BaseException as exc:
-            await server._abandon()
+            await self._abandon()
             if isinstance(exc, TimeoutError):
-                raise server._load_error(
-                    f"did not answer GET {MODELS} within {launch.load_timeout_s:g}s"
+                raise self._load_error(
+                    f"did not answer GET {MODELS} within {timeout_s:g}s"
                 ) from exc
             raise
+
+    def _serve(self, started: float) -> None:
+        """A ready server is handed out: what it reports, and its exit watched from now on."""
+        launch = self._launch
         load_seconds = time.monotonic() - started
-        server._ready = model_host_pb2.HostReady(
-            pid=process.pid,
+        self._ready = model_host_pb2.HostReady(
+            pid=self.pid,
             load_seconds=load_seconds,
-            rss_bytes=server.rss_bytes(),
+            rss_bytes=self.rss_bytes(),
             runtime_versions={"server": launch.kind.name, "port": str(launch.port)},
             isolation="NONE",
             isolation_reason=ISOLATION_REASON,
         )
-        server._exit_task = asyncio.create_task(
-            server._watch_exit(), name=f"managed-server-exit-{name}"
+        self._exit_task = asyncio.create_task(
+            self._watch_exit(), name=f"managed-server-exit-{launch.deployment_id}"
         )
         logger.info(
             "managed server %s (%s) ready: pid=%d port=%d load_seconds=%.2f rss=%d",
-            name,
+            launch.deployment_id,
             launch.kind.name,
-            process.pid,
+            self.pid,
             launch.port,
             load_seconds,
-            server.rss_bytes(),
+            self.rss_bytes(),
         )
-        return server
 
     async def stop(self, *, grace_s: float = 10.0) -> wg.UnloadEvidence:
         """SIGTERM to its group, SIGKILL after `grace_s`, reaped; `process_exited` only when the
@@ -308,18 +289,7 @@ class ManagedServer(ServerCalls):
         if self._group_alive():
             self._signal_group(signal.SIGKILL)  # a helper it forked outlived it
         await self._close()
-        self._evidence = exit_evidence(
-            self.pid, self._process.returncode, exited=self._confirmed_gone()
-        )
-        logger.info(
-            "managed server %s stopped: pid=%d %s exited=%s in %.2fs",
-            self.deployment_id,
-            self.pid,
-            describe_returncode(self._process.returncode),
-            self._evidence.process_exited,
-            time.monotonic() - started,
-        )
-        return self._evidence
+        return self._record_stop(started)
 
     async def kill(self) -> wg.UnloadEvidence:
         self._stopping = True
@@ -341,17 +311,7 @@ class ManagedServer(ServerCalls):
         logger.error("%s; killing it", self._unresponsive.message)
         self._signal_group(signal.SIGKILL)
 
-    def rss_bytes(self) -> int:
-        """The server's VmRSS from /proc; 0 only once it is gone."""
-        if self._process.returncode is not None:
-            return 0
-        return rss_bytes_of(self.pid) or 0
-
     # -- state ---------------------------------------------------------------------------------
-
-    @property
-    def pid(self) -> int:
-        return self._process.pid
 
     @property
     def port(self) -> int:
@@ -369,20 +329,6 @@ class ManagedServer(ServerCalls):
     @property
     def unloaded(self) -> model_host_pb2.HostUnloaded | None:
         return None  # a server measures nothing of itself after release
-
-    @property
-    def alive(self) -> bool:
-        return (
-            self._process.returncode is None and not self._stopping and self._unresponsive is None
-        )
-
-    @property
-    def returncode(self) -> int | None:
-        return self._process.returncode
-
-    @property
-    def unresponsive(self) -> GantryError | None:
-        return self._unresponsive
 
     def output_tail(self) -> list[str]:
         return self._output.lines()
@@ -459,6 +405,9 @@ class ManagedServer(ServerCalls):
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self._process.pid, signum)
 
+    def _leftover_alive(self) -> bool:
+        return self._group_alive()
+
     def _group_alive(self) -> bool:
         try:
             os.killpg(self._process.pid, 0)
@@ -484,34 +433,16 @@ class ManagedServer(ServerCalls):
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await self._output.settle()
-        if self._private_dir is not None and self._process.returncode is not None:
-            shutil.rmtree(self._private_dir, ignore_errors=True)
-            self._private_dir = None
-
-    def _confirmed_gone(self) -> bool:
-        if self._process.returncode is None or self._group_alive():
-            return False
-        ticks = process_start_ticks(self.pid)
-        return ticks is None or ticks != self._start_ticks
-
-    def _check_serving(self) -> None:
-        if self._unresponsive is not None:
-            raise self._unresponsive
-        if self._stopping:
-            raise GantryError(
-                "DEPLOYMENT_NOT_READY",
-                f"managed server {self.deployment_id!r} is stopping",
-                deployment_id=self.deployment_id,
-            )
-        crashed = self._crashed_error()
-        if crashed is not None:
-            raise crashed
+        self._remove_private_dir()
 
     def _crashed_error(self) -> GantryError | None:
         if self._process.returncode is None:
             return None
         if self._unresponsive is not None:
             return self._unresponsive
+        return self._exit_error()
+
+    def _exit_error(self) -> GantryError:
         return crashed_error(
             "managed server",
             deployment_id=self.deployment_id,
@@ -535,3 +466,28 @@ class ManagedServer(ServerCalls):
                 except Exception:
                     logger.exception("on_exit of managed server %s failed", self.deployment_id)
         return returncode
+
+
+async def _spawn_server(
+    launch: ServerLaunch, *, private_dir: Path, environment: Mapping[str, str]
+) -> asyncio.subprocess.Process:
+    """The server process, in its own group and dying with the worker; RUNTIME_ENVIRONMENT_
+    UNAVAILABLE (its private directory removed) when it cannot be started."""
+    try:
+        return await asyncio.create_subprocess_exec(
+            *_dying_with_worker(launch.argv),
+            stdin=asyncio.subprocess.DEVNULL,
+            # One stream: servers log to either, and both end up in the tail and the log.
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            cwd=private_dir,
+            env=environment,
+            start_new_session=True,  # its own process group, signalled as one
+        )
+    except OSError as exc:
+        shutil.rmtree(private_dir, ignore_errors=True)
+        raise GantryError(
+            "RUNTIME_ENVIRONMENT_UNAVAILABLE",
+            f"cannot start the {launch.kind.name} server with {launch.executable!r}: {exc}",
+            deployment_id=launch.deployment_id,
+        ) from exc

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from gantry.common import audio_media
+from gantry.common.audio_media import FLAC, PCM, WAV
 from gantry.common.errors import GantryError
 from gantry.v1 import common_pb2
 
@@ -27,23 +29,8 @@ TARGET_SAMPLE_RATE = 16_000
 # decoded (30 minutes is 60 of Whisper's 30 s windows, each a full generate).
 MAX_AUDIO_BYTES = 25 * 1024 * 1024
 MAX_AUDIO_SECONDS = 30 * 60
-# Raw PCM must describe itself; anything outside these is a mistake, not a recording.
-MAX_SAMPLE_RATE_HZ = 384_000
-MIN_SAMPLE_RATE_HZ = 1_000
-MAX_CHANNELS = 32
-
-WAV = "audio/wav"
-FLAC = "audio/flac"
-PCM = "audio/pcm"
-_MEDIA_TYPES = {
-    WAV: WAV,
-    "audio/x-wav": WAV,
-    "audio/wave": WAV,
-    "audio/vnd.wave": WAV,
-    FLAC: FLAC,
-    "audio/x-flac": FLAC,
-    PCM: PCM,
-}
+# The media types taken and what raw PCM may declare come from gantry/common/audio_media.py, the
+# table the control plane's header check reads too: neither side refuses what the other takes.
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -65,9 +52,7 @@ def invalid(message: str, *, field: str, **metadata: str) -> GantryError:
 
 def media_type_of(payload: common_pb2.Audio) -> str:
     """The canonical media type (`audio/wav`, `audio/flac`, `audio/pcm`), or INVALID_PAYLOAD."""
-    # Parameters (`audio/wav; codecs=1`) say nothing the bytes do not.
-    given = payload.media_type.split(";", 1)[0].strip().lower()
-    canonical = _MEDIA_TYPES.get(given)
+    canonical = audio_media.canonical_media_type(payload.media_type)
     if canonical is None:
         raise invalid(
             f"audio.media_type {payload.media_type!r} is not supported; send one of "
@@ -138,18 +123,19 @@ def _check_seconds(frame_count: int, rate: int, max_seconds: float) -> None:
 
 def _decode_pcm(payload: common_pb2.Audio, max_seconds: float) -> tuple[np.ndarray, int]:
     rate, channels = payload.sample_rate_hz, payload.channels
-    if not MIN_SAMPLE_RATE_HZ <= rate <= MAX_SAMPLE_RATE_HZ:
+    if not audio_media.MIN_SAMPLE_RATE_HZ <= rate <= audio_media.MAX_SAMPLE_RATE_HZ:
         raise invalid(
-            f"audio/pcm needs audio.sample_rate_hz between {MIN_SAMPLE_RATE_HZ} and "
-            f"{MAX_SAMPLE_RATE_HZ}; got {rate}",
+            f"audio/pcm needs audio.sample_rate_hz between {audio_media.MIN_SAMPLE_RATE_HZ} and "
+            f"{audio_media.MAX_SAMPLE_RATE_HZ}; got {rate}",
             field="audio.sample_rate_hz",
-            limit=f"{MIN_SAMPLE_RATE_HZ}-{MAX_SAMPLE_RATE_HZ}",
+            limit=f"{audio_media.MIN_SAMPLE_RATE_HZ}-{audio_media.MAX_SAMPLE_RATE_HZ}",
         )
-    if not 1 <= channels <= MAX_CHANNELS:
+    if not 1 <= channels <= audio_media.MAX_CHANNELS:
         raise invalid(
-            f"audio/pcm needs audio.channels between 1 and {MAX_CHANNELS}; got {channels}",
+            f"audio/pcm needs audio.channels between 1 and {audio_media.MAX_CHANNELS}; "
+            f"got {channels}",
             field="audio.channels",
-            limit=f"1-{MAX_CHANNELS}",
+            limit=f"1-{audio_media.MAX_CHANNELS}",
         )
     frame_bytes = 2 * channels
     if len(payload.data) % frame_bytes:
@@ -171,7 +157,7 @@ def _decode_wav(data: bytes, max_seconds: float) -> tuple[np.ndarray, int]:
                 reader.getsampwidth(),
                 reader.getframerate(),
             )
-            if rate <= 0 or channels <= 0 or channels > MAX_CHANNELS:
+            if rate <= 0 or channels <= 0 or channels > audio_media.MAX_CHANNELS:
                 raise invalid(f"audio/wav declares {channels} channels at {rate} Hz", field="audio")
             _check_seconds(reader.getnframes(), rate, max_seconds)
             raw = reader.readframes(reader.getnframes())

@@ -22,6 +22,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from google.protobuf.message import DecodeError
 from setproctitle import setproctitle
@@ -184,26 +185,8 @@ def main(argv: list[str] | None = None) -> int:
 def run_host(args: HostArguments) -> int:
     """Harden, read the load request, load in the sandbox, serve: the host's life after start,
     the same whether it was spawned (`main`) or forked by a warm pool (`fork_server`)."""
-    hardening.die_with_parent(args.parent_pid)
-    setproctitle(process_title(args.deployment_id))
-    hardening.redirect_stdout_to_stderr()
-    # The parent owns this process's lifetime; a terminal's Ctrl-C is the parent's to handle.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    hardening.apply_environment(OFFLINE_ENVIRONMENT)
-    hardening.install_network_guard()
-    # The worker's GANTRY_LOG_FORMAT (allow-listed in INHERITED_ENVIRONMENT): one format per node.
-    log_format, _ = log_format_of(None, os.environ)
-    logging.basicConfig(
-        # force: a forked host inherits its fork server's logging setup, never its own.
-        force=True,
-        level=logging.INFO,
-        handlers=[
-            json_handler("model-host", fields={"deployment_id": args.deployment_id})
-            if log_format == JSON
-            else logging.StreamHandler(sys.stderr)
-        ],
-        format=f"%(asctime)s %(levelname)s model-host[{args.deployment_id}] %(name)s: %(message)s",
-    )
+    _harden(args)
+    _setup_logging(args.deployment_id)
     channel = socket.socket(fileno=args.channel_fd)
     requests = channel.makefile("rb")
     # Every frame goes through the writer's lock: the span export thread relays spans on this
@@ -214,14 +197,8 @@ def run_host(args: HostArguments) -> int:
     # through the worker (span_relay). A normal exit flushes within 2 s; a killed host loses
     # the spans still queued.
     setup_tracing("gantry-model-host", relay=HostSpanRelay(writer.send))
-    try:
-        payload = read_frame(requests)
-        first = model_host_pb2.HostRequest.FromString(payload) if payload is not None else None
-    except (FrameError, DecodeError, OSError) as exc:
-        logger.error("cannot read the load request: %s", exc)
-        return EXIT_PROTOCOL_ERROR
-    if first is None or first.WhichOneof("kind") != "load":
-        logger.error("the first frame must be a load request")
+    first = _read_load_request(requests)
+    if first is None:
         return EXIT_PROTOCOL_ERROR
 
     loaded = _load_and_report(first, writer, args.private_dir)
@@ -232,7 +209,60 @@ def run_host(args: HostArguments) -> int:
     logger.info(
         "ready: adapter=%s dim=%d load_seconds=%.2f", adapter.name, ready.dim, ready.load_seconds
     )
+    return _serve(args, first.load, adapter, record, requests=requests, writer=writer)
 
+
+def _harden(args: HostArguments) -> None:
+    """What the process does to itself before it reads anything from the worker."""
+    hardening.die_with_parent(args.parent_pid)
+    setproctitle(process_title(args.deployment_id))
+    hardening.redirect_stdout_to_stderr()
+    # The parent owns this process's lifetime; a terminal's Ctrl-C is the parent's to handle.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    hardening.apply_environment(OFFLINE_ENVIRONMENT)
+    hardening.install_network_guard()
+
+
+def _setup_logging(deployment_id: str) -> None:
+    # The worker's GANTRY_LOG_FORMAT (allow-listed in INHERITED_ENVIRONMENT): one format per node.
+    log_format, _ = log_format_of(None, os.environ)
+    logging.basicConfig(
+        # force: a forked host inherits its fork server's logging setup, never its own.
+        force=True,
+        level=logging.INFO,
+        handlers=[
+            json_handler("model-host", fields={"deployment_id": deployment_id})
+            if log_format == JSON
+            else logging.StreamHandler(sys.stderr)
+        ],
+        format=f"%(asctime)s %(levelname)s model-host[{deployment_id}] %(name)s: %(message)s",
+    )
+
+
+def _read_load_request(requests: BinaryIO) -> model_host_pb2.HostRequest | None:
+    """The first frame, which must be the load request; None (logged) when it is not one."""
+    try:
+        payload = read_frame(requests)
+        first = model_host_pb2.HostRequest.FromString(payload) if payload is not None else None
+    except (FrameError, DecodeError, OSError) as exc:
+        logger.error("cannot read the load request: %s", exc)
+        return None
+    if first is None or first.WhichOneof("kind") != "load":
+        logger.error("the first frame must be a load request")
+        return None
+    return first
+
+
+def _serve(
+    args: HostArguments,
+    load: model_host_pb2.HostLoad,
+    adapter: ModelAdapter,
+    record: LoadRecord,
+    *,
+    requests: BinaryIO,
+    writer: ResponseWriter,
+) -> int:
+    """The serving loop on this thread, fed by a reader thread of the channel; its exit code."""
     from gantry.worker.model_host.serving import ModelServer, ServingSettings
 
     inbox = Inbox(limit=args.inbox_limit)
@@ -244,10 +274,10 @@ def run_host(args: HostArguments) -> int:
         daemon=True,
     ).start()
     server = ModelServer(
-        deployment_id=first.load.deployment_id,
+        deployment_id=load.deployment_id,
         adapter=adapter,
         record=record,
-        settings=ServingSettings.from_adapter(first.load.adapter),
+        settings=ServingSettings.from_adapter(load.adapter),
         inbox=inbox,
         responses=writer,
     )

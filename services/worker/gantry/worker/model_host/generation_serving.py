@@ -15,12 +15,11 @@ import time
 
 from opentelemetry import trace
 
-from gantry.common.errors import GantryError
 from gantry.common.telemetry import extract_context
 from gantry.v1 import common_pb2, model_host_pb2, worker_gateway_pb2
 from gantry.worker.model_host.adapters import ModelAdapter
 from gantry.worker.model_host.inbox import Inbox, ResponseWriter
-from gantry.worker.model_host.media_serving import FailForwardPass
+from gantry.worker.model_host.media_serving import FailForwardPass, RequestRunner
 
 logger = logging.getLogger("gantry.model_host")
 
@@ -32,7 +31,7 @@ TEST_HOOK_SLOW_TOKENS_PROMPT = "__gantry_test_hook__:slow-tokens"
 TEST_HOOK_SLOW_TOKEN_S = 0.05
 
 
-class GenerateRequests:
+class GenerateRequests(RequestRunner):
     """Runs one generate request on the adapter and answers it (or, cancelled, does not)."""
 
     def __init__(
@@ -45,11 +44,8 @@ class GenerateRequests:
         fail: FailForwardPass,
         test_hooks: bool,
     ) -> None:
-        self._adapter = adapter
+        super().__init__(adapter=adapter, responses=responses, tracer=tracer, fail=fail)
         self._inbox = inbox
-        self._responses = responses
-        self._tracer = tracer
-        self._fail = fail
         self._test_hooks = test_hooks
 
     def run(self, request: model_host_pb2.HostRequest) -> None:
@@ -81,22 +77,16 @@ class GenerateRequests:
                 model_host_pb2.HostResponse(request_id=request_id, generate_delta=delta)
             )
 
-        try:
-            result = self._adapter.generate_text(
+        result = self._forward(
+            request,
+            span,
+            lambda: self._adapter.generate_text(
                 payload,
                 on_text=send_delta if payload.stream else None,
                 between_tokens=between_tokens,
-            )
-        except GantryError as exc:
-            # The client's payload (INVALID_PAYLOAD, INPUT_TOO_LONG): answered as it is, and no
-            # forward pass failed.
-            logger.info("generate request %d refused: %s", request_id, exc.message)
-            span.set_status(trace.Status(trace.StatusCode.ERROR, exc.reason))
-            span.end()
-            self._responses.fail(request, exc)
-            return
-        except Exception as exc:
-            self._fail(request, span, exc)
+            ),
+        )
+        if result is None:
             return
         span.set_attributes(
             {

@@ -10,6 +10,7 @@ INVOKE_FAILED for an answer that disagrees with the request, and what `ModelHost
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from typing import Protocol
 
 from gantry.common.errors import GantryError
 from gantry.v1 import model_host_pb2, worker_gateway_pb2
@@ -27,18 +28,23 @@ from gantry.worker.model_host.host_answers import (
 OnProgress = Callable[[model_host_pb2.HostResponse], None]
 
 
-class HostCalls:
-    """The requests a worker sends a running model host (mixed into `ModelHost`)."""
+class SendRequest(Protocol):
+    """`ModelHost._call`: one request to the child and its answer, within `timeout_s`."""
 
-    async def _call(
+    async def __call__(
         self,
         request: model_host_pb2.HostRequest,
         *,
         timeout_s: float,
-        queue_timeout: bool = True,
-        on_progress: OnProgress | None = None,
-    ) -> model_host_pb2.HostResponse:
-        raise NotImplementedError
+        queue_timeout: bool = ...,
+        on_progress: OnProgress | None = ...,
+    ) -> model_host_pb2.HostResponse: ...
+
+
+class HostCalls:
+    """The requests a worker sends a running model host (mixed into `ModelHost`)."""
+
+    _call: SendRequest  # ModelHost's own
 
     @property
     def ready(self) -> model_host_pb2.HostReady:

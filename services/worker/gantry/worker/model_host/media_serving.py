@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from opentelemetry import trace
 
@@ -34,10 +34,28 @@ MEDIA_KINDS = frozenset({"transcribe", "recognize_text", "embed_image", "classif
 # The serving loop's answer to a forward pass that raised: logged, recorded on the span,
 # INVOKE_FAILED unless it is a GantryError already.
 FailForwardPass = Callable[[model_host_pb2.HostRequest, trace.Span, Exception], None]
+Answer = TypeVar("Answer")
 
 
-class MediaRequests:
-    """Runs one media request on the adapter and answers it."""
+def _refuse_payload(
+    responses: ResponseWriter,
+    request: model_host_pb2.HostRequest,
+    span: trace.Span,
+    exc: GantryError,
+) -> None:
+    """Answer a request the adapter refused with its own error, ending its span."""
+    # The client's payload (INVALID_PAYLOAD, INPUT_TOO_LONG): answered as it is, and no forward
+    # pass failed.
+    kind = request.WhichOneof("kind")
+    logger.info("%s request %d refused: %s", kind, request.request_id, exc.message)
+    span.set_status(trace.Status(trace.StatusCode.ERROR, exc.reason))
+    span.end()
+    responses.fail(request, exc)
+
+
+class RequestRunner:
+    """What a runner of one kind of request (media, generate) holds: the adapter, where answers
+    go, the tracer, and the serving loop's answer to a forward pass that raised."""
 
     def __init__(
         self,
@@ -52,6 +70,23 @@ class MediaRequests:
         self._tracer = tracer
         self._fail = fail
 
+    def _forward(
+        self, request: model_host_pb2.HostRequest, span: trace.Span, forward: Callable[[], Answer]
+    ) -> Answer | None:
+        """What `forward()` gives, or None once its failure is answered (the span ended): the
+        adapter's refusal of the payload as it is, any other exception as a failed pass."""
+        try:
+            return forward()
+        except GantryError as exc:
+            _refuse_payload(self._responses, request, span, exc)
+        except Exception as exc:
+            self._fail(request, span, exc)
+        return None
+
+
+class MediaRequests(RequestRunner):
+    """Runs one media request on the adapter and answers it."""
+
     def run(self, request: model_host_pb2.HostRequest) -> None:
         """Answer `request`, whose kind is one of MEDIA_KINDS and served by the adapter."""
         kind = request.WhichOneof("kind")
@@ -60,18 +95,8 @@ class MediaRequests:
             context=extract_context(request.trace_context),
             attributes=_payload_attributes(request),
         )
-        try:
-            response = self._answer(request, span)
-        except GantryError as exc:
-            # The client's payload (INVALID_PAYLOAD, INPUT_TOO_LONG): answered as it is, and no
-            # forward pass failed.
-            logger.info("%s request %d refused: %s", kind, request.request_id, exc.message)
-            span.set_status(trace.Status(trace.StatusCode.ERROR, exc.reason))
-            span.end()
-            self._responses.fail(request, exc)
-            return
-        except Exception as exc:
-            self._fail(request, span, exc)
+        response = self._forward(request, span, lambda: self._answer(request, span))
+        if response is None:
             return
         span.end()
         response.request_id = request.request_id

@@ -10,7 +10,6 @@ import logging
 import os
 import shutil
 import socket
-import tempfile
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -22,18 +21,13 @@ from google.protobuf.message import DecodeError
 from gantry.common.errors import GantryError
 from gantry.v1 import common_pb2, model_host_pb2, worker_gateway_pb2
 from gantry.worker.model_host import sandbox
-from gantry.worker.model_host.environments import host_environment
-from gantry.worker.model_host.exit_status import (
-    crashed_error,
-    describe_returncode,
-    exit_evidence,
-)
+from gantry.worker.model_host.custody import ChildCustody, private_workspace
+from gantry.worker.model_host.exit_status import crashed_error, describe_returncode
 from gantry.worker.model_host.framing import FrameError, read_frame_async, write_frame_async
 from gantry.worker.model_host.host_calls import HostCalls, OnProgress
 from gantry.worker.model_host.host_process import HostProcess, SpawnedProcess
 from gantry.worker.model_host.inbox import DEFAULT_INBOX_LIMIT
 from gantry.worker.model_host.landlock import Isolation
-from gantry.worker.model_host.proc_facts import process_start_ticks, rss_bytes_of
 from gantry.worker.model_host.sandbox import IsolationRequirement
 from gantry.worker.model_host.span_relay import export_host_spans
 from gantry.worker.model_host.stderr_tail import StderrTail
@@ -71,7 +65,7 @@ class HostLaunchSpec:
     inbox_limit: int = DEFAULT_INBOX_LIMIT
 
 
-class ModelHost(HostCalls):
+class ModelHost(ChildCustody[HostProcess], HostCalls):
     """One running model host child. Create with `await ModelHost.start(spec)`; what it asks
     the child (embed, rerank, transcribe, recognize_text, ...) is `HostCalls`.
 
@@ -79,6 +73,9 @@ class ModelHost(HostCalls):
     still calls `stop()`, which closes the channel and returns the exit evidence. A host its owner
     found hung (`kill_unresponsive`) answers RUNTIME_UNRESPONSIVE at once from then on.
     """
+
+    child_kind = "model host"
+    _log = logger
 
     def __init__(
         self,
@@ -91,23 +88,18 @@ class ModelHost(HostCalls):
         on_exit: OnExit | None,
         private_dir: Path | None = None,
     ) -> None:
+        super().__init__(process=process, private_dir=private_dir)
         self._spec = spec
-        self._private_dir = private_dir
-        self._process = process
         self._reader = reader
         self._writer = writer
         self._stderr = stderr
         self._on_exit = on_exit
-        self._start_ticks = process_start_ticks(process.pid)
         self._ready: model_host_pb2.HostReady | None = None
         self._pending: dict[int, asyncio.Future[model_host_pb2.HostResponse]] = {}
         # Where the frames before an answer go (a generation's deltas), by request id.
         self._progress: dict[int, OnProgress] = {}
         self._request_ids = itertools.count(1)
         self._write_lock = asyncio.Lock()
-        self._stopping = False
-        self._unresponsive: GantryError | None = None
-        self._evidence: worker_gateway_pb2.UnloadEvidence | None = None
         # What the child measured after releasing the model, when it answered Shutdown so.
         self._unloaded: model_host_pb2.HostUnloaded | None = None
         self._cancel_sends: set[asyncio.Task[None]] = set()
@@ -135,50 +127,18 @@ class ModelHost(HostCalls):
         `load_timeout_s` bounds the whole start, a wait for the warm pool's server included.
         """
         deadline = asyncio.get_running_loop().time() + spec.load_timeout_s
-        # A fresh 0700 directory per host: its cwd, HOME and scratch, the only place it may write.
-        private_dir = Path(tempfile.mkdtemp(prefix=f"gantry-host-{spec.deployment_id}-"))
-        scratch_dir = private_dir / "tmp"
-        scratch_dir.mkdir(mode=0o700)
-        parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        environment = host_environment(
-            {**os.environ, **spec.env}, private_dir=private_dir, scratch_dir=scratch_dir
+        private_dir, environment = private_workspace(
+            {**os.environ, **spec.env}, prefix=f"gantry-host-{spec.deployment_id}-"
         )
-        process: HostProcess
-        try:
-            if warm_pool is not None:
-                process = await warm_pool.fork_host(
-                    python_executable=spec.python_executable,
-                    environment=environment,
-                    deployment_id=spec.deployment_id,
-                    private_dir=private_dir,
-                    inbox_limit=spec.inbox_limit,
-                    channel=child_end,
-                    timeout_s=spec.load_timeout_s,
-                )
-            else:
-                process = await SpawnedProcess.spawn(
-                    spec.python_executable,
-                    deployment_id=spec.deployment_id,
-                    inbox_limit=spec.inbox_limit,
-                    channel=child_end,
-                    private_dir=private_dir,
-                    environment=environment,
-                )
-        except OSError as exc:
-            parent_end.close()
-            shutil.rmtree(private_dir, ignore_errors=True)
-            raise GantryError(
-                "RUNTIME_ENVIRONMENT_UNAVAILABLE",
-                f"cannot start a model host with {spec.python_executable!r}: {exc}",
-                deployment_id=spec.deployment_id,
-            ) from exc
-        except BaseException:
-            parent_end.close()
-            shutil.rmtree(private_dir, ignore_errors=True)
-            raise
-        finally:
-            # Only the child may hold its end, or we would never see EOF when it dies.
-            child_end.close()
+        parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        process = await _start_child(
+            spec,
+            environment=environment,
+            private_dir=private_dir,
+            parent_end=parent_end,
+            child_end=child_end,
+            warm_pool=warm_pool,
+        )
         stderr = StderrTail(process.stderr, spec.deployment_id)
         try:
             reader, writer = await asyncio.open_unix_connection(sock=parent_end)
@@ -196,43 +156,52 @@ class ModelHost(HostCalls):
             on_exit=on_exit,
             private_dir=private_dir,
         )
+        await host._await_ready(deadline, trace_context or {})
+        await host._enforce_isolation()
+        host._serve()
+        return host
+
+    async def _await_ready(self, deadline: float, trace_context: Mapping[str, str]) -> None:
+        """The load, bounded by the start's `deadline`; a child that fails it, runs out of time
+        or is cancelled meanwhile is killed and reaped before this raises."""
+        spec = self._spec
         try:
             async with asyncio.timeout_at(deadline):
-                host._ready = await host._load(trace_context or {})
+                self._ready = await self._load(trace_context)
         except BaseException as exc:
-            await host._abandon()
+            await self._abandon()
             if isinstance(exc, TimeoutError):
-                raise host._load_error(
+                raise self._load_error(
                     f"model host for {spec.deployment_id!r} was not ready within "
                     f"{spec.load_timeout_s:g}s"
                 ) from exc
             raise
-        refusal = sandbox.shortfall(spec.require_isolation, host.isolation)
+
+    async def _enforce_isolation(self) -> None:
+        refusal = sandbox.shortfall(
+            self._spec.require_isolation, self.isolation, deployment_id=self.deployment_id
+        )
         if refusal is not None:
             # A child that ignored the requirement (an older one in another environment).
-            await host.stop(grace_s=_SHUTDOWN_SEND_S)
-            raise GantryError(
-                refusal.reason,
-                refusal.message,
-                **refusal.metadata,
-                deployment_id=spec.deployment_id,
-            )
-        host._response_task = asyncio.create_task(
-            host._dispatch_responses(), name=f"model-host-responses-{spec.deployment_id}"
+            await self.stop(grace_s=_SHUTDOWN_SEND_S)
+            raise refusal
+
+    def _serve(self) -> None:
+        """A loaded child starts serving: its answers are dispatched and its exit watched."""
+        name = self.deployment_id
+        self._response_task = asyncio.create_task(
+            self._dispatch_responses(), name=f"model-host-responses-{name}"
         )
-        host._exit_task = asyncio.create_task(
-            host._watch_exit(), name=f"model-host-exit-{spec.deployment_id}"
-        )
+        self._exit_task = asyncio.create_task(self._watch_exit(), name=f"model-host-exit-{name}")
         logger.info(
             "model host %s ready: pid=%d dim=%d load_seconds=%.2f isolation=%s (%s)",
-            spec.deployment_id,
-            host.pid,
-            host.ready.dim,
-            host.ready.load_seconds,
-            host.ready.isolation or "NONE",
-            host.ready.isolation_reason,
+            name,
+            self.pid,
+            self.ready.dim,
+            self.ready.load_seconds,
+            self.ready.isolation or "NONE",
+            self.ready.isolation_reason,
         )
-        return host
 
     async def stop(self, *, grace_s: float = 10.0) -> worker_gateway_pb2.UnloadEvidence:
         """Ask the child to exit, escalate to SIGTERM then SIGKILL, and report whether it is gone.
@@ -293,17 +262,7 @@ class ModelHost(HostCalls):
             # exiting (a HostUnloaded) up to the EOF before closing ours.
             await asyncio.wait({self._response_task}, timeout=_CHANNEL_CLOSED_GRACE_S)
         await self._close_channel()
-        returncode = self._process.returncode
-        self._evidence = exit_evidence(self.pid, returncode, exited=self._confirmed_gone())
-        logger.info(
-            "model host %s stopped: pid=%d %s exited=%s in %.2fs",
-            self.deployment_id,
-            self.pid,
-            describe_returncode(returncode),
-            self._evidence.process_exited,
-            time.monotonic() - started,
-        )
-        return self._evidence
+        return self._record_stop(started)
 
     async def kill(self) -> worker_gateway_pb2.UnloadEvidence:
         """End the child now (SIGKILL, no Shutdown asked first) and reap it, as `stop` reports:
@@ -338,12 +297,6 @@ class ModelHost(HostCalls):
                 future.set_exception(self._unresponsive)
         self._kill()
 
-    def rss_bytes(self) -> int:
-        """Current RSS of the child; 0 only when the process is gone (or /proc is unreadable)."""
-        if self._process.returncode is not None:
-            return 0
-        return rss_bytes_of(self.pid) or 0
-
     # -- state ---------------------------------------------------------------------------------
 
     @property
@@ -357,30 +310,12 @@ class ModelHost(HostCalls):
         return sandbox.reported_isolation(self.ready.isolation, self.ready.isolation_reason)
 
     @property
-    def pid(self) -> int:
-        return self._process.pid
-
-    @property
     def deployment_id(self) -> str:
         return self._spec.deployment_id
 
     @property
-    def alive(self) -> bool:
-        return (
-            self._process.returncode is None and not self._stopping and self._unresponsive is None
-        )
-
-    @property
-    def unresponsive(self) -> GantryError | None:
-        return self._unresponsive
-
-    @property
     def pending_count(self) -> int:
         return len(self._pending)
-
-    @property
-    def returncode(self) -> int | None:
-        return self._process.returncode
 
     def stderr_tail(self) -> list[str]:
         return self._stderr.lines()
@@ -559,32 +494,7 @@ class ModelHost(HostCalls):
         await self._stderr.settle()
         self._remove_private_dir()
 
-    def _remove_private_dir(self) -> None:
-        # Only once reaped: a child still running may be writing there.
-        if self._private_dir is not None and self._process.returncode is not None:
-            shutil.rmtree(self._private_dir, ignore_errors=True)
-            self._private_dir = None
-
-    def _confirmed_gone(self) -> bool:
-        if self._process.returncode is None:
-            return False
-        # Reaped by us, so /proc/<pid> is either absent or a different process that reused the pid.
-        current_ticks = process_start_ticks(self.pid)
-        return current_ticks is None or current_ticks != self._start_ticks
-
-    def _check_serving(self) -> None:
-        if self._unresponsive is not None:
-            raise self._unresponsive
-        if self._stopping:
-            raise GantryError(
-                "DEPLOYMENT_NOT_READY",
-                f"model host {self.deployment_id!r} is stopping",
-                deployment_id=self.deployment_id,
-            )
-        if self._process.returncode is not None:
-            raise self._crashed_error()
-
-    def _crashed_error(self) -> GantryError:
+    def _exit_error(self) -> GantryError:
         return crashed_error(
             "model host",
             deployment_id=self.deployment_id,
@@ -639,7 +549,7 @@ class ModelHost(HostCalls):
                 deployment_id=self.deployment_id,
             )
         else:
-            error = self._crashed_error()
+            error = self._exit_error()
             logger.error("%s", error.message)
         pending, self._pending = self._pending, {}
         for future in pending.values():
@@ -651,3 +561,51 @@ class ModelHost(HostCalls):
             except Exception:
                 logger.exception("on_exit callback for model host %s failed", self.deployment_id)
         return returncode
+
+
+async def _start_child(
+    spec: HostLaunchSpec,
+    *,
+    environment: Mapping[str, str],
+    private_dir: Path,
+    parent_end: socket.socket,
+    child_end: socket.socket,
+    warm_pool: WarmPool | None,
+) -> HostProcess:
+    """The child, spawned or forked by `warm_pool`, holding `child_end`. When it cannot be
+    started (or the start is cancelled) `parent_end` is closed and `private_dir` removed before
+    this raises; `child_end` is closed either way."""
+    try:
+        if warm_pool is not None:
+            return await warm_pool.fork_host(
+                python_executable=spec.python_executable,
+                environment=environment,
+                deployment_id=spec.deployment_id,
+                private_dir=private_dir,
+                inbox_limit=spec.inbox_limit,
+                channel=child_end,
+                timeout_s=spec.load_timeout_s,
+            )
+        return await SpawnedProcess.spawn(
+            spec.python_executable,
+            deployment_id=spec.deployment_id,
+            inbox_limit=spec.inbox_limit,
+            channel=child_end,
+            private_dir=private_dir,
+            environment=environment,
+        )
+    except OSError as exc:
+        parent_end.close()
+        shutil.rmtree(private_dir, ignore_errors=True)
+        raise GantryError(
+            "RUNTIME_ENVIRONMENT_UNAVAILABLE",
+            f"cannot start a model host with {spec.python_executable!r}: {exc}",
+            deployment_id=spec.deployment_id,
+        ) from exc
+    except BaseException:
+        parent_end.close()
+        shutil.rmtree(private_dir, ignore_errors=True)
+        raise
+    finally:
+        # Only the child may hold its end, or we would never see EOF when it dies.
+        child_end.close()

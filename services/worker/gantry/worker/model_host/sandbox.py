@@ -112,16 +112,21 @@ def reported_isolation(wire: str, reason: str) -> Isolation:
     )
 
 
-def shortfall(required: IsolationRequirement, isolation: Isolation) -> GantryError | None:
-    """RUNTIME_ENVIRONMENT_UNAVAILABLE when `isolation` does not meet `required`, naming both."""
+def shortfall(
+    required: IsolationRequirement, isolation: Isolation, *, deployment_id: str = ""
+) -> GantryError | None:
+    """RUNTIME_ENVIRONMENT_UNAVAILABLE when `isolation` does not meet `required`, naming both
+    (and the deployment, when the worker refuses one of its children)."""
     if required.met_by(isolation):
         return None
+    named = {"deployment_id": deployment_id} if deployment_id else {}
     return GantryError(
         "RUNTIME_ENVIRONMENT_UNAVAILABLE",
         f"this worker requires model host isolation {required.wire} but the host reached only "
         f"{isolation.wire}: {isolation.reason}",
         required_isolation=required.wire,
         isolation=isolation.wire,
+        **named,
     )
 
 

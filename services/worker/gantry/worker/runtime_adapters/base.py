@@ -12,6 +12,7 @@ Adapters are stateless: one instance per adapter serves every job (see `registry
 from __future__ import annotations
 
 import abc
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -174,3 +175,22 @@ class RuntimeAdapter(abc.ABC):
         """Release the model, stop the process and check reclaim: it exited, was reaped, and
         (where NVML reads) holds no device memory any more. A cancelled unload kills the process
         before it re-raises."""
+
+
+def health_report(
+    *,
+    process: tuple[wg.HealthStatus, str],
+    runtime: tuple[wg.HealthStatus, str],
+    model: tuple[wg.HealthStatus, str],
+    since: float | None = None,
+) -> wg.HealthReport:
+    """A health report of its three layers (status, detail), checked now; its latency runs from
+    `since` (a monotonic reading), or is 0 when nothing was timed."""
+    report = wg.HealthReport(
+        process=wg.HealthLayer(status=process[0], detail=process[1]),
+        runtime=wg.HealthLayer(status=runtime[0], detail=runtime[1]),
+        model=wg.HealthLayer(status=model[0], detail=model[1]),
+        latency_seconds=time.monotonic() - since if since is not None else 0.0,
+    )
+    report.checked_at.GetCurrentTime()
+    return report

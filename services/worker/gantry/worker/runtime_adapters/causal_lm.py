@@ -4,8 +4,7 @@ or `*LMHeadModel` architecture: llama, gpt2, qwen2, mistral, ...)."""
 
 from __future__ import annotations
 
-from gantry.v1 import worker_gateway_pb2 as wg
-from gantry.worker.runtime_adapters.base import Support
+from gantry.worker.runtime_adapters.layouts import LayoutMatch
 from gantry.worker.runtime_adapters.model_host_runtime import ModelHostRuntime
 
 # The model host loads AutoModelForCausalLM and AutoTokenizer from transformers itself. The facts
@@ -19,21 +18,7 @@ class TransformersCausalLM(ModelHostRuntime):
     task = "text_generation"
     modalities = ("text",)
     packages = PACKAGES
-
-    def inspect_support(self, inspection: wg.Inspection) -> Support:
-        if inspection.inspector != "transformers":
-            return Support(
-                adapter=self.name,
-                supported=False,
-                reason=f"runs transformers layouts, not {inspection.inspector}",
-            )
-        if inspection.task != TASK:
-            return Support(
-                adapter=self.name,
-                supported=False,
-                reason=(
-                    f"runs causal language models (text generation), not "
-                    f"{inspection.model_type or '?'} ({inspection.task or 'an unknown task'})"
-                ),
-            )
-        return Support(adapter=self.name, supported=True)
+    # Any model type of the task: the architecture, not the model type, makes it a causal LM.
+    layout = LayoutMatch(
+        inspector="transformers", task=TASK, runs="causal language models (text generation)"
+    )

@@ -3,8 +3,7 @@ document, in a model host. It reranks only with exactly one label (one score per
 
 from __future__ import annotations
 
-from gantry.v1 import worker_gateway_pb2 as wg
-from gantry.worker.runtime_adapters.base import Support
+from gantry.worker.runtime_adapters.layouts import DetailRule, LayoutMatch
 from gantry.worker.runtime_adapters.model_host_runtime import ModelHostRuntime
 from gantry.worker.runtime_adapters.sentence_transformers import PACKAGES
 
@@ -15,25 +14,16 @@ class SentenceTransformersCrossEncoder(ModelHostRuntime):
     modalities = ("text",)
     # The facts script lists it only when sentence_transformers also exports CrossEncoder.
     packages = PACKAGES
-
-    def inspect_support(self, inspection: wg.Inspection) -> Support:
-        if inspection.inspector != "sentence_transformers":
-            return Support(
-                adapter=self.name,
-                supported=False,
-                reason=f"runs sentence-transformers layouts, not {inspection.inspector}",
-            )
-        if inspection.task != self.task:
-            return Support(
-                adapter=self.name,
-                supported=False,
-                reason=f"runs reranking models, not {inspection.task or 'an unknown task'}",
-            )
-        labels = inspection.details.get("num_labels", "")
-        if labels != "1":
-            return Support(
-                adapter=self.name,
-                supported=False,
-                reason=f"reranking needs exactly one score per pair; num_labels={labels or '?'}",
-            )
-        return Support(adapter=self.name, supported=True)
+    layout = LayoutMatch(
+        runs="reranking models",
+        inspector="sentence_transformers",
+        task=task,
+        names_model_type=False,
+        details=(
+            DetailRule(
+                key="num_labels",
+                accepted=("1",),
+                refusal="reranking needs exactly one score per pair; num_labels={value}",
+            ),
+        ),
+    )

@@ -3,8 +3,9 @@
 Everything here delegates: bytes to `artifact_copies`, environments to `RuntimeEnvironments`,
 the child to `ModelHost` (its stop ladder, probe check, ping), device memory to `nvml_readings`.
 An adapter module adds only what differs: its name, task, modalities, the packages it needs and
-the layouts it supports. Invariant: nothing this module starts outlives a failed, cancelled or
-finished stop: `stop` kills again until the child is confirmed gone or the attempts run out.
+the layout it supports (a `layouts.LayoutMatch`, which answers `inspect_support`). Invariant:
+nothing this module starts outlives a failed, cancelled or finished stop: `stop` kills again
+until the child is confirmed gone or the attempts run out.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import ClassVar, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, ClassVar, Protocol, runtime_checkable
 
 from gantry.common.errors import GantryError
 from gantry.v1 import common_pb2, model_host_pb2
@@ -32,7 +33,12 @@ from gantry.worker.runtime_adapters.base import (
     RuntimeAdapter,
     StartRequest,
     Unloaded,
+    health_report,
 )
+from gantry.worker.runtime_adapters.layouts import LayoutMatch
+
+if TYPE_CHECKING:
+    from gantry.worker.runtime_adapters.base import Support
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +98,8 @@ class ModelHostRuntime(RuntimeAdapter):
 
     # Distribution names, as the facts script reports their versions.
     packages: ClassVar[tuple[str, ...]]
+    # The inspected layout it runs; a kind that decides otherwise overrides `inspect_support`.
+    layout: ClassVar[LayoutMatch]
 
     def __init__(self, *, host_factory: ProbeHostFactory | None = None) -> None:
         self._host_factory: ProbeHostFactory = host_factory or ModelHost.start
@@ -99,6 +107,9 @@ class ModelHostRuntime(RuntimeAdapter):
     def launched_by(self, host_factory: ProbeHostFactory) -> ModelHostRuntime:
         """This adapter starting its children with `host_factory` (a test's wrapper)."""
         return type(self)(host_factory=host_factory)
+
+    def inspect_support(self, inspection: wg.Inspection) -> Support:
+        return self.layout.support(self.name, inspection)
 
     def collect_runtime_facts(self, facts: Mapping[str, object]) -> AdapterFacts:
         # The facts script proves importability without importing (see environment_facts) and
@@ -188,7 +199,7 @@ class ModelHostRuntime(RuntimeAdapter):
         # unresponsive one); they move here in a later change.
         host = _host(running)
         if host.returncode is not None:
-            return _report(
+            return health_report(
                 process=(FAILED, f"pid {host.pid} exited ({host.returncode})"),
                 runtime=(NOT_CHECKED, "the process is gone"),
                 model=(NOT_CHECKED, "the process is gone"),
@@ -196,7 +207,7 @@ class ModelHostRuntime(RuntimeAdapter):
         process = (OK, f"pid {host.pid} alive")
         started = time.monotonic()
         if not isinstance(host, _CheckableHost):
-            return _report(
+            return health_report(
                 process=process,
                 runtime=(NOT_CHECKED, "this host answers no ping"),
                 model=(NOT_CHECKED, "this host answers no ping"),
@@ -204,14 +215,14 @@ class ModelHostRuntime(RuntimeAdapter):
         try:
             await host.ping(timeout_s=timeout_s)
         except GantryError as error:
-            return _report(
+            return health_report(
                 process=process,
                 runtime=(FAILED, error.message),
                 model=(NOT_CHECKED, "the runtime did not answer, so the model was not run"),
             )
         runtime = (OK, f"ping answered in {time.monotonic() - started:.3f}s")
         if not deep:
-            return _report(
+            return health_report(
                 process=process,
                 runtime=runtime,
                 model=(NOT_CHECKED, "a liveness ping does not run the model"),
@@ -220,9 +231,9 @@ class ModelHostRuntime(RuntimeAdapter):
         try:
             checked = await host.check_model(timeout_s=timeout_s)
         except GantryError as error:
-            return _report(process=process, runtime=runtime, model=(FAILED, error.message))
+            return health_report(process=process, runtime=runtime, model=(FAILED, error.message))
         model = (checked.model.status, checked.model.detail)
-        return _report(process=process, runtime=runtime, model=model, since=started)
+        return health_report(process=process, runtime=runtime, model=model, since=started)
 
     async def stop(self, running: RunningRuntime, *, grace_s: float) -> wg.UnloadEvidence:
         host = _host(running)
@@ -310,20 +321,3 @@ def fill_unreported(memory: wg.MemoryEvidence) -> None:
         measurement = getattr(memory, descriptor.name)
         if measurement.WhichOneof("value") is None:
             measurement.unavailable = "not reported by the model host"
-
-
-def _report(
-    *,
-    process: tuple[wg.HealthStatus, str],
-    runtime: tuple[wg.HealthStatus, str],
-    model: tuple[wg.HealthStatus, str],
-    since: float | None = None,
-) -> wg.HealthReport:
-    report = wg.HealthReport(
-        process=wg.HealthLayer(status=process[0], detail=process[1]),
-        runtime=wg.HealthLayer(status=runtime[0], detail=runtime[1]),
-        model=wg.HealthLayer(status=model[0], detail=model[1]),
-        latency_seconds=time.monotonic() - since if since is not None else 0.0,
-    )
-    report.checked_at.GetCurrentTime()
-    return report

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from gantry.v1 import worker_gateway_pb2 as wg
-from gantry.worker.runtime_adapters.base import Support
+from gantry.worker.runtime_adapters.layouts import LayoutMatch
 from gantry.worker.runtime_adapters.model_host_runtime import ModelHostRuntime
 
 # Distribution names as the facts script reports their versions; it lists this adapter only
@@ -16,18 +15,9 @@ class SentenceTransformersEmbedding(ModelHostRuntime):
     task = "embedding"
     modalities = ("text",)
     packages = PACKAGES
-
-    def inspect_support(self, inspection: wg.Inspection) -> Support:
-        if inspection.inspector != "sentence_transformers":
-            return Support(
-                adapter=self.name,
-                supported=False,
-                reason=f"runs sentence-transformers layouts, not {inspection.inspector}",
-            )
-        if inspection.task != self.task:
-            return Support(
-                adapter=self.name,
-                supported=False,
-                reason=f"runs embedding models, not {inspection.task or 'an unknown task'}",
-            )
-        return Support(adapter=self.name, supported=True)
+    layout = LayoutMatch(
+        runs="embedding models",
+        inspector="sentence_transformers",
+        task=task,
+        names_model_type=False,
+    )

@@ -4,8 +4,7 @@ inspection read as a SigLIP2 dual encoder (`Siglip2Model`)."""
 
 from __future__ import annotations
 
-from gantry.v1 import worker_gateway_pb2 as wg
-from gantry.worker.runtime_adapters.base import Support
+from gantry.worker.runtime_adapters.layouts import LayoutMatch
 from gantry.worker.runtime_adapters.model_host_runtime import ModelHostRuntime
 
 # No sentence-transformers: the model host loads Siglip2Model and Siglip2Processor from
@@ -22,21 +21,9 @@ class TransformersSiglip2(ModelHostRuntime):
     task = "image_embedding"
     modalities = ("image",)
     packages = PACKAGES
-
-    def inspect_support(self, inspection: wg.Inspection) -> Support:
-        if inspection.inspector != "transformers":
-            return Support(
-                adapter=self.name,
-                supported=False,
-                reason=f"runs transformers layouts, not {inspection.inspector}",
-            )
-        if inspection.model_type != MODEL_TYPE or inspection.task != TASK:
-            return Support(
-                adapter=self.name,
-                supported=False,
-                reason=(
-                    f"runs SigLIP2 image and text embeddings, not {inspection.model_type or '?'} "
-                    f"({inspection.task or 'an unknown task'})"
-                ),
-            )
-        return Support(adapter=self.name, supported=True)
+    layout = LayoutMatch(
+        runs="SigLIP2 image and text embeddings",
+        inspector="transformers",
+        task=TASK,
+        model_type=MODEL_TYPE,
+    )

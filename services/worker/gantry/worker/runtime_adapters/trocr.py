@@ -4,8 +4,7 @@ whose decoder is `trocr` and whose encoder is an image transformer (ViT, DeiT)."
 
 from __future__ import annotations
 
-from gantry.v1 import worker_gateway_pb2 as wg
-from gantry.worker.runtime_adapters.base import Support
+from gantry.worker.runtime_adapters.layouts import DetailRule, LayoutMatch
 from gantry.worker.runtime_adapters.model_host_runtime import ModelHostRuntime
 
 # No sentence-transformers: the model host loads VisionEncoderDecoderModel and TrOCRProcessor
@@ -25,35 +24,21 @@ class TransformersTrOCR(ModelHostRuntime):
     task = "text_recognition"
     modalities = ("image",)
     packages = PACKAGES
-
-    def inspect_support(self, inspection: wg.Inspection) -> Support:
-        if inspection.inspector != "transformers":
-            return Support(
-                adapter=self.name,
-                supported=False,
-                reason=f"runs transformers layouts, not {inspection.inspector}",
-            )
-        if inspection.model_type != MODEL_TYPE or inspection.task != TASK:
-            return Support(
-                adapter=self.name,
-                supported=False,
-                reason=(
-                    f"runs TrOCR text recognition, not {inspection.model_type or '?'} "
-                    f"({inspection.task or 'an unknown task'})"
-                ),
-            )
-        decoder = inspection.details.get("decoder_model_type", "")
-        if decoder != DECODER_TYPE:
-            return Support(
-                adapter=self.name,
-                supported=False,
-                reason=f"runs a {DECODER_TYPE} decoder, not {decoder or '?'}",
-            )
-        encoder = inspection.details.get("encoder_model_type", "")
-        if encoder not in ENCODER_TYPES:
-            return Support(
-                adapter=self.name,
-                supported=False,
-                reason=f"runs a {' or '.join(ENCODER_TYPES)} encoder, not {encoder or '?'}",
-            )
-        return Support(adapter=self.name, supported=True)
+    layout = LayoutMatch(
+        runs="TrOCR text recognition",
+        inspector="transformers",
+        task=TASK,
+        model_type=MODEL_TYPE,
+        details=(
+            DetailRule(
+                key="decoder_model_type",
+                accepted=(DECODER_TYPE,),
+                refusal=f"runs a {DECODER_TYPE} decoder, not {{value}}",
+            ),
+            DetailRule(
+                key="encoder_model_type",
+                accepted=ENCODER_TYPES,
+                refusal=f"runs a {' or '.join(ENCODER_TYPES)} encoder, not {{value}}",
+            ),
+        ),
+    )

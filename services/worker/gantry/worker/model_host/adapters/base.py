@@ -11,7 +11,7 @@ import abc
 import gc
 import platform
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -42,6 +42,11 @@ class ForwardCheck:
     @property
     def ok(self) -> bool:
         return self.problem is None
+
+    def failed(self, problem: str) -> ForwardCheck:
+        """This check, failed for `problem`: what the output's shape and values could not show
+        (a width, an id outside the vocabulary) and the adapter found after judging them."""
+        return replace(self, problem=problem, detail=problem)
 
 
 @dataclass(frozen=True, kw_only=True)

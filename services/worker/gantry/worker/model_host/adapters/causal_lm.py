@@ -170,20 +170,7 @@ class TransformersCausalLM(ModelAdapter):
         inputs = self._prompt_inputs(payload)
         prompt_ids = inputs["input_ids"]
         prompt_tokens = int(prompt_ids.shape[1])
-        budget = max_tokens
-        if self._context_length:
-            room = self._context_length - prompt_tokens
-            if room <= 0:
-                field = "messages" if payload.messages else "prompt"
-                raise GantryError(
-                    "INPUT_TOO_LONG",
-                    f"{field} is {prompt_tokens} tokens long; the model's context holds "
-                    f"{self._context_length} with room for at least one new token",
-                    field=field,
-                    tokens=str(prompt_tokens),
-                    limit=str(self._context_length - 1),
-                )
-            budget = min(budget, room)
+        budget = self._token_budget(payload, prompt_tokens=prompt_tokens, max_tokens=max_tokens)
 
         context = [int(token) for token in prompt_ids[0, -_DECODE_CONTEXT_TOKENS:].tolist()]
         decode = self._decoder(context)
@@ -211,18 +198,44 @@ class TransformersCausalLM(ModelAdapter):
         last = text.finish(decode(generated))
         if last and on_text is not None and not cancelled:
             on_text(last, len(generated))
-        if cancelled:
-            finish = FINISH_CANCELLED
-        elif text.stopped or (generated and generated[-1] in self._end_ids):
-            finish = FINISH_STOP
-        else:
-            finish = FINISH_LENGTH  # max_tokens, or the context's end
         return worker_gateway_pb2.GenerateResult(
             text=text.sent,
-            finish_reason=finish,
+            finish_reason=self._finish_reason(
+                cancelled=cancelled, stopped=text.stopped, generated=generated
+            ),
             prompt_tokens=prompt_tokens,
             completion_tokens=len(generated),
         )
+
+    def _token_budget(
+        self, payload: worker_gateway_pb2.GeneratePayload, *, prompt_tokens: int, max_tokens: int
+    ) -> int:
+        """The new tokens this prompt may get: `max_tokens`, less where the context ends first.
+        INPUT_TOO_LONG for a prompt that leaves the context no room for one."""
+        if not self._context_length:
+            return max_tokens
+        room = self._context_length - prompt_tokens
+        if room <= 0:
+            field = "messages" if payload.messages else "prompt"
+            raise GantryError(
+                "INPUT_TOO_LONG",
+                f"{field} is {prompt_tokens} tokens long; the model's context holds "
+                f"{self._context_length} with room for at least one new token",
+                field=field,
+                tokens=str(prompt_tokens),
+                limit=str(self._context_length - 1),
+            )
+        return min(max_tokens, room)
+
+    def _finish_reason(
+        self, *, cancelled: bool, stopped: bool, generated: Sequence[int]
+    ) -> common_pb2.FinishReason:
+        """Why a generation ended: cancelled, a stop sequence or an end token, else its length."""
+        if cancelled:
+            return FINISH_CANCELLED
+        if stopped or (generated and generated[-1] in self._end_ids):
+            return FINISH_STOP
+        return FINISH_LENGTH  # max_tokens, or the context's end
 
     def _checked_max_tokens(self, asked: int) -> int:
         if asked > self._max_new_tokens:
@@ -330,13 +343,7 @@ class TransformersCausalLM(ModelAdapter):
         elif not all(0 <= token < width for token in new_ids):
             problem = f"probe generated ids outside the vocabulary of {width}"
         if check.ok and problem:
-            return ForwardCheck(
-                shape=check.shape,
-                finite=check.finite,
-                seconds=check.seconds,
-                problem=problem,
-                detail=problem,
-            )
+            return check.failed(problem)
         return check
 
 

@@ -17,17 +17,17 @@ from gantry.worker.model_host.adapters.base import (
     HEALTH_PROBE_DOCUMENT,
     HEALTH_PROBE_QUERY,
     ForwardCheck,
-    ModelAdapter,
     check_output,
-    declared_token_limit,
-    token_counts,
+)
+from gantry.worker.model_host.adapters.sentence_transformers_model import (
+    SentenceTransformersAdapter,
 )
 
 if TYPE_CHECKING:
     import numpy as np
 
 
-class SentenceTransformersCrossEncoder(ModelAdapter):
+class SentenceTransformersCrossEncoder(SentenceTransformersAdapter):
     name = "sentence_transformers_cross_encoder"
     task = "reranking"
     serves = frozenset({"rerank"})
@@ -52,17 +52,8 @@ class SentenceTransformersCrossEncoder(ModelAdapter):
             )
         return model
 
-    @property
-    def token_limit(self) -> int:
-        # A model without a text tokenizer (or a stand-in) declares nothing to enforce.
-        model = self._require_loaded()
-        if getattr(model, "tokenizer", None) is None:
-            return 0
-        return declared_token_limit(getattr(model, "max_seq_length", None))
-
     def rerank_token_counts(self, query: str, documents: Sequence[str]) -> list[int]:
-        model = self._require_loaded()
-        return token_counts(model.tokenizer, [query] * len(documents), documents)
+        return self._token_counts([query] * len(documents), documents)
 
     def rerank(self, query: str, documents: Sequence[str]) -> np.ndarray:
         import numpy as np

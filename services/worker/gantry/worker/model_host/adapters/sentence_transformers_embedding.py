@@ -8,20 +8,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gantry.v1 import common_pb2
-from gantry.worker.model_host.adapters.base import (
-    HEALTH_PROBE_TEXT,
-    ForwardCheck,
-    ModelAdapter,
-    check_output,
-    declared_token_limit,
-    token_counts,
+from gantry.worker.model_host.adapters.base import HEALTH_PROBE_TEXT, ForwardCheck, check_output
+from gantry.worker.model_host.adapters.sentence_transformers_model import (
+    SentenceTransformersAdapter,
 )
 
 if TYPE_CHECKING:
     import numpy as np
 
 
-class SentenceTransformersEmbedding(ModelAdapter):
+class SentenceTransformersEmbedding(SentenceTransformersAdapter):
     name = "sentence_transformers"
     task = "embedding"
     serves = frozenset({"embed"})
@@ -52,19 +48,11 @@ class SentenceTransformersEmbedding(ModelAdapter):
     def dim(self) -> int:
         return self._dim
 
-    @property
-    def token_limit(self) -> int:
-        # A model without a text tokenizer (or a stand-in) declares nothing to enforce.
-        model = self._require_loaded()
-        if getattr(model, "tokenizer", None) is None:
-            return 0
-        return declared_token_limit(getattr(model, "max_seq_length", None))
-
     def embed_token_counts(self, inputs: Sequence[str]) -> list[int]:
         model = self._require_loaded()
         # encode() puts the default prompt (if the model declares one) before each text.
         prompt = (model.prompts or {}).get(model.default_prompt_name or "", "")
-        return token_counts(model.tokenizer, [prompt + text for text in inputs])
+        return self._token_counts([prompt + text for text in inputs])
 
     def embed(self, inputs: Sequence[str]) -> np.ndarray:
         import numpy as np
@@ -91,13 +79,7 @@ class SentenceTransformersEmbedding(ModelAdapter):
         )
         if check.ok and self._dim and check.shape[1] != self._dim:
             problem = f"probe width {check.shape[1]} != loaded dimension {self._dim}"
-            return ForwardCheck(
-                shape=check.shape,
-                finite=check.finite,
-                seconds=check.seconds,
-                problem=problem,
-                detail=problem,
-            )
+            return check.failed(problem)
         if check.ok and not self._dim:
             self._dim = check.shape[1]
         return check

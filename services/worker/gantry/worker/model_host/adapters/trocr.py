@@ -118,11 +118,5 @@ class TransformersTrOCR(ModelAdapter):
         elif not all(0 <= token < vocabulary for token in ids):
             problem = f"probe generated ids outside the vocabulary of {vocabulary}"
         if check.ok and problem:
-            return ForwardCheck(
-                shape=check.shape,
-                finite=check.finite,
-                seconds=check.seconds,
-                problem=problem,
-                detail=problem,
-            )
+            return check.failed(problem)
         return check

@@ -246,11 +246,5 @@ class TransformersWhisper(ModelAdapter):
         vocabulary = len(self._processor.tokenizer)
         if check.ok and (not isinstance(transcript.text, str) or ids.max() >= vocabulary):
             problem = f"probe generated ids outside the vocabulary of {vocabulary}"
-            return ForwardCheck(
-                shape=check.shape,
-                finite=check.finite,
-                seconds=check.seconds,
-                problem=problem,
-                detail=problem,
-            )
+            return check.failed(problem)
         return check
