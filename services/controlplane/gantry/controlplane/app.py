@@ -31,7 +31,12 @@ from gantry.controlplane.platform.operator_service import ControlPlaneService
 from gantry.controlplane.platform.scheduler_link import SchedulerLink
 from gantry.controlplane.serving.inference_service import InferenceService, InferenceSettings
 from gantry.controlplane.serving.kserve.service import KServeInference
-from gantry.controlplane.serving.openai_http import HttpApi, HttpApiSettings, start_http_api
+from gantry.controlplane.serving.openai_http import (
+    DoorBounds,
+    HttpApi,
+    HttpApiSettings,
+    start_http_api,
+)
 from gantry.controlplane.serving.route_cache import RouteCache
 from gantry.controlplane.serving.routing import DeploymentResolver
 from gantry.kserve import grpc_service_pb2_grpc as kserve_grpc
@@ -61,6 +66,8 @@ class ControlPlaneSettings:
     endpoint_key_file: Path | None = None
     # HOST:PORT of the OpenAI-compatible HTTP API (openai_http/); None serves none.
     http_listen: str | None = None
+    # Its connection cap and header/body timeouts (openai_http/connections.py says why).
+    http_bounds: DoorBounds = field(default_factory=DoorBounds)
 
 
 @dataclass(kw_only=True)
@@ -115,10 +122,8 @@ async def bootstrap_operator_token(database: Database, token: str, clock: Clock)
             log.info("stored the bootstrap operator token (hashed)")
 
 
-async def start_control_plane(
-    settings: ControlPlaneSettings, *, clock: Clock | None = None
-) -> ControlPlane:
-    clock = clock or SystemClock()
+async def open_database(settings: ControlPlaneSettings, clock: Clock) -> Database:
+    """Connect, adopt the bootstrap token, and mark every node disconnected until it returns."""
     database = Database.connect(settings.database_url)
     await database.require_initialised()  # `gantry migrate` creates and upgrades the schema
     if settings.bootstrap_operator_token:
@@ -131,6 +136,23 @@ async def start_control_plane(
             await settle_node_deployments(session, node.node_id, now=clock.now())
     if stale:
         log.info("marked %d node(s) disconnected until their workers reconnect", stale)
+    return database
+
+
+@dataclass(kw_only=True)
+class _Core:
+    """The pieces every service shares: the worker hub, the scheduler link, the lifecycle."""
+
+    hub: WorkerHub
+    scheduler: SchedulerLink
+    routes: RouteCache
+    audit_feed: AuditFeed
+    lifecycle: DeploymentLifecycle
+    liveness: Liveness
+    reconciler: Reconciler
+
+
+def _build_core(settings: ControlPlaneSettings, database: Database, clock: Clock) -> _Core:
     hub = WorkerHub()
     lifecycle_holder: list[DeploymentLifecycle] = []
 
@@ -177,111 +199,171 @@ async def start_control_plane(
     )
     # A residency that went COLD also wakes the feed's waiters: a ReclaimResidency waits for it.
     audit_feed.follow_capacity_freed(lifecycle.announcer)
-    authenticator = ControlPlaneAuthenticator(database, clock)
-    gateway = WorkerGatewayService(
-        database=database,
+    return _Core(
         hub=hub,
+        scheduler=scheduler,
+        routes=routes,
+        audit_feed=audit_feed,
         lifecycle=lifecycle,
+        liveness=liveness,
         reconciler=reconciler,
+    )
+
+
+def _worker_gateway(
+    settings: ControlPlaneSettings, core: _Core, database: Database, clock: Clock
+) -> WorkerGatewayService:
+    return WorkerGatewayService(
+        database=database,
+        hub=core.hub,
+        lifecycle=core.lifecycle,
+        reconciler=core.reconciler,
         clock=clock,
         settings=GatewaySettings(heartbeat_interval_s=settings.reconciler.heartbeat_interval_s),
-        liveness=liveness,
+        liveness=core.liveness,
     )
+
+
+def _control_plane_service(
+    core: _Core,
+    database: Database,
+    clock: Clock,
+    authenticator: ControlPlaneAuthenticator,
+) -> ControlPlaneService:
+    hub, lifecycle, reconciler = core.hub, core.lifecycle, core.reconciler
     node_admin = NodeAdmin(
         database=database, hub=hub, lifecycle=lifecycle, clock=clock, wake_reconciler=reconciler
     )
     pipeline = EvidencePipeline(database=database, hub=hub, lifecycle=lifecycle, clock=clock)
-    resolver = DeploymentResolver(database=database, routes=routes)
+    return ControlPlaneService(
+        database=database,
+        lifecycle=lifecycle,
+        node_admin=node_admin,
+        authenticator=authenticator,
+        clock=clock,
+        pipeline=pipeline,
+        scheduler=core.scheduler,
+        hub=hub,
+        audit_feed=core.audit_feed,
+        degradation=reconciler.degradation,
+        # A restart or scale makes placements due at once (past their backoff).
+        deployment_admin=DeploymentAdmin(
+            database=database,
+            hub=hub,
+            lifecycle=lifecycle,
+            clock=clock,
+            wake_reconciler=reconciler.capacity_freed,
+        ),
+    )
+
+
+def _service_bindings(
+    *,
+    control_plane: ControlPlaneService,
+    inference: InferenceService,
+    kserve: KServeInference,
+    gateway: WorkerGatewayService,
+) -> list[ServiceBinding]:
+    return [
+        ServiceBinding(
+            "gantry.v1.ControlPlane",
+            control_plane,
+            control_plane_pb2_grpc.add_ControlPlaneServicer_to_server,
+        ),
+        ServiceBinding(
+            "gantry.v1.Inference", inference, inference_pb2_grpc.add_InferenceServicer_to_server
+        ),
+        # The Open Inference Protocol (KServe v2 / Triton) over the same handlers.
+        ServiceBinding(
+            "inference.GRPCInferenceService",
+            kserve,
+            kserve_grpc.add_GRPCInferenceServiceServicer_to_server,
+        ),
+        ServiceBinding(
+            "gantry.v1.WorkerGateway",
+            gateway,
+            worker_gateway_pb2_grpc.add_WorkerGatewayServicer_to_server,
+        ),
+    ]
+
+
+async def _start_http_api(
+    settings: ControlPlaneSettings,
+    *,
+    inference: InferenceService,
+    authenticator: ControlPlaneAuthenticator,
+    database: Database,
+) -> HttpApi | None:
+    if not settings.http_listen:
+        return None
+    # Bounded as the gRPC Inference door is: the same request size, the same calls in flight.
+    bound = front_door_limits(settings.inference)[INFERENCE_PREFIX]
+    return await start_http_api(
+        HttpApiSettings(
+            listen=settings.http_listen,
+            max_body_bytes=bound.max_request_bytes or 0,
+            max_in_flight=bound.max_in_flight,  # per tenant
+            tls=settings.tls,
+            bounds=settings.http_bounds,
+        ),
+        inference=inference,
+        authenticator=authenticator,
+        database=database,
+    )
+
+
+async def start_control_plane(
+    settings: ControlPlaneSettings, *, clock: Clock | None = None
+) -> ControlPlane:
+    clock = clock or SystemClock()
+    database = await open_database(settings, clock)
+    core = _build_core(settings, database, clock)
+    authenticator = ControlPlaneAuthenticator(database, clock)
+    gateway = _worker_gateway(settings, core, database, clock)
+    control_plane_service = _control_plane_service(core, database, clock, authenticator)
+    resolver = DeploymentResolver(database=database, routes=core.routes)
     inference = InferenceService(
         database=database,
-        hub=hub,
-        scheduler=scheduler,
-        routes=routes,
+        hub=core.hub,
+        scheduler=core.scheduler,
+        routes=core.routes,
         clock=clock,
         settings=settings.inference,
         resolver=resolver,
-        degradation=reconciler.degradation,  # outcomes in, evaluated by the reconciler
+        degradation=core.reconciler.degradation,  # outcomes in, evaluated by the reconciler
+    )
+    kserve = KServeInference(
+        database=database, inference=inference, resolver=resolver, scheduler=core.scheduler
     )
     server = await create_server(
         listen=settings.listen,
-        services=[
-            ServiceBinding(
-                "gantry.v1.ControlPlane",
-                ControlPlaneService(
-                    database=database,
-                    lifecycle=lifecycle,
-                    node_admin=node_admin,
-                    authenticator=authenticator,
-                    clock=clock,
-                    pipeline=pipeline,
-                    scheduler=scheduler,
-                    hub=hub,
-                    audit_feed=audit_feed,
-                    degradation=reconciler.degradation,
-                    # A restart or scale makes placements due at once (past their backoff).
-                    deployment_admin=DeploymentAdmin(
-                        database=database,
-                        hub=hub,
-                        lifecycle=lifecycle,
-                        clock=clock,
-                        wake_reconciler=reconciler.capacity_freed,
-                    ),
-                ),
-                control_plane_pb2_grpc.add_ControlPlaneServicer_to_server,
-            ),
-            ServiceBinding(
-                "gantry.v1.Inference", inference, inference_pb2_grpc.add_InferenceServicer_to_server
-            ),
-            # The Open Inference Protocol (KServe v2 / Triton) over the same handlers.
-            ServiceBinding(
-                "inference.GRPCInferenceService",
-                KServeInference(
-                    database=database, inference=inference, resolver=resolver, scheduler=scheduler
-                ),
-                kserve_grpc.add_GRPCInferenceServiceServicer_to_server,
-            ),
-            ServiceBinding(
-                "gantry.v1.WorkerGateway",
-                gateway,
-                worker_gateway_pb2_grpc.add_WorkerGatewayServicer_to_server,
-            ),
-        ],
+        services=_service_bindings(
+            control_plane=control_plane_service, inference=inference, kserve=kserve, gateway=gateway
+        ),
         authenticator=authenticator,
         tls=settings.tls,
         health_listen=settings.health_listen,
         limits=front_door_limits(settings.inference),
     )
-    http_api: HttpApi | None = None
-    if settings.http_listen:
-        # Bounded as the gRPC Inference door is: the same request size, the same calls in flight.
-        bound = front_door_limits(settings.inference)[INFERENCE_PREFIX]
-        try:
-            http_api = await start_http_api(
-                HttpApiSettings(
-                    listen=settings.http_listen,
-                    max_body_bytes=bound.max_request_bytes or 0,
-                    max_in_flight=bound.max_in_flight,
-                    tls=settings.tls,
-                ),
-                inference=inference,
-                authenticator=authenticator,
-                database=database,
-            )
-        except BaseException:
-            await server.stop(grace=0)
-            await database.close()
-            raise
-    scheduler.start()
+    try:
+        http_api = await _start_http_api(
+            settings, inference=inference, authenticator=authenticator, database=database
+        )
+    except BaseException:
+        await server.stop(grace=0)
+        await database.close()
+        raise
+    core.scheduler.start()
     if settings.run_reconciler:
-        reconciler.start()
+        core.reconciler.start()
     return ControlPlane(
         server=server,
         database=database,
-        scheduler=scheduler,
-        hub=hub,
-        lifecycle=lifecycle,
-        reconciler=reconciler,
+        scheduler=core.scheduler,
+        hub=core.hub,
+        lifecycle=core.lifecycle,
+        reconciler=core.reconciler,
         gateway=gateway,
-        liveness=liveness,
+        liveness=core.liveness,
         http_api=http_api,
     )

@@ -7,9 +7,16 @@ import asyncio
 import logging
 import os
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
-from gantry.common.inference_limits import LimitSettingsError, add_limit_arguments, limits_from
+from gantry.common.inference_limits import (
+    InferenceLimits,
+    LimitSettingsError,
+    add_limit_arguments,
+    limits_from,
+)
 from gantry.common.metrics import add_metrics_argument, start_metrics
 from gantry.common.process import (
     add_log_format_argument,
@@ -19,6 +26,8 @@ from gantry.common.process import (
 from gantry.common.telemetry import setup_tracing
 from gantry.common.tls import (
     SCHEDULER_CLIENT_TLS,
+    ClientTls,
+    ServerTls,
     TlsSettingsError,
     add_client_tls_arguments,
     add_server_tls_arguments,
@@ -31,10 +40,51 @@ from gantry.controlplane.deployments.lifecycle import DEFAULT_LEASE_SECONDS
 from gantry.controlplane.deployments.reconciler import ReconcilerSettings
 from gantry.controlplane.platform.database import DatabaseNotInitialised
 from gantry.controlplane.serving.inference_service import InferenceSettings
-from gantry.controlplane.serving.openai_http import HttpListenError
+from gantry.controlplane.serving.openai_http import DoorBounds, HttpListenError
 
 
-def main(argv: list[str] | None = None) -> int:
+def _positive(kind: type[float] | type[int]) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"{text} is not above 0")
+        return value
+
+    return parse
+
+
+def _add_http_bound_arguments(parser: argparse.ArgumentParser) -> None:
+    defaults = DoorBounds()
+    group = parser.add_argument_group("bounds of the HTTP API's connections")
+    group.add_argument(
+        "--http-max-connections",
+        type=_positive(int),
+        default=defaults.max_connections,
+        help="connections held at once; past it a new one is reset before anything is read. "
+        "Never more than half the open-descriptor limit (raised to its hard limit at start), so "
+        "gRPC, the database and the workers keep theirs (default %(default)s)",
+    )
+    group.add_argument(
+        "--http-header-timeout-s",
+        type=_positive(float),
+        default=defaults.header_timeout_s,
+        help="seconds a connection has to send a request's headers, at its start and after each "
+        "answer on a kept-alive connection; then it is closed (default %(default)s)",
+    )
+    group.add_argument(
+        "--http-body-timeout-s",
+        type=_positive(float),
+        default=defaults.body_timeout_s,
+        help="seconds a request's body has to arrive once its headers have; then the call is "
+        "refused CLIENT_TOO_SLOW (default %(default)s)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The control plane's flags (and their environment defaults)."""
     parser = argparse.ArgumentParser(prog="gantry controlplane")
     parser.add_argument("--listen", default="127.0.0.1:50051")
     parser.add_argument("--database-url", default="sqlite+aiosqlite:///.gantry/gantry.db")
@@ -65,12 +115,22 @@ def main(argv: list[str] | None = None) -> int:
         "/v1/chat/completions, /v1/models) here, with the same TLS (env GANTRY_HTTP_LISTEN; "
         "default: not served; `gantry up` serves it on 127.0.0.1:8080)",
     )
+    _add_http_bound_arguments(parser)
     add_server_tls_arguments(parser)
     add_client_tls_arguments(
         parser.add_argument_group("TLS to the scheduler (plaintext unless one is given)"),
         SCHEDULER_CLIENT_TLS,
         peer="the scheduler",
     )
+    _add_timing_arguments(parser)
+    add_limit_arguments(parser)
+    add_log_format_argument(parser)
+    add_metrics_argument(parser)
+    return parser
+
+
+def _add_timing_arguments(parser: argparse.ArgumentParser) -> None:
+    """The reconciler's intervals and the job lease (each checked positive by parse_arguments)."""
     defaults = ReconcilerSettings()
     parser.add_argument(
         "--heartbeat-interval-s",
@@ -96,9 +156,21 @@ def main(argv: list[str] | None = None) -> int:
         default=DEFAULT_LEASE_SECONDS,
         help="job lease length; an unrenewed lease is re-queued with a new token",
     )
-    add_limit_arguments(parser)
-    add_log_format_argument(parser)
-    add_metrics_argument(parser)
+
+
+@dataclass(frozen=True)
+class ParsedArguments:
+    """The flags, with the TLS and inference limits they name already read and checked."""
+
+    args: argparse.Namespace
+    tls: ServerTls | None
+    scheduler_tls: ClientTls | None
+    limits: InferenceLimits
+
+
+def parse_arguments(argv: list[str] | None) -> ParsedArguments:
+    """Parse and check the flags; a bad one exits through parser.error (status 2)."""
+    parser = build_parser()
     args = parser.parse_args(argv)
     for name in (
         "heartbeat_interval_s",
@@ -120,17 +192,14 @@ def main(argv: list[str] | None = None) -> int:
         limits = limits_from(args)
     except LimitSettingsError as exc:
         parser.error(str(exc))
-    setup_logging("controlplane", args.log_format)
-    setup_tracing("gantry-controlplane")
-    if not start_metrics("gantry-controlplane", args.metrics_address):
-        return 2
-    if args.endpoint_key_file is None:
-        logging.getLogger(__name__).warning(
-            "no --endpoint-key-file: adopted endpoints' credentials are sealed with a key held "
-            "in memory and cannot be opened after a restart"
-        )
+    return ParsedArguments(args=args, tls=tls, scheduler_tls=scheduler_tls, limits=limits)
+
+
+def build_settings(parsed: ParsedArguments) -> ControlPlaneSettings:
+    """The control plane's settings from the flags (reads the token files)."""
+    args = parsed.args
     bootstrap = args.bootstrap_operator_token_file
-    settings = ControlPlaneSettings(
+    return ControlPlaneSettings(
         listen=args.listen,
         database_url=args.database_url,
         scheduler_address=args.scheduler,
@@ -142,27 +211,47 @@ def main(argv: list[str] | None = None) -> int:
             absence_grace_s=args.absence_grace_s,
         ),
         lease_seconds=args.lease_seconds,
-        tls=tls,
+        tls=parsed.tls,
         health_listen=args.health_listen,
-        scheduler_tls=scheduler_tls,
-        inference=InferenceSettings(limits=limits),
+        scheduler_tls=parsed.scheduler_tls,
+        inference=InferenceSettings(limits=parsed.limits),
         endpoint_key_file=args.endpoint_key_file,
         http_listen=args.http_listen,
+        http_bounds=DoorBounds(
+            max_connections=args.http_max_connections,
+            header_timeout_s=args.http_header_timeout_s,
+            body_timeout_s=args.http_body_timeout_s,
+        ),
     )
 
-    async def serve() -> None:
-        control_plane = await start_control_plane(settings)
-        logging.getLogger(__name__).info(
-            "control plane listening on port %d (%s); scheduler link %s",
-            control_plane.port,
-            listener_mode(tls),
-            "plaintext" if scheduler_tls is None else "TLS",
-        )
-        await run_until_signalled()
-        await control_plane.stop()
 
+async def serve(settings: ControlPlaneSettings) -> None:
+    """Run the control plane until SIGINT/SIGTERM, then stop it."""
+    control_plane = await start_control_plane(settings)
+    logging.getLogger(__name__).info(
+        "control plane listening on port %d (%s); scheduler link %s",
+        control_plane.port,
+        listener_mode(settings.tls),
+        "plaintext" if settings.scheduler_tls is None else "TLS",
+    )
+    await run_until_signalled()
+    await control_plane.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parsed = parse_arguments(argv)
+    setup_logging("controlplane", parsed.args.log_format)
+    setup_tracing("gantry-controlplane")
+    if not start_metrics("gantry-controlplane", parsed.args.metrics_address):
+        return 2
+    if parsed.args.endpoint_key_file is None:
+        logging.getLogger(__name__).warning(
+            "no --endpoint-key-file: adopted endpoints' credentials are sealed with a key held "
+            "in memory and cannot be opened after a restart"
+        )
+    settings = build_settings(parsed)
     try:
-        asyncio.run(serve())
+        asyncio.run(serve(settings))
     except (DatabaseNotInitialised, TlsSettingsError, HttpListenError) as exc:
         # An operator's mistake, not a bug: one line that names the fix, no traceback.
         print(f"error: {exc}", file=sys.stderr, flush=True)

@@ -23,6 +23,7 @@ from gantry.controlplane.platform.models import (
     RuntimeProfile,
     ServingJob,
 )
+from gantry.controlplane.platform.rows import get_row
 
 
 async def create_artifact_set(
@@ -107,10 +108,7 @@ async def find_registered(
 
 
 async def get_artifact_set(session: AsyncSession, artifact_set_id: str) -> ArtifactSet:
-    row = await session.get(ArtifactSet, artifact_set_id)
-    if row is None:
-        raise not_found("artifact set", artifact_set_id)
-    return row
+    return await get_row(session, ArtifactSet, artifact_set_id, "artifact set")
 
 
 async def get_manifest(session: AsyncSession, artifact_set_id: str) -> list[ManifestEntry]:

@@ -9,10 +9,13 @@ what it cannot place now, the reconciler places later (woken here).
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Unpack
 
-from gantry.common.clock import Clock
+from sqlalchemy.ext.asyncio import AsyncSession
+
 from gantry.controlplane.deployments import bindings
 from gantry.controlplane.deployments import store as deployments
 from gantry.controlplane.deployments.admin_rules import (
@@ -21,15 +24,13 @@ from gantry.controlplane.deployments.admin_rules import (
     restart_refusal,
     scale_refusal,
 )
-from gantry.controlplane.deployments.lifecycle import DeploymentLifecycle
+from gantry.controlplane.deployments.lifecycle_parts import LifecycleParts, LifecycleService
 from gantry.controlplane.deployments.residency_stop import stop_residency
 from gantry.controlplane.deployments.settle import settle_deployment
 from gantry.controlplane.deployments.surplus import drain_surplus
 from gantry.controlplane.endpoints import store as endpoints
 from gantry.controlplane.jobs import store as jobs
-from gantry.controlplane.nodes.sessions import WorkerHub
 from gantry.controlplane.observability import audit
-from gantry.controlplane.platform.database import Database
 from gantry.controlplane.platform.models import Deployment, Residency, ServingJob
 from gantry.controlplane.platform.state_machines import DeploymentState, JobType, ResidencyState
 from gantry.controlplane.platform.transitions import retry_on_conflict
@@ -45,20 +46,14 @@ class _Committed:
     cancelled: list[ServingJob] = field(default_factory=list)
 
 
-class DeploymentAdmin:
+class DeploymentAdmin(LifecycleService):
     def __init__(
         self,
         *,
-        database: Database,
-        hub: WorkerHub,
-        lifecycle: DeploymentLifecycle,
-        clock: Clock,
         wake_reconciler: Callable[[], None] = lambda: None,
+        **parts: Unpack[LifecycleParts],
     ) -> None:
-        self._database = database
-        self._hub = hub
-        self._lifecycle = lifecycle
-        self._clock = clock
+        super().__init__(**parts)
         self._wake = wake_reconciler
 
     async def delete(self, deployment_id: str, *, actor: str) -> Deployment:
@@ -84,34 +79,7 @@ class DeploymentAdmin:
             # Nothing runs, but a queued job (a load refused by a failing worker) must not start.
             await jobs.cancel_open_jobs(session, deployment_id=deployment_id, now=now)
             await deployments.mark_deployment_deleted(session, row, now=now)
-            # An adopted server is only forgotten: nothing is sent to it.
-            forgotten = await endpoints.forget_endpoint_of_deployment(
-                session, deployment_id, now=now
-            )
-            if forgotten is not None:
-                await audit.record_event(
-                    session,
-                    actor=actor,
-                    action="endpoint.forget",
-                    subject_kind="endpoint",
-                    subject_id=forgotten.endpoint_id,
-                    now=now,
-                    deployment_id=deployment_id,
-                    why="deployment.delete",
-                )
-            for capability in await bindings.unbind_deployment(
-                session, deployment_id=deployment_id, now=now
-            ):
-                await audit.record_event(
-                    session,
-                    actor=actor,
-                    action="capability.unbind",
-                    subject_kind="capability",
-                    subject_id=capability,
-                    now=now,
-                    deployment_id=deployment_id,
-                    why="deployment.delete",
-                )
+            await _forget_and_unbind(session, deployment_id, actor=actor, now=now)
             await audit.record_event(
                 session,
                 actor=actor,
@@ -239,3 +207,35 @@ class DeploymentAdmin:
             await self._lifecycle.dispatch_queued(node_id)
         await self._lifecycle.place(committed.deployment)
         self._wake()
+
+
+async def _forget_and_unbind(
+    session: AsyncSession, deployment_id: str, *, actor: str, now: dt.datetime
+) -> None:
+    """A deleted deployment's endpoint forgotten and its bindings removed, each audited."""
+    # An adopted server is only forgotten: nothing is sent to it.
+    forgotten = await endpoints.forget_endpoint_of_deployment(session, deployment_id, now=now)
+    if forgotten is not None:
+        await audit.record_event(
+            session,
+            actor=actor,
+            action="endpoint.forget",
+            subject_kind="endpoint",
+            subject_id=forgotten.endpoint_id,
+            now=now,
+            deployment_id=deployment_id,
+            why="deployment.delete",
+        )
+    for capability in await bindings.unbind_deployment(
+        session, deployment_id=deployment_id, now=now
+    ):
+        await audit.record_event(
+            session,
+            actor=actor,
+            action="capability.unbind",
+            subject_kind="capability",
+            subject_id=capability,
+            now=now,
+            deployment_id=deployment_id,
+            why="deployment.delete",
+        )

@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from gantry.common.clock import Clock
 from gantry.common.errors import GantryError
 from gantry.controlplane.deployments import store as deployments
 from gantry.controlplane.deployments.autoscale_rules import (
@@ -21,12 +20,10 @@ from gantry.controlplane.deployments.autoscale_rules import (
     ScaleKind,
     decide_scale,
 )
-from gantry.controlplane.deployments.lifecycle import DeploymentLifecycle
+from gantry.controlplane.deployments.lifecycle_parts import LifecycleService
 from gantry.controlplane.deployments.settle import settle_deployment
 from gantry.controlplane.deployments.surplus import drain_surplus
-from gantry.controlplane.nodes.sessions import WorkerHub
 from gantry.controlplane.observability import audit
-from gantry.controlplane.platform.database import Database
 from gantry.controlplane.platform.models import Deployment, Residency
 from gantry.controlplane.platform.transitions import retry_on_conflict
 from gantry.v1 import scheduler_pb2
@@ -71,15 +68,7 @@ class ScaleAdviceInbox:
         return taken
 
 
-class Autoscaler:
-    def __init__(
-        self, *, database: Database, hub: WorkerHub, lifecycle: DeploymentLifecycle, clock: Clock
-    ) -> None:
-        self._database = database
-        self._hub = hub
-        self._lifecycle = lifecycle
-        self._clock = clock
-
+class Autoscaler(LifecycleService):
     async def apply(self, advice: Advice) -> set[str]:
         """Apply one deployment's advice; returns the nodes with new jobs to dispatch."""
         try:

@@ -8,7 +8,6 @@ and a worker receives a job only once its lease is.
 
 from __future__ import annotations
 
-import datetime as dt
 import hashlib
 import logging
 from collections.abc import Sequence
@@ -32,7 +31,7 @@ from gantry.controlplane.jobs.handlers import HANDLERS, ResultContext
 from gantry.controlplane.jobs.pump import JobPump
 from gantry.controlplane.jobs.store import ResultCommit
 from gantry.controlplane.nodes import store as nodes
-from gantry.controlplane.nodes.inventory import Reconciled, reconcile_inventory
+from gantry.controlplane.nodes.inventory import reconcile_inventory
 from gantry.controlplane.nodes.sessions import WorkerHub
 from gantry.controlplane.observability import audit
 from gantry.controlplane.platform import metrics
@@ -282,18 +281,8 @@ class DeploymentLifecycle:
 
     # ---- what a worker's inventory says -------------------------------------------------------
 
-    async def reconcile_node(
-        self,
-        session: AsyncSession,
-        *,
-        node_id: str,
-        generation: int,
-        inventory: wg.Inventory,
-        now: dt.datetime,
-    ) -> Reconciled:
-        return await reconcile_inventory(
-            session, node_id=node_id, generation=generation, inventory=inventory, now=now
-        )
+    # What a worker's report means for its node's residency records (nodes/inventory.py).
+    reconcile_node = staticmethod(reconcile_inventory)
 
     def announce(self, residencies: Sequence[Residency]) -> None:
         """Tell the scheduler what changed (after the commit), and forget cached routes."""

@@ -18,6 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from gantry.common.errors import GantryError
 from gantry.controlplane.deployments import store as deployments
+from gantry.controlplane.deployments.residency_stop import create_unload_job
 from gantry.controlplane.deployments.settle import settle_deployment
 from gantry.controlplane.jobs import store as jobs
 from gantry.controlplane.nodes.sessions import WorkerHub
@@ -52,24 +53,10 @@ async def start_reclaim(
     NOT_FOUND for an unknown id; INVALID_STATE_TRANSITION (FAILED_PRECONDITION) when it is COLD.
     """
     residency = await deployments.get_residency(session, residency_id)
-    if residency.state == ResidencyState.COLD:
-        raise GantryError(
-            "INVALID_STATE_TRANSITION",
-            f"residency {residency_id} is already COLD: nothing runs there to reclaim",
-            machine="residency",
-            current=str(residency.state),
-            target=str(ResidencyState.UNLOADING),
-        )
+    _check_reclaimable(residency)
     from_state = residency.state
     started = ReclaimStarted(residency=residency, unload_job_id="")
-    for job in await jobs.open_jobs_for_residency(session, residency_id):
-        if job.job_type == JobType.UNLOAD:
-            started.unload_job_id = job.job_id  # already being reclaimed: wait for that one
-            continue
-        was_leased = job.state != JobState.QUEUED
-        await jobs.cancel_job(session, job, now=now)  # a load under way, a health check
-        if was_leased:
-            started.cancelled.append(job)
+    await _cancel_all_but_unload(session, started, now=now)
     if started.unload_job_id:
         pass  # its residency is UNLOADING or UNCERTAIN already: that job settles it
     elif residency.state == ResidencyState.LOADING and hub.get(residency.node_id) is None:
@@ -82,15 +69,7 @@ async def start_reclaim(
             await deployments.set_residency_state(
                 session, residency, ResidencyState.UNLOADING, now=now
             )
-        job = await jobs.create_job(
-            session,
-            job_type=JobType.UNLOAD,
-            deployment_id=residency.deployment_id,
-            node_id=residency.node_id,
-            residency_id=residency_id,
-            now=now,
-        )
-        started.unload_job_id = job.job_id
+        started.unload_job_id = (await create_unload_job(session, residency, now=now)).job_id
     await settle_deployment(session, residency.deployment_id, now=now)
     await audit.record_event(
         session,
@@ -105,6 +84,31 @@ async def start_reclaim(
         unload_job_id=started.unload_job_id,
     )
     return started
+
+
+def _check_reclaimable(residency: Residency) -> None:
+    if residency.state == ResidencyState.COLD:
+        raise GantryError(
+            "INVALID_STATE_TRANSITION",
+            f"residency {residency.residency_id} is already COLD: nothing runs there to reclaim",
+            machine="residency",
+            current=str(residency.state),
+            target=str(ResidencyState.UNLOADING),
+        )
+
+
+async def _cancel_all_but_unload(
+    session: AsyncSession, started: ReclaimStarted, *, now: dt.datetime
+) -> None:
+    """Cancel the residency's open jobs but an UNLOAD, which the reclaim then waits for."""
+    for job in await jobs.open_jobs_for_residency(session, started.residency.residency_id):
+        if job.job_type == JobType.UNLOAD:
+            started.unload_job_id = job.job_id  # already being reclaimed: wait for that one
+            continue
+        was_leased = job.state != JobState.QUEUED
+        await jobs.cancel_job(session, job, now=now)  # a load under way, a health check
+        if was_leased:
+            started.cancelled.append(job)
 
 
 async def reclaim_outcome(

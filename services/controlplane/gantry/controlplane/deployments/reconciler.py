@@ -29,17 +29,18 @@ import datetime as dt
 import functools
 import logging
 from dataclasses import dataclass
+from typing import Unpack
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from gantry.common.clock import Clock
 from gantry.common.errors import GantryError
 from gantry.common.metrics import metrics_enabled
 from gantry.controlplane.deployments import store as deployments
 from gantry.controlplane.deployments.autoscaler import Autoscaler, ScaleAdviceInbox
 from gantry.controlplane.deployments.health_rules import LIVE_STATES
-from gantry.controlplane.deployments.lifecycle import DeploymentLifecycle
+from gantry.controlplane.deployments.lifecycle_parts import LifecycleParts, LifecycleService
 from gantry.controlplane.deployments.placement import missing_replicas, queue_load
+from gantry.controlplane.deployments.residency_stop import create_unload_job, mark_cold
 from gantry.controlplane.deployments.settle import settle_deployment, settle_node_deployments
 from gantry.controlplane.endpoints.reload_rules import AdoptedResidencyFacts, reload_wanted
 from gantry.controlplane.endpoints.store import ORIGIN_ADOPTED
@@ -51,16 +52,13 @@ from gantry.controlplane.jobs.handlers import (
 )
 from gantry.controlplane.nodes import store as nodes
 from gantry.controlplane.nodes.liveness import Heard, Liveness
-from gantry.controlplane.nodes.sessions import WorkerHub
 from gantry.controlplane.observability import audit
 from gantry.controlplane.observability.state_counts import count_by_state
 from gantry.controlplane.platform import metrics
 from gantry.controlplane.platform.backoff import Backoff
-from gantry.controlplane.platform.database import Database
 from gantry.controlplane.platform.models import Deployment, Node, Residency
 from gantry.controlplane.platform.state_machines import (
     DeploymentState,
-    JobType,
     NodeState,
     ResidencyState,
 )
@@ -89,26 +87,21 @@ class ReconcilerSettings:
         return self.heartbeat_interval_s * self.stale_after_heartbeats
 
 
-class Reconciler:
+class Reconciler(LifecycleService):
     def __init__(
         self,
         *,
-        database: Database,
-        hub: WorkerHub,
-        lifecycle: DeploymentLifecycle,
-        clock: Clock,
         settings: ReconcilerSettings,
         liveness: Liveness,
         scale_advice: ScaleAdviceInbox | None = None,
         degradation: CapabilityDegradation | None = None,
+        **parts: Unpack[LifecycleParts],
     ) -> None:
-        self._database = database
+        super().__init__(**parts)
+        clock = self._clock
         # Fed by the inference path; evaluated (and its changes audited) once per pass.
         self.degradation = degradation or CapabilityDegradation(clock)
         self._liveness = liveness
-        self._hub = hub
-        self._lifecycle = lifecycle
-        self._clock = clock
         self.settings = settings
         self._wake = asyncio.Event()
         self._placements = Backoff(
@@ -124,8 +117,8 @@ class Reconciler:
         # Filled from the scheduler link's reader; new advice wakes the loop.
         self.scale_advice = scale_advice or ScaleAdviceInbox()
         self.scale_advice.on_offer = self.wake
-        self._autoscaler = Autoscaler(database=database, hub=hub, lifecycle=lifecycle, clock=clock)
-        lifecycle.announcer.on_capacity_freed = self.capacity_freed
+        self._autoscaler = Autoscaler(**parts)
+        self._lifecycle.announcer.on_capacity_freed = self.capacity_freed
         self._task: asyncio.Task[None] | None = None
         self.passes = 0
 
@@ -296,16 +289,12 @@ class Reconciler:
                         continue
                     for job in await jobs.open_jobs_for_residency(session, residency.residency_id):
                         await jobs.cancel_job(session, job, now=now)
-                    await deployments.set_residency_state(
+                    await mark_cold(
                         session,
                         residency,
-                        ResidencyState.COLD,
+                        reason="WORKER_UNAVAILABLE",
+                        message=f"node {node.node_id} absent since {node.last_seen_at}",
                         now=now,
-                        pid=0,
-                        last_failure_reason="WORKER_UNAVAILABLE",
-                        last_failure_message=(
-                            f"node {node.node_id} absent since {node.last_seen_at}"
-                        ),
                     )
                     await settle_deployment(session, residency.deployment_id, now=now)
                     await audit.record_event(
@@ -442,14 +431,7 @@ class Reconciler:
                 if not self._unloads.due(residency.residency_id):
                     continue
                 self._unloads.failed(residency.residency_id)
-                await jobs.create_job(
-                    session,
-                    job_type=JobType.UNLOAD,
-                    deployment_id=residency.deployment_id,
-                    node_id=residency.node_id,
-                    residency_id=residency.residency_id,
-                    now=now,
-                )
+                await create_unload_job(session, residency, now=now)
                 dispatch.add(residency.node_id)
         self._unloads.forget_except(uncertain)
         return dispatch

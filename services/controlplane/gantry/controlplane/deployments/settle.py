@@ -56,8 +56,7 @@ async def settle_deployment(session: AsyncSession, deployment_id: str, *, now: d
         deployment,
         target,
         now=now,
-        failure_reason=reason if target == DeploymentState.DEGRADED else "",
-        failure_message=message if target == DeploymentState.DEGRADED else "",
+        failure=(reason, message) if target == DeploymentState.DEGRADED else None,
     )
 
 

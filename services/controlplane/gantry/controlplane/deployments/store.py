@@ -14,6 +14,7 @@ from gantry.common.ids import new_id
 from gantry.controlplane.deployments import bindings
 from gantry.controlplane.observability import state_history
 from gantry.controlplane.platform.models import Deployment, Residency
+from gantry.controlplane.platform.rows import get_row
 from gantry.controlplane.platform.state_machines import (
     DeploymentState,
     ResidencyState,
@@ -63,23 +64,19 @@ async def create_deployment(
         candidate_id=candidate_id,
         origin=origin,
     )
-    session.add(row)
-    await state_history.record_creation(
+    await state_history.add_created(
         session,
+        row,
         subject_kind="deployment",
         subject_id=row.deployment_id,
         state=row.state,
         at=now,
     )
-    await session.flush()
     return row
 
 
 async def get_deployment(session: AsyncSession, deployment_id: str) -> Deployment:
-    row = await session.get(Deployment, deployment_id)
-    if row is None:
-        raise not_found("deployment", deployment_id)
-    return row
+    return await get_row(session, Deployment, deployment_id, "deployment")
 
 
 async def get_live_deployment(session: AsyncSession, deployment_id: str) -> Deployment:
@@ -126,9 +123,7 @@ async def mark_deployment_deleted(
     session: AsyncSession, deployment: Deployment, *, now: dt.datetime
 ) -> None:
     """Only marks the row: its residencies, jobs, history and audit trail stay."""
-    deployment.deleted_at = now
-    deployment.updated_at = now
-    await session.flush()
+    await _write_fields(session, deployment, now=now, deleted_at=now)
 
 
 async def set_scale(
@@ -152,9 +147,22 @@ async def clear_load_failures(
     session: AsyncSession, deployment: Deployment, *, now: dt.datetime
 ) -> None:
     """A fresh start (RestartDeployment): no failed loads counted, no last failure shown."""
-    deployment.load_failure_count = 0
-    deployment.last_failure_reason = ""
-    deployment.last_failure_message = ""
+    await _write_fields(
+        session,
+        deployment,
+        now=now,
+        load_failure_count=0,
+        last_failure_reason="",
+        last_failure_message="",
+    )
+
+
+async def _write_fields(
+    session: AsyncSession, deployment: Deployment, *, now: dt.datetime, **fields: object
+) -> None:
+    """Fields that are not its state (no compare-and-set: no table governs them), stamped."""
+    for name, value in fields.items():
+        setattr(deployment, name, value)
     deployment.updated_at = now
     await session.flush()
 
@@ -227,24 +235,20 @@ async def create_residency(
         pid=0,
         updated_at=now,
     )
-    session.add(row)
-    await state_history.record_creation(
+    await state_history.add_created(
         session,
+        row,
         subject_kind="residency",
         subject_id=row.residency_id,
         state=row.state,
         at=now,
         deployment_id=deployment_id,
     )
-    await session.flush()
     return row
 
 
 async def get_residency(session: AsyncSession, residency_id: str) -> Residency:
-    row = await session.get(Residency, residency_id)
-    if row is None:
-        raise not_found("residency", residency_id)
-    return row
+    return await get_row(session, Residency, residency_id, "residency")
 
 
 async def residencies_of(session: AsyncSession, deployment_id: str) -> Sequence[Residency]:
@@ -293,24 +297,24 @@ async def move_deployment(
     target: DeploymentState,
     *,
     now: dt.datetime,
-    failure_reason: str = "",
-    failure_message: str = "",
+    failure: tuple[str, str] | None = None,
 ) -> bool:
-    """Walk the table's shortest path to `target`, one compare-and-set per step; True if moved."""
+    """Walk the table's shortest path to `target`, one compare-and-set per step; True if moved.
+    `failure` is the (reason, message) the walk ends with, if it ends in one."""
     if deployment.state == target:
         return False
     path = shortest_path("deployment", deployment.state, target)
     for index, step in enumerate(path):
         # The failure belongs to the step that ends the walk: the history shows it once, where
         # the deployment arrived, not on each state it passed through.
-        final = index == len(path) - 1
+        reason, message = failure if failure and index == len(path) - 1 else ("", "")
         await set_deployment_state(
             session,
             deployment,
             DeploymentState(step),
             now=now,
-            failure_reason=failure_reason if final else "",
-            failure_message=failure_message if final else "",
+            failure_reason=reason,
+            failure_message=message,
         )
     return True
 

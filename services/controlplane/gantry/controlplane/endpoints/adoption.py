@@ -12,9 +12,11 @@ delete forgets it. Nothing is ever adopted unasked: only this RPC creates an ado
 
 from __future__ import annotations
 
+import datetime as dt
 from dataclasses import dataclass
 
 import grpc
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from gantry.common.auth import current_principal
 from gantry.common.clock import Clock
@@ -35,7 +37,7 @@ from gantry.controlplane.endpoints.url_rules import (
 from gantry.controlplane.observability import audit
 from gantry.controlplane.platform import convert
 from gantry.controlplane.platform.database import Database
-from gantry.controlplane.platform.models import AdoptedEndpoint, Deployment, Residency
+from gantry.controlplane.platform.models import AdoptedEndpoint, Deployment, Node, Residency
 from gantry.controlplane.platform.paging import page_of
 from gantry.controlplane.platform.state_machines import NodeState
 from gantry.controlplane.platform.transitions import retry_on_conflict
@@ -58,6 +60,130 @@ class _Adopted:
     charges: dict[str, ResidencyCharge]
 
 
+@dataclass(frozen=True)
+class _Adoption:
+    """An adoption request, checked, with its credential sealed: what one attempt stores."""
+
+    request: cp.AdoptEndpointRequest
+    model: str
+    has_credential: bool
+    sealed: str
+    adapter: common_pb2.AdapterSettings
+    actor: str
+
+
+def _check_request(request: cp.AdoptEndpointRequest) -> tuple[str, str]:
+    """The request's model and credential, checked; INVALID_ARGUMENT for any field that is not."""
+    _check_name(request.capability, field="capability")
+    model = check_model_name(request.model)
+    credential = check_credential(request.credential)
+    if not request.node:
+        raise invalid_argument("node is required: the id or name of the node", field="node")
+    if request.max_concurrency > MAX_CONCURRENCY:
+        raise invalid_argument(
+            f"max_concurrency must be at most {MAX_CONCURRENCY}", field="max_concurrency"
+        )
+    return model, credential
+
+
+def _adopted_adapter(request: cp.AdoptEndpointRequest) -> common_pb2.AdapterSettings:
+    return common_pb2.AdapterSettings(
+        adapter=ADOPTED_ADAPTER,
+        max_concurrency=request.max_concurrency or DEFAULT_MAX_CONCURRENCY,
+        max_new_tokens=request.max_new_tokens,
+    )
+
+
+def _check_node_enabled(node: Node) -> None:
+    if node.state == NodeState.DISABLED:
+        raise GantryError(
+            "NODE_DISABLED",
+            f"node {node.node_id} is disabled; enable it before adopting a server there",
+            node_id=node.node_id,
+        )
+
+
+async def _store_adoption(
+    session: AsyncSession, adoption: _Adoption, *, now: dt.datetime
+) -> _Adopted:
+    """The deployment, its endpoint, binding, residency and LOAD job (the caller commits)."""
+    request = adoption.request
+    node = await endpoints.find_node(session, request.node)
+    _check_node_enabled(node)
+    url = check_endpoint_url(request.url, node_hostname=node.hostname)
+    row = await deployments.create_deployment(
+        session,
+        capability=request.capability,
+        artifact_set_id=None,
+        adapter=convert.adapter_to_json(adoption.adapter),
+        environment_id="",
+        replicas=1,
+        now=now,
+        origin=endpoints.ORIGIN_ADOPTED,
+    )
+    endpoint = await endpoints.create_endpoint(
+        session,
+        deployment_id=row.deployment_id,
+        node_id=node.node_id,
+        url=url.base,
+        model=adoption.model,
+        credential_sealed=adoption.sealed,
+        now=now,
+    )
+    binding = await bindings.bind(
+        session,
+        capability=row.capability,
+        deployment_id=row.deployment_id,
+        serves_now=False,  # it serves once its worker reports it RESIDENT
+        now=now,
+    )
+    residency = await deployments.create_residency(
+        session, deployment_id=row.deployment_id, node_id=node.node_id, now=now
+    )
+    await queue_load(session, row, residency, now=now)
+    await settle_deployment(session, row.deployment_id, now=now)
+    bound_now = binding.deployment_id == row.deployment_id
+    await _audit_adoption(session, adoption, row, endpoint, bound_now=bound_now, now=now)
+    charges = await read_charges(session, [row.deployment_id])
+    return _Adopted(row, residency, endpoint, charges)
+
+
+async def _audit_adoption(
+    session: AsyncSession,
+    adoption: _Adoption,
+    row: Deployment,
+    endpoint: AdoptedEndpoint,
+    *,
+    bound_now: bool,
+    now: dt.datetime,
+) -> None:
+    await audit.record_event(
+        session,
+        actor=adoption.actor,
+        action="capability.bind",
+        subject_kind="capability",
+        subject_id=row.capability,
+        now=now,
+        deployment_id=row.deployment_id,
+        bound_now=str(bound_now),
+    )
+    # The URL carries no secret (checked); the credential is only said to exist.
+    await audit.record_event(
+        session,
+        actor=adoption.actor,
+        action="endpoint.adopt",
+        subject_kind="endpoint",
+        subject_id=endpoint.endpoint_id,
+        now=now,
+        deployment_id=row.deployment_id,
+        node_id=endpoint.node_id,
+        url=endpoint.url,
+        model=adoption.model,
+        capability=row.capability,
+        has_credential=str(adoption.has_credential).lower(),
+    )
+
+
 class EndpointAdoption:
     def __init__(self, *, database: Database, lifecycle: DeploymentLifecycle, clock: Clock):
         self._database = database
@@ -67,93 +193,23 @@ class EndpointAdoption:
     async def adopt(
         self, request: cp.AdoptEndpointRequest, *, actor: str
     ) -> tuple[Deployment, Residency, AdoptedEndpoint]:
-        _check_name(request.capability, field="capability")
-        model = check_model_name(request.model)
-        credential = check_credential(request.credential)
-        if not request.node:
-            raise invalid_argument("node is required: the id or name of the node", field="node")
-        if request.max_concurrency > MAX_CONCURRENCY:
-            raise invalid_argument(
-                f"max_concurrency must be at most {MAX_CONCURRENCY}", field="max_concurrency"
-            )
+        model, credential = _check_request(request)
         # Sealed before the transaction: a retried attempt stores the same sealed value.
         sealed = self._lifecycle.sealer.seal(credential)
-        adapter = common_pb2.AdapterSettings(
-            adapter=ADOPTED_ADAPTER,
-            max_concurrency=request.max_concurrency or DEFAULT_MAX_CONCURRENCY,
-            max_new_tokens=request.max_new_tokens,
+        adoption = _Adoption(
+            request=request,
+            model=model,
+            has_credential=bool(credential),
+            sealed=sealed,
+            adapter=_adopted_adapter(request),
+            actor=actor,
         )
 
         async def attempt() -> _Adopted:
             now = self._clock.now()
             async with self._database.transaction() as session:
-                node = await endpoints.find_node(session, request.node)
-                if node.state == NodeState.DISABLED:
-                    raise GantryError(
-                        "NODE_DISABLED",
-                        f"node {node.node_id} is disabled; enable it before adopting a server "
-                        "there",
-                        node_id=node.node_id,
-                    )
-                url = check_endpoint_url(request.url, node_hostname=node.hostname)
-                row = await deployments.create_deployment(
-                    session,
-                    capability=request.capability,
-                    artifact_set_id=None,
-                    adapter=convert.adapter_to_json(adapter),
-                    environment_id="",
-                    replicas=1,
-                    now=now,
-                    origin=endpoints.ORIGIN_ADOPTED,
-                )
-                endpoint = await endpoints.create_endpoint(
-                    session,
-                    deployment_id=row.deployment_id,
-                    node_id=node.node_id,
-                    url=url.base,
-                    model=model,
-                    credential_sealed=sealed,
-                    now=now,
-                )
-                binding = await bindings.bind(
-                    session,
-                    capability=row.capability,
-                    deployment_id=row.deployment_id,
-                    serves_now=False,  # it serves once its worker reports it RESIDENT
-                    now=now,
-                )
-                residency = await deployments.create_residency(
-                    session, deployment_id=row.deployment_id, node_id=node.node_id, now=now
-                )
-                await queue_load(session, row, residency, now=now)
-                await settle_deployment(session, row.deployment_id, now=now)
-                await audit.record_event(
-                    session,
-                    actor=actor,
-                    action="capability.bind",
-                    subject_kind="capability",
-                    subject_id=row.capability,
-                    now=now,
-                    deployment_id=row.deployment_id,
-                    bound_now=str(binding.deployment_id == row.deployment_id),
-                )
-                # The URL carries no secret (checked); the credential is only said to exist.
-                await audit.record_event(
-                    session,
-                    actor=actor,
-                    action="endpoint.adopt",
-                    subject_kind="endpoint",
-                    subject_id=endpoint.endpoint_id,
-                    now=now,
-                    deployment_id=row.deployment_id,
-                    node_id=node.node_id,
-                    url=endpoint.url,
-                    model=model,
-                    capability=row.capability,
-                    has_credential=str(bool(credential)).lower(),
-                )
-                charges = await read_charges(session, [row.deployment_id])
-            return _Adopted(row, residency, endpoint, charges)
+                adopted = await _store_adoption(session, adoption, now=now)
+            return adopted
 
         adopted = await retry_on_conflict(attempt)
         announcer = self._lifecycle.announcer

@@ -8,9 +8,9 @@ from collections.abc import Sequence
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from gantry.common.errors import not_found
 from gantry.common.ids import new_id
 from gantry.controlplane.platform.models import ProductionApproval
+from gantry.controlplane.platform.rows import get_row
 
 
 async def create_approval(
@@ -36,10 +36,7 @@ async def create_approval(
 
 
 async def get_approval(session: AsyncSession, approval_id: str) -> ProductionApproval:
-    row = await session.get(ProductionApproval, approval_id)
-    if row is None:
-        raise not_found("approval", approval_id)
-    return row
+    return await get_row(session, ProductionApproval, approval_id, "approval")
 
 
 async def approval_for_candidate(

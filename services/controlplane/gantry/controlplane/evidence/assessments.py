@@ -13,10 +13,10 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from gantry.common.errors import not_found
 from gantry.common.ids import new_id
 from gantry.controlplane.evidence.pipeline_states import AssessmentState
 from gantry.controlplane.platform.models import CompatibilityAssessment
+from gantry.controlplane.platform.rows import get_row
 from gantry.controlplane.platform.transitions import compare_and_set
 
 
@@ -49,10 +49,7 @@ async def create_assessment(
 
 
 async def get_assessment(session: AsyncSession, assessment_id: str) -> CompatibilityAssessment:
-    row = await session.get(CompatibilityAssessment, assessment_id)
-    if row is None:
-        raise not_found("assessment", assessment_id)
-    return row
+    return await get_row(session, CompatibilityAssessment, assessment_id, "assessment")
 
 
 async def list_assessments(
@@ -77,13 +74,10 @@ async def complete_assessment(
     now: dt.datetime,
 ) -> None:
     """PENDING -> COMPLETED with what the inspection found (and why it is incompatible, if so)."""
-    await compare_and_set(
+    await _move_assessment(
         session,
-        CompatibilityAssessment,
-        row.assessment_id,
-        machine="assessment",
-        expected=row.state,
-        target=AssessmentState.COMPLETED,
+        row,
+        AssessmentState.COMPLETED,
         compatible=compatible,
         inspection=inspection,
         environment_fingerprint=environment_fingerprint,
@@ -91,7 +85,6 @@ async def complete_assessment(
         failure_message=failure_message,
         completed_at=now,
     )
-    await session.refresh(row)
 
 
 async def fail_assessment(
@@ -103,16 +96,28 @@ async def fail_assessment(
     now: dt.datetime,
 ) -> None:
     """PENDING -> FAILED: it could not be inspected (bytes, environment, lost worker)."""
+    await _move_assessment(
+        session,
+        row,
+        AssessmentState.FAILED,
+        compatible=False,
+        failure_reason=reason,
+        failure_message=message,
+        completed_at=now,
+    )
+
+
+async def _move_assessment(
+    session: AsyncSession, row: CompatibilityAssessment, target: AssessmentState, **values: Any
+) -> None:
+    """One checked step of the assessment's machine (a lost race is an error), read back."""
     await compare_and_set(
         session,
         CompatibilityAssessment,
         row.assessment_id,
         machine="assessment",
         expected=row.state,
-        target=AssessmentState.FAILED,
-        compatible=False,
-        failure_reason=reason,
-        failure_message=message,
-        completed_at=now,
+        target=target,
+        **values,
     )
     await session.refresh(row)

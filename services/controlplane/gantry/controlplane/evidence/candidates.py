@@ -12,10 +12,11 @@ from collections.abc import Sequence
 from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from gantry.common.errors import GantryError, not_found
+from gantry.common.errors import GantryError
 from gantry.common.ids import new_id
 from gantry.controlplane.evidence.pipeline_states import CandidateStatus
 from gantry.controlplane.platform.models import DeploymentCandidate
+from gantry.controlplane.platform.rows import get_row
 
 
 async def create_candidate(
@@ -44,10 +45,7 @@ async def create_candidate(
 
 
 async def get_candidate(session: AsyncSession, candidate_id: str) -> DeploymentCandidate:
-    row = await session.get(DeploymentCandidate, candidate_id)
-    if row is None:
-        raise not_found("deployment candidate", candidate_id)
-    return row
+    return await get_row(session, DeploymentCandidate, candidate_id, "deployment candidate")
 
 
 async def list_candidates(

@@ -152,13 +152,7 @@ class InspectHandler:
         return None  # still PENDING: the re-leased job inspects again
 
     async def abandoned(
-        self,
-        session: AsyncSession,
-        job: ServingJob,
-        *,
-        reason: str,
-        message: str,
-        now: dt.datetime,
+        self, session: AsyncSession, job: ServingJob, *, reason: str, message: str, now: dt.datetime
     ) -> None:
         assert job.assessment_id is not None
         assessment = await assessments.get_assessment(session, job.assessment_id)
@@ -283,13 +277,7 @@ class ProbeHandler:
             log.info("probe %s back to QUEUED (job %s re-queued)", probe.probe_id, job.job_id)
 
     async def abandoned(
-        self,
-        session: AsyncSession,
-        job: ServingJob,
-        *,
-        reason: str,
-        message: str,
-        now: dt.datetime,
+        self, session: AsyncSession, job: ServingJob, *, reason: str, message: str, now: dt.datetime
     ) -> None:
         assert job.probe_id is not None
         probe = await probes.get_probe(session, job.probe_id)

@@ -7,29 +7,27 @@ after, as the deployment lifecycle does; what their results mean is in pipeline_
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from gantry.common.clock import Clock
 from gantry.common.errors import GantryError
 from gantry.controlplane.artifacts import store as artifacts
 from gantry.controlplane.deployments import bindings
 from gantry.controlplane.deployments import store as deployments
 from gantry.controlplane.deployments.health_rules import LIVE_STATES
-from gantry.controlplane.deployments.lifecycle import DeploymentLifecycle
+from gantry.controlplane.deployments.lifecycle_parts import LifecycleService
 from gantry.controlplane.evidence import approvals, assessments, candidates, probes, profiles
 from gantry.controlplane.evidence.pipeline_states import AssessmentState, CandidateStatus
 from gantry.controlplane.evidence.probe_transitions import ProbeState
 from gantry.controlplane.evidence.profile_preprocessing import bind_preprocessing
 from gantry.controlplane.jobs import store as jobs
 from gantry.controlplane.nodes import store as nodes
-from gantry.controlplane.nodes.sessions import WorkerHub
 from gantry.controlplane.observability import audit
 from gantry.controlplane.platform import convert
-from gantry.controlplane.platform.database import Database
 from gantry.controlplane.platform.models import (
     CapabilityBinding,
     CompatibilityAssessment,
@@ -128,20 +126,30 @@ async def approved_source(session: AsyncSession, approval_id: str) -> ApprovedSo
     return ApprovedSource(approval=approval, candidate=candidate, profile=profile)
 
 
-class EvidencePipeline:
-    def __init__(
-        self,
-        *,
-        database: Database,
-        hub: WorkerHub,
-        lifecycle: DeploymentLifecycle,
-        clock: Clock,
-    ) -> None:
-        self._database = database
-        self._hub = hub
-        self._lifecycle = lifecycle
-        self._clock = clock
+async def _queue_linked_job(
+    session: AsyncSession,
+    row: CompatibilityAssessment | RuntimeProbe,
+    job_type: JobType,
+    *,
+    node_id: str,
+    now: dt.datetime,
+    assessment_id: str | None = None,
+    probe_id: str | None = None,
+) -> None:
+    """The inspection or probe job that does `row`'s work, queued and named on it (job_id)."""
+    job = await jobs.create_job(
+        session,
+        job_type=job_type,
+        node_id=node_id,
+        assessment_id=assessment_id,
+        probe_id=probe_id,
+        now=now,
+    )
+    row.job_id = job.job_id
+    await session.flush()
 
+
+class EvidencePipeline(LifecycleService):
     # ---- nodes --------------------------------------------------------------------------------
 
     async def _connected_node(self, session: AsyncSession, node_id: str) -> Node:
@@ -200,15 +208,14 @@ class EvidencePipeline:
                 environment_id=environment_id,
                 now=now,
             )
-            job = await jobs.create_job(
+            await _queue_linked_job(
                 session,
-                job_type=JobType.INSPECT,
+                row,
+                JobType.INSPECT,
                 node_id=node.node_id,
                 assessment_id=row.assessment_id,
                 now=now,
             )
-            row.job_id = job.job_id
-            await session.flush()
             await audit.record_event(
                 session,
                 actor=actor,
@@ -299,15 +306,9 @@ class EvidencePipeline:
             row = await probes.create_probe(
                 session, profile_id=profile_id, node_id=node.node_id, now=now
             )
-            job = await jobs.create_job(
-                session,
-                job_type=JobType.PROBE,
-                node_id=node.node_id,
-                probe_id=row.probe_id,
-                now=now,
+            await _queue_linked_job(
+                session, row, JobType.PROBE, node_id=node.node_id, probe_id=row.probe_id, now=now
             )
-            row.job_id = job.job_id
-            await session.flush()
             await audit.record_event(
                 session,
                 actor=actor,

@@ -14,7 +14,6 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from gantry.common.errors import not_found
 from gantry.common.ids import new_id
 from gantry.controlplane.evidence.probe_transitions import (
     TERMINAL_PROBE_STATES,
@@ -22,6 +21,7 @@ from gantry.controlplane.evidence.probe_transitions import (
     forward_path,
 )
 from gantry.controlplane.platform.models import RuntimeProbe
+from gantry.controlplane.platform.rows import get_row
 from gantry.controlplane.platform.transitions import compare_and_set
 
 
@@ -49,10 +49,7 @@ async def create_probe(
 
 
 async def get_probe(session: AsyncSession, probe_id: str) -> RuntimeProbe:
-    row = await session.get(RuntimeProbe, probe_id)
-    if row is None:
-        raise not_found("probe", probe_id)
-    return row
+    return await get_row(session, RuntimeProbe, probe_id, "probe")
 
 
 async def list_probes(

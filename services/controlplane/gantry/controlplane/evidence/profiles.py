@@ -14,9 +14,9 @@ from typing import Any
 from sqlalchemy import or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from gantry.common.errors import not_found
 from gantry.common.ids import new_id
 from gantry.controlplane.platform.models import RuntimeProfile
+from gantry.controlplane.platform.rows import get_row
 
 
 async def create_profile(
@@ -52,10 +52,7 @@ async def create_profile(
 
 
 async def get_profile(session: AsyncSession, profile_id: str) -> RuntimeProfile:
-    row = await session.get(RuntimeProfile, profile_id)
-    if row is None:
-        raise not_found("runtime profile", profile_id)
-    return row
+    return await get_row(session, RuntimeProfile, profile_id, "runtime profile")
 
 
 async def list_profiles(

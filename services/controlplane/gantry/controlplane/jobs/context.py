@@ -66,13 +66,7 @@ class JobHandler(Protocol):
         """The job went back to QUEUED: its lease expired or its worker generation ended."""
 
     async def abandoned(
-        self,
-        session: AsyncSession,
-        job: ServingJob,
-        *,
-        reason: str,
-        message: str,
-        now: dt.datetime,
+        self, session: AsyncSession, job: ServingJob, *, reason: str, message: str, now: dt.datetime
     ) -> None:
         """The job was cancelled because its node is gone or disabled (not by an operator)."""
 
@@ -90,13 +84,7 @@ class DeploymentJobHandler:
         return None
 
     async def abandoned(
-        self,
-        session: AsyncSession,
-        job: ServingJob,
-        *,
-        reason: str,
-        message: str,
-        now: dt.datetime,
+        self, session: AsyncSession, job: ServingJob, *, reason: str, message: str, now: dt.datetime
     ) -> None:
         return None
 

@@ -14,6 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from gantry.common.errors import FailureClass
 from gantry.controlplane.artifacts import store as artifacts
 from gantry.controlplane.deployments import store as deployments
+from gantry.controlplane.deployments.residency_stop import mark_cold
 from gantry.controlplane.deployments.settle import settle_deployment
 from gantry.controlplane.endpoints import store as endpoints
 from gantry.controlplane.endpoints.sealing import CredentialSealer
@@ -71,85 +72,95 @@ class LoadHandler(DeploymentJobHandler):
         )
 
     async def apply(self, context: ResultContext) -> None:
-        residency, deployment, result = context.residency, context.deployment, context.result
-        if result.WhichOneof("outcome") == "load":
-            if residency.state not in (ResidencyState.LOADING, ResidencyState.RESIDENT):
-                return  # an unload overtook this load; the unload settles the residency
-            # An adopted server has no bytes Gantry verified: no artifact digest to record.
-            artifact_digest = (
-                (
-                    await artifacts.get_artifact_set(context.session, deployment.artifact_set_id)
-                ).manifest_digest
-                if deployment.artifact_set_id is not None
-                else ""
-            )
-            await deployments.set_residency_state(
-                context.session,
-                residency,
-                ResidencyState.RESIDENT,
-                now=context.now,
-                pid=result.load.pid,
-                generation=context.generation,  # the generation whose result was just committed
-                restart_count=0,
-                last_failure_reason="",
-                last_failure_message="",
-                artifact_digest=artifact_digest,
-                adapter_digest=result.load.adapter_digest,
-                environment_fingerprint=result.load.environment_fingerprint,
-            )
-            deployment.load_failure_count = 0
-            context.changed.append(residency)
-            await settle_deployment(context.session, deployment.deployment_id, now=context.now)
-            return
-        failure = result.failure
-        if residency.state == ResidencyState.LOADING:
-            await deployments.set_residency_state(
-                context.session,
-                residency,
-                ResidencyState.COLD,
-                now=context.now,
-                pid=0,
-                last_failure_reason=failure.reason,
-                last_failure_message=failure.message,
-            )
-            context.changed.append(residency)
-        # A worker that was full when the LOAD came (placement read the node before a host it
-        # still held was gone) refused to start anything: a placement answer, not a failed load.
-        # The residency is COLD again and the reconciler places the deployment when room appears.
-        refused_for_room = failure.reason == NO_ROOM_ON_WORKER
-        if not refused_for_room:
-            deployment.load_failure_count += 1
-        await settle_deployment(context.session, deployment.deployment_id, now=context.now)
-        await context.session.refresh(deployment)
-        # An adopted server that is down is the operator's to bring back, and it comes back by
-        # itself: its LOAD is asked again (reconciler, with backoff) for as long as it is wanted,
-        # so it never FAILS for attempts. Nothing of ours is broken by retrying it.
-        gives_up = not refused_for_room and (
-            failure_class(failure.reason) is not FailureClass.INFRA
-            or (
-                deployment.load_failure_count >= MAX_LOAD_ATTEMPTS
-                and deployment.origin != ORIGIN_ADOPTED
-            )
+        if context.result.WhichOneof("outcome") == "load":
+            await _apply_loaded(context)
+        else:
+            await _apply_load_failed(context)
+
+
+def load_gives_up(failure_reason: str, *, load_failure_count: int, origin: str) -> bool:
+    """Whether a failed LOAD fails its deployment instead of being retried."""
+    # A worker that was full when the LOAD came (placement read the node before a host it
+    # still held was gone) refused to start anything: a placement answer, not a failed load.
+    # The residency is COLD again and the reconciler places the deployment when room appears.
+    if failure_reason == NO_ROOM_ON_WORKER:
+        return False
+    # An adopted server that is down is the operator's to bring back, and it comes back by
+    # itself: its LOAD is asked again (reconciler, with backoff) for as long as it is wanted,
+    # so it never FAILS for attempts. Nothing of ours is broken by retrying it.
+    return failure_class(failure_reason) is not FailureClass.INFRA or (
+        load_failure_count >= MAX_LOAD_ATTEMPTS and origin != ORIGIN_ADOPTED
+    )
+
+
+async def _apply_loaded(context: ResultContext) -> None:
+    residency, deployment, result = context.residency, context.deployment, context.result
+    if residency.state not in (ResidencyState.LOADING, ResidencyState.RESIDENT):
+        return  # an unload overtook this load; the unload settles the residency
+    # An adopted server has no bytes Gantry verified: no artifact digest to record.
+    artifact_digest = (
+        (
+            await artifacts.get_artifact_set(context.session, deployment.artifact_set_id)
+        ).manifest_digest
+        if deployment.artifact_set_id is not None
+        else ""
+    )
+    await deployments.set_residency_state(
+        context.session,
+        residency,
+        ResidencyState.RESIDENT,
+        now=context.now,
+        pid=result.load.pid,
+        generation=context.generation,  # the generation whose result was just committed
+        restart_count=0,
+        last_failure_reason="",
+        last_failure_message="",
+        artifact_digest=artifact_digest,
+        adapter_digest=result.load.adapter_digest,
+        environment_fingerprint=result.load.environment_fingerprint,
+    )
+    deployment.load_failure_count = 0
+    context.changed.append(residency)
+    await settle_deployment(context.session, deployment.deployment_id, now=context.now)
+
+
+async def _apply_load_failed(context: ResultContext) -> None:
+    residency, deployment, failure = context.residency, context.deployment, context.result.failure
+    if residency.state == ResidencyState.LOADING:
+        await mark_cold(
+            context.session,
+            residency,
+            reason=failure.reason,
+            message=failure.message,
+            now=context.now,
         )
-        if gives_up and deployment.state in (DeploymentState.PENDING, DeploymentState.LOADING):
-            # A configuration error will not heal by retrying; an INFRA one gets a few attempts.
-            await deployments.move_deployment(
-                context.session,
-                deployment,
-                DeploymentState.FAILED,
-                now=context.now,
-                failure_reason=failure.reason,
-                failure_message=failure.message,
-            )
-        elif deployment.state in (DeploymentState.PENDING, DeploymentState.LOADING):
-            await deployments.set_deployment_state(
-                context.session,
-                deployment,
-                DeploymentState(deployment.state),
-                now=context.now,
-                failure_reason=failure.reason,
-                failure_message=failure.message,
-            )
+        context.changed.append(residency)
+    # Refused for room: not counted as an attempt (load_gives_up says why).
+    if failure.reason != NO_ROOM_ON_WORKER:
+        deployment.load_failure_count += 1
+    await settle_deployment(context.session, deployment.deployment_id, now=context.now)
+    await context.session.refresh(deployment)
+    gives_up = load_gives_up(
+        failure.reason, load_failure_count=deployment.load_failure_count, origin=deployment.origin
+    )
+    if gives_up and deployment.state in (DeploymentState.PENDING, DeploymentState.LOADING):
+        # A configuration error will not heal by retrying; an INFRA one gets a few attempts.
+        await deployments.move_deployment(
+            context.session,
+            deployment,
+            DeploymentState.FAILED,
+            now=context.now,
+            failure=(failure.reason, failure.message),
+        )
+    elif deployment.state in (DeploymentState.PENDING, DeploymentState.LOADING):
+        await deployments.set_deployment_state(
+            context.session,
+            deployment,
+            DeploymentState(deployment.state),
+            now=context.now,
+            failure_reason=failure.reason,
+            failure_message=failure.message,
+        )
 
 
 async def _fill_adopted(

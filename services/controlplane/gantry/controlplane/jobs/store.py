@@ -18,10 +18,11 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gantry.common import tokens
-from gantry.common.errors import GantryError, not_found
+from gantry.common.errors import GantryError
 from gantry.common.ids import new_id
 from gantry.controlplane.observability import state_history
 from gantry.controlplane.platform.models import ServingJob
+from gantry.controlplane.platform.rows import get_row
 from gantry.controlplane.platform.state_machines import TERMINAL_JOB_STATES, JobState, JobType
 from gantry.controlplane.platform.transitions import compare_and_set
 
@@ -62,24 +63,20 @@ async def create_job(
         created_at=now,
         updated_at=now,
     )
-    session.add(row)
-    await state_history.record_creation(
+    await state_history.add_created(
         session,
+        row,
         subject_kind="job",
         subject_id=row.job_id,
         state=row.state,
         at=now,
         deployment_id=deployment_id,
     )
-    await session.flush()
     return row
 
 
 async def get_job(session: AsyncSession, job_id: str) -> ServingJob:
-    row = await session.get(ServingJob, job_id)
-    if row is None:
-        raise not_found("serving job", job_id)
-    return row
+    return await get_row(session, ServingJob, job_id, "serving job")
 
 
 async def queued_jobs_for_node(session: AsyncSession, node_id: str) -> Sequence[ServingJob]:
@@ -244,18 +241,14 @@ async def requeue_job(session: AsyncSession, job: ServingJob, *, now: dt.datetim
 
     The next lease draws a new token and counts one more attempt.
     """
-    await compare_and_set(
+    await _move_job(
         session,
-        ServingJob,
-        job.job_id,
-        machine="job",
-        expected=job.state,
-        target=JobState.QUEUED,
+        job,
+        JobState.QUEUED,
         lease_token_hash="",
         lease_expires_at=None,
         updated_at=now,
     )
-    await session.refresh(job)
 
 
 async def open_jobs_for_residency(
@@ -270,17 +263,13 @@ async def open_jobs_for_residency(
 
 
 async def cancel_job(session: AsyncSession, job: ServingJob, *, now: dt.datetime) -> None:
-    await compare_and_set(
+    await _move_job(
         session,
-        ServingJob,
-        job.job_id,
-        machine="job",
-        expected=job.state,
-        target=JobState.CANCELLED,
+        job,
+        JobState.CANCELLED,
         lease_token_hash="",
         updated_at=now,
     )
-    await session.refresh(job)
 
 
 PIPELINE_JOB_TYPES = (JobType.INSPECT, JobType.PROBE)
@@ -342,5 +331,21 @@ async def mark_running(session: AsyncSession, job: ServingJob, *, now: dt.dateti
         expected=JobState.LEASED,
         target=JobState.RUNNING,
         updated_at=now,
+    )
+    await session.refresh(job)
+
+
+async def _move_job(
+    session: AsyncSession, job: ServingJob, target: JobState, **values: Any
+) -> None:
+    """One checked step of the job's machine from the state it was read in, read back."""
+    await compare_and_set(
+        session,
+        ServingJob,
+        job.job_id,
+        machine="job",
+        expected=job.state,
+        target=target,
+        **values,
     )
     await session.refresh(job)

@@ -2,36 +2,28 @@
 
 from __future__ import annotations
 
-from gantry.common.clock import Clock
+import datetime as dt
+from typing import Unpack
+
+from sqlalchemy.ext.asyncio import AsyncSession
+
 from gantry.common.errors import GantryError
 from gantry.controlplane.artifacts.deletion_rules import node_delete_refusal
 from gantry.controlplane.deployments import store as deployments
-from gantry.controlplane.deployments.lifecycle import DeploymentLifecycle
+from gantry.controlplane.deployments.lifecycle_parts import LifecycleParts, LifecycleService
+from gantry.controlplane.deployments.residency_stop import mark_cold, queue_unload
 from gantry.controlplane.deployments.settle import settle_deployment
 from gantry.controlplane.jobs import store as jobs
 from gantry.controlplane.jobs.handlers import abandon_pipeline_jobs
 from gantry.controlplane.nodes import store as nodes
-from gantry.controlplane.nodes.sessions import WorkerHub
 from gantry.controlplane.observability import audit
-from gantry.controlplane.platform.database import Database
 from gantry.controlplane.platform.models import Node, Residency
 from gantry.controlplane.platform.state_machines import JobType, NodeState, ResidencyState
 
 
-class NodeAdmin:
-    def __init__(
-        self,
-        *,
-        database: Database,
-        hub: WorkerHub,
-        lifecycle: DeploymentLifecycle,
-        clock: Clock,
-        wake_reconciler: object,
-    ) -> None:
-        self._database = database
-        self._hub = hub
-        self._lifecycle = lifecycle
-        self._clock = clock
+class NodeAdmin(LifecycleService):
+    def __init__(self, *, wake_reconciler: object, **parts: Unpack[LifecycleParts]) -> None:
+        super().__init__(**parts)
         self._wake = wake_reconciler
 
     async def disable(self, node_id: str, *, reason: str, actor: str) -> Node:
@@ -48,41 +40,8 @@ class NodeAdmin:
             await nodes.set_node_state(
                 session, node, NodeState.DISABLED, now=now, disabled_reason=reason or "disabled"
             )
-            touched: set[str] = set()
-            for residency in await deployments.residencies_on_node(session, node_id):
-                if residency.state == ResidencyState.COLD:
-                    continue
-                for job in await jobs.open_jobs_for_residency(session, residency.residency_id):
-                    if job.job_type != JobType.UNLOAD:
-                        await jobs.cancel_job(session, job, now=now)
-                if not connected:
-                    await deployments.set_residency_state(
-                        session,
-                        residency,
-                        ResidencyState.COLD,
-                        now=now,
-                        pid=0,
-                        last_failure_reason="NODE_DISABLED",
-                        last_failure_message=f"node {node_id} was disabled while away",
-                    )
-                elif residency.state != ResidencyState.UNLOADING:
-                    await deployments.set_residency_state(
-                        session, residency, ResidencyState.UNLOADING, now=now
-                    )
-                    if not await jobs.open_jobs_for_residency(
-                        session, residency.residency_id, job_type=JobType.UNLOAD
-                    ):
-                        await jobs.create_job(
-                            session,
-                            job_type=JobType.UNLOAD,
-                            deployment_id=residency.deployment_id,
-                            node_id=node_id,
-                            residency_id=residency.residency_id,
-                            now=now,
-                        )
-                changed.append(residency)
-                touched.add(residency.deployment_id)
-            for deployment_id in touched:
+            changed = await _drain_residencies(session, node_id, connected=connected, now=now)
+            for deployment_id in {r.deployment_id for r in changed}:
                 await settle_deployment(session, deployment_id, now=now)
             # Inspections and probes add work: they end now (FAILED, NODE_DISABLED).
             stopped = await abandon_pipeline_jobs(
@@ -198,6 +157,35 @@ class NodeAdmin:
         # its breakers now, as its next snapshot would by leaving it out.
         self._lifecycle.announcer.node(node, ())
         return node
+
+
+async def _drain_residencies(
+    session: AsyncSession, node_id: str, *, connected: bool, now: dt.datetime
+) -> list[Residency]:
+    """A disabled node's live residencies: their jobs but unloads cancelled, then each unloading
+    (an UNLOAD queued) or, with its worker away, COLD. The residencies changed."""
+    changed: list[Residency] = []
+    for residency in await deployments.residencies_on_node(session, node_id):
+        if residency.state == ResidencyState.COLD:
+            continue
+        for job in await jobs.open_jobs_for_residency(session, residency.residency_id):
+            if job.job_type != JobType.UNLOAD:
+                await jobs.cancel_job(session, job, now=now)
+        if not connected:
+            await mark_cold(
+                session,
+                residency,
+                reason="NODE_DISABLED",
+                message=f"node {node_id} was disabled while away",
+                now=now,
+            )
+        elif residency.state != ResidencyState.UNLOADING:
+            await deployments.set_residency_state(
+                session, residency, ResidencyState.UNLOADING, now=now
+            )
+            await queue_unload(session, residency, now=now)
+        changed.append(residency)
+    return changed
 
 
 def _live(node: Node) -> Node:

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 from google.protobuf import duration_pb2, json_format
@@ -56,6 +58,52 @@ class GatewaySettings:
     write_queue_limit: int = 1024
     # How far ahead of this control plane's clock a worker's generation may have been drawn.
     max_clock_skew_s: float = 300.0
+
+
+def check_generation(generation: int, *, now: dt.datetime, max_clock_skew_s: float) -> None:
+    """A Hello's generation, refused (INVALID_ARGUMENT) unless positive and not from the future."""
+    if generation <= 0:
+        raise GantryError("INVALID_ARGUMENT", "a worker generation must be positive")
+    # A generation carries the time it was drawn. One from the future (beyond the allowed
+    # clock skew) is refused: otherwise a credential holder could send 2**63-1 and fence the
+    # real worker forever, even after the credential is rotated.
+    latest = int((now.timestamp() + max_clock_skew_s) * 1_000_000)
+    if generation_micros(generation) > latest:
+        raise GantryError(
+            "INVALID_ARGUMENT",
+            f"generation {generation} was drawn more than "
+            f"{max_clock_skew_s:g}s in the future; check the worker's clock",
+            limit_seconds=f"{max_clock_skew_s:g}",
+        )
+
+
+def node_inventory(hello: wg.Hello) -> dict[str, Any]:
+    """What a Hello says the node offers, as its row keeps it."""
+    adapters = sorted({a for env in hello.environments for a in env.adapters})
+    return {
+        "adapters": adapters,
+        # What the node offers placement: the scheduler's ledger charges these.
+        "domains": domains_to_json(hello.resource_domains),
+        # The worker's bound on model hosts: placement sends it no more (0: not said).
+        "max_residents": hello.max_residents,
+        "inventory": json_format.MessageToDict(hello.inventory),
+        "environments": [json_format.MessageToDict(e) for e in hello.environments],
+    }
+
+
+def welcome(
+    node_id: str, generation: int, reconciled: Reconciled, *, heartbeat_interval_s: float
+) -> wg.Welcome:
+    """The answer to an accepted Hello: what was adopted, what to unload, how often to beat."""
+    interval = duration_pb2.Duration()
+    interval.FromNanoseconds(int(heartbeat_interval_s * 1e9))
+    return wg.Welcome(
+        node_id=node_id,
+        accepted_generation=generation,
+        heartbeat_interval=interval,
+        adopted_deployment_ids=reconciled.adopted,
+        unload_deployment_ids=reconciled.unwanted,
+    )
 
 
 class WorkerGatewayService(worker_gateway_pb2_grpc.WorkerGatewayServicer):
@@ -153,30 +201,11 @@ class WorkerGatewayService(worker_gateway_pb2_grpc.WorkerGatewayServicer):
             await asyncio.wait(set(self._endings), timeout=_WRITER_DRAIN_S * 2)
 
     async def _hello(self, stream: WorkerStream, hello: wg.Hello) -> wg.Welcome:
-        if stream.generation <= 0:
-            raise GantryError("INVALID_ARGUMENT", "a worker generation must be positive")
         now = self._clock.now()
-        # A generation carries the time it was drawn. One from the future (beyond the allowed
-        # clock skew) is refused: otherwise a credential holder could send 2**63-1 and fence the
-        # real worker forever, even after the credential is rotated.
-        latest = int((now.timestamp() + self._settings.max_clock_skew_s) * 1_000_000)
-        if generation_micros(stream.generation) > latest:
-            raise GantryError(
-                "INVALID_ARGUMENT",
-                f"generation {stream.generation} was drawn more than "
-                f"{self._settings.max_clock_skew_s:g}s in the future; check the worker's clock",
-                limit_seconds=f"{self._settings.max_clock_skew_s:g}",
-            )
-        adapters = sorted({a for env in hello.environments for a in env.adapters})
-        inventory = {
-            "adapters": adapters,
-            # What the node offers placement: the scheduler's ledger charges these.
-            "domains": domains_to_json(hello.resource_domains),
-            # The worker's bound on model hosts: placement sends it no more (0: not said).
-            "max_residents": hello.max_residents,
-            "inventory": json_format.MessageToDict(hello.inventory),
-            "environments": [json_format.MessageToDict(e) for e in hello.environments],
-        }
+        check_generation(
+            stream.generation, now=now, max_clock_skew_s=self._settings.max_clock_skew_s
+        )
+        inventory = node_inventory(hello)
         async with self._database.transaction() as db:
             previous = (await nodes.get_node(db, stream.node_id)).generation
             node = await nodes.claim_generation(
@@ -215,14 +244,11 @@ class WorkerGatewayService(worker_gateway_pb2_grpc.WorkerGatewayServicer):
             len(reconciled.adopted),
             len(reconciled.unwanted),
         )
-        interval = duration_pb2.Duration()
-        interval.FromNanoseconds(int(self._settings.heartbeat_interval_s * 1e9))
-        return wg.Welcome(
-            node_id=stream.node_id,
-            accepted_generation=stream.generation,
-            heartbeat_interval=interval,
-            adopted_deployment_ids=reconciled.adopted,
-            unload_deployment_ids=reconciled.unwanted,
+        return welcome(
+            stream.node_id,
+            stream.generation,
+            reconciled,
+            heartbeat_interval_s=self._settings.heartbeat_interval_s,
         )
 
     async def _read(

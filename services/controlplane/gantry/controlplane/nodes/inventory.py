@@ -10,6 +10,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from gantry.controlplane.deployments import store as deployments
 from gantry.controlplane.deployments.health_rules import LIVE_STATES
 from gantry.controlplane.deployments.placement import queue_load
+from gantry.controlplane.deployments.residency_stop import mark_cold, queue_unload
 from gantry.controlplane.deployments.settle import settle_deployment
 from gantry.controlplane.endpoints import store as endpoints
 from gantry.controlplane.endpoints.store import ORIGIN_ADOPTED
@@ -133,117 +134,137 @@ async def _apply(
 ) -> None:
     action = decision.action
     if action is rules.Action.RESIDENT and held is not None:
-        await deployments.set_residency_state(
-            session,
-            row,
-            ResidencyState.RESIDENT,
-            now=now,
-            pid=held.pid,
-            generation=generation,
-            restart_count=held.restart_count,
-            last_failure_reason="",
-            last_failure_message="",
-        )
+        await _mark_resident(session, row, held, generation=generation, now=now)
     elif action is rules.Action.RESTARTING and held is not None:
-        was_looping = row.last_failure_reason == rules.CRASH_LOOP
-        reason = rules.CRASH_LOOP if held.crash_loop else (held.failure_reason or "RUNTIME_CRASHED")
-        await deployments.set_residency_state(
-            session,
-            row,
-            ResidencyState.LOADING,
-            now=now,
-            pid=0,
-            restart_count=held.restart_count,  # the worker counts; each report repeats it
-            last_failure_reason=reason,
-            last_failure_message=held.failure_message,
-        )
-        if held.crash_loop and not was_looping:
-            await audit.record_event(
-                session,
-                actor=f"node:{row.node_id}",
-                action="residency.crash_loop",
-                subject_kind="residency",
-                subject_id=row.residency_id,
-                now=now,
-                deployment_id=row.deployment_id,
-                restart_count=str(held.restart_count),
-                message=held.failure_message,
-            )
+        await _mark_restarting(session, row, held, now=now)
     elif action is rules.Action.UNRESPONSIVE:
-        # Not routed to (the scheduler routes RESIDENT residencies only) and shown, until a
-        # report says it answers again (Action.RESIDENT). The worker keeps it and keeps pinging;
-        # nothing is sent to the server, which is not ours to restart.
-        await deployments.set_residency_state(
-            session,
-            row,
-            ResidencyState.LOADING,
-            now=now,
-            last_failure_reason=ENDPOINT_UNRESPONSIVE,
-            last_failure_message=decision.why,
-        )
-        await audit.record_event(
-            session,
-            actor=f"node:{row.node_id}",
-            action="endpoint.unresponsive",
-            subject_kind="residency",
-            subject_id=row.residency_id,
-            now=now,
-            deployment_id=row.deployment_id,
-            message=decision.why,
-        )
+        await _mark_unresponsive(session, row, why=decision.why, now=now)
     elif action is rules.Action.UNCERTAIN:
-        if row.state != ResidencyState.UNCERTAIN:
-            await deployments.set_residency_state(
-                session,
-                row,
-                ResidencyState.UNCERTAIN,
-                now=now,
-                last_failure_reason="RECLAIM_UNVERIFIED",
-                last_failure_message=decision.why,
-            )
-            await audit.record_event(
-                session,
-                actor="controlplane",
-                action="residency.uncertain",
-                subject_kind="residency",
-                subject_id=row.residency_id,
-                now=now,
-                why=decision.why,
-            )
-        await _queue_unload(session, row, now=now)
+        await _mark_uncertain(session, row, why=decision.why, now=now)
         out.queued_jobs = True
     elif action is rules.Action.GONE:
-        await _cancel_open_jobs(session, row, now=now)
-        await deployments.set_residency_state(
-            session,
-            row,
-            ResidencyState.COLD,
-            now=now,
-            pid=0,
-            last_failure_reason="RUNTIME_CRASHED",
-            last_failure_message=decision.why,
-        )
-        deployment = await deployments.get_deployment(session, row.deployment_id)
-        if deployment.state in LIVE_STATES:
-            # Load it again where it was: the node is here and reporting.
-            await queue_load(session, deployment, row, now=now)
+        if await _mark_gone(session, row, why=decision.why, now=now):
             out.queued_jobs = True
     elif action is rules.Action.UNLOADED:
         await _cancel_open_jobs(session, row, now=now)
         await deployments.set_residency_state(session, row, ResidencyState.COLD, now=now, pid=0)
 
 
-async def _queue_unload(session: AsyncSession, row: Residency, *, now: dt.datetime) -> None:
-    if await jobs.open_jobs_for_residency(session, row.residency_id, job_type=JobType.UNLOAD):
-        return
-    await jobs.create_job(
+async def _mark_resident(
+    session: AsyncSession,
+    row: Residency,
+    held: rules.ReportedFacts,
+    *,
+    generation: int,
+    now: dt.datetime,
+) -> None:
+    await deployments.set_residency_state(
         session,
-        job_type=JobType.UNLOAD,
-        deployment_id=row.deployment_id,
-        node_id=row.node_id,
-        residency_id=row.residency_id,
+        row,
+        ResidencyState.RESIDENT,
         now=now,
+        pid=held.pid,
+        generation=generation,
+        restart_count=held.restart_count,
+        last_failure_reason="",
+        last_failure_message="",
     )
+
+
+def restart_reason(held: rules.ReportedFacts) -> str:
+    """What a restarting residency shows: the crash loop, else the worker's reason."""
+    return rules.CRASH_LOOP if held.crash_loop else (held.failure_reason or "RUNTIME_CRASHED")
+
+
+async def _mark_restarting(
+    session: AsyncSession, row: Residency, held: rules.ReportedFacts, *, now: dt.datetime
+) -> None:
+    was_looping = row.last_failure_reason == rules.CRASH_LOOP
+    await deployments.set_residency_state(
+        session,
+        row,
+        ResidencyState.LOADING,
+        now=now,
+        pid=0,
+        restart_count=held.restart_count,  # the worker counts; each report repeats it
+        last_failure_reason=restart_reason(held),
+        last_failure_message=held.failure_message,
+    )
+    if held.crash_loop and not was_looping:
+        await audit.record_event(
+            session,
+            actor=f"node:{row.node_id}",
+            action="residency.crash_loop",
+            subject_kind="residency",
+            subject_id=row.residency_id,
+            now=now,
+            deployment_id=row.deployment_id,
+            restart_count=str(held.restart_count),
+            message=held.failure_message,
+        )
+
+
+async def _mark_unresponsive(
+    session: AsyncSession, row: Residency, *, why: str, now: dt.datetime
+) -> None:
+    # Not routed to (the scheduler routes RESIDENT residencies only) and shown, until a
+    # report says it answers again (Action.RESIDENT). The worker keeps it and keeps pinging;
+    # nothing is sent to the server, which is not ours to restart.
+    await deployments.set_residency_state(
+        session,
+        row,
+        ResidencyState.LOADING,
+        now=now,
+        last_failure_reason=ENDPOINT_UNRESPONSIVE,
+        last_failure_message=why,
+    )
+    await audit.record_event(
+        session,
+        actor=f"node:{row.node_id}",
+        action="endpoint.unresponsive",
+        subject_kind="residency",
+        subject_id=row.residency_id,
+        now=now,
+        deployment_id=row.deployment_id,
+        message=why,
+    )
+
+
+async def _mark_uncertain(
+    session: AsyncSession, row: Residency, *, why: str, now: dt.datetime
+) -> None:
+    """UNCERTAIN (recorded once) and an unload queued."""
+    if row.state != ResidencyState.UNCERTAIN:
+        await deployments.set_residency_state(
+            session,
+            row,
+            ResidencyState.UNCERTAIN,
+            now=now,
+            last_failure_reason="RECLAIM_UNVERIFIED",
+            last_failure_message=why,
+        )
+        await audit.record_event(
+            session,
+            actor="controlplane",
+            action="residency.uncertain",
+            subject_kind="residency",
+            subject_id=row.residency_id,
+            now=now,
+            why=why,
+        )
+    await queue_unload(session, row, now=now)
+
+
+async def _mark_gone(session: AsyncSession, row: Residency, *, why: str, now: dt.datetime) -> bool:
+    """COLD, its jobs cancelled; True when a load was queued to bring it back."""
+    await _cancel_open_jobs(session, row, now=now)
+    await mark_cold(session, row, reason="RUNTIME_CRASHED", message=why, now=now)
+    deployment = await deployments.get_deployment(session, row.deployment_id)
+    if deployment.state not in LIVE_STATES:
+        return False
+    # Load it again where it was: the node is here and reporting.
+    await queue_load(session, deployment, row, now=now)
+    return True
 
 
 async def _cancel_open_jobs(session: AsyncSession, row: Residency, *, now: dt.datetime) -> None:

@@ -370,8 +370,7 @@ class WorkerHub:
             deadline=deadline,
             timeout=_duration(timeout),
         )
-        kind, expected = INVOKE_KINDS[type(payload)]
-        getattr(invoke, kind).CopyFrom(payload)
+        expected = _put_payload(invoke, payload)
         message = wg.ControlMessage(trace_context=trace_context, invoke=invoke)
         check_fits_stream(message)
         pending = stream.begin_invoke(
@@ -396,14 +395,27 @@ class WorkerHub:
             # Still pending only when no result came: the worker drops the work. An answered or
             # failed invocation was forgotten already, and this does nothing.
             stream.cancel_invoke(request_id)
-        outcome = result.WhichOneof("outcome")
-        if outcome == "failure":
-            raise GantryError.for_client(result.failure)
-        if outcome != expected:
-            raise GantryError(
-                "INVOKE_FAILED", f"node {node_id} answered a {expected} invocation with {outcome!r}"
-            )
-        return result
+        return checked_result(result, expected=expected, node_id=node_id)
+
+
+def _put_payload(invoke: wg.Invoke, payload: InvokePayload) -> str:
+    """Set the payload in its field of `invoke`; the result outcome that answers it."""
+    kind, expected = INVOKE_KINDS[type(payload)]
+    getattr(invoke, kind).CopyFrom(payload)
+    return expected
+
+
+def checked_result(result: wg.InvokeResult, *, expected: str, node_id: str) -> wg.InvokeResult:
+    """The result when its outcome answers the payload sent; a failure as the client may see it,
+    any other outcome INVOKE_FAILED."""
+    outcome = result.WhichOneof("outcome")
+    if outcome == "failure":
+        raise GantryError.for_client(result.failure)
+    if outcome != expected:
+        raise GantryError(
+            "INVOKE_FAILED", f"node {node_id} answered a {expected} invocation with {outcome!r}"
+        )
+    return result
 
 
 async def _unless_failed(step: Awaitable[None], result: asyncio.Future[wg.InvokeResult]) -> None:

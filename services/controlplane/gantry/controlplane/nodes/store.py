@@ -16,6 +16,7 @@ from gantry.controlplane.jobs.store import OPEN_JOB_STATES
 from gantry.controlplane.nodes.liveness import SeenBatch
 from gantry.controlplane.observability import state_history
 from gantry.controlplane.platform.models import Node, ServingJob
+from gantry.controlplane.platform.rows import get_row
 from gantry.controlplane.platform.state_machines import NodeState
 from gantry.controlplane.platform.transitions import compare_and_set, lost_a_race
 
@@ -46,19 +47,14 @@ async def register_node(
         inventory={},
         created_at=now,
     )
-    session.add(node)
-    await state_history.record_creation(
-        session, subject_kind="node", subject_id=node_id, state=node.state, at=now
+    await state_history.add_created(
+        session, node, subject_kind="node", subject_id=node_id, state=node.state, at=now
     )
-    await session.flush()
     return node, credential
 
 
 async def get_node(session: AsyncSession, node_id: str) -> Node:
-    node = await session.get(Node, node_id)
-    if node is None:
-        raise not_found("node", node_id)
-    return node
+    return await get_row(session, Node, node_id, "node")
 
 
 async def list_nodes(
@@ -82,15 +78,7 @@ async def mark_connected(
     now: dt.datetime,
 ) -> None:
     if node.state != NodeState.CONNECTED:
-        await compare_and_set(
-            session,
-            Node,
-            node.node_id,
-            machine="node",
-            expected=node.state,
-            target=NodeState.CONNECTED,
-            now=now,
-        )
+        await _move_node(session, node, NodeState.CONNECTED, now=now)
     node.generation = generation
     node.hostname = hostname
     node.inventory = inventory
@@ -239,6 +227,19 @@ async def set_node_state(
     now: dt.datetime | None = None,
     **values: Any,
 ) -> None:
+    await _move_node(session, node, target, now=now, **values)
+    await session.refresh(node)
+
+
+async def _move_node(
+    session: AsyncSession,
+    node: Node,
+    target: NodeState,
+    *,
+    now: dt.datetime | None,
+    **values: Any,
+) -> None:
+    """One checked step of the node's machine from the state it was read in (not read back)."""
     await compare_and_set(
         session,
         Node,
@@ -249,7 +250,6 @@ async def set_node_state(
         now=now,
         **values,
     )
-    await session.refresh(node)
 
 
 async def rotate_credential(session: AsyncSession, node: Node) -> str:

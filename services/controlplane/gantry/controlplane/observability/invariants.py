@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import datetime as dt
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -16,6 +17,8 @@ from gantry.controlplane.jobs import store as jobs
 from gantry.controlplane.nodes import store as nodes
 from gantry.controlplane.platform.models import (
     CompatibilityAssessment,
+    Node,
+    Residency,
     RuntimeProbe,
     ServingJob,
 )
@@ -39,46 +42,98 @@ class InvariantResult:
         return not self.offending_ids
 
 
+@dataclass(frozen=True, slots=True)
+class _Rows:
+    """What most invariants judge, read once: every node, residency and open job."""
+
+    node_rows: Mapping[str, Node]
+    residencies: Sequence[Residency]
+    open_jobs: Sequence[ServingJob]
+
+
 async def check_invariants(session: AsyncSession, *, now: dt.datetime) -> list[InvariantResult]:
     # Deleted nodes too: their rows still hold residencies and jobs to judge.
     every_node = await nodes.list_nodes(session, after="", limit=1_000_000, include_deleted=True)
-    node_rows = {n.node_id: n for n in every_node}
-    residencies = await deployments.all_residencies(session)
-    open_jobs = await jobs.open_jobs(session)
-    residency_by_id = {r.residency_id: r for r in residencies}
+    rows = _Rows(
+        node_rows={n.node_id: n for n in every_node},
+        residencies=await deployments.all_residencies(session),
+        open_jobs=await jobs.open_jobs(session),
+    )
+    return [
+        await _no_orphan_serving_work(session, rows, now=now),
+        _one_resident_per_deployment_node_generation(rows),
+        await _ready_deployment_has_connected_resident(session, rows),
+        _no_lease_held_by_fenced_generation(rows),
+        await _candidate_only_from_completed_probe(session),
+    ]
 
+
+def _orphan_job(
+    job: ServingJob,
+    *,
+    node: Node | None,
+    residency: Residency | None,
+    pipeline_work_open: bool,
+    now: dt.datetime,
+) -> bool:
+    """Whether an open job outlives its lease, its residency, or the work it was queued for."""
+    if job.state in (JobState.LEASED, JobState.RUNNING):
+        return job.lease_expires_at is not None and job.lease_expires_at < now
+    if job.state != JobState.QUEUED:
+        return False
+    if job.job_type in jobs.PIPELINE_JOB_TYPES:
+        # An inspection or probe job waits only for work still wanted, on a usable node.
+        return not pipeline_work_open or (node is not None and node.state == NodeState.DISABLED)
+    if residency is None or residency.state == ResidencyState.COLD:
+        return True
+    if node is not None and node.state == NodeState.DISABLED:
+        return job.job_type != JobType.UNLOAD
+    return False
+
+
+def _allocated_on_disabled_node(residency: Residency, node: Node | None) -> bool:
+    return (
+        node is not None
+        and node.state == NodeState.DISABLED
+        and residency.state in (ResidencyState.LOADING, ResidencyState.RESIDENT)
+    )
+
+
+async def _no_orphan_serving_work(
+    session: AsyncSession, rows: _Rows, *, now: dt.datetime
+) -> InvariantResult:
+    residency_by_id = {r.residency_id: r for r in rows.residencies}
     orphans: list[str] = []
-    for job in open_jobs:
-        if job.state in (JobState.LEASED, JobState.RUNNING):
-            if job.lease_expires_at is not None and job.lease_expires_at < now:
-                orphans.append(f"job:{job.job_id}")
-        elif job.state == JobState.QUEUED:
-            node = node_rows.get(job.node_id)
-            if job.job_type in jobs.PIPELINE_JOB_TYPES:
-                # An inspection or probe job waits only for work still wanted, on a usable node.
-                if not await _pipeline_work_open(session, job) or (
-                    node is not None and node.state == NodeState.DISABLED
-                ):
-                    orphans.append(f"job:{job.job_id}")
-                continue
-            residency = residency_by_id.get(job.residency_id or "")
-            if residency is None or residency.state == ResidencyState.COLD:
-                orphans.append(f"job:{job.job_id}")
-            elif node is not None and node.state == NodeState.DISABLED:
-                if job.job_type != JobType.UNLOAD:
-                    orphans.append(f"job:{job.job_id}")
-    for residency in residencies:
-        node = node_rows.get(residency.node_id)
-        if (
-            node is not None
-            and node.state == NodeState.DISABLED
-            and residency.state in (ResidencyState.LOADING, ResidencyState.RESIDENT)
-        ):
-            orphans.append(f"residency:{residency.residency_id}")
+    for job in rows.open_jobs:
+        queued_pipeline_job = (
+            job.state == JobState.QUEUED and job.job_type in jobs.PIPELINE_JOB_TYPES
+        )
+        orphan = _orphan_job(
+            job,
+            node=rows.node_rows.get(job.node_id),
+            residency=residency_by_id.get(job.residency_id or ""),
+            pipeline_work_open=queued_pipeline_job and await _pipeline_work_open(session, job),
+            now=now,
+        )
+        if orphan:
+            orphans.append(f"job:{job.job_id}")
+    orphans.extend(
+        f"residency:{residency.residency_id}"
+        for residency in rows.residencies
+        if _allocated_on_disabled_node(residency, rows.node_rows.get(residency.node_id))
+    )
+    return InvariantResult(
+        "no_orphan_serving_work",
+        "no queued or leased job outlives its lease or its residency; no residency "
+        "allocation on a disabled node",
+        tuple(sorted(orphans)),
+    )
 
+
+def _one_resident_per_deployment_node_generation(rows: _Rows) -> InvariantResult:
     per_slot = collections.Counter(
         (r.deployment_id, r.node_id, r.generation)
-        for r in residencies
+        for r in rows.residencies
         if r.state == ResidencyState.RESIDENT
     )
     duplicates = [
@@ -86,60 +141,61 @@ async def check_invariants(session: AsyncSession, *, now: dt.datetime) -> list[I
         for (d, n, g), count in per_slot.items()
         if count > 1
     ]
+    return InvariantResult(
+        "one_resident_per_deployment_node_generation",
+        "at most one RESIDENT residency per (deployment, node, generation)",
+        tuple(sorted(duplicates)),
+    )
 
+
+async def _ready_deployment_has_connected_resident(
+    session: AsyncSession, rows: _Rows
+) -> InvariantResult:
     ready_without_resident: list[str] = []
     for deployment in await deployments.deployments_in_states(session, [DeploymentState.READY]):
         serving = any(
             r.deployment_id == deployment.deployment_id
             and r.state == ResidencyState.RESIDENT
-            and (node := node_rows.get(r.node_id)) is not None
+            and (node := rows.node_rows.get(r.node_id)) is not None
             and node.state == NodeState.CONNECTED
-            for r in residencies
+            for r in rows.residencies
         )
         if not serving:
             ready_without_resident.append(f"deployment:{deployment.deployment_id}")
+    return InvariantResult(
+        "ready_deployment_has_connected_resident",
+        "no READY deployment without a RESIDENT residency on a connected node",
+        tuple(sorted(ready_without_resident)),
+    )
 
+
+def _no_lease_held_by_fenced_generation(rows: _Rows) -> InvariantResult:
     fenced = [
         f"job:{job.job_id}"
-        for job in open_jobs
+        for job in rows.open_jobs
         if job.state in (JobState.LEASED, JobState.RUNNING)
-        and (node := node_rows.get(job.node_id)) is not None
+        and (node := rows.node_rows.get(job.node_id)) is not None
         and job.generation != node.generation
     ]
+    return InvariantResult(
+        "no_lease_held_by_fenced_generation",
+        "no leased job belongs to a generation other than its node's current one",
+        tuple(sorted(fenced)),
+    )
+
+
+async def _candidate_only_from_completed_probe(session: AsyncSession) -> InvariantResult:
     early_candidates = []
     for candidate in await candidates.all_candidates(session):
         probe = await probes.get_probe(session, candidate.probe_id)
         if probe.state != ProbeState.COMPLETED or probe.candidate_id != candidate.candidate_id:
             early_candidates.append(f"candidate:{candidate.candidate_id}")
-    return [
-        InvariantResult(
-            "no_orphan_serving_work",
-            "no queued or leased job outlives its lease or its residency; no residency "
-            "allocation on a disabled node",
-            tuple(sorted(orphans)),
-        ),
-        InvariantResult(
-            "one_resident_per_deployment_node_generation",
-            "at most one RESIDENT residency per (deployment, node, generation)",
-            tuple(sorted(duplicates)),
-        ),
-        InvariantResult(
-            "ready_deployment_has_connected_resident",
-            "no READY deployment without a RESIDENT residency on a connected node",
-            tuple(sorted(ready_without_resident)),
-        ),
-        InvariantResult(
-            "no_lease_held_by_fenced_generation",
-            "no leased job belongs to a generation other than its node's current one",
-            tuple(sorted(fenced)),
-        ),
-        InvariantResult(
-            "candidate_only_from_completed_probe",
-            "every deployment candidate comes from a COMPLETED probe that names it: no active "
-            "probe is ever shown as a candidate",
-            tuple(sorted(early_candidates)),
-        ),
-    ]
+    return InvariantResult(
+        "candidate_only_from_completed_probe",
+        "every deployment candidate comes from a COMPLETED probe that names it: no active "
+        "probe is ever shown as a candidate",
+        tuple(sorted(early_candidates)),
+    )
 
 
 async def _pipeline_work_open(session: AsyncSession, job: ServingJob) -> bool:

@@ -31,8 +31,9 @@ _FAILURE_COLUMNS: Mapping[str, tuple[str, str]] = {
 _NAMES_DEPLOYMENT = frozenset({"residency", "job"})
 
 
-async def record_creation(
+async def add_created(
     session: AsyncSession,
+    row: object,
     *,
     subject_kind: str,
     subject_id: str,
@@ -40,19 +41,22 @@ async def record_creation(
     at: dt.datetime,
     deployment_id: str | None = None,
 ) -> None:
-    """The state a record was created in (from_state empty)."""
+    """A new row, the state it was created in, both flushed: every store creates its records so,
+    so no record exists without the first line of its history."""
+    session.add(row)
     session.add(
         StateTransition(
             at=at,
             subject_kind=subject_kind,
             subject_id=subject_id,
             deployment_id=deployment_id,
-            from_state="",
+            from_state="",  # the state it was created in: nothing before it
             to_state=str(state),
             reason="",
             message="",
         )
     )
+    await session.flush()
 
 
 async def record_change(

@@ -1,12 +1,12 @@
 """Inference.Generate and GenerateStream: text generation on a transformers_causal_lm deployment.
 
-Each call takes the path Embed takes (inference_service.py `_invoke`: the caller's tenant from its
-key, the deployment from the binding, the scheduler's dispatch, the worker's model host) after its
-checks (generation_validation.py). Once the deployment is known its adapter settings (read once per
-deployment: they never change) bound the call's max_tokens, so a call that names none gets what
-that deployment allows, the worker is always told how many tokens it may produce, and the fair
-queue counts that much work. Whether a deployment generates is its model host's to say: a Generate
-sent to an embedding deployment comes back INVALID_PAYLOAD, as the client's error.
+Each call takes the path Embed takes (inference_service.py, invocation.py: the caller's tenant from
+its key, the deployment from the binding, the scheduler's dispatch, the worker's model host) after
+its checks (generation_validation.py). Once the deployment is known its adapter settings (read
+once per deployment: they never change) bound the call's max_tokens, so a call that names none
+gets what that deployment allows, the worker is always told how many tokens it may produce, and
+the fair queue counts that much work. Whether a deployment generates is its model host's to say:
+a Generate sent to an embedding deployment comes back INVALID_PAYLOAD, as the client's error.
 
 GenerateStream asks the worker to stream: each GenerateDelta it sends before its result is
 written to the client as one chunk, in the order sent, as it arrives; the last chunk carries the

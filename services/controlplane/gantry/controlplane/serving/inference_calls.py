@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -96,12 +96,25 @@ async def counted(operation: str, answer: Awaitable[_Answer]) -> _Answer:
     sees (validation errors included) and the whole call's latency, labelled with the model the
     call resolved to on the way (`metrics.call_resolved`), if it got that far."""
     started = time.perf_counter()
-    error: BaseException | None = None
     with metrics.counting():
-        try:
-            return await answer
-        except BaseException as failure:
-            error = failure
-            raise
-        finally:
-            metrics.invocation_answered(operation, error, time.perf_counter() - started)
+        return await await_reporting(
+            answer,
+            lambda error: metrics.invocation_answered(
+                operation, error, time.perf_counter() - started
+            ),
+        )
+
+
+async def await_reporting(
+    answer: Awaitable[_Answer], report: Callable[[BaseException | None], object]
+) -> _Answer:
+    """Await `answer`, then hand `report` what it raised (None once it answered), whatever
+    happened: a failure and a cancellation are reported too, and still raised."""
+    error: BaseException | None = None
+    try:
+        return await answer
+    except BaseException as failure:
+        error = failure
+        raise
+    finally:
+        report(error)

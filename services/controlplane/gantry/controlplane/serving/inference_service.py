@@ -1,26 +1,22 @@
 """The Inference front door: the caller's tenant from its key, the deployment from the binding or
 its id, the scheduler's dispatch, the chosen worker's answer. Embed and Rerank are answered here;
 the media RPCs' bodies live in media_inference.py, Generate's and GenerateStream's in
-generation_inference.py, and take the same path (`_invoke`)."""
+generation_inference.py, and take the same path (invocation.py)."""
 
 from __future__ import annotations
 
-import asyncio
-import datetime as dt
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TypeVar
 
 import grpc
-from google.protobuf import timestamp_pb2
 
 from gantry.common.auth import current_principal
 from gantry.common.clock import Clock
 from gantry.common.errors import GantryError
-from gantry.common.ids import new_id
-from gantry.common.telemetry import inject_context, tracer
-from gantry.controlplane.nodes.sessions import InvokePayload, OnProgress, WorkerHub
+from gantry.common.telemetry import tracer
+from gantry.controlplane.nodes.sessions import WorkerHub
 from gantry.controlplane.platform import metrics
 from gantry.controlplane.platform.database import Database
 from gantry.controlplane.platform.scheduler_link import SchedulerLink
@@ -28,20 +24,18 @@ from gantry.controlplane.serving.capability_degradation import CapabilityDegrada
 from gantry.controlplane.serving.generation_inference import DeploymentAdapters, GenerationInference
 from gantry.controlplane.serving.inference_calls import (
     DEFAULT_MAX_INVOKE_SECONDS,
-    RUNTIME_OUTCOMES,
     CallBudget,
     InferenceSettings,
     counted,
-    operation_of,
     work_outcome,
 )
 from gantry.controlplane.serving.inference_validation import validate_inputs, validate_rerank
+from gantry.controlplane.serving.invocation import Invocation, work_cost
 from gantry.controlplane.serving.media_inference import MediaInference
 from gantry.controlplane.serving.route_cache import RouteCache
 from gantry.controlplane.serving.routing import DeploymentResolver, TargetedRequest
 from gantry.controlplane.serving.vector_wire import vectors_wire
-from gantry.controlplane.serving.work_cost import embed_cost, rerank_cost
-from gantry.v1 import common_pb2, inference_pb2, inference_pb2_grpc, scheduler_pb2
+from gantry.v1 import inference_pb2, inference_pb2_grpc
 from gantry.v1 import worker_gateway_pb2 as wg
 
 # Kept importable from here, where callers have always found them.
@@ -57,14 +51,6 @@ __all__ = [
 
 _tracer = tracer("gantry.controlplane")
 _Answer = TypeVar("_Answer")
-
-
-def work_cost(payload: wg.EmbedPayload | wg.RerankPayload) -> int:
-    """A text call's cost for the scheduler (serving/work_cost.py): bytes of text, at least 1.
-    A media call's cost comes from its headers, read by its handler (media_inference.py)."""
-    if isinstance(payload, wg.RerankPayload):
-        return rerank_cost(payload.query, payload.documents)
-    return embed_cost(payload.inputs)
 
 
 def embedding_response(
@@ -105,24 +91,26 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
     def __init__(
         self,
         *,
+        # What resolves a call's deployment (and reads its adapter settings)...
         database: Database,
-        hub: WorkerHub,
-        scheduler: SchedulerLink,
         routes: RouteCache,
+        resolver: DeploymentResolver | None = None,
+        # ...and what invokes it there (invocation.py).
+        scheduler: SchedulerLink,
+        hub: WorkerHub,
         clock: Clock,
         settings: InferenceSettings | None = None,
-        resolver: DeploymentResolver | None = None,
         degradation: CapabilityDegradation | None = None,
     ) -> None:
-        self._database = database
-        # Each finished invocation's outcome, per capability: the degradation signal's input.
-        self._degradation = degradation
-        self._routes = routes
-        self._hub = hub
-        self._scheduler = scheduler
-        self._clock = clock
         self._settings = settings or InferenceSettings()
         self._resolver = resolver or DeploymentResolver(database=database, routes=routes)
+        self._invoke = Invocation(
+            hub=hub,
+            scheduler=scheduler,
+            clock=clock,
+            settings=self._settings,
+            degradation=degradation,
+        )
         self._media = MediaInference(
             invoke=self._invoke, resolve=self._resolve, settings=self._settings
         )
@@ -235,114 +223,6 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
             return inference_pb2.RerankResponse(
                 results=results, deployment_id=deployment_id, node_id=node_id
             )
-
-    async def _invoke(
-        self,
-        *,
-        tenant_id: str,
-        deployment_id: str,
-        request: TargetedRequest,
-        payload: InvokePayload,
-        budget: CallBudget,
-        answer: Callable[[wg.InvokeResult], _Answer],
-        cost: int | None = None,
-        on_progress: OnProgress | None = None,
-    ) -> tuple[str, _Answer]:
-        """Dispatch through the scheduler and invoke on the chosen worker, within the budget;
-        the chosen node and the worker's result as `answer` checked and shaped it.
-
-        `payload` is any of the worker's Invoke payloads; it names the operation the stages are
-        counted as. `cost` is the work's size for the fair queue (None: a text payload's own,
-        `work_cost`; a media handler passes what its headers said). `answer` runs before the
-        work is reported finished, so a result the control plane refuses (wrong counts, scores
-        that are not numbers or not probabilities: INVOKE_FAILED, class INFRA) counts against
-        the residency that gave it, in the scheduler and the breakers, never as a success.
-        `on_progress` takes what a streaming invocation sends before its result, in order
-        (worker_sessions bounds what waits for it); its failure fails the call.
-
-        Once the work is submitted the scheduler hears exactly one WorkFinished for it, whatever
-        happens: the answer, a failure, the deadline, or the client going away (the handler task
-        is cancelled). A refused dispatch holds nothing, so it is not reported.
-        """
-        loop = asyncio.get_running_loop()
-        deadline_at = loop.time() + budget.seconds
-        work_id = new_id()
-        error: BaseException | None = None
-        refused = False
-        operation = operation_of(payload)
-        if cost is None:
-            if not isinstance(payload, wg.EmbedPayload | wg.RerankPayload):
-                raise TypeError(f"a {type(payload).__name__} needs its cost from its handler")
-            cost = work_cost(payload)
-        stage_started = time.perf_counter()
-        try:
-            async with asyncio.timeout_at(deadline_at):
-                try:
-                    dispatch = await self._scheduler.dispatch(
-                        scheduler_pb2.WorkSubmitted(
-                            work_id=work_id,
-                            tenant_id=tenant_id,
-                            priority=request.priority or common_pb2.PRIORITY_INTERACTIVE,
-                            deployment_id=deployment_id,
-                            capability=request.capability,
-                            cost=cost,
-                            # Work still queued past the call's budget has no one to answer.
-                            timeout_seconds=budget.seconds,
-                        ),
-                        timeout=budget.seconds,
-                    )
-                except GantryError as refusal:
-                    # A refusal assigned nothing; a timed-out answer may have, so report that.
-                    refused = refusal.reason != "SCHEDULER_UNAVAILABLE"
-                    if refused:
-                        metrics.admission_rejected(refusal.reason)
-                    raise
-                decided_at = time.perf_counter()
-                metrics.stage_finished(
-                    operation, metrics.STAGE_SCHEDULE, decided_at - stage_started
-                )
-                stage_started = decided_at
-                trace_context: dict[str, str] = {}
-                inject_context(trace_context)
-                wall_deadline = timestamp_pb2.Timestamp()
-                wall_deadline.FromDatetime(self._clock.now() + dt.timedelta(seconds=budget.seconds))
-                result = await self._hub.invoke(
-                    node_id=dispatch.node_id,
-                    request_id=work_id,
-                    deployment_id=deployment_id,
-                    capability=metrics.resolved_capability(deployment_id),
-                    payload=payload,
-                    timeout=max(0.0, deadline_at - loop.time()),
-                    trace_context=trace_context,
-                    deadline=wall_deadline,
-                    on_progress=on_progress,
-                    progress_limit=self._settings.stream_backlog_limit,
-                )
-                metrics.stage_finished(
-                    operation, metrics.STAGE_WORKER, time.perf_counter() - stage_started
-                )
-            return dispatch.node_id, answer(result)
-        except TimeoutError:
-            error = GantryError(
-                "DEADLINE_EXCEEDED",
-                f"no answer within {budget.seconds:.1f}s "
-                f"({'the client deadline' if budget.client_bounded else 'the server cap'})",
-                work_id=work_id,
-            )
-            raise error from None
-        except BaseException as failure:
-            error = failure
-            raise
-        finally:
-            if not refused:
-                outcome = work_outcome(error, budget)
-                self._scheduler.work_finished(
-                    work_id, outcome, reason=error.reason if isinstance(error, GantryError) else ""
-                )
-                if self._degradation is not None and outcome in RUNTIME_OUTCOMES:
-                    self._degradation.record(
-                        request.capability, succeeded=outcome == scheduler_pb2.WORK_OUTCOME_SUCCESS
-                    )
 
     async def _resolve(self, operation: str, request: TargetedRequest) -> str:
         """capability | deployment_id -> a routable deployment, or a typed reason why not.

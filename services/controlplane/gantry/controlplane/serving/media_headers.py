@@ -14,32 +14,28 @@ but a GantryError ever leaves this module, whatever the bytes.
 from __future__ import annotations
 
 import struct
+from collections.abc import Mapping
 from dataclasses import dataclass
 
+from gantry.common.audio_media import (
+    AUDIO_MEDIA_TYPES,
+    FLAC,
+    MAX_CHANNELS,
+    MAX_SAMPLE_RATE_HZ,
+    MIN_SAMPLE_RATE_HZ,
+    PCM,
+    WAV,
+    canonical_media_type,
+)
 from gantry.common.errors import GantryError
 
 PNG = "image/png"
 JPEG = "image/jpeg"
 WEBP = "image/webp"
-WAV = "audio/wav"
-FLAC = "audio/flac"
-PCM = "audio/pcm"
 
-# The types the model host takes (image_decoding.py, audio_decoding.py), aliases included.
+# The types the model host takes (image_decoding.py; audio: gantry.common.audio_media, which the
+# model host's audio_decoding.py takes too), aliases included.
 _IMAGE_TYPES = {PNG: PNG, JPEG: JPEG, WEBP: WEBP}
-_AUDIO_TYPES = {
-    WAV: WAV,
-    "audio/x-wav": WAV,
-    "audio/wave": WAV,
-    "audio/vnd.wave": WAV,
-    FLAC: FLAC,
-    "audio/x-flac": FLAC,
-    PCM: PCM,
-}
-# Raw PCM must describe itself; the model host takes the same ranges (audio_decoding.py).
-MIN_SAMPLE_RATE_HZ = 1_000
-MAX_SAMPLE_RATE_HZ = 384_000
-MAX_CHANNELS = 32
 # PNG, WebP: 2^31 - 1 and 2^14 / 2^24 by their formats; JPEG: 2^16 - 1. A header past any of them
 # is not a header; the pixel limit then bounds what is left.
 _MAX_DIMENSION = 2**31 - 1
@@ -121,9 +117,8 @@ class _Reader:
         return int(struct.unpack("<I", self.take(offset, 4))[0])
 
 
-def _media_type(given: str, table: dict[str, str], *, field: str, kind: str) -> str:
-    # Parameters (`image/png; q=1`) say nothing the bytes do not.
-    canonical = table.get(given.split(";", 1)[0].strip().lower())
+def _media_type(given: str, table: Mapping[str, str], *, field: str, kind: str) -> str:
+    canonical = canonical_media_type(given, table)  # parameters (`image/png; q=1`) dropped
     if canonical is None:
         supported = sorted(set(table.values()))
         raise invalid(
@@ -142,7 +137,7 @@ def image_media_type(given: str, *, field: str) -> str:
 
 def audio_media_type(given: str, *, field: str = "audio") -> str:
     """The canonical audio type, or INVALID_PAYLOAD naming `<field>.media_type`."""
-    return _media_type(given, _AUDIO_TYPES, field=field, kind="audio")
+    return _media_type(given, AUDIO_MEDIA_TYPES, field=field, kind="audio")
 
 
 def read_image_header(data: bytes, media_type: str, *, field: str) -> ImageHeader:

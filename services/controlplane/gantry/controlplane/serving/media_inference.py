@@ -18,9 +18,10 @@ import grpc
 
 from gantry.common.auth import current_principal
 from gantry.common.telemetry import tracer
-from gantry.controlplane.nodes.sessions import InvokePayload, OnProgress
+from gantry.controlplane.nodes.sessions import InvokePayload
 from gantry.controlplane.platform import metrics
 from gantry.controlplane.serving.inference_calls import CallBudget, InferenceSettings
+from gantry.controlplane.serving.invocation import Invocation
 from gantry.controlplane.serving.media_answers import (
     checked_image_embeddings,
     classifications,
@@ -48,23 +49,10 @@ _SPAN_OF_OPERATION = {
 }
 
 
-class Invoke(Protocol):
-    """InferenceService._invoke: dispatch through the scheduler, invoke on the chosen worker (its
-    progress, if it streams, to `on_progress`), and check and shape its result with `answer`
-    before the work is reported finished."""
-
-    def __call__(
-        self,
-        *,
-        tenant_id: str,
-        deployment_id: str,
-        request: TargetedRequest,
-        payload: InvokePayload,
-        budget: CallBudget,
-        answer: Callable[[wg.InvokeResult], _Answer],
-        cost: int | None = None,
-        on_progress: OnProgress | None = None,
-    ) -> Awaitable[tuple[str, _Answer]]: ...
+# InferenceService's invocation: dispatch through the scheduler, invoke on the chosen worker (its
+# progress, if it streams, to `on_progress`), and check and shape its result with `answer` before
+# the work is reported finished.
+Invoke = Invocation
 
 
 class Resolve(Protocol):

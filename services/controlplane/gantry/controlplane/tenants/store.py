@@ -10,8 +10,8 @@ from sqlalchemy import select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from gantry.common.errors import not_found
 from gantry.controlplane.platform.models import Tenant
+from gantry.controlplane.platform.rows import get_row
 from gantry.controlplane.tenants.policy_rules import TenantPolicySettings
 
 
@@ -20,10 +20,7 @@ async def find_tenant(session: AsyncSession, tenant_id: str) -> Tenant | None:
 
 
 async def get_tenant(session: AsyncSession, tenant_id: str) -> Tenant:
-    row = await session.get(Tenant, tenant_id)
-    if row is None:
-        raise not_found("tenant", tenant_id)
-    return row
+    return await get_row(session, Tenant, tenant_id, "tenant")
 
 
 async def upsert_tenant_policy(

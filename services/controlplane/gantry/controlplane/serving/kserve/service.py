@@ -28,6 +28,7 @@ from gantry.controlplane.platform.database import Database
 from gantry.controlplane.platform.models import CapabilityBinding, Deployment
 from gantry.controlplane.platform.scheduler_link import SchedulerLink
 from gantry.controlplane.platform.state_machines import DeploymentState
+from gantry.controlplane.serving.inference_calls import await_reporting
 from gantry.controlplane.serving.inference_service import InferenceService
 from gantry.controlplane.serving.kserve.mappings import Call, TensorMapping, TensorSpec, mapping_of
 from gantry.controlplane.serving.kserve.tensors import add_outputs, decode_inputs
@@ -319,11 +320,6 @@ def _mapping_for(capability: str, adapter: str) -> TensorMapping:
 
 async def _counted(method: str, answer: Awaitable[_Response]) -> _Response:
     """Await one KServe call's answer and count it as this front door's, whatever it is."""
-    error: BaseException | None = None
-    try:
-        return await answer
-    except BaseException as failure:
-        error = failure
-        raise
-    finally:
-        metrics.front_door_answered(metrics.PROTOCOL_KSERVE, method, error)
+    return await await_reporting(
+        answer, lambda error: metrics.front_door_answered(metrics.PROTOCOL_KSERVE, method, error)
+    )

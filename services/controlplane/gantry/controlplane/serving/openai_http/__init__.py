@@ -2,6 +2,7 @@
 `/v1/models`): a protocol adapter in front of the Inference servicer, served by the control plane
 beside its gRPC server (server.py). Below the adapter every call takes the gRPC door's path."""
 
+from gantry.controlplane.serving.openai_http.connections import DoorBounds
 from gantry.controlplane.serving.openai_http.server import (
     HttpApi,
     HttpApiSettings,
@@ -9,4 +10,4 @@ from gantry.controlplane.serving.openai_http.server import (
     start_http_api,
 )
 
-__all__ = ["HttpApi", "HttpApiSettings", "HttpListenError", "start_http_api"]
+__all__ = ["DoorBounds", "HttpApi", "HttpApiSettings", "HttpListenError", "start_http_api"]

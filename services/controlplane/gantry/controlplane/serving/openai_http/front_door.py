@@ -54,24 +54,35 @@ class HttpCallContext:
 
 
 class InFlight:
-    """Calls running through this door; past the bound a call is refused at once (QUEUE_FULL,
-    as the gRPC interceptor refuses one), never queued."""
+    """Calls running through this door, counted per tenant after authentication: past its bound a
+    tenant's call is refused at once (QUEUE_FULL, as the gRPC interceptor refuses one), never
+    queued, and one tenant's calls (slow bodies included) never use up another's."""
 
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.count = 0
+    def __init__(self, limit_per_tenant: int) -> None:
+        self.limit = limit_per_tenant
+        self._counts: dict[str, int] = {}
 
-    def enter(self) -> None:
-        if self.count >= self.limit:
+    def count(self, tenant: str) -> int:
+        return self._counts.get(tenant, 0)
+
+    def enter(self, tenant: str) -> None:
+        held = self._counts.get(tenant, 0)
+        if held >= self.limit:
             raise GantryError(
                 "QUEUE_FULL",
-                f"the OpenAI HTTP API has {self.limit} calls in flight; try again",
+                f"tenant {tenant!r} has {self.limit} calls in flight on the OpenAI HTTP API; "
+                "try again",
                 limit=str(self.limit),
+                tenant_id=tenant,
             )
-        self.count += 1
+        self._counts[tenant] = held + 1
 
-    def leave(self) -> None:
-        self.count -= 1
+    def leave(self, tenant: str) -> None:
+        held = self._counts.get(tenant, 0) - 1
+        if held > 0:
+            self._counts[tenant] = held
+        else:
+            self._counts.pop(tenant, None)
 
 
 async def authenticate(authenticator: Authenticator, headers: Mapping[str, str]) -> Principal:
@@ -79,19 +90,29 @@ async def authenticate(authenticator: Authenticator, headers: Mapping[str, str])
     return await authenticate_bearer(authenticator, Role.CLIENT, list(headers.items()))
 
 
-async def read_body(request: Request, limit_bytes: int) -> bytes:
+async def read_body(request: Request, limit_bytes: int, timeout_s: float) -> bytes:
     """The whole body, refused (BodyTooLarge) as soon as it is known to pass the bound: by its
-    Content-Length before a byte is read, else while it streams in."""
+    Content-Length before a byte is read, else while it streams in; and refused CLIENT_TOO_SLOW
+    when it has not all arrived within `timeout_s`, so a trickled body cannot hold its caller's
+    in-flight slot and connection for ever."""
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit_bytes:
         raise BodyTooLarge(int(declared), limit_bytes)
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit_bytes:
-            raise BodyTooLarge(size, limit_bytes)
-        chunks.append(chunk)
+    try:
+        async with asyncio.timeout(timeout_s):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit_bytes:
+                    raise BodyTooLarge(size, limit_bytes)
+                chunks.append(chunk)
+    except TimeoutError:
+        raise GantryError(
+            "CLIENT_TOO_SLOW",
+            f"the request body did not arrive within {timeout_s:g}s ({size} bytes came)",
+            timeout_s=f"{timeout_s:g}",
+        ) from None
     return b"".join(chunks)
 
 

@@ -72,6 +72,7 @@ class _Call:
     method: str
     span: trace.Span
     in_flight: InFlight | None = None
+    tenant: str = ""
     started: float = field(default_factory=time.perf_counter)
     done: bool = False
 
@@ -80,7 +81,7 @@ class _Call:
             return
         self.done = True
         if self.in_flight is not None:
-            self.in_flight.leave()
+            self.in_flight.leave(self.tenant)
         metrics.front_door_answered(metrics.PROTOCOL_OPENAI, self.method, error)
         if isinstance(error, GantryError):
             self.span.set_attribute("gantry.reason", error.reason)
@@ -99,12 +100,14 @@ class OpenAiRoutes:
         database: Database,
         max_body_bytes: int,
         max_in_flight: int,
+        body_timeout_s: float,
     ) -> None:
         self._inference = inference
         self._authenticator = authenticator
         self._database = database
         self._max_body_bytes = max_body_bytes
-        self._in_flight = InFlight(max_in_flight)
+        self.in_flight = InFlight(max_in_flight)
+        self._body_timeout_s = body_timeout_s
 
     def app(self) -> Starlette:
         def route(path: str, operation: _Operation, method: str) -> Route:
@@ -139,8 +142,8 @@ class OpenAiRoutes:
                 principal = await authenticate(self._authenticator, request.headers)
                 set_principal(principal)  # this request's task only, as the interceptor does
                 span.set_attribute("gantry.tenant_id", principal.subject)
-                self._in_flight.enter()
-                call.in_flight = self._in_flight
+                self.in_flight.enter(principal.subject)
+                call.in_flight, call.tenant = self.in_flight, principal.subject
                 request.state.call = call
                 response = await operation(request)
         except GantryError as error:
@@ -165,8 +168,11 @@ class OpenAiRoutes:
             call.finish(None)  # a stream finishes its call when it ends
         return response
 
+    async def _body(self, request: Request) -> bytes:
+        return await read_body(request, self._max_body_bytes, self._body_timeout_s)
+
     async def _embeddings(self, request: Request) -> Response:
-        embedding = embedding_call(json_object(await read_body(request, self._max_body_bytes)))
+        embedding = embedding_call(json_object(await self._body(request)))
         answer = await unless_disconnected(
             request.receive,
             self._inference.Embed(embedding.request, HttpCallContext().as_grpc()),
@@ -177,11 +183,11 @@ class OpenAiRoutes:
         return JSONResponse(body, headers=_served_headers(answer.deployment_id, answer.node_id))
 
     async def _completions(self, request: Request) -> Response:
-        body = json_object(await read_body(request, self._max_body_bytes))
+        body = json_object(await self._body(request))
         return await self._generate(request, completion_call(body), chat=False)
 
     async def _chat_completions(self, request: Request) -> Response:
-        body = json_object(await read_body(request, self._max_body_bytes))
+        body = json_object(await self._body(request))
         return await self._generate(request, chat_completion_call(body), chat=True)
 
     async def _generate(

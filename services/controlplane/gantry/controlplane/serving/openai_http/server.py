@@ -14,13 +14,21 @@ import logging
 import socket
 import ssl
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import uvicorn
 
 from gantry.common.auth import Authenticator
 from gantry.common.tls import ServerTls
 from gantry.controlplane.platform.database import Database
+from gantry.controlplane.serving.openai_http.connections import (
+    DoorBounds,
+    DoorCounters,
+    bounded_protocol,
+    connection_cap,
+    raise_descriptor_limit,
+)
+from gantry.controlplane.serving.openai_http.front_door import InFlight
 from gantry.controlplane.serving.openai_http.routes import OpenAiRoutes
 from gantry.v1 import inference_pb2_grpc
 
@@ -39,8 +47,9 @@ class HttpListenError(Exception):
 class HttpApiSettings:
     listen: str  # HOST:PORT; port 0 picks a free one
     max_body_bytes: int
-    max_in_flight: int
+    max_in_flight: int  # per tenant: one tenant's calls never use up another's
     tls: ServerTls | None = None  # the control plane's own certificate (and client CA: mTLS)
+    bounds: DoorBounds = field(default_factory=DoorBounds)  # connections, header/body timeouts
 
 
 def parse_listen(listen: str) -> tuple[str, int]:
@@ -80,12 +89,27 @@ class _EmbeddedServer(uvicorn.Server):
 class HttpApi:
     """One running listener; `stop` is idempotent."""
 
-    def __init__(self, server: _EmbeddedServer, sock: socket.socket) -> None:
+    def __init__(
+        self,
+        server: _EmbeddedServer,
+        sock: socket.socket,
+        *,
+        max_connections: int,
+        counters: DoorCounters,
+        in_flight: InFlight,
+    ) -> None:
         self._server = server
         self._socket = sock
         self.port: int = sock.getsockname()[1]
+        self.max_connections = max_connections
+        self.counters = counters  # connections shed at the cap, closed at the header timeout
+        self.in_flight = in_flight  # calls running, per tenant
         self._task = asyncio.create_task(server.serve(sockets=[sock]), name="openai-http")
         self._task.add_done_callback(_report_exit)
+
+    def open_connections(self) -> int:
+        """Connections the door holds now (shed ones never count)."""
+        return len(self._server.server_state.connections)
 
     async def stop(self) -> None:
         if self._task.done():
@@ -106,7 +130,9 @@ def _report_exit(task: asyncio.Task[None]) -> None:
         log.error("the OpenAI HTTP API stopped serving", exc_info=task.exception())
 
 
-def _config(routes: OpenAiRoutes, tls: ServerTls | None) -> uvicorn.Config:
+def _config(
+    routes: OpenAiRoutes, tls: ServerTls | None, protocol: type[asyncio.Protocol]
+) -> uvicorn.Config:
     ssl_settings: dict[str, object] = {}
     if tls is not None:
         ssl_settings = {
@@ -120,7 +146,7 @@ def _config(routes: OpenAiRoutes, tls: ServerTls | None) -> uvicorn.Config:
             }
     config = uvicorn.Config(
         routes.app(),
-        http="h11",
+        http=protocol,  # uvicorn's h11 protocol with the door's connection bounds
         ws="none",
         lifespan="off",
         log_config=None,  # the control plane's logging, not uvicorn's own
@@ -147,17 +173,34 @@ async def start_http_api(
         database=database,
         max_body_bytes=settings.max_body_bytes,
         max_in_flight=settings.max_in_flight,
+        body_timeout_s=settings.bounds.body_timeout_s,
+    )
+    max_connections = connection_cap(settings.bounds.max_connections, raise_descriptor_limit())
+    counters = DoorCounters()
+    protocol = bounded_protocol(
+        max_connections=max_connections,
+        header_timeout_s=settings.bounds.header_timeout_s,
+        counters=counters,
     )
     try:
-        config = _config(routes, settings.tls)
+        config = _config(routes, settings.tls, protocol)
     except (OSError, ssl.SSLError) as exc:
         raise HttpListenError(f"the OpenAI HTTP API cannot load its TLS files: {exc}") from None
     sock = _bind(settings.listen)
-    api = HttpApi(_EmbeddedServer(config), sock)
+    api = HttpApi(
+        _EmbeddedServer(config),
+        sock,
+        max_connections=max_connections,
+        counters=counters,
+        in_flight=routes.in_flight,
+    )
     log.info(
-        "OpenAI-compatible HTTP API listening on %s:%d (%s)",
+        "OpenAI-compatible HTTP API listening on %s:%d (%s; at most %d connections, %gs to send "
+        "headers)",
         parse_listen(settings.listen)[0],
         api.port,
         "TLS" if settings.tls else "plaintext",
+        max_connections,
+        settings.bounds.header_timeout_s,
     )
     return api

@@ -1,0 +1,148 @@
+"""How many connections the HTTP door holds, and for how long one may take to send its headers.
+
+Without these, idle or header-trickling connections were held for ever: ~20,000 of them took every
+file descriptor the control plane had, and with them its gRPC door, its database file and its log.
+Each connection costs one descriptor; the door therefore holds at most a set number (never more than
+half of the process's descriptor limit, so gRPC, the database and the workers always have room)
+and sheds any past it at once (a reset: the descriptor is freed before anything is read). A
+connection that has not completed a request's headers within the header timeout, at its start or
+after a response on a kept-alive connection, is closed. Both are counted and logged at most once
+per interval, as totals, never a line per connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import resource
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import h11
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_CONNECTIONS = 16_384
+DEFAULT_HEADER_TIMEOUT_S = 10.0
+DEFAULT_BODY_TIMEOUT_S = 30.0
+# Descriptors the rest of the process keeps whatever the HTTP door holds: gRPC, the database,
+# the workers' streams, logs.
+_REST_OF_THE_PROCESS = 0.5
+_LOG_INTERVAL_S = 10.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class DoorBounds:
+    """The HTTP door's connection bounds (flags --http-max-connections, --http-header-timeout-s,
+    --http-body-timeout-s)."""
+
+    max_connections: int = DEFAULT_MAX_CONNECTIONS  # capped at half the descriptor limit
+    header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S  # to send a request's headers
+    body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S  # for its body, once the headers are in
+
+
+def raise_descriptor_limit() -> int:
+    """The soft limit on open descriptors raised to the hard one (a container's default soft limit
+    is often 1,024 beneath a hard limit a thousand times larger); returns the soft limit now."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        target = hard if hard != resource.RLIM_INFINITY else max(soft, 1_048_576)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError) as error:
+            log.warning("could not raise the open-descriptor limit from %d: %s", soft, error)
+    return soft
+
+
+def connection_cap(requested: int, descriptor_limit: int) -> int:
+    """At most `requested`, and never more than the share of the descriptor limit the door may
+    take (at least 1: a door that can hold nothing is not a door)."""
+    return max(1, min(requested, int(descriptor_limit * _REST_OF_THE_PROCESS)))
+
+
+@dataclass
+class DoorCounters:
+    """What the door shed and cut since it started, and a rate limit on saying so."""
+
+    shed: int = 0
+    header_timeouts: int = 0
+    _logged_shed: int = 0
+    _logged_timeouts: int = 0
+    _last_log: float = field(default=-_LOG_INTERVAL_S)
+
+    def report(self, cap: int, header_timeout_s: float) -> None:
+        now = time.monotonic()
+        if now - self._last_log < _LOG_INTERVAL_S:
+            return
+        shed, cut = self.shed - self._logged_shed, self.header_timeouts - self._logged_timeouts
+        if not shed and not cut:
+            return
+        self._last_log = now
+        self._logged_shed, self._logged_timeouts = self.shed, self.header_timeouts
+        log.warning(
+            "HTTP door: %d connections shed at its cap of %d, %d closed for not sending headers "
+            "within %gs (since the last report)",
+            shed,
+            cap,
+            cut,
+            header_timeout_s,
+        )
+
+
+def bounded_protocol(
+    *, max_connections: int, header_timeout_s: float, counters: DoorCounters
+) -> type[asyncio.Protocol]:
+    """uvicorn's h11 protocol with the door's two bounds, for one listener."""
+
+    class BoundedH11Protocol(H11Protocol):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self._shed = False
+            self._header_timer: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            if len(self.connections) >= max_connections:
+                self._shed = True
+                counters.shed += 1
+                counters.report(max_connections, header_timeout_s)
+                transport.abort()  # nothing read, nothing buffered: the descriptor goes now
+                return
+            super().connection_made(transport)
+            self._arm_header_timer()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            if self._shed:
+                return  # it was never taken in: nothing of it to release
+            self._cancel_header_timer()
+            super().connection_lost(exc)
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            # A kept-alive connection owes the next request's headers in the same time.
+            self._arm_header_timer()
+
+        def _arm_header_timer(self) -> None:
+            self._cancel_header_timer()
+            if not self.transport.is_closing():
+                self._header_timer = self.loop.call_later(header_timeout_s, self._header_timeout)
+
+        def _cancel_header_timer(self) -> None:
+            if self._header_timer is not None:
+                self._header_timer.cancel()
+                self._header_timer = None
+
+        def _header_timeout(self) -> None:
+            self._header_timer = None
+            waiting_for_headers = self.conn.their_state is h11.IDLE and (
+                self.cycle is None or self.cycle.response_complete
+            )
+            if not waiting_for_headers or self.transport.is_closing():
+                return  # a request is under way: its own deadlines bound it
+            counters.header_timeouts += 1
+            counters.report(max_connections, header_timeout_s)
+            self.transport.close()
+
+    return BoundedH11Protocol
