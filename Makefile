@@ -123,7 +123,7 @@ run: $(PROTO_STAMP)
 
 # What `make test` builds before the suite, said before any of it starts (`make -q`: up to date?).
 test-plan:
-	@echo "make test: first the runtime environments the suite needs, then pytest (~16-20 min)"
+	@echo "make test: first the runtime environments the suite needs, then pytest on two workers (~11-12 min here)"
 	@$(MAKE) -s -q $(STAMP) && echo "  $(VENV)          built" || \
 		echo "  $(VENV)          to build: ~2-4 min fresh, ~1.5 min with a warm pip cache"
 	@$(MAKE) -s -q $(VISION_STAMP) && echo "  $(VISION_VENV)   built" || \
@@ -139,13 +139,13 @@ test-plan:
 # wait on disk and network), the longest first; each step's lines carry its name.
 test: test-plan
 	@$(MAKE) --no-print-directory -j4 $(LLAMA_STAMP) $(PROTO_STAMP) $(VISION_STAMP) $(CLIENTS_STAMP)
-	$(BIN)/python -m pytest -q --durations=30
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=30
 
 test-unit: $(PROTO_STAMP)
 	$(BIN)/python -m pytest -q tests/unit
 
 test-integration: $(PROTO_STAMP)
-	$(BIN)/python -m pytest -q tests/integration
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile tests/integration
 
 lint: $(PROTO_STAMP)
 	$(BIN)/ruff check libs services tests

@@ -1,4 +1,14 @@
-"""Test-wide settings: everything offline, ML libraries quiet."""
+"""Test-wide settings: everything offline, ML libraries quiet; the stores each test gets.
+
+`make test` runs the suite on two pytest-xdist workers with `--dist loadfile`, so what a test
+creates must not collide with another worker's. Each database here is a fresh one with a random
+name, every file a test writes lives under its own tmp_path (a per-worker base under xdist), each
+worker has its own warm pool (tests/integration/harness.py), and the servers listen on port 0.
+Whole files go to one worker because some files look model hosts up machine-wide by a fixed
+deployment id shared by their tests (tests/integration/test_model_host.py's "dep-embed",
+test_worker_supervision.py's "dep-restart"), and because module-scoped fixtures (a Gantry with a
+deployed model) are then built once per file rather than once per worker.
+"""
 
 from __future__ import annotations
 

@@ -64,8 +64,9 @@ CHANNEL_OPTIONS = [
     ("grpc.max_reconnect_backoff_ms", 500),
 ]
 CALL_TIMEOUT_S = 5.0
-# Slack over a deadline before a call counts as hung (scheduling on two busy cores).
-HANG_SLACK_S = 1.0
+# How long a model host orphaned by its worker's death may take to follow it (parent-death
+# signal) before the test counts it as having outlived the test.
+ORPHAN_EXIT_S = 5.0
 
 
 def free_port() -> int:
@@ -242,12 +243,12 @@ class CallLedger:
         return [o for o in self.outcomes if not o.ok and (phase is None or o.phase == phase)]
 
     def assert_truthful(self, *, transport_failures_allowed: Sequence[str] = ()) -> None:
-        """Each call succeeded or failed typed (an ErrorInfo reason) within its deadline.
+        """Each call succeeded or failed typed (an ErrorInfo reason), so none was held until its
+        deadline: that ends a call DEADLINE_EXCEEDED with no reason, which counts as untyped.
 
         A phase in `transport_failures_allowed` had no server listening (the control plane was
         dead), so an UNAVAILABLE without a reason is the only honest answer there.
         """
-        hung = [o for o in self.outcomes if o.elapsed_s > o.timeout_s + HANG_SLACK_S]
         untyped = [
             o
             for o in self.outcomes
@@ -257,7 +258,6 @@ class CallLedger:
                 o.phase in transport_failures_allowed and o.code == grpc.StatusCode.UNAVAILABLE
             )
         ]
-        assert not hung, f"calls hung past their deadline: {hung}"
         assert not untyped, f"calls failed without a typed reason: {untyped}"
 
 
@@ -386,10 +386,19 @@ class Cluster:
             service.kill_groups(grace_s=3.0)
         # A model host whose worker died was re-parented out of the worker's group; it dies by
         # its parent-death signal, but nothing of this test may outlive it, so make sure.
-        await asyncio.sleep(0.2)
         groups = {group for service in self.services() for group in service.groups}
-        leftovers = [pid for d in self.deployment_ids for pid in model_host_pids(d)]
-        leftovers += [pid for pid in pids_in_groups(groups) if pid not in leftovers]
+
+        def left_running() -> list[int]:
+            found = [pid for d in self.deployment_ids for pid in model_host_pids(d)]
+            return found + [pid for pid in pids_in_groups(groups) if pid not in found]
+
+        with contextlib.suppress(AssertionError):  # what is still running is named below
+            await wait_until(
+                lambda: not left_running(),
+                timeout_s=ORPHAN_EXIT_S,
+                what="every process of the test to exit",
+            )
+        leftovers = left_running()
         for pid in leftovers:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
@@ -537,16 +546,13 @@ class Cluster:
         """Call until one succeeds (each call typed or ok); seconds from `since` to the success."""
 
         async def served() -> bool:
-            outcome = await self.embed(capability, phase=phase, timeout_s=3.0)
-            if not outcome.ok:
-                await asyncio.sleep(0.1)
-            return outcome.ok
+            return (await self.embed(capability, phase=phase, timeout_s=3.0)).ok
 
         await wait_until(
             served,
             timeout_s=timeout_s,
             what=f"{capability} serving again",
-            interval_s=0,
+            interval_s=0.1,  # between a failed call and the next
             last=lambda: self.ledger.outcomes[-1],
         )
         return time.monotonic() - since

@@ -76,11 +76,11 @@ async def _sigkill_under_load(cluster: Cluster, deployment_id: str) -> None:
     stuck = asyncio.create_task(
         cluster.embed("killed", phase="in flight", inputs=[HANG_INPUT], timeout_s=10)
     )
-    hooks_before = cluster.worker.log_path.read_text(errors="replace").count(HANG_LOGGED)
+    worker = cluster.worker
+    assert worker is not None
+    hooks_before = worker.log_path.read_text(errors="replace").count(HANG_LOGGED)
     await wait_until(
-        lambda: (
-            cluster.worker.log_path.read_text(errors="replace").count(HANG_LOGGED) > hooks_before
-        ),
+        lambda: worker.log_path.read_text(errors="replace").count(HANG_LOGGED) > hooks_before,
         timeout_s=10,
         what="the hanging request held in the model host",
     )
@@ -125,7 +125,9 @@ async def _sigstop(cluster: Cluster, deployment_id: str) -> None:
 
     await wait_until(unresponsive, timeout_s=10, what="RUNTIME_UNRESPONSIVE", interval_s=0)
     unresponsive_s = time.monotonic() - stopped_at
-    assert unresponsive_s < 3.0, f"RUNTIME_UNRESPONSIVE only after {unresponsive_s:.2f}s"
+    # Found hung by the worker's liveness ping (its 0.5 s deadline), not by the call's own
+    # deadline: that would have ended it DEADLINE_EXCEEDED, untyped.
+    assert "no answer to a ping within 0.5s" in first[0].details, first[0]
     healed_s = await cluster.wait_serving_again(
         "stopped", phase="host stopped", timeout_s=60, since=stopped_at
     )

@@ -1,11 +1,13 @@
 """What the generation tests share: a control plane and scheduler in this process serving one
 deployment ("tiny") from a scripted worker stream whose generation answers each test decides, the
-worker messages it sends, and the scheduler's view of the work once it has settled; and the tiny
-causal LM deployed on a real worker, READY."""
+worker messages it sends, and the scheduler's view of the work once it has settled; the tiny
+causal LM deployed on a real worker, READY; and, from a model host's stderr, where a cancel
+stopped its slow generation."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import re
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 from gantry.common.auth import auth_metadata
@@ -19,6 +21,10 @@ from tests.integration.scripted_worker import ScriptedWorker
 
 BACKLOG = 4  # deltas held for a client that does not read (small, so a test fills it quickly)
 STOP = common_pb2.FINISH_REASON_STOP
+# What a model host says on stderr when a slow-tokens generation starts, and when a cancel stops
+# a generation between two tokens (it is then not answered).
+SLOW_TOKENS_STARTED = "per generated token"
+CANCELLED_AFTER = re.compile(r"generate request \d+ cancelled after (\d+) tokens")
 
 
 async def scripted_generation(
@@ -102,3 +108,14 @@ async def tiny_lm_ready(
     return await harness.wait_deployment(
         created.deployment_id, cp.DEPLOYMENT_STATE_READY, timeout=180
     )
+
+
+def tokens_before_the_cancel(stderr_tail: Sequence[str]) -> int | None:
+    """The tokens a model host's latest slow-tokens generation made before a cancel stopped it,
+    read from the host's stderr; None until the host says it stopped one."""
+    started = [i for i, line in enumerate(stderr_tail) if SLOW_TOKENS_STARTED in line]
+    for line in stderr_tail[started[-1] if started else 0 :]:
+        said = CANCELLED_AFTER.search(line)
+        if said is not None:
+            return int(said[1])
+    return None

@@ -24,7 +24,7 @@ from tests.fixtures.hostile_artifacts import (
     HOSTILE_KINDS,
     write_hostile_artifact,
 )
-from tests.integration.harness import Harness, running_gantry
+from tests.integration.harness import Harness, running_gantry, wait_for
 
 
 @pytest.fixture
@@ -160,14 +160,16 @@ async def test_an_auto_map_the_control_plane_cannot_see_is_found_by_the_workers_
         cp.AssessCompatibilityRequest(artifact_set_id=artifact.artifact_set_id),
         metadata=gantry.op_md,
     )
-    assessment = started
-    for _ in range(200):
-        assessment = await gantry.operator.GetAssessment(
+    latest = [started]
+
+    async def assessed() -> bool:
+        latest[0] = await gantry.operator.GetAssessment(
             cp.GetAssessmentRequest(assessment_id=started.assessment_id), metadata=gantry.op_md
         )
-        if assessment.state != cp.ASSESSMENT_STATE_PENDING:
-            break
-        await asyncio.sleep(0.1)
+        return latest[0].state != cp.ASSESSMENT_STATE_PENDING
+
+    await wait_for(assessed, timeout=20, what="the assessment", last=latest)
+    assessment = latest[0]
     assert assessment.state == cp.ASSESSMENT_STATE_COMPLETED
     assert not assessment.compatible
     assert assessment.failure.reason == "RUNTIME_INCOMPATIBLE"

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
@@ -27,13 +26,10 @@ from gantry.common.status import error_info_of
 from gantry.v1 import common_pb2
 from gantry.v1 import control_plane_pb2 as cp
 from gantry.v1 import inference_pb2 as inf
-from gantry.worker.model_host.generation_serving import (
-    TEST_HOOK_SLOW_TOKEN_S,
-    TEST_HOOK_SLOW_TOKENS_PROMPT,
-)
+from gantry.worker.model_host.generation_serving import TEST_HOOK_SLOW_TOKENS_PROMPT
 from gantry.worker.model_host.serving import TEST_HOOKS_ENV
 from tests.fixtures.tiny_causal_lm import DirectCausalLM
-from tests.integration.generation_support import tiny_lm_ready
+from tests.integration.generation_support import tiny_lm_ready, tokens_before_the_cancel
 from tests.integration.harness import Harness, running_gantry, wait_for
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -199,7 +195,6 @@ async def test_a_client_that_cancels_a_stream_stops_the_generation_in_the_model_
         )
         first = await call.read()
         assert isinstance(first, inf.GenerateChunk) and first.text and not first.finish_reason
-        cancelled_at = time.monotonic()
         call.cancel()
 
         agent = harness.workers[0][0]
@@ -208,17 +203,18 @@ async def test_a_client_that_cancels_a_stream_stops_the_generation_in_the_model_
         host = resident.host
 
         def stopped_in_the_host() -> bool:
-            return any("cancelled after" in line for line in host.stderr_tail())  # type: ignore[attr-defined]
+            return tokens_before_the_cancel(host.stderr_tail()) is not None  # type: ignore[attr-defined]
 
         await wait_for(stopped_in_the_host, timeout=10, what="the host to stop the generation")
-        # The host runs one generation at a time: the next call is answered long before the
-        # cancelled one could have produced its remaining tokens.
+        # Stopped between two tokens by the cancel, not run on to its max_tokens (LENGTH).
+        made = tokens_before_the_cancel(host.stderr_tail())  # type: ignore[attr-defined]
+        assert made is not None and 1 <= made < max_tokens, made
+        # The host runs one generation at a time: the next call is answered, so the cancelled
+        # one no longer holds it.
         after = await harness.inference.Generate(
             inf.GenerateRequest(capability=CAPABILITY, prompt="The weather", max_tokens=4),
             metadata=harness.client_md,
             timeout=60,
         )
-        took = time.monotonic() - cancelled_at
         assert after.completion_tokens >= 1
-        assert took < max_tokens * TEST_HOOK_SLOW_TOKEN_S / 2, took
-        print(f"cancel to the next answer: {took:.2f}s")
+        print(f"the cancel stopped the generation after {made} of {max_tokens} tokens")

@@ -225,11 +225,12 @@ async def test_timeout_is_honoured_in_the_child_and_cancel_drops_queued_work(
             timeout_s=30,
             what="the slow forward pass to start",
         )
-        started = time.monotonic()
         with pytest.raises(GantryError) as timed_out:
             await host.embed(["expires while queued"], trace_context={}, timeout_s=0.3)
         assert timed_out.value.reason == "DEADLINE_EXCEEDED"
-        assert time.monotonic() - started < 1.0  # the caller is not held past its timeout
+        # The caller is not held past its timeout: released while the slow pass (1.5 s) still
+        # holds the child, so by its own deadline, not by the child reaching its request.
+        assert not slow.done()
         cancelled = asyncio.create_task(
             host.embed(["cancelled while queued"], trace_context={}, timeout_s=30)
         )
@@ -297,10 +298,9 @@ async def test_child_killed_mid_request_raises_runtime_crashed_and_reports_the_e
         what="the child to enter the hung forward pass",
     )
     os.kill(host.pid, signal.SIGKILL)
-    killed_at = time.monotonic()
     with pytest.raises(GantryError) as caught:
         await pending
-    assert time.monotonic() - killed_at < 3
+    # Failed by the child's exit, not by its 60 s timeout (that would say DEADLINE_EXCEEDED).
     assert caught.value.reason == "RUNTIME_CRASHED"
     assert "SIGKILL" in caught.value.message
     await asyncio.wait_for(exited.wait(), timeout=5)

@@ -28,13 +28,11 @@ from gantry.v1 import common_pb2
 from gantry.v1 import worker_gateway_pb2 as wg
 from gantry.worker.invocations import Invocations
 from gantry.worker.model_host.adapters.causal_lm import DEFAULT_MAX_TOKENS
-from gantry.worker.model_host.generation_serving import (
-    TEST_HOOK_SLOW_TOKEN_S,
-    TEST_HOOK_SLOW_TOKENS_PROMPT,
-)
+from gantry.worker.model_host.generation_serving import TEST_HOOK_SLOW_TOKENS_PROMPT
 from gantry.worker.model_host.process import HostLaunchSpec, ModelHost
 from gantry.worker.model_host.serving import TEST_HOOKS_ENV
 from tests.fixtures.tiny_causal_lm import CONTEXT_LENGTH, DirectCausalLM
+from tests.integration.generation_support import tokens_before_the_cancel
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(300)]
 
@@ -307,20 +305,21 @@ async def test_a_cancelled_generation_stops_between_tokens_and_the_host_answers_
     slow.cancel()
     with pytest.raises(asyncio.CancelledError):
         await slow
-    cancelled_at = time.monotonic()
-    # Had it run on, the slow generation would hold the host this much longer at least.
-    left_s = (max_tokens - deltas[-1].completion_tokens - 2) * TEST_HOOK_SLOW_TOKEN_S
+    seen = deltas[-1].completion_tokens
+    # One generation at a time: this is answered once the cancelled one has stopped.
     answered = await _generate(lm_host, prompt="hi", max_tokens=2)
-    waited_s = time.monotonic() - cancelled_at
     assert answered.completion_tokens >= 1
-    assert waited_s < left_s / 2, (waited_s, left_s)
-    print(f"\nnext request answered {waited_s:.2f}s after the cancel ({left_s:.1f}s were left)")
     # Said on the child's stderr before it answered; the parent reads that pipe on its own.
     await _wait_until(
-        lambda: any("cancelled after" in line for line in lm_host.stderr_tail()),
+        lambda: tokens_before_the_cancel(lm_host.stderr_tail()) is not None,
         timeout_s=10,
         what="the host to log the cancelled generation",
     )
+    # Stopped between two tokens by the cancel: had it run on, it would have made all of its
+    # max_tokens (200 at TEST_HOOK_SLOW_TOKEN_S each) and answered them with LENGTH.
+    made = tokens_before_the_cancel(lm_host.stderr_tail())
+    assert made is not None and seen <= made < max_tokens, (seen, made)
+    print(f"\nthe cancel stopped the generation after {made} of {max_tokens} tokens ({seen} seen)")
 
 
 class _OneHost:
@@ -402,10 +401,16 @@ async def test_cancel_invoke_stops_a_streamed_generation_in_the_host(lm_host: Mo
     await asyncio.wait_for(started.wait(), timeout=60)
     assert invocations.cancel("inv-slow")
     await invocations.close()
-    cancelled_at = time.monotonic()
-    left_s = (MAX_NEW_TOKENS - progress[-1].generate.completion_tokens - 2) * TEST_HOOK_SLOW_TOKEN_S
-    await _generate(lm_host, prompt="hi", max_tokens=2)
-    assert time.monotonic() - cancelled_at < left_s / 2
+    seen = progress[-1].generate.completion_tokens
+    await _generate(lm_host, prompt="hi", max_tokens=2)  # answered once the slow one stopped
+    await _wait_until(
+        lambda: tokens_before_the_cancel(lm_host.stderr_tail()) is not None,
+        timeout_s=10,
+        what="the host to log the cancelled generation",
+    )
+    # Stopped in the host by the cancel, not run on to its limit.
+    made = tokens_before_the_cancel(lm_host.stderr_tail())
+    assert made is not None and seen <= made < MAX_NEW_TOKENS, (seen, made)
     assert results == []  # the caller is gone: no InvokeResult
 
 

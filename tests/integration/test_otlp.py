@@ -13,7 +13,6 @@ through `DetachableProcessor` and detached after. The model host is a real child
 from __future__ import annotations
 
 import asyncio
-import gc
 import socket
 import statistics
 import time
@@ -37,8 +36,11 @@ from gantry.v1 import control_plane_pb2 as cp
 from gantry.v1 import inference_pb2 as inf
 from tests.integration.harness import Harness, running_gantry, wait_for
 
-# A blocked export shows as a call this slow at least: far above an embed of the tiny model.
 EXPORT_TIMEOUT_S = 3
+# A failing collector's export is held this long (the exporter waits for an answer or retries a
+# refused connection with backoff until this timeout, twelve seconds at the least): every call
+# of a phase is made while the first export is held.
+HELD_EXPORT_TIMEOUT_S = 30
 CALLS_PER_PHASE = 30
 HOPS = ("controlplane.embed", "scheduler.dispatch", "worker.invoke", "model_host.embed")
 
@@ -143,11 +145,13 @@ async def hanging_port() -> AsyncIterator[int]:
         server.close()
 
 
-def point_otlp_at(monkeypatch: pytest.MonkeyPatch, port: int) -> None:
+def point_otlp_at(
+    monkeypatch: pytest.MonkeyPatch, port: int, *, timeout_s: float = EXPORT_TIMEOUT_S
+) -> None:
     """What an operator sets for every process; the model host inherits it (allow-listed)."""
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{port}")
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_INSECURE", "true")
-    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", str(EXPORT_TIMEOUT_S))
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", f"{timeout_s:g}")
 
 
 def attach_export(detachable: DetachableProcessor) -> BoundedSpanProcessor:
@@ -170,6 +174,7 @@ async def serving_gantry(harness: Harness, tiny_model_dir: Path, capability: str
 
 
 async def timed_embed(harness: Harness, capability: str, text_input: str) -> float:
+    """Seconds one answered Embed took (printed, never judged: a test checks behaviour)."""
     started = time.perf_counter()
     response = await harness.inference.Embed(
         inf.EmbedRequest(capability=capability, inputs=[text_input]),
@@ -251,50 +256,41 @@ async def test_a_collector_that_refuses_or_hangs_never_slows_an_embed(
             await timed_embed(harness, "observed", f"warm up {warm_up}")
 
         for collector, port in (("refusing", refusing_port), ("hanging", hanging_port)):
-            point_otlp_at(monkeypatch, port)
+            point_otlp_at(monkeypatch, port, timeout_s=HELD_EXPORT_TIMEOUT_S)
             before = dropped_observations()
             processor = attach_export(detachable)
-            without, with_failing = [], []
-            # This process holds the whole suite's heap: a full collection here can pause it for
-            # a second or more, which says nothing about export (CI once saw a 1.75 s Embed).
-            gc.collect()
-            gc.disable()
+            took: list[float] = []
             try:
-                # Interleaved, so a change in the machine's load hits both sides alike.
-                for call in range(CALLS_PER_PHASE):
-                    detachable.target = None
-                    without.append(await timed_embed(harness, "observed", f"off {call}"))
-                    detachable.target = processor
-                    with_failing.append(await timed_embed(harness, "observed", f"on {call}"))
-                detachable.target = None
+                # The first call's spans go to the export thread, whose attempt on this collector
+                # then holds them (and every span after them, up to the bound) for its timeout.
+                took.append(await timed_embed(harness, "observed", "first"))
                 await wait_for(
-                    lambda: processor.in_flight == 0,  # noqa: B023 (awaited in this iteration)
-                    timeout=10 * EXPORT_TIMEOUT_S,
-                    what=f"the {collector} collector's exports to give up",
+                    lambda: processor.in_flight > 0,  # noqa: B023 (awaited in this iteration)
+                    timeout=10,
+                    what="the first call's spans in the export",
                 )
+                for call in range(CALLS_PER_PHASE):
+                    took.append(await timed_embed(harness, "observed", f"on {call}"))
+                # An export on the request path (in a span's end, or when its queue is full)
+                # would have held a call until the collector's attempt ended, failed: every
+                # call was answered while that attempt still held the first call's spans.
+                held = dropped_observations()
+                assert held.get("span_export_failed", 0) == before.get("span_export_failed", 0), (
+                    f"{collector}: an export attempt ended before the calls did ({took})"
+                )
+                assert processor.in_flight > 0, collector
             finally:
-                gc.enable()
+                # Shutting the export down ends the held attempt (the exporter's own shutdown).
                 await asyncio.to_thread(detach_export, detachable, processor)
+            await wait_for(
+                lambda: processor.in_flight == 0,  # noqa: B023 (awaited in this iteration)
+                timeout=30,
+                what=f"the {collector} collector's export to give up",
+            )
             after = dropped_observations()
-
-            # An export on the request path would cost every call (or every call that meets a
-            # full queue) a connect attempt or the exporter's timeout: the median shows the first,
-            # the slow calls the second. One stray stall of the shared machine is not an export:
-            # a call is slow when it takes a third of the timeout, and the calls with export may
-            # have one more of those than the calls without.
-            slow = EXPORT_TIMEOUT_S / 3
-            slow_on = [round(took, 2) for took in with_failing if took >= slow]
-            slow_off = [round(took, 2) for took in without if took >= slow]
-            assert len(slow_on) <= len(slow_off) + 1, (
-                f"{collector}: Embeds of {slow_on}s with a failing collector, {slow_off}s without"
-            )
-            assert max(with_failing) < EXPORT_TIMEOUT_S, (
-                f"{collector}: an Embed took {max(with_failing):.2f}s with a failing collector"
-            )
-            median_on, median_off = statistics.median(with_failing), statistics.median(without)
-            assert median_on <= median_off + 0.010, (
-                f"{collector}: median Embed {median_on * 1000:.1f} ms with a failing collector, "
-                f"{median_off * 1000:.1f} ms without"
+            print(
+                f"\n{collector} collector: {len(took)} Embeds answered while its export was held, "
+                f"median {statistics.median(took) * 1000:.1f} ms, slowest {max(took):.2f}s"
             )
             failed = after.get("span_export_failed", 0) - before.get("span_export_failed", 0)
             dropped = after.get("span", 0) - before.get("span", 0)

@@ -10,6 +10,7 @@ The control plane's Welcome names a 0.5 s heartbeat interval, so the probe's def
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import json
 import os
 import signal
@@ -109,8 +110,17 @@ async def test_the_probe_passes_while_a_real_worker_heartbeats_and_fails_once_it
         cut_off = HeartbeatRecord.from_json(heartbeat.read_text())
         assert cut_off.disconnected_since is not None and cut_off.pid == worker.pid
         # Past the probe's default patience (three 0.5 s intervals) and through the reconnect
-        # backoff's first doublings: the file is still rewritten.
-        await asyncio.sleep(4 * 3 * HEARTBEAT_S)
+        # backoff's first doublings: the file is still rewritten, as the worker's own records say.
+        well_into_the_outage = cut_off.disconnected_since + dt.timedelta(
+            seconds=4 * 3 * HEARTBEAT_S
+        )
+        await wait_for(
+            lambda: (
+                HeartbeatRecord.from_json(heartbeat.read_text()).sent_at >= well_into_the_outage
+            ),
+            timeout=30,
+            what=f"a heartbeat written {4 * 3 * HEARTBEAT_S:g}s into the outage",
+        )
         outage = await probe("--heartbeat-file", str(heartbeat))
         assert outage.returncode == 0, outage.stderr
         assert ", disconnected for " in outage.stdout and "reconnecting" in outage.stdout
@@ -123,7 +133,13 @@ async def test_the_probe_passes_while_a_real_worker_heartbeats_and_fails_once_it
         log.close()
 
     stopped_at = HeartbeatRecord.from_json(heartbeat.read_text()).sent_at
-    await asyncio.sleep(3 * HEARTBEAT_S + 0.2)
+    # Staleness is the record's age: wait until it is past the default patience (three 0.5 s
+    # intervals), which the probes below judge it by.
+    await wait_for(
+        lambda: dt.datetime.now(dt.UTC) - stopped_at > dt.timedelta(seconds=3 * HEARTBEAT_S),
+        timeout=10,
+        what="the last heartbeat record to age past three intervals",
+    )
     stale = await probe("--heartbeat-file", str(heartbeat), "--max-age-s", "0.5")
     assert stale.returncode == 1
     assert stale.stdout == ""

@@ -1,6 +1,6 @@
 """`gantry up --device` and the runtime environments `up` prints: where the bundled model runs,
-decided from what the worker's default environment reports, and its profile made on that device
-(against the in-memory control plane of test_cli_bootstrap, over real gRPC)."""
+decided from what the worker's default environment reports (its profile made on that device:
+tests/integration/test_cli_up_device_profile.py)."""
 
 from __future__ import annotations
 
@@ -16,13 +16,6 @@ from gantry.cli.main import main
 from gantry.cli.state import StatePaths
 from gantry.cli.up import UpSettings, child_specs, worker_flags
 from gantry.v1 import worker_gateway_pb2
-from tests.unit.test_cli_bootstrap import (  # noqa: F401  (fixtures)
-    METADATA,
-    FakeServer,
-    fake,
-    make_paths,
-    model_dir,
-)
 
 
 def _environment(device: str, *, available: bool = True) -> worker_gateway_pb2.RuntimeEnvironment:
@@ -86,19 +79,6 @@ def test_each_runtime_environment_is_one_line_ready_or_why_not() -> None:
         "default: ready (cpu, x86_64): sentence_transformers, transformers_causal_lm",
         "vision: NOT AVAILABLE: not built; `make vision-env`",
     ]
-
-
-def test_the_profile_is_created_on_the_chosen_device(
-    fake: FakeServer,  # noqa: F811
-    tmp_path: Path,
-    model_dir: Path,  # noqa: F811
-) -> None:
-    paths = make_paths(tmp_path)
-    bootstrap.ensure_deployment(
-        fake.stub, METADATA, paths, model_dir, lambda line: None, device="cuda:1"
-    )
-    [profile] = fake.control_plane.profiles
-    assert (profile.name, profile.adapter.device) == ("all-minilm-l6-v2-cuda1", "cuda:1")
 
 
 def test_up_help_names_the_device_and_the_workers_flags(capsys: pytest.CaptureFixture[str]) -> None:

@@ -2,23 +2,19 @@
 
 The files are parsed and the overlays applied here by a small merge (compose's merge of mappings,
 kustomize's strategic merge with containers keyed by name); where `docker compose` or `kubectl`
-is installed, the real tools render them too (skipped otherwise: no engine or cluster needed).
+is installed, tests/integration/test_deploy_gpu_overlays_render.py has the real tools render them.
 """
 
 from __future__ import annotations
 
 import copy
-import shutil
-import subprocess
 from typing import Any
 
-import pytest
 import yaml
 
 from tests.unit.deploy_manifests_support import (
     COMPOSE,
     DEPLOY,
-    Doc,
     k8s_docs,
     load_compose,
     pod_spec,
@@ -129,41 +125,3 @@ def test_k8s_gpu_overlay_patches_every_worker() -> None:
         assert any(t.get("key") == "nvidia.com/gpu" for t in spec.get("tolerations") or [])
     # Without the overlay the GPU check fails: the check can fail.
     assert "no nvidia.com/gpu limit" in " | ".join(worker_problems(workers[0], gpu=True))
-
-
-def _tool(*argv: str) -> subprocess.CompletedProcess[str] | None:
-    if shutil.which(argv[0]) is None:
-        return None
-    return subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=DEPLOY)
-
-
-def _rendered_workers(directory: str) -> list[Doc]:
-    done = _tool("kubectl", "kustomize", directory)
-    if done is None:
-        pytest.skip("kubectl is not installed")
-    assert done.returncode == 0, done.stderr
-    docs = [d for d in yaml.safe_load_all(done.stdout) if d]
-    return worker_workloads([("rendered", d) for d in docs])
-
-
-def test_kubectl_kustomize_renders_cpu_base_and_gpu_overlay() -> None:
-    base = _rendered_workers("k8s")
-    overlay = _rendered_workers("k8s-gpu")
-    assert base and len(base) == len(overlay)
-    assert all(gpu_limits(w) == [] for w in base)
-    assert all(gpu_limits(w) == [1] for w in overlay)
-    assert all(worker_problems(w, gpu=True) == [] for w in overlay)
-
-
-def test_docker_compose_config_renders_cpu_default_and_gpu_overlay() -> None:
-    version = _tool("docker", "compose", "version")
-    if version is None or version.returncode != 0:
-        pytest.skip("docker compose is not installed")
-    # `config` parses, merges and validates without an engine.
-    default = _tool("docker", "compose", "-f", "compose.yaml", "config", "--no-interpolate")
-    gpu = _tool("docker", "compose", "-f", "compose.yaml", "-f", "compose.gpu.yaml", "config")
-    assert default is not None and gpu is not None
-    assert default.returncode == 0, default.stderr
-    assert gpu.returncode == 0, gpu.stderr
-    assert gpu_devices(yaml.safe_load(default.stdout)["services"]["worker"]) == []
-    assert gpu_devices(yaml.safe_load(gpu.stdout)["services"]["worker"])

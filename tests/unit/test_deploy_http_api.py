@@ -4,24 +4,21 @@
 (`--tls-cert/--tls-key`: HTTPS with the same certificate; openai_http/server.py). Compose must
 publish the port it listens on, as it publishes 50051; Kubernetes must name that port on the
 container and the Service and admit it in the control plane's NetworkPolicy as 50051 is. The files
-are parsed, not run; where kubectl is installed the kustomizations are rendered too. Each check
-returns a list of problems, and the last tests feed it bad files to show that it can fail.
+are parsed, not run (tests/integration/test_deploy_http_api_kustomize.py renders the kustomizations
+where kubectl is installed). Each check returns a list of problems, and the last tests feed it bad
+files to show that it can fail.
 """
 
 from __future__ import annotations
 
 import copy
-import shutil
-import subprocess
 from typing import Any
 
 import pytest
-import yaml
 
 from gantry.controlplane.serving.openai_http import HttpListenError
 from gantry.controlplane.serving.openai_http.server import parse_listen
 from tests.unit.deploy_manifests_support import (
-    DEPLOY,
     GRPC_PORTS,
     README,
     Doc,
@@ -207,26 +204,6 @@ def test_deploy_readme_reaches_the_http_api_on_the_ports_deploy_serves(
     assert f"port-forward svc/gantry-controlplane {port}:{port}" in readme
     assert f"`--http-listen 0.0.0.0:{HTTP_PORT}`" in readme
     assert f"`127.0.0.1:{HTTP_PORT}`" in readme
-
-
-def _kustomize(directory: str) -> Docs:
-    if shutil.which("kubectl") is None:
-        pytest.skip("kubectl is not installed")
-    done = subprocess.run(
-        ["kubectl", "kustomize", directory],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=DEPLOY,
-    )
-    assert done.returncode == 0, done.stderr
-    return [("rendered", d) for d in yaml.safe_load_all(done.stdout) if d]
-
-
-@pytest.mark.parametrize("directory", ["k8s", "k8s-gpu"])
-def test_kubectl_kustomize_renders_the_http_api(directory: str) -> None:
-    rendered = _kustomize(directory)
-    assert k8s_http_api_problems(rendered) == []
 
 
 # The checks themselves: each must reject a bad input.

@@ -4,21 +4,18 @@ the Kubernetes manifests serve and scrape /metrics.
 Every metric an alert or a dashboard panel reads must be one a service creates (read from the
 instruments here; tests/integration/test_deploy_metrics_names.py checks the same names, and their
 labels, against a real scrape). Where `promtool` is installed (Debian: `apt-get install
-prometheus`) it parses the rules, the configurations and every dashboard query, and runs the alert
-unit tests in prometheus_alerts_test.yml; without it those tests skip and the parser checks here
-still run.
+prometheus`), tests/integration/test_deploy_observability_promtool.py has it parse the rules, the
+configurations and every dashboard query, and run the alert unit tests in
+prometheus_alerts_test.yml; the parser checks here run either way.
 """
 
 from __future__ import annotations
 
 import re
-import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from gantry.common.errors import REASONS
 from gantry.controlplane.platform.state_machines import DeploymentState, NodeState, ResidencyState
@@ -71,11 +68,6 @@ KNOWN_VALUES = {
     "job": set(JOBS.values()),
 }
 _EQUALS = re.compile(r'([A-Za-z_]\w*)\s*(=~|=)\s*"((?:[^"\\]|\\.)*)"')
-
-promtool = shutil.which("promtool")
-needs_promtool = pytest.mark.skipif(
-    promtool is None, reason="promtool not installed (Debian: apt-get install prometheus)"
-)
 
 
 @pytest.fixture(scope="module")
@@ -265,66 +257,6 @@ def test_the_checks_reject_bad_rules_and_queries(
     problems = " | ".join(dashboard_problems(broken))
     for expected in ("datasource variable", "p: datasource is not", "p: no targets"):
         assert expected in problems
-
-
-# ---- promtool ----------------------------------------------------------------------------------
-
-
-def _promtool(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    assert promtool is not None
-    return subprocess.run(
-        [promtool, *map(str, args)], capture_output=True, text=True, timeout=60, check=False
-    )
-
-
-@needs_promtool
-def test_promtool_accepts_the_alert_rules() -> None:
-    result = _promtool("check", "rules", ALERTS)
-    assert result.returncode == 0, result.stdout + result.stderr
-
-
-@needs_promtool
-def test_alerts_fire_on_the_series_that_should_fire_them() -> None:
-    result = _promtool("test", "rules", ALERT_UNIT_TESTS)
-    assert result.returncode == 0, result.stdout + result.stderr
-
-
-@needs_promtool
-def test_promtool_accepts_the_compose_prometheus_config() -> None:
-    result = _promtool("check", "config", PROMETHEUS_COMPOSE)
-    assert result.returncode == 0, result.stdout + result.stderr
-
-
-@needs_promtool
-def test_promtool_accepts_the_kubernetes_prometheus_config() -> None:
-    result = _promtool("check", "config", PROMETHEUS_KUBERNETES)
-    if "field kubernetes_sd_configs not found" in result.stdout + result.stderr:
-        pytest.skip("this promtool is built without Kubernetes discovery (Debian's is)")
-    assert result.returncode == 0, result.stdout + result.stderr
-
-
-@needs_promtool
-def test_promtool_parses_every_dashboard_query(tmp_path: Path, dashboard: dict[str, Any]) -> None:
-    """Each query as a recording rule: `promtool check rules` parses it with Prometheus's own
-    PromQL parser."""
-    queries = dashboard_queries(dashboard)
-    rules = [
-        {"record": f"dashboard:query_{i}", "expr": expr} for i, (_, expr) in enumerate(queries)
-    ]
-    path = tmp_path / "dashboard_rules.yml"
-    path.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))
-    result = _promtool("check", "rules", path)
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert f"SUCCESS: {len(rules)} rules found" in result.stdout
-
-
-@needs_promtool
-def test_promtool_refuses_a_broken_rule(tmp_path: Path) -> None:
-    path = tmp_path / "broken.yml"
-    path.write_text(
-        yaml.safe_dump({"groups": [{"name": "g", "rules": [{"alert": "A", "expr": "sum(up"}]}]})
-    )
-    assert _promtool("check", "rules", path).returncode != 0
 
 
 # ---- serving and scraping /metrics in deploy/ --------------------------------------------------

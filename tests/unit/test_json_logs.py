@@ -1,4 +1,7 @@
-"""GANTRY_LOG_FORMAT=json: one JSON object per line, joined to the current span by its ids."""
+"""GANTRY_LOG_FORMAT=json: one JSON object per line, joined to the current span by its ids.
+
+A service in a fresh interpreter logging so: tests/integration/test_json_logs_services.py.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +9,6 @@ import datetime as dt
 import io
 import json
 import logging
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -94,36 +95,6 @@ def test_the_flag_wins_over_the_variable_and_a_misspelt_variable_falls_back_to_t
     chosen, warning = log_format_of(None, {"GANTRY_LOG_FORMAT": "jsonl"})
     assert chosen == "text"
     assert warning is not None and "jsonl" in warning
-
-
-def run_setup_logging(env_value: str) -> subprocess.CompletedProcess[str]:
-    script = (
-        "import logging; from gantry.common.process import setup_logging;"
-        "setup_logging('scheduler'); logging.getLogger('gantry.test').info('started')"
-    )
-    return subprocess.run(
-        [sys.executable, "-c", script],
-        env={"GANTRY_LOG_FORMAT": env_value, "PATH": "/usr/bin:/bin"},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
-
-
-def test_a_service_logs_json_lines_when_the_variable_asks_and_text_by_default() -> None:
-    (line,) = run_setup_logging("json").stderr.splitlines()
-    record = json.loads(line)
-    assert (record["role"], record["logger"], record["message"]) == (
-        "scheduler",
-        "gantry.test",
-        "started",
-    )
-    text = run_setup_logging("").stderr
-    assert " scheduler INFO gantry.test: started" in text
-    misspelt = run_setup_logging("yaml").stderr.splitlines()
-    assert "GANTRY_LOG_FORMAT='yaml' is neither text nor json" in misspelt[0]
-    assert misspelt[1].endswith("scheduler INFO gantry.test: started")
 
 
 def test_the_model_host_inherits_the_workers_log_format(tmp_path: Path) -> None:

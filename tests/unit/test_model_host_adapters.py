@@ -1,10 +1,12 @@
-"""The model host's adapter registry, its refusals, and the readings it takes of itself."""
+"""The model host's adapter registry, its refusals, and the readings it takes of itself.
+
+What its modules do to a fresh interpreter, read from a child process:
+tests/integration/test_model_host_adapters_fresh_interpreter.py.
+"""
 
 from __future__ import annotations
 
 import io
-import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -31,7 +33,7 @@ from gantry.worker.model_host.host_answers import checked_classify_image, checke
 from gantry.worker.model_host.inbox import Inbox, Queued, ResponseWriter
 from gantry.worker.model_host.landlock import Isolation, IsolationLevel
 from gantry.worker.model_host.memory_readings import CudaAllocator
-from gantry.worker.model_host.probe_evidence import LoadRecord, network_guard_installed
+from gantry.worker.model_host.probe_evidence import LoadRecord
 from gantry.worker.model_host.serving import SERVED_KINDS, ModelServer, ServingSettings
 
 
@@ -109,21 +111,6 @@ def test_loading_a_missing_directory_fails_before_any_library_is_asked(tmp_path:
         assert "does not exist" in caught.value.message
 
 
-def test_importing_the_registry_and_child_pulls_in_no_ml_library_or_thread() -> None:
-    # The child imports these before it enters its single-threaded sandbox.
-    code = (
-        "import sys, threading\n"
-        "import gantry.worker.model_host.adapters, gantry.worker.model_host.child\n"
-        "heavy = sorted(m for m in ('numpy', 'torch', 'transformers', 'sentence_transformers',"
-        " 'PIL', 'torchvision') if m in sys.modules)\n"
-        "print(heavy, threading.active_count())\n"
-    )
-    completed = subprocess.run(
-        [sys.executable, "-I", "-c", code], capture_output=True, text=True, check=True
-    )
-    assert completed.stdout.strip() == "[] 1"
-
-
 # ---- readings ------------------------------------------------------------------------------
 
 
@@ -153,20 +140,6 @@ def test_cuda_readings_say_why_they_are_unavailable() -> None:
         assert cuda.allocated().WhichOneof("value") == "bytes"
     else:
         assert cuda.allocated().unavailable == "torch.cuda.is_available() is false"
-
-
-def test_network_guard_is_reported_only_once_installed() -> None:
-    script = (
-        "from gantry.worker.model_host import hardening, probe_evidence as p\n"
-        "before = p.network_guard_installed()\n"
-        "hardening.install_network_guard()\n"
-        "print(before, p.network_guard_installed())\n"
-    )
-    completed = subprocess.run(
-        [sys.executable, "-I", "-c", script], capture_output=True, text=True, check=True
-    )
-    assert completed.stdout.strip() == "False True"
-    assert network_guard_installed() is False  # this test process never installed it
 
 
 # ---- the serving loop with a stand-in model ------------------------------------------------

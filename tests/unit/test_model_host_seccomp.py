@@ -1,21 +1,15 @@
-"""The seccomp socket filter: its BPF program run here by a tiny interpreter, then the real thing.
+"""The seccomp socket filter: its BPF program run here by a tiny interpreter.
 
 The program is checked by evaluating it, not by its shape alone: a wrong jump offset shows up as
-a wrong verdict. The kernel's answer is then checked in throwaway child processes, which keep the
-filter for good.
+a wrong verdict. The kernel's answer is checked in throwaway child processes, which keep the
+filter for good, in tests/integration/test_model_host_seccomp_enforced.py.
 """
 
 from __future__ import annotations
 
 import errno
-import json
-import platform
-import signal
 import socket
 import struct
-import subprocess
-import sys
-import textwrap
 
 import pytest
 
@@ -124,83 +118,3 @@ def test_machines_without_a_known_abi_get_no_filter() -> None:
     assert seccomp.arch_of("x86_64") is X86_64
     assert seccomp.arch_of("arm64") is AARCH64
     assert seccomp.arch_of("riscv64") is None
-
-
-# --- the kernel's answer, in child processes that keep the filter --------------------------------
-
-_INSTALL_AND_PROBE = textwrap.dedent(
-    """
-    import ctypes, errno, json, socket
-    from gantry.worker.model_host import seccomp
-    outcome = seccomp.install_socket_filter()
-    def attempt(family, kind):
-        try:
-            socket.socket(family, kind).close()
-        except OSError as exc:
-            return f"{type(exc).__name__} {errno.errorcode[exc.errno]}"
-        return "allowed"
-    libc = ctypes.CDLL(None, use_errno=True)
-    params = ctypes.create_string_buffer(120)  # struct io_uring_params
-    ring = libc.syscall(425, 8, params)
-    print(json.dumps({
-        "installed": outcome.installed,
-        "reason": outcome.reason,
-        "inet_dgram": attempt(socket.AF_INET, socket.SOCK_DGRAM),
-        "inet6_stream": attempt(socket.AF_INET6, socket.SOCK_STREAM),
-        "unix_stream": attempt(socket.AF_UNIX, socket.SOCK_STREAM),
-        "netlink": attempt(socket.AF_NETLINK, socket.SOCK_RAW),
-        "io_uring": "allowed" if ring >= 0 else errno.errorcode[ctypes.get_errno()],
-    }))
-    """
-)
-
-
-def _run_filtered(script: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-I", "-c", script], capture_output=True, text=True, timeout=60
-    )
-
-
-def test_a_filtered_process_opens_unix_sockets_but_no_ip_socket_udp_included() -> None:
-    completed = _run_filtered(_INSTALL_AND_PROBE)
-    assert completed.returncode == 0, completed.stderr
-    outcome = json.loads(completed.stdout)
-    if not outcome["installed"]:
-        pytest.skip(f"seccomp is unavailable here: {outcome['reason']}")
-    assert outcome["reason"] == seccomp.DESCRIPTION
-    assert outcome["inet_dgram"] == "PermissionError EACCES"
-    assert outcome["inet6_stream"] == "PermissionError EACCES"
-    assert outcome["unix_stream"] == "allowed"
-    assert outcome["netlink"] == "allowed"
-    assert outcome["io_uring"] == "EPERM"
-
-
-# Machine code for `mov eax, 20 (i386 getpid); int 0x80; ret`: a syscall through the i386 ABI.
-_I386_SYSCALL = """
-import ctypes, mmap
-page = mmap.mmap(-1, mmap.PAGESIZE, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
-page.write(bytes([0xB8, 20, 0, 0, 0, 0xCD, 0x80, 0xC3]))
-address = ctypes.addressof(ctypes.c_char.from_buffer(page))
-ctypes.CFUNCTYPE(ctypes.c_int)(address)()
-"""
-_X32_SYSCALL = f"""
-import ctypes
-ctypes.CDLL(None).syscall({X32_SYSCALL_BIT | 39})  # x32 getpid
-"""
-_INSTALL = """
-from gantry.worker.model_host import seccomp
-assert seccomp.install_socket_filter().installed
-"""
-
-
-@pytest.mark.skipif(platform.machine() != "x86_64", reason="i386 and x32 are x86_64's other ABIs")
-@pytest.mark.parametrize("foreign_call", [_I386_SYSCALL, _X32_SYSCALL], ids=["i386", "x32"])
-def test_a_syscall_through_another_abi_kills_the_filtered_process(foreign_call: str) -> None:
-    unfiltered = _run_filtered(foreign_call)
-    if unfiltered.returncode != 0:
-        pytest.skip(f"this kernel refuses the ABI outright ({unfiltered.returncode})")
-    probe = _run_filtered(_INSTALL_AND_PROBE)
-    if not json.loads(probe.stdout)["installed"]:
-        pytest.skip("seccomp is unavailable here")
-    filtered = _run_filtered(_INSTALL + foreign_call)
-    assert filtered.returncode == -signal.SIGSYS, filtered.stderr

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from gantry.cli.main import main
-from tests.unit.test_cli_bootstrap import FAKE_WORKER_STOP_ENV
+from tests.integration.test_cli_bootstrap import FAKE_WORKER_STOP_ENV
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -107,7 +107,7 @@ def assert_gone(pid: int) -> None:
 
 
 FAKE_ROLES = (
-    'lambda role, args: [sys.executable, "-m", "tests.unit.test_cli_bootstrap", role, *args]'
+    'lambda role, args: [sys.executable, "-m", "tests.integration.test_cli_bootstrap", role, *args]'
 )
 
 

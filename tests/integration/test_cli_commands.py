@@ -13,7 +13,7 @@ import pytest
 
 from gantry.cli.main import main
 from gantry.v1 import common_pb2, control_plane_pb2, control_plane_pb2_grpc
-from tests.unit.test_cli_bootstrap import (
+from tests.integration.test_cli_bootstrap import (
     CLIENT_KEY,
     OPERATOR_TOKEN,
     FakeControlPlane,

@@ -37,7 +37,7 @@ from gantry.v1 import inference_pb2, inference_pb2_grpc, scheduler_pb2
 from gantry.v1 import worker_gateway_pb2 as wg
 from gantry.worker import metrics as worker_metrics
 from gantry.worker.invocations import Invocations
-from tests.unit.inference_server_support import serving
+from tests.integration.inference_server_support import serving
 
 INVOCATIONS = "gantry_invocations"
 STAGES = "gantry_invocation_stage_duration_seconds"

@@ -28,7 +28,7 @@ from gantry.controlplane.serving.routing import ResolvedTarget
 from gantry.controlplane.serving.work_cost import audio_cost, classify_cost, image_cost
 from gantry.v1 import common_pb2, inference_pb2, inference_pb2_grpc, scheduler_pb2
 from gantry.v1 import worker_gateway_pb2 as wg
-from tests.unit.inference_server_support import serving
+from tests.integration.inference_server_support import serving
 
 LIMITS = InferenceLimits(max_image_pixels=1_000_000, max_audio_seconds=10, max_images=4)
 

@@ -10,7 +10,12 @@ import pytest
 
 from gantry.cli.generate_command import generate_request
 from gantry.cli.main import build_parser, main
-from tests.unit.test_cli_bootstrap import CLIENT_KEY, OPERATOR_TOKEN, FakeServer, running_fake
+from tests.integration.test_cli_bootstrap import (
+    CLIENT_KEY,
+    OPERATOR_TOKEN,
+    FakeServer,
+    running_fake,
+)
 
 
 @pytest.fixture

@@ -1,7 +1,7 @@
 """`gantry up --tls` with stand-in services that serve what they are given: TLS, mTLS.
 
-Run as a script (`python -m tests.unit.test_tls_up ROLE ARGS`) this module is those stand-ins:
-test_cli_bootstrap's, with their ports bound with the --tls-* files `up` passed them.
+Run as a script (`python -m tests.integration.test_tls_up ROLE ARGS`) this module is those
+stand-ins: test_cli_bootstrap's, with their ports bound with the --tls-* files `up` passed them.
 """
 
 from __future__ import annotations
@@ -22,12 +22,14 @@ from grpc_reflection.v1alpha import reflection
 
 from gantry.cli.main import main
 from gantry.common.tls import ServerTls
-from tests.unit import test_cli_bootstrap
-from tests.unit.test_cli_up import free_port, read_lines, start_up, wait_for_line
+from tests.integration import test_cli_bootstrap
+from tests.integration.test_cli_up import free_port, read_lines, start_up, wait_for_line
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 GRPCURL = REPO_ROOT / ".venv" / "bin" / "grpcurl"
-TLS_ROLES = 'lambda role, args: [sys.executable, "-m", "tests.unit.test_tls_up", role, *args]'
+TLS_ROLES = (
+    'lambda role, args: [sys.executable, "-m", "tests.integration.test_tls_up", role, *args]'
+)
 
 
 @pytest.mark.timeout(120)

@@ -1,7 +1,7 @@
 """What `gantry up` asks of the control plane, against an in-memory fake over real gRPC.
 
-Run as a script (`python -m tests.unit.test_cli_bootstrap ROLE ARGS`) this module also stands in
-for the three services, so test_cli_up can drive a whole `gantry up` before they exist.
+Run as a script (`python -m tests.integration.test_cli_bootstrap ROLE ARGS`) this module also
+stands in for the three services, so test_cli_up can drive a whole `gantry up` before they exist.
 """
 
 from __future__ import annotations

@@ -1,0 +1,100 @@
+"""The seccomp filter enforced for real: a filtered child process opens Unix sockets and no IP
+socket, and a syscall made through another ABI kills it.
+
+The filter program itself is checked instruction by instruction in
+tests/unit/test_model_host_seccomp.py; these run processes, which the unit guard refuses.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from gantry.worker.model_host import seccomp
+from tests.unit.test_model_host_seccomp import X32_SYSCALL_BIT
+
+# --- the kernel's answer, in child processes that keep the filter --------------------------------
+
+# Machine code for `mov eax, 20 (i386 getpid); int 0x80; ret`: a syscall through the i386 ABI.
+_I386_SYSCALL = """
+import ctypes, mmap
+page = mmap.mmap(-1, mmap.PAGESIZE, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+page.write(bytes([0xB8, 20, 0, 0, 0, 0xCD, 0x80, 0xC3]))
+address = ctypes.addressof(ctypes.c_char.from_buffer(page))
+ctypes.CFUNCTYPE(ctypes.c_int)(address)()
+"""
+_X32_SYSCALL = f"""
+import ctypes
+ctypes.CDLL(None).syscall({X32_SYSCALL_BIT | 39})  # x32 getpid
+"""
+
+_INSTALL_AND_PROBE = textwrap.dedent(
+    """
+    import ctypes, errno, json, socket
+    from gantry.worker.model_host import seccomp
+    outcome = seccomp.install_socket_filter()
+    def attempt(family, kind):
+        try:
+            socket.socket(family, kind).close()
+        except OSError as exc:
+            return f"{type(exc).__name__} {errno.errorcode[exc.errno]}"
+        return "allowed"
+    libc = ctypes.CDLL(None, use_errno=True)
+    params = ctypes.create_string_buffer(120)  # struct io_uring_params
+    ring = libc.syscall(425, 8, params)
+    print(json.dumps({
+        "installed": outcome.installed,
+        "reason": outcome.reason,
+        "inet_dgram": attempt(socket.AF_INET, socket.SOCK_DGRAM),
+        "inet6_stream": attempt(socket.AF_INET6, socket.SOCK_STREAM),
+        "unix_stream": attempt(socket.AF_UNIX, socket.SOCK_STREAM),
+        "netlink": attempt(socket.AF_NETLINK, socket.SOCK_RAW),
+        "io_uring": "allowed" if ring >= 0 else errno.errorcode[ctypes.get_errno()],
+    }))
+    """
+)
+
+
+def _run_filtered(script: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-I", "-c", script], capture_output=True, text=True, timeout=60
+    )
+
+
+def test_a_filtered_process_opens_unix_sockets_but_no_ip_socket_udp_included() -> None:
+    completed = _run_filtered(_INSTALL_AND_PROBE)
+    assert completed.returncode == 0, completed.stderr
+    outcome = json.loads(completed.stdout)
+    if not outcome["installed"]:
+        pytest.skip(f"seccomp is unavailable here: {outcome['reason']}")
+    assert outcome["reason"] == seccomp.DESCRIPTION
+    assert outcome["inet_dgram"] == "PermissionError EACCES"
+    assert outcome["inet6_stream"] == "PermissionError EACCES"
+    assert outcome["unix_stream"] == "allowed"
+    assert outcome["netlink"] == "allowed"
+    assert outcome["io_uring"] == "EPERM"
+
+
+_INSTALL = """
+from gantry.worker.model_host import seccomp
+assert seccomp.install_socket_filter().installed
+"""
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="i386 and x32 are x86_64's other ABIs")
+@pytest.mark.parametrize("foreign_call", [_I386_SYSCALL, _X32_SYSCALL], ids=["i386", "x32"])
+def test_a_syscall_through_another_abi_kills_the_filtered_process(foreign_call: str) -> None:
+    unfiltered = _run_filtered(foreign_call)
+    if unfiltered.returncode != 0:
+        pytest.skip(f"this kernel refuses the ABI outright ({unfiltered.returncode})")
+    probe = _run_filtered(_INSTALL_AND_PROBE)
+    if not json.loads(probe.stdout)["installed"]:
+        pytest.skip("seccomp is unavailable here")
+    filtered = _run_filtered(_INSTALL + foreign_call)
+    assert filtered.returncode == -signal.SIGSYS, filtered.stderr
