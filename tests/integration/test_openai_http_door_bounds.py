@@ -1,6 +1,7 @@
-"""The HTTP door's connection bounds, on a real listener: past its cap a connection is shed at
-once (a reset, nothing read), one that does not finish its headers in time is closed, and a
-client with a whole request is still answered while the door is full of idle ones."""
+"""The HTTP door's connection bounds, on a real listener: at its cap a new connection takes the
+place of the longest idle one (or is shed, reset before anything is read, when every connection
+is mid-request), one that does not finish its headers in time is closed, a body that does not
+arrive in time is refused, and one tenant's calls in flight do not count against another's."""
 
 from __future__ import annotations
 
@@ -101,22 +102,39 @@ async def _answer(port: int) -> bytes:
         return await _read_to_end(client)
 
 
-async def test_past_its_cap_a_connection_is_shed_and_a_whole_request_still_gets_in_later(
+async def test_at_its_cap_a_new_connection_takes_the_place_of_the_longest_idle_one(
     held: list[socket.socket],
 ) -> None:
     api = await _door(max_connections=5, header_timeout_s=HANG_GUARD_S * 4)
     try:
-        held.extend(_connect(api.port) for _ in range(5))
+        oldest = _connect(api.port)
+        await _until(lambda: api.open_connections() == 1, "the first connection held")
+        held.append(oldest)
+        held.extend(_connect(api.port) for _ in range(4))
         await _until(lambda: api.open_connections() == 5, "five connections held")
-        with _connect(api.port) as shed:
-            assert await _read_to_end(shed) == b""  # reset or closed, nothing answered
-        assert api.counters.shed == 1
-        assert api.open_connections() == 5
 
-        held.pop().close()
-        await _until(lambda: api.open_connections() == 4, "a held connection let go")
-        answer = await _answer(api.port)
+        answer = await _answer(api.port)  # a sixth, with a whole request
         assert answer.startswith(b"HTTP/1.1 401"), answer[:200]
+        assert await _read_to_end(oldest) == b""  # closed to make room, nothing said
+        assert (api.counters.evicted, api.counters.shed) == (1, 0)
+    finally:
+        await api.stop()
+
+
+async def test_at_its_cap_with_every_connection_mid_request_a_new_one_is_shed(
+    held: list[socket.socket],
+) -> None:
+    api = await _door(max_connections=3, max_in_flight=10, body_timeout_s=HANG_GUARD_S * 4)
+    try:
+        for _ in range(3):  # each mid-request: headers in, body never finished
+            busy = _connect(api.port)
+            held.append(busy)
+            busy.sendall(_post_head("a", 100) + b"{")
+        await _until(lambda: api.in_flight.count("tenant-a") == 3, "three calls mid-body")
+        with _connect(api.port) as shed:
+            assert await _read_to_end(shed) == b""  # reset before anything was read
+        assert (api.counters.shed, api.counters.evicted) == (1, 0)
+        assert api.open_connections() == 3
     finally:
         await api.stop()
 
@@ -157,7 +175,7 @@ async def test_a_door_full_of_idle_connections_still_answers_a_whole_request(
         await _until(lambda: api.open_connections() == 500, "500 idle connections held")
         answer = await _answer(api.port)
         assert answer.startswith(b"HTTP/1.1 401"), answer[:200]
-        assert api.counters.shed == 0
+        assert (api.counters.shed, api.counters.evicted) == (0, 0)
     finally:
         await api.stop()
 

@@ -63,7 +63,8 @@ def _add_http_bound_arguments(parser: argparse.ArgumentParser) -> None:
         "--http-max-connections",
         type=_positive(int),
         default=defaults.max_connections,
-        help="connections held at once; past it a new one is reset before anything is read. "
+        help="connections held at once; at the cap a new one takes the place of the one that "
+        "has waited longest for a request's headers, or is reset when every one is mid-request. "
         "Never more than half the open-descriptor limit (raised to its hard limit at start), so "
         "gRPC, the database and the workers keep theirs (default %(default)s)",
     )

@@ -3,11 +3,13 @@
 Without these, idle or header-trickling connections were held for ever: ~20,000 of them took every
 file descriptor the control plane had, and with them its gRPC door, its database file and its log.
 Each connection costs one descriptor; the door therefore holds at most a set number (never more than
-half of the process's descriptor limit, so gRPC, the database and the workers always have room)
-and sheds any past it at once (a reset: the descriptor is freed before anything is read). A
-connection that has not completed a request's headers within the header timeout, at its start or
-after a response on a kept-alive connection, is closed. Both are counted and logged at most once
-per interval, as totals, never a line per connection.
+half of the process's descriptor limit, so gRPC, the database and the workers always have room).
+At that cap a new connection takes the place of the one that has waited longest for a request's
+headers; only when every held connection has a request under way is the new one shed (a reset:
+the descriptor is freed before anything is read). A connection that has not completed a
+request's headers within the header timeout, at its start or after a response on a kept-alive
+connection, is closed. All three are counted and logged at most once per interval, as totals,
+never a line per connection.
 """
 
 from __future__ import annotations
@@ -68,8 +70,10 @@ class DoorCounters:
     """What the door shed and cut since it started, and a rate limit on saying so."""
 
     shed: int = 0
+    evicted: int = 0
     header_timeouts: int = 0
     _logged_shed: int = 0
+    _logged_evicted: int = 0
     _logged_timeouts: int = 0
     _last_log: float = field(default=-_LOG_INTERVAL_S)
 
@@ -77,16 +81,20 @@ class DoorCounters:
         now = time.monotonic()
         if now - self._last_log < _LOG_INTERVAL_S:
             return
-        shed, cut = self.shed - self._logged_shed, self.header_timeouts - self._logged_timeouts
-        if not shed and not cut:
+        shed, evicted = self.shed - self._logged_shed, self.evicted - self._logged_evicted
+        cut = self.header_timeouts - self._logged_timeouts
+        if not (shed or evicted or cut):
             return
         self._last_log = now
-        self._logged_shed, self._logged_timeouts = self.shed, self.header_timeouts
+        self._logged_shed, self._logged_evicted = self.shed, self.evicted
+        self._logged_timeouts = self.header_timeouts
         log.warning(
-            "HTTP door: %d connections shed at its cap of %d, %d closed for not sending headers "
-            "within %gs (since the last report)",
-            shed,
+            "HTTP door (at most %d connections): %d closed at the cap to make room (the longest "
+            "waiting for headers), %d new ones shed at the cap (none was waiting), %d closed for "
+            "not sending headers within %gs (since the last report)",
             cap,
+            evicted,
+            shed,
             cut,
             header_timeout_s,
         )
@@ -104,7 +112,7 @@ def bounded_protocol(
             self._header_timer: asyncio.TimerHandle | None = None
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            if len(self.connections) >= max_connections:
+            if len(self.connections) >= max_connections and not _evict_oldest_waiting():
                 self._shed = True
                 counters.shed += 1
                 counters.report(max_connections, header_timeout_s)
@@ -119,30 +127,61 @@ def bounded_protocol(
             self._cancel_header_timer()
             super().connection_lost(exc)
 
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            if self in waiting and not self.waiting_for_headers():
+                del waiting[self]  # its request is in: no longer the one to make room
+
         def on_response_complete(self) -> None:
             super().on_response_complete()
             # A kept-alive connection owes the next request's headers in the same time.
             self._arm_header_timer()
 
+        def waiting_for_headers(self) -> bool:
+            return self.conn.their_state is h11.IDLE and (
+                self.cycle is None or self.cycle.response_complete
+            )
+
+        def close_for_room(self) -> None:
+            self._cancel_header_timer()
+            counters.evicted += 1
+            self.transport.abort()
+
         def _arm_header_timer(self) -> None:
             self._cancel_header_timer()
             if not self.transport.is_closing():
                 self._header_timer = self.loop.call_later(header_timeout_s, self._header_timeout)
+                waiting[self] = None  # the newest owing headers: the last to make room
 
         def _cancel_header_timer(self) -> None:
+            waiting.pop(self, None)
             if self._header_timer is not None:
                 self._header_timer.cancel()
                 self._header_timer = None
 
         def _header_timeout(self) -> None:
             self._header_timer = None
-            waiting_for_headers = self.conn.their_state is h11.IDLE and (
-                self.cycle is None or self.cycle.response_complete
-            )
-            if not waiting_for_headers or self.transport.is_closing():
+            waiting.pop(self, None)
+            if not self.waiting_for_headers() or self.transport.is_closing():
                 return  # a request is under way: its own deadlines bound it
             counters.header_timeouts += 1
             counters.report(max_connections, header_timeout_s)
             self.transport.close()
+
+    # Connections owing a request's headers, oldest first. At the cap the oldest of them is
+    # closed to make room, and only when none owes headers is the new connection shed: a door
+    # full of idle or trickling connections still lets a client with a whole request in, and a
+    # flood of new connections evicts the flood's own before it reaches anyone mid-request.
+    waiting: dict[BoundedH11Protocol, None] = {}
+
+    def _evict_oldest_waiting() -> bool:
+        while waiting:
+            oldest = next(iter(waiting))
+            del waiting[oldest]
+            if oldest.waiting_for_headers() and not oldest.transport.is_closing():
+                oldest.close_for_room()
+                counters.report(max_connections, header_timeout_s)
+                return True
+        return False
 
     return BoundedH11Protocol
