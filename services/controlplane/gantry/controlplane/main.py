@@ -7,10 +7,10 @@ import asyncio
 import logging
 import os
 import sys
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from gantry.common.arg_types import positive, positive_seconds
 from gantry.common.inference_limits import (
     InferenceLimits,
     LimitSettingsError,
@@ -43,25 +43,12 @@ from gantry.controlplane.serving.inference_service import InferenceSettings
 from gantry.controlplane.serving.openai_http import DoorBounds, HttpListenError
 
 
-def _positive(kind: type[float] | type[int]) -> Callable[[str], float]:
-    def parse(text: str) -> float:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"{text} is not above 0")
-        return value
-
-    return parse
-
-
 def _add_http_bound_arguments(parser: argparse.ArgumentParser) -> None:
     defaults = DoorBounds()
     group = parser.add_argument_group("bounds of the HTTP API's connections")
     group.add_argument(
         "--http-max-connections",
-        type=_positive(int),
+        type=positive,
         default=defaults.max_connections,
         help="connections held at once; at the cap a new one takes the place of the one that "
         "has waited longest for a request's headers, or is reset when every one is mid-request. "
@@ -70,14 +57,14 @@ def _add_http_bound_arguments(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--http-header-timeout-s",
-        type=_positive(float),
+        type=positive_seconds,
         default=defaults.header_timeout_s,
         help="seconds a connection has to send a request's headers, at its start and after each "
         "answer on a kept-alive connection; then it is closed (default %(default)s)",
     )
     group.add_argument(
         "--http-body-timeout-s",
-        type=_positive(float),
+        type=positive_seconds,
         default=defaults.body_timeout_s,
         help="seconds a request's body has to arrive once its headers have; then the call is "
         "refused CLIENT_TOO_SLOW (default %(default)s)",
