@@ -88,11 +88,11 @@ $(CLIENTS_STAMP): requirements-clients.txt
 		$(CLIENTS_VENV)/bin/pip install $(PIP_FLAGS) -r requirements-clients.txt
 	@touch $@
 
-$(STAMP): requirements-dev.txt libs/pyproject.toml services/*/pyproject.toml
+$(STAMP): requirements-dev.txt libs/pyproject.toml services/*/pyproject.toml cli/pyproject.toml
 	@test -x $(BIN)/python || $(STEP) "create $(VENV)" -- $(PYTHON) -m venv $(VENV)
 	@$(STEP) "install $(VENV) (torch 2.13.0 CPU, gantry, the bundled model; ~2-4 min fresh)" -- \
 		$(BIN)/pip install $(PIP_FLAGS) -r requirements-dev.txt \
-		-e libs -e services/controlplane -e services/scheduler -e 'services/worker[ml]' \
+		-e libs -e services/controlplane -e services/scheduler -e 'services/worker[ml]' -e cli \
 		torch==2.13.0
 	@touch $@
 
@@ -139,7 +139,7 @@ test-plan:
 # wait on disk and network), the longest first; each step's lines carry its name.
 test: test-plan
 	@$(MAKE) --no-print-directory -j4 $(LLAMA_STAMP) $(PROTO_STAMP) $(VISION_STAMP) $(CLIENTS_STAMP)
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=30
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=30
 
 test-unit: $(PROTO_STAMP)
 	$(BIN)/python -m pytest -q tests/unit
@@ -148,9 +148,9 @@ test-integration: $(PROTO_STAMP)
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile tests/integration
 
 lint: $(PROTO_STAMP)
-	$(BIN)/ruff check libs services tests
-	$(BIN)/ruff format --check libs services tests
-	$(BIN)/mypy libs/gantry/common libs/gantry/cli services
+	$(BIN)/ruff check libs services cli tests
+	$(BIN)/ruff format --check libs services cli tests
+	$(BIN)/mypy libs/gantry/common cli services
 
 bench: $(PROTO_STAMP) $(VISION_STAMP) $(LLAMA_STAMP)
 	$(BIN)/python -m tests.bench.run

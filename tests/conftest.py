@@ -8,6 +8,11 @@ Whole files go to one worker because some files look model hosts up machine-wide
 deployment id shared by their tests (tests/integration/test_model_host.py's "dep-embed",
 test_worker_supervision.py's "dep-restart"), and because module-scoped fixtures (a Gantry with a
 deployed model) are then built once per file rather than once per worker.
+
+Files run longest first (`make test` passes `--no-loadscope-reorder`, so xdist hands files out in
+collection order): with two workers, a two-minute file handed out last would run alone at the end.
+tests/file_durations.json holds each file's seconds from a full run (rebuild it with
+`scripts/file_durations.py`); a file it does not list is placed by its directory and test count.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+import json
 import secrets
 import uuid
 from collections.abc import AsyncIterator
@@ -54,6 +60,29 @@ async def _fresh_postgres_database() -> AsyncIterator[str]:
     finally:
         await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         await admin.close()
+
+
+_DURATIONS = Path(__file__).with_name("file_durations.json")
+# Seconds a test of an unlisted file is assumed to take, by its top directory: a guess only
+# orders the files; a wrong one costs time at the end of the run, never a result.
+_SECONDS_PER_TEST = {"e2e": 30.0, "chaos": 10.0, "integration": 1.0, "unit": 0.03}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Longest file first; a file's own tests keep their order (module fixtures)."""
+    known = json.loads(_DURATIONS.read_text()) if _DURATIONS.is_file() else {}
+    counts: dict[str, int] = {}
+    for item in items:
+        counts[item.nodeid.split("::")[0]] = counts.get(item.nodeid.split("::")[0], 0) + 1
+
+    def expected(path: str) -> float:
+        if path in known:
+            return float(known[path])
+        parts = path.split("/")
+        top = parts[1] if len(parts) > 2 else ""
+        return counts[path] * _SECONDS_PER_TEST.get(top, 1.0)
+
+    items.sort(key=lambda item: -expected(item.nodeid.split("::")[0]))
 
 
 @pytest.fixture

@@ -1,7 +1,7 @@
 # syntax=docker/dockerfile:1.7
 # Gantry scheduler image. Build from the repository root:
 #   docker build -f deploy/images/scheduler.Dockerfile -t gantry/scheduler:0.1.0 .
-# Installs gantry-libs + gantry-scheduler only: no ML stack (no torch, no transformers).
+# Installs gantry-libs, gantry-cli (the `gantry` command) and gantry-scheduler only: no ML stack.
 ARG PYTHON_IMAGE=python:3.11-slim
 
 # ---- build: generate the gRPC stubs, build a self-contained venv -------------------------------
@@ -15,12 +15,13 @@ RUN python -m venv /opt/protoc \
  && /opt/protoc/bin/pip install "grpcio-tools==1.85.1" "protobuf>=7.35,<8"
 COPY proto/ proto/
 COPY libs/ libs/
+COPY cli/ cli/
 # Generated files are not committed: make them here, exactly as `make proto` does.
 RUN /opt/protoc/bin/python -m grpc_tools.protoc -I proto \
       --python_out=libs --pyi_out=libs --grpc_python_out=libs proto/gantry/v1/*.proto
 COPY services/scheduler/ services/scheduler/
 RUN python -m venv /opt/gantry \
- && /opt/gantry/bin/pip install ./libs ./services/scheduler
+ && /opt/gantry/bin/pip install ./libs ./cli ./services/scheduler
 # Guard: the scheduler image must not carry the ML stack (mirrors the import test).
 RUN /opt/gantry/bin/python -c "import importlib.util as u, sys; bad = [m for m in ('torch', 'transformers', 'sentence_transformers', 'pynvml') if u.find_spec(m)]; sys.exit('ML stack in scheduler image: %s' % bad if bad else 0)" \
  && /opt/gantry/bin/python -c "import gantry.v1.scheduler_pb2_grpc, gantry.scheduler, grpc_health.v1.health_pb2"

@@ -20,6 +20,7 @@ RUN python -m venv /opt/protoc \
  && /opt/protoc/bin/pip install "grpcio-tools==1.85.1" "protobuf>=7.35,<8"
 COPY proto/ proto/
 COPY libs/ libs/
+COPY cli/ cli/
 # Generated files are not committed: make them here, exactly as `make proto` does.
 RUN /opt/protoc/bin/python -m grpc_tools.protoc -I proto \
       --python_out=libs --pyi_out=libs --grpc_python_out=libs proto/gantry/v1/*.proto
@@ -27,7 +28,7 @@ RUN /opt/protoc/bin/python -m grpc_tools.protoc -I proto \
 RUN python -m venv /opt/gantry \
  && /opt/gantry/bin/pip install ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} "torch==2.13.0"
 COPY services/worker/ services/worker/
-RUN /opt/gantry/bin/pip install ./libs "./services/worker[ml]" "torch==2.13.0" \
+RUN /opt/gantry/bin/pip install ./libs ./cli "./services/worker[ml]" "torch==2.13.0" \
  && /opt/gantry/bin/python -c "import torch, transformers, sentence_transformers, pynvml, gantry.worker, gantry.v1.worker_gateway_pb2_grpc; assert torch.__version__.split('+')[0] == '2.13.0', torch.__version__"
 
 # ---- runtime ----------------------------------------------------------------------------------

@@ -12,7 +12,6 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -31,7 +30,9 @@ from gantry.common.status import error_info_of
 from gantry.v1 import common_pb2, inference_pb2, inference_pb2_grpc
 from gantry.v1 import control_plane_pb2 as cp
 from gantry.v1 import control_plane_pb2_grpc as cp_grpc
+from tests.fixtures.host_test_hooks import worker_argv
 from tests.integration.harness import walk_the_gates
+from tests.ports import free_port
 
 CHILD_ENV = {
     "HF_HUB_OFFLINE": "1",
@@ -39,7 +40,6 @@ CHILD_ENV = {
     "HF_HUB_DISABLE_PROGRESS_BARS": "1",
     "TOKENIZERS_PARALLELISM": "false",
     "PYTHONUNBUFFERED": "1",
-    "GANTRY_MODEL_HOST_TEST_HOOKS": "1",
 }
 HANG_INPUT = "__gantry_test_hook__:hang"
 # Short intervals so faults are noticed in seconds (see `gantry controlplane --help`).
@@ -67,12 +67,6 @@ CALL_TIMEOUT_S = 5.0
 # How long a model host orphaned by its worker's death may take to follow it (parent-death
 # signal) before the test counts it as having outlived the test.
 ORPHAN_EXIT_S = 5.0
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def write_secret(path: Path, value: str) -> Path:
@@ -296,6 +290,10 @@ class Cluster:
 
     def _service(self, role: str, arguments: list[str]) -> Service:
         argv = [sys.executable, "-m", "gantry.cli.main", role, *arguments]
+        if role == "worker":
+            # The same `gantry worker`, its model hosts taking the magic inputs (HANG_INPUT):
+            # only a test entry point switches them on, never a worker's environment.
+            argv = worker_argv(*arguments)
         return Service(role=role, argv=argv, log_path=self.logs / f"{role}.log", env=self.env)
 
     async def migrate(self) -> None:

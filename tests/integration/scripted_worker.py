@@ -13,7 +13,7 @@ import contextlib
 import struct
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
@@ -113,13 +113,26 @@ def healthy_probe_evidence(probe: wg.ProbeSpec) -> wg.ProbeEvidence:
     )
 
 
+def honest_load_evidence(spec: wg.LoadSpec) -> dict[str, Any]:
+    """The LoadEvidence fields the control plane checks against the job, as a real worker sets
+    them after verifying every file of the manifest (none for an adopted endpoint)."""
+    if spec.HasField("endpoint"):
+        return {"isolation": "NONE"}
+    return {
+        "manifest_digest": spec.manifest_digest,
+        "files_verified": len(spec.manifest),
+        "bytes_verified": sum(entry.size_bytes for entry in spec.manifest),
+        "isolation": "NONE",
+    }
+
+
 class ScriptedWorker:
     """Answers loads and unloads by default, holds invocations; every message is recorded."""
 
     def __init__(
         self,
         *,
-        generation: int = 1,
+        generation: int = 1,  # what its Hello presents; the Welcome's is stamped after it
         resource_domains: Sequence[common_pb2.ResourceDomain] = GENEROUS_DOMAINS,
     ) -> None:
         self.generation = generation
@@ -218,6 +231,8 @@ class ScriptedWorker:
                     load_seconds=0.1,
                     adapter_digest=adapter_digest(job.load.adapter),
                     environment_fingerprint=ENVIRONMENT_FINGERPRINT,
+                    # What an honest worker verified: the set the job names, all of it.
+                    **honest_load_evidence(job.load),
                 )
             )
             self.residents[job.load.deployment_id] = wg.ResidentModel(
@@ -300,6 +315,8 @@ class ScriptedWorker:
         kind = message.WhichOneof("kind")
         if kind == "welcome":
             self.welcome = message.welcome
+            # The generation the control plane issued, stamped from here on (as a worker does).
+            self.generation = message.welcome.accepted_generation
             self.welcomed.set()
         elif kind == "job_assignment":
             self.assignments.append(message.job_assignment)

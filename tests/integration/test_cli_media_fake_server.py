@@ -30,6 +30,7 @@ from gantry.cli.main import main
 from gantry.common.inference_limits import MAX_IMAGES
 from gantry.v1 import inference_pb2, inference_pb2_grpc
 from tests.unit.test_cli_media import CLIENT_KEY, JPEG, PNG, WEBP, Terminal, flac_header, wav_bytes
+from tests.unit.test_cli_progress import terminal_frames
 
 
 @dataclass
@@ -344,12 +345,13 @@ def test_a_long_flac_is_sent_whole_with_a_spinner_on_a_terminal(
 
     terminal = SpinnerWatch()
     monkeypatch.setattr("sys.stderr", terminal)
+    monkeypatch.setenv("COLUMNS", "1000")  # wide enough for the whole line (tmp_path is long)
     assert main([*served.argv, "transcribe", str(flac), "--capability", "speech"]) == 0
     assert capsys.readouterr().out == "from sample -1\n"
     [request] = served.fake.requests
     assert request.audio.media_type == "audio/flac" and request.audio.data == flac.read_bytes()
     # 4 windows x the 120 s default; gRPC's timeout header rounds up to whole seconds.
     assert 360 < served.fake.deadlines[0] <= 481
-    drawn = terminal.getvalue().split("\r")
-    assert drawn[1].startswith(f"transcribing {flac}: | ") and "(sent whole)" in drawn[1]
+    drawn = terminal_frames(terminal.getvalue())
+    assert drawn[0].startswith(f"transcribing {flac}: | ") and "(sent whole)" in drawn[0]
     assert drawn[-1].startswith(f"transcribing {flac}: 95.0 s of audio sent whole, ")

@@ -156,7 +156,7 @@ async def test_inventory_by_name_and_by_id_and_of_an_unknown_node(
     left = await gantry.node("left")
     # The inventory is the one of the node's last Hello: the left worker reconnects (same
     # generation) and its Hello lists the model host it holds.
-    reconnected = ScriptedWorker(generation=1)
+    reconnected = ScriptedWorker(generation=workers["left"].generation)
     reconnected.residents = dict(workers["left"].residents)
     await workers["left"].stop()
     await reconnected.start(gantry.harness.channel, gantry.harness.credentials["left"])

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import queue
 import signal
-import socket
 import stat
 import subprocess
 import sys
@@ -17,14 +16,9 @@ import pytest
 
 from gantry.cli.main import main
 from tests.integration.test_cli_bootstrap import FAKE_WORKER_STOP_ENV
+from tests.ports import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def start_up(

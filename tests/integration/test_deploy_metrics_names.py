@@ -14,6 +14,7 @@ import datetime as dt
 
 import pytest
 
+from gantry.common import operations
 from gantry.common.bounded_spans import DROPPED_SPAN, PROCESS_DROPS
 from gantry.common.clock import ManualClock
 from gantry.controlplane.platform import metrics as controlplane_metrics
@@ -73,9 +74,9 @@ def _feed_every_instrument(scheduler: SchedulerMetrics) -> None:
     with controlplane_metrics.counting():
         controlplane_metrics.call_resolved("names-capability", "dep-names")
         controlplane_metrics.stage_finished(
-            controlplane_metrics.EMBED, controlplane_metrics.STAGE_WORKER, 0.005
+            operations.EMBED.rpc, controlplane_metrics.STAGE_WORKER, 0.005
         )
-        controlplane_metrics.invocation_answered(controlplane_metrics.EMBED, None, 0.01)
+        controlplane_metrics.invocation_answered(operations.EMBED.rpc, None, 0.01)
     controlplane_metrics.admission_rejected("QUEUE_FULL")
     controlplane_metrics.job_committed("LOAD", "", now - dt.timedelta(seconds=2), now)
     controlplane_metrics.worker_stream("connected")

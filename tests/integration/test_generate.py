@@ -27,7 +27,7 @@ from gantry.v1 import common_pb2
 from gantry.v1 import control_plane_pb2 as cp
 from gantry.v1 import inference_pb2 as inf
 from gantry.worker.model_host.generation_serving import TEST_HOOK_SLOW_TOKENS_PROMPT
-from gantry.worker.model_host.serving import TEST_HOOKS_ENV
+from tests.fixtures.host_test_hooks import hosts_with_test_hooks
 from tests.fixtures.tiny_causal_lm import DirectCausalLM
 from tests.integration.generation_support import tiny_lm_ready, tokens_before_the_cancel
 from tests.integration.harness import Harness, running_gantry, wait_for
@@ -169,9 +169,9 @@ async def test_generate_and_generate_stream_serve_one_greedy_text_every_way(
 async def test_a_client_that_cancels_a_stream_stops_the_generation_in_the_model_host(
     sqlite_url: str, tmp_path: Path, tiny_causal_lm_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # The model host inherits the hook switch: its slow-tokens prompt takes 50 ms a token, so
-    # the 200 tokens asked for would hold the host for 10 s if the cancel did not stop them.
-    monkeypatch.setenv(TEST_HOOKS_ENV, "1")
+    # The worker's model host takes the magic inputs: its slow-tokens prompt takes 50 ms a token,
+    # so the 200 tokens asked for would hold the host for 10 s if the cancel did not stop them.
+    hosts_with_test_hooks(monkeypatch)
     max_tokens = 200
     root = tmp_path / "artifacts"
     root.mkdir()

@@ -18,6 +18,7 @@ import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
+from gantry.common import operations
 from gantry.common.auth import auth_metadata
 from gantry.common.clock import ManualClock
 from gantry.common.errors import GantryError
@@ -199,7 +200,7 @@ def test_past_the_caps_further_models_count_as_other(recorded: Recorded) -> None
     for index in range(calls):
         with controlplane_metrics.counting():
             controlplane_metrics.call_resolved(f"cap-{index}", f"dep-{index}")
-            controlplane_metrics.invocation_answered(controlplane_metrics.EMBED, None, 0.01)
+            controlplane_metrics.invocation_answered(operations.EMBED.rpc, None, 0.01)
         worker_metrics.invocation_answered(
             "", 0.01, capability=f"cap-{index}", deployment_id=f"dep-{index}"
         )
@@ -224,7 +225,7 @@ def test_model_labels_fold_each_label_on_its_own_cap_and_name_the_unresolved() -
 
 
 class FakeHost:
-    async def embed(self, inputs: list[str], **_: object) -> wg.EmbedResult:
+    async def invoke(self, kind: str, payload: object, **_: object) -> wg.EmbedResult:
         return wg.EmbedResult(count=1, dim=1, float32_le=b"\x00\x00\x80?")
 
 

@@ -18,24 +18,25 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from gantry.common.errors import GantryError
+from gantry.common.manifest import build_manifest
 from gantry.v1 import common_pb2
 from gantry.v1 import worker_gateway_pb2 as wg
 from gantry.worker.crash_policy import RestartPolicy
 from gantry.worker.environment_facts import RuntimeEnvironments
-from gantry.worker.managed_server.host_factory import serving_host_factory
 from gantry.worker.managed_server.kinds import LLAMA_CPP_SERVER, SERVER_KINDS
 from gantry.worker.managed_server.server_process import ManagedServer, ServerLaunch
 from gantry.worker.model_host.environments import ENV_MAP_JSON
-from gantry.worker.model_host.proc_facts import process_start_ticks
+from gantry.worker.model_host.proc_facts import process_identity
 from gantry.worker.model_host.process import HostLaunchSpec, ModelHost
 from gantry.worker.nvml_readings import Nvml
 from gantry.worker.residents import RESIDENT, ResidentFacts
-from gantry.worker.runtime_adapters.base import Prepared, StartRequest
+from gantry.worker.runtime_adapters.base import Prepared, PrepareRequest, StartRequest
 from gantry.worker.runtime_adapters.llama_cpp_server import LlamaCppServer
-from gantry.worker.supervision import SupervisionSettings, Supervisor
+from gantry.worker.supervision import ServingLoad, SupervisionSettings, Supervisor
 from tests.fixtures.llama_env import llama_python  # noqa: F401  (fixture)
 from tests.fixtures.tiny_causal_lm_gguf import build_tiny_causal_lm_gguf
 
@@ -77,9 +78,27 @@ def _spec(python: str, directory: Path, name: str = "llama-dep") -> HostLaunchSp
     )
 
 
-def _gone(pid: int, start_ticks: str | None) -> bool:
-    ticks = process_start_ticks(pid)
-    return ticks is None or ticks != start_ticks
+def _llama_load(directory: Path, *, name: str) -> ServingLoad:
+    """A LOAD of the GGUF in `directory` (its manifest taken now) by the llama server adapter."""
+    manifest = [
+        common_pb2.ManifestEntry(path=e.path, size_bytes=e.size_bytes, sha256=e.sha256)
+        for e in build_manifest(directory)
+    ]
+    return ServingLoad(
+        prepare=PrepareRequest(
+            environment_id="llama",
+            settings=common_pb2.AdapterSettings(adapter=LLAMA_CPP_SERVER, device="cpu"),
+            artifact_root=directory.parent,
+            artifact_location=directory.name,
+            manifest=manifest,
+        ),
+        start=StartRequest(name=name, load_timeout_s=120, max_pending=8, inbox_limit=8),
+    )
+
+
+def _gone(pid: int, started: psutil.Process | None) -> bool:
+    now = process_identity(pid)
+    return now is None or now != started
 
 
 async def test_the_managed_llama_cpp_server_serves_the_same_greedy_text_as_transformers(
@@ -90,7 +109,7 @@ async def test_the_managed_llama_cpp_server_serves_the_same_greedy_text_as_trans
     started = time.monotonic()
     server = await ManagedServer.start(_spec(llama_python, tiny_models[1]))
     start_seconds = time.monotonic() - started
-    ticks = process_start_ticks(server.pid)
+    ticks = process_identity(server.pid)
     try:
         assert server.ready.isolation == "NONE" and "127.0.0.1" in server.ready.isolation_reason
         payload = wg.GeneratePayload(prompt=PROMPT, max_tokens=NEW_TOKENS)
@@ -221,7 +240,7 @@ async def test_a_server_that_binds_beyond_loopback_is_refused_and_left_dead(
     assert error.metadata["refusal"] == "BOUND_BEYOND_LOOPBACK"
     assert f"0.0.0.0:{port}" in error.message
     pid = int(error.metadata["pid"])
-    assert process_start_ticks(pid) is None  # killed and reaped before the refusal
+    assert process_identity(pid) is None  # killed and reaped before the refusal
     with socket.socket() as again:  # and its port is free again (TIME_WAIT aside)
         again.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         again.bind(("127.0.0.1", port))
@@ -290,25 +309,25 @@ async def test_a_killed_server_is_restarted_with_backoff_by_supervision(
     directory = tmp_path / "model"
     shutil.copytree(tiny_models[1], directory)
     changed = asyncio.Event()
+    environments = RuntimeEnvironments({ENV_MAP_JSON: json.dumps({"llama": llama_python})})
+    # The real registry and the adapter's real prepare (verified copy) and start.
     supervisor = Supervisor(
         SupervisionSettings(
             restart=RestartPolicy(initial_backoff_s=0.2, max_backoff_s=1.0),
             stop_grace_s=5.0,
         ),
         on_change=changed.set,
-        host_factory=serving_host_factory(ModelHost.start),
+        host_factory=ModelHost.start,  # a model host's factory: never a server's
+        environments=environments,
     )
-
-    async def prepare() -> HostLaunchSpec:
-        return _spec(llama_python, directory, name="restarts")
-
+    load = _llama_load(directory, name="restarts")
     facts = ResidentFacts(
         artifact_digest="sha256:x",
         environment_id="llama",
         adapter_digest="a",
         environment_fingerprint="f",
     )
-    resident = await supervisor.load("restarts", facts, prepare, trace_context={})
+    resident = await supervisor.load("restarts", facts, load, trace_context={})
     first = resident.host
     assert isinstance(first, ManagedServer)
     try:
@@ -331,6 +350,7 @@ async def test_a_killed_server_is_restarted_with_backoff_by_supervision(
         assert result.completion_tokens == 3
     finally:
         evidence = await supervisor.unload("restarts")
+        await environments.close()
     assert evidence.process_exited
 
 
@@ -354,7 +374,7 @@ async def test_the_probe_lifecycle_measures_the_server_and_verifies_it_gone(
     )
     try:
         result = await adapter.probe(running, timeout_s=GENERATE_TIMEOUT_S)
-        health = await adapter.health(running, deep=True, timeout_s=GENERATE_TIMEOUT_S)
+        health = (await adapter.health(running, deep=True, timeout_s=GENERATE_TIMEOUT_S)).report
     except BaseException:
         await adapter.stop(running, grace_s=0)
         raise

@@ -19,7 +19,7 @@ from gantry.v1 import common_pb2
 from gantry.v1 import control_plane_pb2 as cp
 from gantry.v1 import inference_pb2 as inf
 from gantry.worker.model_host.environments import DEFAULT_EXECUTABLE, ENV_MAP_FILE, ENV_MAP_JSON
-from gantry.worker.model_host.proc_facts import process_start_ticks
+from gantry.worker.model_host.proc_facts import process_identity
 from tests.fixtures.llama_env import llama_python  # noqa: F401  (fixture)
 from tests.fixtures.tiny_causal_lm_gguf import build_tiny_causal_lm_gguf
 from tests.integration.harness import running_gantry, wait_for, walk_the_gates
@@ -81,7 +81,7 @@ async def test_a_gguf_walks_every_gate_and_is_served_by_the_managed_server_like_
         server = await harness.wait_deployment(served.deployment_id, READY, timeout=180)
         await harness.wait_deployment(in_process.deployment_id, READY, timeout=180)
         pid = server.residencies[0].pid
-        ticks = process_start_ticks(pid)
+        started = process_identity(pid)
         assert "llama_cpp.server" in _command_line(pid), _command_line(pid)
         assert "--host 127.0.0.1" in _command_line(pid)
 
@@ -112,7 +112,8 @@ async def test_a_gguf_walks_every_gate_and_is_served_by_the_managed_server_like_
         await harness.wait_deployment(served.deployment_id, cp.DEPLOYMENT_STATE_UNLOADED)
 
         def gone() -> bool:
-            return process_start_ticks(pid) in (None, "") or process_start_ticks(pid) != ticks
+            now = process_identity(pid)
+            return now is None or now != started
 
         await wait_for(gone, timeout=30, what=f"the managed server {pid} to be gone")
         # The in-process deployment was never touched.

@@ -22,7 +22,6 @@ from gantry.worker.model_host.serving import (
     TEST_HOOK_FAIL_INPUT,
     TEST_HOOK_HANG_INPUT,
     TEST_HOOK_SLOW_INPUT,
-    TEST_HOOKS_ENV,
 )
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -30,7 +29,9 @@ PARENT_SPAN_ID = "00f067aa0ba902b7"
 TRACEPARENT = {"traceparent": f"00-{TRACE_ID}-{PARENT_SPAN_ID}-01"}
 
 
-def _spec(model_directory: Path, deployment_id: str, **env: str) -> HostLaunchSpec:
+def _spec(
+    model_directory: Path, deployment_id: str, *, test_hooks: bool = False, **env: str
+) -> HostLaunchSpec:
     return HostLaunchSpec(
         deployment_id=deployment_id,
         model_directory=model_directory,
@@ -38,6 +39,7 @@ def _spec(model_directory: Path, deployment_id: str, **env: str) -> HostLaunchSp
         python_executable=sys.executable,
         env=env,
         load_timeout_s=90,
+        test_hooks=test_hooks,
     )
 
 
@@ -161,7 +163,7 @@ async def test_failed_forward_pass_fails_only_its_request_and_the_host_keeps_ser
     tiny_model_dir: Path,
     reference_model,
 ) -> None:
-    host = await ModelHost.start(_spec(tiny_model_dir, "dep-invoke-fail", **{TEST_HOOKS_ENV: "1"}))
+    host = await ModelHost.start(_spec(tiny_model_dir, "dep-invoke-fail", test_hooks=True))
     try:
         failing, healthy = await asyncio.gather(
             host.embed([TEST_HOOK_FAIL_INPUT], trace_context={}, timeout_s=30),
@@ -189,7 +191,7 @@ async def test_failed_forward_pass_fails_only_its_request_and_the_host_keeps_ser
 async def test_ping_is_answered_during_a_forward_pass_and_rss_is_current(
     tiny_model_dir: Path,
 ) -> None:
-    host = await ModelHost.start(_spec(tiny_model_dir, "dep-ping", **{TEST_HOOKS_ENV: "1"}))
+    host = await ModelHost.start(_spec(tiny_model_dir, "dep-ping", test_hooks=True))
     try:
         hung = asyncio.create_task(
             host.embed([TEST_HOOK_HANG_INPUT], trace_context={}, timeout_s=60)
@@ -214,7 +216,7 @@ async def test_ping_is_answered_during_a_forward_pass_and_rss_is_current(
 async def test_timeout_is_honoured_in_the_child_and_cancel_drops_queued_work(
     tiny_model_dir: Path,
 ) -> None:
-    host = await ModelHost.start(_spec(tiny_model_dir, "dep-queue", **{TEST_HOOKS_ENV: "1"}))
+    host = await ModelHost.start(_spec(tiny_model_dir, "dep-queue", test_hooks=True))
     try:
         # A slow forward pass holds the main thread; everything sent meanwhile waits in its inbox.
         slow = asyncio.create_task(
@@ -287,7 +289,7 @@ async def test_child_killed_mid_request_raises_runtime_crashed_and_reports_the_e
         exited.set()
 
     host = await ModelHost.start(
-        _spec(tiny_model_dir, "dep-crash", **{TEST_HOOKS_ENV: "1"}), on_exit=on_exit
+        _spec(tiny_model_dir, "dep-crash", test_hooks=True), on_exit=on_exit
     )
     pending = asyncio.create_task(
         host.embed([TEST_HOOK_HANG_INPUT], trace_context={}, timeout_s=60)

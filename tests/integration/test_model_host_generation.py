@@ -30,7 +30,6 @@ from gantry.worker.invocations import Invocations
 from gantry.worker.model_host.adapters.causal_lm import DEFAULT_MAX_TOKENS
 from gantry.worker.model_host.generation_serving import TEST_HOOK_SLOW_TOKENS_PROMPT
 from gantry.worker.model_host.process import HostLaunchSpec, ModelHost
-from gantry.worker.model_host.serving import TEST_HOOKS_ENV
 from tests.fixtures.tiny_causal_lm import CONTEXT_LENGTH, DirectCausalLM
 from tests.integration.generation_support import tokens_before_the_cancel
 
@@ -84,7 +83,7 @@ async def lm_host(tiny_causal_lm_dir: Path) -> AsyncIterator[ModelHost]:
                 adapter="transformers_causal_lm", device="cpu", max_new_tokens=MAX_NEW_TOKENS
             ),
             python_executable=sys.executable,
-            env={TEST_HOOKS_ENV: "1"},
+            test_hooks=True,
             load_timeout_s=120,
         )
     )

@@ -18,7 +18,7 @@ from gantry.common.errors import FailureClass, GantryError
 from gantry.v1 import common_pb2, worker_gateway_pb2
 from gantry.worker.model_host.input_lengths import first_overlong
 from gantry.worker.model_host.process import HostLaunchSpec, ModelHost
-from gantry.worker.model_host.serving import TEST_HOOK_SLOW_INPUT, TEST_HOOKS_ENV
+from gantry.worker.model_host.serving import TEST_HOOK_SLOW_INPUT
 
 OVERLONG = "hello world " * 100  # 202 tokens alone; the tiny models take 128
 QUERY = "quick brown fox"
@@ -30,7 +30,7 @@ def _spec(model_directory: Path, adapter: str, deployment_id: str) -> HostLaunch
         model_directory=model_directory,
         adapter=common_pb2.AdapterSettings(adapter=adapter, device="cpu"),
         python_executable=sys.executable,
-        env={TEST_HOOKS_ENV: "1"},
+        test_hooks=True,
         load_timeout_s=90,
     )
 

@@ -15,20 +15,22 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from gantry.common.errors import GantryError
 from gantry.v1 import common_pb2
 from gantry.worker.model_host import landlock, sandbox, seccomp
-from gantry.worker.model_host.environments import INHERITED_ENVIRONMENT, OFFLINE_ENVIRONMENT
+from gantry.worker.model_host.environments import (
+    INHERITED_ENVIRONMENT,
+    OFFLINE_ENVIRONMENT,
+    TEST_HOOKS_VARIABLE,
+)
 from gantry.worker.model_host.landlock import IsolationLevel
 from gantry.worker.model_host.process import HostLaunchSpec, ModelHost
 from gantry.worker.model_host.sandbox import IsolationRequirement
-from gantry.worker.model_host.serving import (
-    TEST_HOOK_PROBE_MARKER,
-    TEST_HOOKS_ENV,
-)
+from gantry.worker.model_host.serving import TEST_HOOK_PROBE_MARKER
 from tests.integration.sandbox_probe import sandbox_report
 
 WORKER_SECRETS = {
@@ -36,8 +38,10 @@ WORKER_SECRETS = {
     "MY_SECRET": "hunter2-fake-secret",
     "AWS_SECRET_ACCESS_KEY": "fake-aws-key",
 }
-# What a host may find in its environment: allow-listed names, the forced flags, its own dirs.
+# What a host may find in its environment: allow-listed names, the forced flags, its own dirs,
+# and the test hooks' switch these tests start their hosts with (`test_hooks=True`).
 HOST_VARIABLES = set(INHERITED_ENVIRONMENT) | set(OFFLINE_ENVIRONMENT) | {"PATH", "HOME", "TMPDIR"}
+HOST_VARIABLES |= {TEST_HOOKS_VARIABLE}
 SET_BY_LIBRARIES = ("KMP_", "TORCHINDUCTOR_")
 
 # A seccomp filter that answers ENOSYS to landlock_create_ruleset (444 on x86_64 and aarch64) and
@@ -143,7 +147,7 @@ def _kernel_seccomp() -> tuple[bool, str]:
         check=True,
     )
     reason = completed.stdout.strip()
-    return reason == seccomp.DESCRIPTION, reason
+    return reason == seccomp.DESCRIPTIONS[seccomp.UnixSockets.DENIED], reason
 
 
 def _spec(model_directory: Path, deployment_id: str, **overrides: object) -> HostLaunchSpec:
@@ -152,11 +156,28 @@ def _spec(model_directory: Path, deployment_id: str, **overrides: object) -> Hos
         "model_directory": model_directory,
         "adapter": common_pb2.AdapterSettings(adapter="sentence_transformers", device="cpu"),
         "python_executable": sys.executable,
-        "env": {TEST_HOOKS_ENV: "1"},
+        "test_hooks": True,
         "load_timeout_s": 90,
     }
     fields.update(overrides)
     return HostLaunchSpec(**fields)  # type: ignore[arg-type]
+
+
+async def probe_after_sandbox(
+    model_directory: Path, tmp_path: Path, code: str, deployment_id: str
+) -> dict[str, Any]:
+    """Start a host whose interpreter runs `code` (a script like `_PROBE_AFTER_SANDBOX`) with the
+    child's arguments; the report the load failed with."""
+    python = tmp_path / "python-probing-after-sandbox"
+    python.write_text(_PROBING_PYTHON.format(python=sys.executable, code=code))
+    python.chmod(0o755)
+    with pytest.raises(GantryError) as probed:
+        await ModelHost.start(_spec(model_directory, deployment_id, python_executable=str(python)))
+    message = probed.value.message
+    assert TEST_HOOK_PROBE_MARKER in message, message
+    report = json.loads(message.split(TEST_HOOK_PROBE_MARKER, 1)[1])
+    assert isinstance(report, dict)
+    return report
 
 
 @pytest.fixture
@@ -230,24 +251,17 @@ async def test_host_in_its_sandbox_can_send_no_udp_and_resolve_no_name_before_it
     tiny_model_dir: Path, tmp_path: Path, udp_listener: socket.socket
 ) -> None:
     filtered, seccomp_reason = _kernel_seccomp()
-    python = tmp_path / "python-probing-after-sandbox"
     code = _PROBE_AFTER_SANDBOX.format(
         udp_port=udp_listener.getsockname()[1], marker=TEST_HOOK_PROBE_MARKER
     )
-    python.write_text(_PROBING_PYTHON.format(python=sys.executable, code=code))
-    python.chmod(0o755)
+    report = await probe_after_sandbox(tiny_model_dir, tmp_path, code, "dep-udp")
 
-    with pytest.raises(GantryError) as probed:
-        await ModelHost.start(_spec(tiny_model_dir, "dep-udp", python_executable=str(python)))
-    message = probed.value.message
-    assert TEST_HOOK_PROBE_MARKER in message, message
-    report = json.loads(message.split(TEST_HOOK_PROBE_MARKER, 1)[1])
-
-    assert report["unix_socket"] == "allowed"  # the host's own channel family still works
     if not filtered:
         assert "+SECCOMP_NET" not in report["isolation"]
         pytest.skip(f"this kernel refuses the seccomp filter: {seccomp_reason}")
     assert report["isolation"].endswith("+SECCOMP_NET")
+    # A CPU host opens no Unix socket either: its channel is inherited (the load went on to here).
+    assert report["unix_socket"] == "PermissionError EACCES"
     # The listener is up on loopback: only the filter stops the datagram.
     assert report["udp_socket"] == "PermissionError EACCES"
     assert report["udp6_socket"] == "PermissionError EACCES"

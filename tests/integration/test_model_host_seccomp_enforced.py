@@ -1,5 +1,5 @@
-"""The seccomp filter enforced for real: a filtered child process opens Unix sockets and no IP
-socket, and a syscall made through another ABI kills it.
+"""The seccomp filter enforced for real: a filtered child process opens no IP socket, and no Unix
+socket nor connect unless it drives CUDA; a syscall made through another ABI kills it.
 
 The filter program itself is checked instruction by instruction in
 tests/unit/test_model_host_seccomp.py; these run processes, which the unit guard refuses.
@@ -36,14 +36,25 @@ ctypes.CDLL(None).syscall({X32_SYSCALL_BIT | 39})  # x32 getpid
 
 _INSTALL_AND_PROBE = textwrap.dedent(
     """
-    import ctypes, errno, json, socket
+    import ctypes, errno, json, socket, sys
     from gantry.worker.model_host import seccomp
-    outcome = seccomp.install_socket_filter()
+    outcome = seccomp.install_socket_filter(seccomp.UnixSockets[sys.argv[1]])
     def attempt(family, kind):
         try:
             socket.socket(family, kind).close()
         except OSError as exc:
             return f"{type(exc).__name__} {errno.errorcode[exc.errno]}"
+        return "allowed"
+    def unix_connect():
+        # A socketpair needs neither socket(2) nor connect(2); re-connecting one end does.
+        end, other = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+        try:
+            end.connect("/nonexistent/gantry-probe.sock")
+        except OSError as exc:
+            return f"{type(exc).__name__} {errno.errorcode[exc.errno]}"
+        finally:
+            end.close()
+            other.close()
         return "allowed"
     libc = ctypes.CDLL(None, use_errno=True)
     params = ctypes.create_string_buffer(120)  # struct io_uring_params
@@ -55,30 +66,45 @@ _INSTALL_AND_PROBE = textwrap.dedent(
         "inet6_stream": attempt(socket.AF_INET6, socket.SOCK_STREAM),
         "unix_stream": attempt(socket.AF_UNIX, socket.SOCK_STREAM),
         "netlink": attempt(socket.AF_NETLINK, socket.SOCK_RAW),
+        "unix_connect": unix_connect(),
         "io_uring": "allowed" if ring >= 0 else errno.errorcode[ctypes.get_errno()],
     }))
     """
 )
 
 
-def _run_filtered(script: str) -> subprocess.CompletedProcess[str]:
+def _run_filtered(script: str, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-I", "-c", script], capture_output=True, text=True, timeout=60
+        [sys.executable, "-I", "-c", script, *args], capture_output=True, text=True, timeout=60
     )
 
 
-def test_a_filtered_process_opens_unix_sockets_but_no_ip_socket_udp_included() -> None:
-    completed = _run_filtered(_INSTALL_AND_PROBE)
+def _probe(unix: seccomp.UnixSockets) -> dict[str, object]:
+    completed = _run_filtered(_INSTALL_AND_PROBE, unix.name)
     assert completed.returncode == 0, completed.stderr
     outcome = json.loads(completed.stdout)
     if not outcome["installed"]:
         pytest.skip(f"seccomp is unavailable here: {outcome['reason']}")
-    assert outcome["reason"] == seccomp.DESCRIPTION
+    assert outcome["reason"] == seccomp.DESCRIPTIONS[unix]
     assert outcome["inet_dgram"] == "PermissionError EACCES"
     assert outcome["inet6_stream"] == "PermissionError EACCES"
-    assert outcome["unix_stream"] == "allowed"
     assert outcome["netlink"] == "allowed"
     assert outcome["io_uring"] == "EPERM"
+    assert isinstance(outcome, dict)
+    return outcome
+
+
+def test_a_filtered_process_opens_no_ip_socket_udp_included_nor_unix_socket_nor_connects() -> None:
+    outcome = _probe(seccomp.UnixSockets.DENIED)
+    assert outcome["unix_stream"] == "PermissionError EACCES"
+    assert outcome["unix_connect"] == "PermissionError EACCES"
+
+
+def test_a_cuda_host_keeps_unix_sockets_and_connect_for_the_driver_but_no_ip_socket() -> None:
+    outcome = _probe(seccomp.UnixSockets.CUDA)
+    assert outcome["unix_stream"] == "allowed"
+    # Past the filter: the kernel itself answers that the path does not exist.
+    assert outcome["unix_connect"] == "FileNotFoundError ENOENT"
 
 
 _INSTALL = """
@@ -93,7 +119,7 @@ def test_a_syscall_through_another_abi_kills_the_filtered_process(foreign_call: 
     unfiltered = _run_filtered(foreign_call)
     if unfiltered.returncode != 0:
         pytest.skip(f"this kernel refuses the ABI outright ({unfiltered.returncode})")
-    probe = _run_filtered(_INSTALL_AND_PROBE)
+    probe = _run_filtered(_INSTALL_AND_PROBE, seccomp.UnixSockets.DENIED.name)
     if not json.loads(probe.stdout)["installed"]:
         pytest.skip("seccomp is unavailable here")
     filtered = _run_filtered(_INSTALL + foreign_call)

@@ -36,7 +36,6 @@ from gantry.worker.model_host.process import HostLaunchSpec, ModelHost
 from gantry.worker.model_host.serving import (
     TEST_HOOK_PROBE_MARKER,
     TEST_HOOK_PROBE_SANDBOX_PREFIX,
-    TEST_HOOKS_ENV,
 )
 from tests.fixtures import tiny_siglip2
 from tests.fixtures.vision_env import kernel_isolation
@@ -146,7 +145,7 @@ def _spec(model_directory: Path, python: str, deployment_id: str) -> HostLaunchS
         ),
         python_executable=python,
         # The sandbox probe below runs through the test hooks.
-        env={TEST_HOOKS_ENV: "1"},
+        test_hooks=True,
         load_timeout_s=240,
     )
 
@@ -415,7 +414,7 @@ async def test_a_host_forked_by_a_warm_pool_of_the_vision_environment_serves_the
         _spec(tiny_siglip2_dir, vision_python, "dep-siglip2-forked"), warm_pool=pool
     )
     try:
-        server = pool.server_for_environment(vision_python, {**os.environ, TEST_HOOKS_ENV: "1"})
+        server = pool.server_for_environment(vision_python, dict(os.environ))
         assert server is not None and server.alive
         assert server.key.python_executable == vision_python
         stat = Path(f"/proc/{forked.pid}/stat").read_text()

@@ -20,7 +20,6 @@ from gantry.common.clock import ManualClock
 from gantry.common.grpc_server import insecure_channel
 from gantry.controlplane.app import ControlPlaneSettings, start_control_plane
 from gantry.controlplane.deployments.reconciler import ReconcilerSettings
-from gantry.controlplane.observability.audit_feed import AuditFeed
 from gantry.controlplane.serving.capability_degradation import DegradationSettings
 from gantry.v1 import common_pb2
 from gantry.v1 import control_plane_pb2 as cp
@@ -365,11 +364,7 @@ async def test_watch_streams_the_backlog_then_live_events_and_resumes_after_a_re
 
 async def test_watchers_are_bounded_with_a_typed_refusal(gantry: Pipeline):
     harness = gantry.harness
-    [feed] = [
-        listener
-        for listener in harness.control_plane.database.audit_listeners
-        if isinstance(listener, AuditFeed)
-    ]
+    feed = harness.control_plane.audit_feed
     feed.max_watchers = 1
     first = Watch(harness, after=0)
     await first.next()  # the harness's API key: the first watch holds its slot

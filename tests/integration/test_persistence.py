@@ -231,9 +231,9 @@ async def test_timestamps_come_back_timezone_aware(database: Database):
 
 
 async def test_generation_fits_the_database_bigint(database: Database):
-    from gantry.common.ids import new_generation
+    from gantry.common.ids import GENERATION_LIMIT, GENERATION_STEP, next_generation
 
-    generation = new_generation()
+    generation = next_generation(GENERATION_LIMIT - GENERATION_STEP - 1)  # as large as issued
     async with database.transaction() as session:
         node, _ = await nodes.register_node(session, name="gen", labels={}, now=NOW)
         await nodes.mark_connected(

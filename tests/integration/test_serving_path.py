@@ -21,6 +21,7 @@ from gantry.v1 import common_pb2, worker_gateway_pb2_grpc
 from gantry.v1 import control_plane_pb2 as cp
 from gantry.v1 import inference_pb2 as inf
 from gantry.v1 import worker_gateway_pb2 as wg
+from tests.fixtures.host_test_hooks import hosts_with_test_hooks
 from tests.integration.harness import Harness, running_gantry, wait_for
 
 READY = cp.DEPLOYMENT_STATE_READY
@@ -238,19 +239,35 @@ async def test_wrong_secrets_are_unauthenticated_and_wrong_roles_denied(gantry: 
     assert {n.name: n.state for n in nodes.nodes}["cred-node"] == common_pb2.NODE_STATE_REGISTERED
 
 
-async def test_an_older_generation_is_fenced(gantry: Harness):
+async def test_an_impostor_hello_does_not_lock_out_the_real_worker(gantry: Harness):
+    """Issue 26, item 6: a credential holder presenting a generation "from the future" used to
+    take the node and have the real worker refused STALE_GENERATION for as long as the forged
+    value stayed ahead of its clock. Generations are issued now: the impostor gets the next one
+    (not the one it named), the real worker's stream is closed with STALE_GENERATION, and the
+    real worker dials again and takes the node back at once."""
     credential = await gantry.register_node("fenced-node")
     agent = await gantry.start_worker(credential)
+    real_generation = agent.generation
     stub = worker_gateway_pb2_grpc.WorkerGatewayStub(gantry.channel)
+    hold = asyncio.Event()
 
-    async def hello():  # type: ignore[no-untyped-def]
-        yield wg.WorkerMessage(generation=agent.generation - 1, hello=wg.Hello())
+    async def impostor():  # type: ignore[no-untyped-def]
+        yield wg.WorkerMessage(generation=2**63 - 1, hello=wg.Hello())
+        await hold.wait()
 
-    call = stub.Connect(hello(), metadata=auth_metadata(credential))
+    call = stub.Connect(impostor(), metadata=auth_metadata(credential))
+    first = await call.read()
+    assert first.WhichOneof("kind") == "welcome"
+    issued = first.welcome.accepted_generation
+    assert real_generation < issued < 2**63 - 1  # the next one, not the one it named
+    # The real worker is told, dials again, and wins: a newer generation than the impostor's.
+    await wait_for(lambda: agent.generation > issued, what="the real worker to take it back")
+    await wait_for(lambda: agent.connected.is_set(), what="the real worker connected again")
     with pytest.raises(grpc.aio.AioRpcError) as caught:
-        async for _ in call:
+        while await call.read() is not grpc.aio.EOF:
             pass
     assert error_info_of(caught.value).reason == "STALE_GENERATION"  # type: ignore[union-attr]
+    hold.set()
     nodes = await gantry.operator.ListNodes(cp.ListNodesRequest(), metadata=gantry.op_md)
     node = {n.name: n for n in nodes.nodes}["fenced-node"]
     assert node.generation == agent.generation and node.state == common_pb2.NODE_STATE_CONNECTED
@@ -261,7 +278,7 @@ async def test_model_host_killed_mid_request_fails_fast_then_serves_again_on_its
     tiny_model_dir: Path,
     monkeypatch: pytest.MonkeyPatch,
 ):
-    monkeypatch.setenv("GANTRY_MODEL_HOST_TEST_HOOKS", "1")  # the child inherits it
+    hosts_with_test_hooks(monkeypatch)  # the worker's hosts take the magic inputs
     deployment_id = await _serving(gantry, tiny_model_dir, "crashy")
     pid = (await gantry.deployment(deployment_id)).residencies[0].pid
     agent = gantry.workers[0][0]

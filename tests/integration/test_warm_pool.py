@@ -18,16 +18,20 @@ import pytest
 from gantry.common.errors import GantryError
 from gantry.v1 import common_pb2, worker_gateway_pb2
 from gantry.worker.model_host import landlock
-from gantry.worker.model_host.environments import INHERITED_ENVIRONMENT, OFFLINE_ENVIRONMENT
-from gantry.worker.model_host.process import HostLaunchSpec, ModelHost
-from gantry.worker.model_host.serving import (
-    TEST_HOOKS_ENV,
+from gantry.worker.model_host.environments import (
+    INHERITED_ENVIRONMENT,
+    OFFLINE_ENVIRONMENT,
+    TEST_HOOKS_VARIABLE,
 )
+from gantry.worker.model_host.process import HostLaunchSpec, ModelHost
 from gantry.worker.model_host.warm_pool import ForkServer, WarmPool
 from tests.integration.harness import shared_warm_pool
 from tests.integration.sandbox_probe import sandbox_report
 
+# What a host may find in its environment: allow-listed names, the forced flags, its own dirs,
+# and the test hooks' switch these tests start their hosts with (`test_hooks=True`).
 HOST_VARIABLES = set(INHERITED_ENVIRONMENT) | set(OFFLINE_ENVIRONMENT) | {"PATH", "HOME", "TMPDIR"}
+HOST_VARIABLES |= {TEST_HOOKS_VARIABLE}
 WORKER_SECRET = {"MY_SECRET": "hunter2-fake-secret"}
 SENTENCES = ["hello world", "the quick brown fox jumps over the lazy dog"]
 
@@ -38,7 +42,7 @@ def _spec(model_directory: Path, deployment_id: str, **overrides: object) -> Hos
         "model_directory": model_directory,
         "adapter": common_pb2.AdapterSettings(adapter="sentence_transformers", device="cpu"),
         "python_executable": sys.executable,
-        "env": {TEST_HOOKS_ENV: "1"},
+        "test_hooks": True,
         "load_timeout_s": 300,
     }
     fields.update(overrides)

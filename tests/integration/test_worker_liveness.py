@@ -165,10 +165,11 @@ async def test_a_reconnect_within_the_generation_stays_live_after_the_old_stream
     credential = await fleet.harness.register_node("reconnecting")
     first = ScriptedWorker(generation=1)
     await first.start(fleet.harness.channel, credential)
-    second = ScriptedWorker(generation=1)  # the same process, dialing again
+    second = ScriptedWorker(generation=first.generation)  # the same process, dialing again
     await second.start(fleet.harness.channel, credential)
     fleet.workers += [first, second]
     await asyncio.wait_for(first.ended.wait(), 5)  # replaced: the control plane closed it
+    assert second.generation == first.generation  # kept: the same process reconnected
     node_id = (await fleet.node("reconnecting")).node_id
     step = SETTINGS.heartbeat_interval_s
     for _ in range(int(SETTINGS.stale_after_s // step) + 2):

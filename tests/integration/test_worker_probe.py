@@ -22,7 +22,7 @@ from gantry.v1 import worker_gateway_pb2 as wg
 from gantry.worker.agent import WorkerAgent, WorkerSettings
 from gantry.worker.environment_facts import RuntimeEnvironments
 from gantry.worker.model_host.environments import ENV_MAP_JSON
-from gantry.worker.model_host.process import HostLaunchSpec, ModelHost
+from gantry.worker.model_host.process import HostLaunchSpec, ModelHost, OnExit
 from gantry.worker.probe_job import ProbeHost, ProbeRunner, ProbeSettings
 from tests.integration.harness import Harness, running_gantry, wait_for
 
@@ -82,9 +82,14 @@ class _Hosts:
         self._wrap = wrap
 
     async def __call__(
-        self, spec: HostLaunchSpec, *, trace_context: Mapping[str, str] | None = None
+        self,
+        spec: HostLaunchSpec,
+        *,
+        on_exit: OnExit | None = None,
+        trace_context: Mapping[str, str] | None = None,
     ) -> ProbeHost:
         self.calls += 1
+        assert on_exit is None  # a probe's child reports no exit: nothing restarts it
         host = await ModelHost.start(spec, trace_context=trace_context)
         self.started.append(host)
         return self._wrap(host) if self._wrap else host

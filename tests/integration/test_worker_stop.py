@@ -14,11 +14,11 @@ import asyncio
 import contextlib
 import os
 import re
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import grpc
+import psutil
 import pytest
 
 from gantry.cli.supervisor import ChildSpec, StopResult, Supervisor
@@ -26,8 +26,9 @@ from gantry.cli.up import WORKER_STOP_TIMEOUT_S
 from gantry.v1 import common_pb2
 from gantry.v1 import control_plane_pb2 as cp
 from gantry.v1 import inference_pb2 as inf
-from gantry.worker.model_host.proc_facts import process_start_ticks
-from gantry.worker.model_host.serving import TEST_HOOK_HANG_INPUT, TEST_HOOKS_ENV
+from gantry.worker.model_host.proc_facts import process_identity
+from gantry.worker.model_host.serving import TEST_HOOK_HANG_INPUT
+from tests.fixtures.host_test_hooks import worker_argv
 from tests.integration.harness import Harness, running_gantry, wait_for
 
 RESIDENTS = 6
@@ -42,11 +43,11 @@ async def gantry(sqlite_url: str, tmp_path: Path) -> AsyncIterator[Harness]:
         yield harness
 
 
-def _reaped(pid: int, start_ticks: str | None) -> bool:
-    """Gone: no /proc entry, or one naming a later process that reused the pid. A zombie keeps
-    its entry and its start time, so an unreaped host does not pass."""
-    ticks = process_start_ticks(pid)
-    return ticks is None or ticks != start_ticks
+def _reaped(pid: int, started: psutil.Process | None) -> bool:
+    """Gone: no process at the pid, or a later one that reused it. A zombie keeps its entry and
+    its start time, so an unreaped host does not pass."""
+    now = process_identity(pid)
+    return now is None or now != started
 
 
 async def _connected(harness: Harness) -> bool:
@@ -62,20 +63,20 @@ async def test_six_resident_hosts_one_busy_the_worker_stops_within_its_grace(
     credential.write_text(await gantry.register_node("stopping") + "\n")
     log_path = tmp_path / "worker.log"
     reports: list[str] = []
-    argv = [
-        sys.executable, "-m", "gantry.cli.main", "worker",
+    # `gantry worker`, its model hosts taking the magic inputs (a test entry point).
+    argv = worker_argv(
         "--control-plane", gantry.address,
         "--credential-file", str(credential),
         "--artifact-root", str(gantry.artifact_root),
         "--heartbeat-file", str(tmp_path / "heartbeat"),
-    ]  # fmt: skip
+    )  # fmt: skip
     supervisor = Supervisor(report=reports.append)
     supervisor.start(
         ChildSpec(
             name="worker",
             argv=argv,
             log_path=log_path,
-            env={**os.environ, TEST_HOOKS_ENV: "1"},
+            env=dict(os.environ),
             stop_timeout_s=WORKER_STOP_TIMEOUT_S,
         )
     )
@@ -88,11 +89,11 @@ async def test_six_resident_hosts_one_busy_the_worker_stops_within_its_grace(
         created = [
             await gantry.create_deployment(approval, f"tiny-{index}") for index in range(RESIDENTS)
         ]
-        hosts: dict[int, str | None] = {}
+        hosts: dict[int, psutil.Process | None] = {}
         for deployment in created:
             ready = await gantry.wait_deployment(deployment.deployment_id, READY, timeout=120)
             pid = ready.residencies[0].pid
-            hosts[pid] = process_start_ticks(pid)
+            hosts[pid] = process_identity(pid)
         assert len(hosts) == RESIDENTS and None not in hosts.values()
 
         # One host busy in a forward pass that never returns: it cannot read a Shutdown.
@@ -119,7 +120,7 @@ async def test_six_resident_hosts_one_busy_the_worker_stops_within_its_grace(
             await asyncio.to_thread(supervisor.stop_all)
     log = log_path.read_text()
     assert (stopped.killed, stopped.returncode) == (False, 0), f"{reports}\n{log[-6000:]}"
-    assert [pid for pid, ticks in hosts.items() if not _reaped(pid, ticks)] == [], log[-6000:]
+    assert [pid for pid, started in hosts.items() if not _reaped(pid, started)] == [], log[-6000:]
     # One line per host, saying how it ended and how long its stop took; the busy one never
     # read a Shutdown, so SIGTERM (sent to every host at once) is what ended each of them.
     for pid in hosts:

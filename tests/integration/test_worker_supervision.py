@@ -7,9 +7,8 @@ import datetime as dt
 import functools
 import os
 import signal
-import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -20,7 +19,8 @@ from gantry.v1 import worker_gateway_pb2 as wg
 from gantry.worker.crash_policy import RestartPolicy
 from gantry.worker.model_host.process import HostLaunchSpec, ModelHost
 from gantry.worker.residents import LOADING, RESIDENT, Resident, ResidentFacts
-from gantry.worker.supervision import SupervisionSettings, Supervisor
+from gantry.worker.supervision import ServingLoad, SupervisionSettings, Supervisor
+from tests.fixtures.serving_adapters import RecordingAdapters, no_nvml, serving_load
 from tests.integration.harness import shared_warm_pool
 
 FACTS = ResidentFacts(
@@ -33,17 +33,9 @@ FACTS = ResidentFacts(
 QUIET = SupervisionSettings(restart=RestartPolicy(initial_backoff_s=0.1), ping_interval_s=3600)
 
 
-def _prepare(model_directory: Path, deployment_id: str) -> Callable[[], Awaitable[HostLaunchSpec]]:
-    async def prepare() -> HostLaunchSpec:
-        return HostLaunchSpec(
-            deployment_id=deployment_id,
-            model_directory=model_directory,
-            adapter=common_pb2.AdapterSettings(adapter="sentence_transformers", device="cpu"),
-            python_executable=sys.executable,
-            load_timeout_s=90,
-        )
-
-    return prepare
+def _prepare(model_directory: Path, deployment_id: str) -> ServingLoad:
+    # The adapter's real start, health and unload; its prepare takes the directory as it is.
+    return serving_load(deployment_id, directory=model_directory)
 
 
 class _Inventories:
@@ -71,6 +63,8 @@ def supervised(settings: SupervisionSettings) -> tuple[Supervisor, _Inventories]
         settings,
         on_change=inventories.record,
         host_factory=functools.partial(ModelHost.start, warm_pool=shared_warm_pool()),
+        adapters=RecordingAdapters(),
+        open_nvml=no_nvml,
     )
     inventories.supervisor = supervisor
     return supervisor, inventories
@@ -315,7 +309,11 @@ async def test_a_cancel_landing_just_after_the_host_is_ready_stops_the_host(
         return host
 
     supervisor = Supervisor(
-        QUIET, on_change=lambda: None, host_factory=start_then_cancel_the_caller
+        QUIET,
+        on_change=lambda: None,
+        host_factory=start_then_cancel_the_caller,
+        adapters=RecordingAdapters(),
+        open_nvml=no_nvml,
     )
     loading.append(
         asyncio.create_task(

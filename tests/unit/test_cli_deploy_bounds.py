@@ -79,7 +79,7 @@ def test_a_negative_count_is_a_usage_error_not_a_traceback(
         build_parser().parse_args(["deploy", "appr-1", "--capability", "bge", flag, "-1"])
     assert exited.value.code == 2
     err = capsys.readouterr().err
-    assert f"argument {flag}: -1 is negative" in err and "Traceback" not in err
+    assert f"Invalid value for '{flag}': -1 is negative" in err and "Traceback" not in err
 
 
 def test_gantry_version_names_the_installed_version(capsys: pytest.CaptureFixture[str]) -> None:
@@ -88,4 +88,4 @@ def test_gantry_version_names_the_installed_version(capsys: pytest.CaptureFixtur
     with pytest.raises(SystemExit) as exited:
         build_parser().parse_args(["--version"])
     assert exited.value.code == 0
-    assert capsys.readouterr().out == f"gantry {importlib.metadata.version('gantry-libs')}\n"
+    assert capsys.readouterr().out == f"gantry {importlib.metadata.version('gantry-cli')}\n"

@@ -94,4 +94,4 @@ def test_no_texts_at_all_is_a_usage_error(
         with pytest.raises(SystemExit) as caught:
             main([*base, *extra])
         assert caught.value.code == 2
-        assert "usage: gantry embed" in capsys.readouterr().err
+        assert "gantry embed: error:" in capsys.readouterr().err

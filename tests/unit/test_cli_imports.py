@@ -37,3 +37,39 @@ def test_global_options_may_follow_the_command() -> None:
     args = cli_main.build_parser().parse_args(["--address", "h:2", "deployments"])
     assert args.address == "h:2"
     assert not hasattr(args, "state_dir")
+
+
+def test_the_cli_imports_no_service_module_statically() -> None:
+    """The CLI is its own distribution: it reaches the services only by name (gantry.cli.roles)."""
+    import ast
+    from pathlib import Path
+
+    import gantry.cli
+
+    services = ("gantry.controlplane", "gantry.scheduler", "gantry.worker")
+    found: list[str] = []
+    for source in sorted(Path(gantry.cli.__file__).parent.glob("*.py")):
+        for node in ast.walk(ast.parse(source.read_text(), str(source))):
+            names = (
+                [alias.name for alias in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
+            found += [f"{source.name}: {name}" for name in names if name.startswith(services)]
+    assert found == []
+
+
+def test_a_missing_service_is_one_line_naming_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib
+
+    from gantry.cli.errors import CliError
+    from gantry.cli.roles import MIGRATE_MODULE, load_service_module
+
+    def missing(name: str) -> None:
+        raise ModuleNotFoundError(f"No module named {name!r}", name="gantry.controlplane")
+
+    monkeypatch.setattr(importlib, "import_module", missing)
+    with pytest.raises(CliError, match=r"the controlplane service is not installed \(gantry\."):
+        load_service_module("controlplane", MIGRATE_MODULE)

@@ -3,13 +3,22 @@
 from __future__ import annotations
 
 import io
+import re
 
+import pytest
+
+from gantry.cli.live_line import LiveLine
 from gantry.cli.progress import ProgressBar, render_progress
 
 
 class FakeTerminal(io.StringIO):
     def isatty(self) -> bool:
         return True
+
+
+def terminal_frames(output: str) -> list[str]:
+    """What a terminal showed, frame by frame: the line's redraws, without Rich's cursor codes."""
+    return [frame for frame in re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", output).split("\r") if frame]
 
 
 def test_render_shows_bytes_percent_and_rate() -> None:
@@ -32,9 +41,10 @@ def test_terminal_gets_redraws_and_a_final_line() -> None:
     now[0] = 1.0
     bar.advance(500_000)
     bar.finish()
-    output = stream.getvalue()
-    assert output.count("\r") == 3
-    assert output.endswith("2.0/2.0 MB 100% 2.0 MB/s\n")
+    frames = terminal_frames(stream.getvalue())
+    assert len(frames) == 3  # 0.5 s, 1.0 s (the draw 0 s after 0.5 s coalesced), the final line
+    assert "1.0/2.0 MB" in frames[0]
+    assert frames[-1].endswith("2.0/2.0 MB 100% 2.0 MB/s\n")
     assert bar.done == 2_000_000
 
 
@@ -46,3 +56,45 @@ def test_a_log_gets_only_the_final_line() -> None:
     bar.finish()
     assert "\r" not in stream.getvalue()
     assert stream.getvalue().count("\n") == 1
+
+
+def test_the_live_line_ends_kept_or_erased() -> None:
+    kept, erased = FakeTerminal(), FakeTerminal()
+    for stream in (kept, erased):
+        line = LiveLine(stream)
+        line.draw("sending window 1/3")
+        assert line.drawn
+        if stream is kept:
+            line.abandon()
+        else:
+            line.clear()
+        assert not line.drawn
+    assert terminal_frames(kept.getvalue())[-1] == "sending window 1/3\n"
+    # Erased: the cursor goes back up to the line's start and the line is wiped (ESC[1A ESC[2K).
+    assert erased.getvalue().endswith("\r\x1b[1A\x1b[2K")
+
+
+def test_a_log_gets_no_redraws_even_when_colour_is_forced(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("FORCE_COLOR", "1")
+    monkeypatch.setenv("TTY_COMPATIBLE", "1")
+    stream = io.StringIO()
+    line = LiveLine(stream)
+    line.draw("hashing")
+    line.abandon()
+    line.finish("hashed")
+    assert not line.interactive and stream.getvalue() == "hashed\n"
+
+
+def test_a_line_wider_than_the_terminal_is_cropped_not_wrapped(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A wrapped line could not be redrawn in place: each redraw would leave a line behind."""
+    monkeypatch.setenv("COLUMNS", "20")
+    stream = FakeTerminal()
+    line = LiveLine(stream)
+    line.draw("x" * 50)
+    line.draw("y" * 50)
+    line.abandon()
+    assert [len(frame.rstrip("\n")) for frame in terminal_frames(stream.getvalue())] == [20] * 3

@@ -113,3 +113,18 @@ def test_only_the_worker_flags_given_are_passed_through(tmp_path: Path) -> None:
     ]
     flags = worker_flags(given)
     assert child_specs(given)["worker"].argv[-len(flags) :] == flags  # no TLS, no metrics
+
+
+def test_up_refuses_a_bad_resource_domain_before_starting_anything(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """In the worker's own words (the grammar is gantry.common.resource_declaration), exit 1; the
+    unit guard would fail this test had `up` started a process."""
+    state = str(tmp_path / "state")
+    argv = ["--state-dir", state, "up", "--resource-domain", "gpu0.vram=vram:16GiB"]
+    assert main([*argv, "--resource-domain", "gpu0.vram=vram:8GiB"]) == 1
+    assert capsys.readouterr().err == (
+        "error: --resource-domain: --resource-domain gpu0.vram=vram:16GiB, --resource-domain "
+        "gpu0.vram=vram:8GiB: the name 'gpu0.vram' is declared twice\n"
+    )
+    assert not (tmp_path / "state").exists()

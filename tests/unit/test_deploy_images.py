@@ -116,7 +116,8 @@ def is_ml_requirement(requirement: str) -> bool:
 
 def local_project(token: str) -> tuple[Path, list[str]] | None:
     """`./services/worker[ml]` -> (repo path, extras) when the token names a repo project."""
-    match = re.fullmatch(r"(?:\./|/src/)?((?:libs|services/[\w-]+)/?)(?:\[([\w,\s-]+)\])?", token)
+    project = r"(?:libs|cli|services/[\w-]+)"
+    match = re.fullmatch(rf"(?:\./|/src/)?({project}/?)(?:\[([\w,\s-]+)\])?", token)
     if not match:
         return None
     extras = [e.strip() for e in (match.group(2) or "").split(",") if e.strip()]

@@ -278,24 +278,27 @@ def test_a_plan_out_of_bounds_is_refused(settings: dict[str, object], message: s
 @pytest.mark.parametrize(
     ("arguments", "message"),
     [
-        (["--concurrency", "0"], "--concurrency: must be 1..1024, not 0"),
-        (["--concurrency", "1025"], "--concurrency: must be 1..1024, not 1025"),
+        (["--concurrency", "0"], "Invalid value for '--concurrency': must be 1..1024, not 0"),
+        (["--concurrency", "1025"], "Invalid value for '--concurrency': must be 1..1024, not 1025"),
         (["--concurrency", "many"], "'many' is not a whole number"),
-        (["--requests", "0"], "--requests: must be 1..10000000"),
-        (["--duration", "0"], "--duration: must be more than 0"),
-        (["--duration", "-3"], "--duration: must be more than 0"),
-        (["--duration", "nan"], "--duration: must be more than 0"),
-        (["--requests", "5", "--duration", "1"], "not allowed with argument"),
-        (["--inputs-per-request", "1025"], "--inputs-per-request: must be 1..1024"),
-        (["--input-chars", "100001"], "--input-chars: must be 1..100000"),
-        (["--input-chars", "0"], "--input-chars: must be 1..100000"),
+        (["--requests", "0"], "Invalid value for '--requests': must be 1..10000000"),
+        (["--duration", "0"], "Invalid value for '--duration': must be more than 0"),
+        (["--duration", "-3"], "Invalid value for '--duration': must be more than 0"),
+        (["--duration", "nan"], "Invalid value for '--duration': must be more than 0"),
+        (["--requests", "5", "--duration", "1"], "cannot be used with"),
+        (
+            ["--inputs-per-request", "1025"],
+            "Invalid value for '--inputs-per-request': must be 1..1024",
+        ),
+        (["--input-chars", "100001"], "Invalid value for '--input-chars': must be 1..100000"),
+        (["--input-chars", "0"], "Invalid value for '--input-chars': must be 1..100000"),
         (
             ["--inputs-per-request", "1024", "--input-chars", "100000"],
             "the control plane takes at most 8388608",
         ),
         (["--rerank", "--encoding", "bytes"], "--encoding applies to Embed"),
         (["--priority", "urgent"], "invalid choice: 'urgent'"),
-        (["--warmup", "-1"], "--warmup: must be 0..100000"),
+        (["--warmup", "-1"], "Invalid value for '--warmup': must be 0..100000"),
     ],
 )
 def test_bad_arguments_exit_2_with_one_clear_line(
@@ -313,7 +316,7 @@ def test_a_target_is_required(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exited:
         main(["bench", "--requests", "3"])
     assert exited.value.code == 2
-    assert "one of the arguments --capability --deployment" in capsys.readouterr().err
+    assert "one of the options --capability --deployment" in capsys.readouterr().err
 
 
 # --- generated inputs ----------------------------------------------------------------------------

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import ipaddress
 from pathlib import Path
+from typing import NamedTuple
 
+import psutil
 import pytest
 
 from gantry.common.errors import GantryError
@@ -25,8 +27,7 @@ from gantry.worker.managed_server.kinds import (
 from gantry.worker.managed_server.loopback import (
     ListeningSocket,
     beyond_loopback,
-    parse_tcp_table,
-    socket_inodes,
+    listening_of,
 )
 from gantry.worker.managed_server.openai_protocol import (
     CHAT_COMPLETIONS,
@@ -119,51 +120,47 @@ def test_a_gguf_set_must_name_one_model_file(tmp_path: Path) -> None:
         gguf_model_file(tmp_path)
 
 
-# Rows as the kernel prints them: 127.0.0.1:8080 and 0.0.0.0:9000 listening, one established.
-_TCP = """\
-  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
-   0: 0100007F:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 111 1
-   1: 00000000:2328 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 222 1
-   2: 0100007F:1F90 0100007F:D431 01 00000000:00000000 00:00000000 00000000     0        0 333 1
-"""
-# [::1]:8081, [::]:9001 and [::ffff:127.0.0.1]:8082 listening (the same columns after the address).
-_ZERO6 = "0" * 32
-_REST = "0A 00000000:00000000 00:00000000 00000000     0        0 {inode} 1"
-_TCP6 = "\n".join(
-    [
-        "  sl  local_address  remote_address  st ...",
-        f"   0: {'0' * 24}01000000:1F91 {_ZERO6}:0000 {_REST.format(inode=444)}",
-        f"   1: {_ZERO6}:2329 {_ZERO6}:0000 {_REST.format(inode=555)}",
-        f"   2: {'0' * 16}FFFF00000100007F:1F92 {_ZERO6}:0000 {_REST.format(inode=666)}",
+class _Row(NamedTuple):
+    """The fields of psutil's `pconn` rows that the check reads."""
+
+    laddr: tuple[str, int] | tuple[()]
+    status: str
+
+
+# One process's TCP rows as psutil lists them: 127.0.0.1:8080 and 0.0.0.0:9000 listening, one
+# established; [::1]:8081, [::]:9001 and [::ffff:127.0.0.1]:8082 listening; a row with no address.
+_ROWS = [
+    _Row(("127.0.0.1", 8080), psutil.CONN_LISTEN),
+    _Row(("0.0.0.0", 9000), psutil.CONN_LISTEN),
+    _Row(("127.0.0.1", 8080), psutil.CONN_ESTABLISHED),
+    _Row(("::1", 8081), psutil.CONN_LISTEN),
+    _Row(("::", 9001), psutil.CONN_LISTEN),
+    _Row(("::ffff:127.0.0.1", 8082), psutil.CONN_LISTEN),
+    _Row((), psutil.CONN_LISTEN),
+]
+
+
+def test_a_processs_rows_give_its_listening_addresses() -> None:
+    listening = listening_of(_ROWS)
+    assert listening[:2] == [
+        ListeningSocket(address=ipaddress.IPv4Address("127.0.0.1"), port=8080),
+        ListeningSocket(address=ipaddress.IPv4Address("0.0.0.0"), port=9000),
     ]
-)
-
-
-def test_socket_tables_parse_into_listening_addresses() -> None:
-    assert parse_tcp_table(_TCP) == [
-        ListeningSocket(inode=111, address=ipaddress.IPv4Address("127.0.0.1"), port=8080),
-        ListeningSocket(inode=222, address=ipaddress.IPv4Address("0.0.0.0"), port=9000),
+    assert [(str(s.address), s.port) for s in listening[2:]] == [
+        ("::1", 8081),
+        ("::", 9001),
+        ("::ffff:7f00:1", 8082),
     ]
-    six = parse_tcp_table(_TCP6)
-    assert [(str(s.address), s.port, s.inode) for s in six] == [
-        ("::1", 8081, 444),
-        ("::", 9001, 555),
-        ("::ffff:7f00:1", 8082, 666),
-    ]
-    assert socket_inodes(["socket:[111]", "pipe:[5]", "/dev/null", "socket:[x]"]) == {111}
 
 
-def test_only_the_servers_own_sockets_beyond_loopback_are_refused() -> None:
-    listening = parse_tcp_table(_TCP) + parse_tcp_table(_TCP6)
+def test_only_sockets_beyond_loopback_are_refused() -> None:
+    listening = listening_of(_ROWS)
     # Loopback only (IPv4, IPv6 and IPv4-mapped): nothing to refuse.
-    assert beyond_loopback(listening, {111, 444, 666}) == []
+    assert beyond_loopback([listening[i] for i in (0, 2, 4)]) == []
     # 0.0.0.0 and :: are every address.
-    assert [s.describe() for s in beyond_loopback(listening, {111, 222, 555})] == [
-        "0.0.0.0:9000",
-        "[::]:9001",
-    ]
-    # Another process's wildcard socket is not the server's.
-    assert beyond_loopback(listening, {111}) == []
+    assert [s.describe() for s in beyond_loopback(listening)] == ["0.0.0.0:9000", "[::]:9001"]
+    # Another process's wildcard socket is not the server's: psutil lists each process's own
+    # sockets (tests/integration/test_loopback_listeners.py checks it against a real one).
 
 
 def test_a_prompt_goes_to_completions_with_explicit_off_values() -> None:

@@ -22,6 +22,7 @@ from gantry.worker.model_host.seccomp import (
     X86_64,
     Arch,
     Instruction,
+    UnixSockets,
 )
 
 AUDIT_ARCH_I386 = 0x40000003
@@ -55,7 +56,7 @@ def verdict(program: tuple[Instruction, ...], *, arch: int, nr: int, args: tuple
 def test_the_first_thing_the_filter_does_is_kill_a_syscall_made_through_another_abi(
     arch: Arch,
 ) -> None:
-    program = seccomp.socket_filter(arch)
+    program = seccomp.socket_filter(arch, UnixSockets.DENIED)
     assert program[:3] == (
         Instruction(0x20, 0, 0, 4),  # seccomp_data.arch
         Instruction(0x15, 1, 0, arch.audit_arch),
@@ -67,34 +68,53 @@ def test_the_first_thing_the_filter_does_is_kill_a_syscall_made_through_another_
             assert verdict(program, arch=foreign, nr=nr, args=(2,)) == RET_KILL_PROCESS
 
 
-@pytest.mark.parametrize(
-    ("family", "expected"),
-    [
-        (socket.AF_INET, DENIED_SOCKET),
-        (socket.AF_INET6, DENIED_SOCKET),
-        (socket.AF_PACKET, DENIED_SOCKET),
-        (AF_VSOCK, DENIED_SOCKET),
-        (0, DENIED_SOCKET),
-        (socket.AF_UNIX, RET_ALLOW),
-        (socket.AF_NETLINK, RET_ALLOW),
-        # socket(2) takes an `int`: the kernel, like the filter, reads only the low word.
-        ((1 << 32) | socket.AF_INET, DENIED_SOCKET),
-        ((0xFFFFFFFF << 32) | socket.AF_UNIX, RET_ALLOW),
-    ],
-)
+# (family, verdict without CUDA, verdict for a CUDA host)
+FAMILY_VERDICTS = [
+    (socket.AF_INET, DENIED_SOCKET, DENIED_SOCKET),
+    (socket.AF_INET6, DENIED_SOCKET, DENIED_SOCKET),
+    (socket.AF_PACKET, DENIED_SOCKET, DENIED_SOCKET),
+    (AF_VSOCK, DENIED_SOCKET, DENIED_SOCKET),
+    (0, DENIED_SOCKET, DENIED_SOCKET),
+    # The host's own channel is an inherited socketpair: only the CUDA driver opens Unix sockets.
+    (socket.AF_UNIX, DENIED_SOCKET, RET_ALLOW),
+    (socket.AF_NETLINK, RET_ALLOW, RET_ALLOW),
+    # socket(2) takes an `int`: the kernel, like the filter, reads only the low word.
+    ((1 << 32) | socket.AF_INET, DENIED_SOCKET, DENIED_SOCKET),
+    ((0xFFFFFFFF << 32) | socket.AF_UNIX, DENIED_SOCKET, RET_ALLOW),
+    ((0xFFFFFFFF << 32) | socket.AF_NETLINK, RET_ALLOW, RET_ALLOW),
+]
+
+
+@pytest.mark.parametrize(("family", "without_cuda", "with_cuda"), FAMILY_VERDICTS)
 @pytest.mark.parametrize("arch", [X86_64, AARCH64], ids=lambda arch: arch.name)
-def test_sockets_of_every_family_but_unix_and_netlink_are_refused_with_eacces(
-    arch: Arch, family: int, expected: int
+def test_sockets_of_every_family_but_netlink_are_refused_and_unix_only_kept_for_cuda(
+    arch: Arch, family: int, without_cuda: int, with_cuda: int
 ) -> None:
-    program = seccomp.socket_filter(arch)
-    assert verdict(program, arch=arch.audit_arch, nr=arch.socket_nr, args=(family, 2, 0)) == (
-        expected
-    )
+    for unix, expected in ((UnixSockets.DENIED, without_cuda), (UnixSockets.CUDA, with_cuda)):
+        program = seccomp.socket_filter(arch, unix)
+        assert verdict(program, arch=arch.audit_arch, nr=arch.socket_nr, args=(family, 2, 0)) == (
+            expected
+        ), unix
 
 
 @pytest.mark.parametrize("arch", [X86_64, AARCH64], ids=lambda arch: arch.name)
-def test_io_uring_is_refused_and_every_other_syscall_allowed(arch: Arch) -> None:
-    program = seccomp.socket_filter(arch)
+def test_connect_is_refused_with_eacces_unless_the_cuda_driver_needs_it(arch: Arch) -> None:
+    # connect(fd, address, length): the address is a pointer, so no argument decides it.
+    for fd in (0, 3, 1023):
+        denied = seccomp.socket_filter(arch, UnixSockets.DENIED)
+        assert verdict(denied, arch=arch.audit_arch, nr=arch.connect_nr, args=(fd, 1, 110)) == (
+            RET_ERRNO | errno.EACCES
+        )
+        cuda = seccomp.socket_filter(arch, UnixSockets.CUDA)
+        assert verdict(cuda, arch=arch.audit_arch, nr=arch.connect_nr, args=(fd, 1, 110)) == (
+            RET_ALLOW
+        )
+
+
+@pytest.mark.parametrize("unix", list(UnixSockets), ids=lambda unix: unix.name)
+@pytest.mark.parametrize("arch", [X86_64, AARCH64], ids=lambda arch: arch.name)
+def test_io_uring_is_refused_and_every_other_syscall_allowed(arch: Arch, unix: UnixSockets) -> None:
+    program = seccomp.socket_filter(arch, unix)
     native = arch.audit_arch
     assert verdict(program, arch=native, nr=425, args=(8, 0)) == RET_ERRNO | errno.EPERM
     for nr in (NR_READ[arch.name], 426, 427, arch.seccomp_nr):
@@ -102,13 +122,13 @@ def test_io_uring_is_refused_and_every_other_syscall_allowed(arch: Arch) -> None
 
 
 def test_x32_syscalls_on_x86_64_are_killed_however_harmless() -> None:
-    program = seccomp.socket_filter(X86_64)
+    program = seccomp.socket_filter(X86_64, UnixSockets.DENIED)
     for nr in (X32_SYSCALL_BIT | NR_READ["x86_64"], X32_SYSCALL_BIT | X86_64.socket_nr):
         assert verdict(program, arch=X86_64.audit_arch, nr=nr, args=(1,)) == RET_KILL_PROCESS
 
 
 def test_the_program_encodes_as_an_array_of_eight_byte_sock_filters() -> None:
-    program = seccomp.socket_filter(X86_64)
+    program = seccomp.socket_filter(X86_64, UnixSockets.DENIED)
     encoded = seccomp.encode(program)
     assert len(encoded) == 8 * len(program)
     assert struct.unpack_from("=HBBI", encoded, 8) == (0x15, 1, 0, X86_64.audit_arch)

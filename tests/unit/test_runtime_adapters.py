@@ -11,10 +11,10 @@ from gantry.v1 import worker_gateway_pb2 as wg
 from gantry.worker.nvml_readings import Nvml
 from gantry.worker.runtime_adapters import (
     DEFAULT_ADAPTER,
-    RuntimeAdapter,
     registered_adapters,
     runtime_adapter_for,
 )
+from gantry.worker.runtime_adapters.base import RuntimeAdapter
 from gantry.worker.runtime_adapters.cross_encoder import SentenceTransformersCrossEncoder
 from gantry.worker.runtime_adapters.model_host_runtime import HostRunning
 from gantry.worker.runtime_adapters.sentence_transformers import SentenceTransformersEmbedding
@@ -219,13 +219,13 @@ def _running(host: _FakeHost) -> HostRunning:
 
 async def test_health_pings_and_runs_the_model_only_when_deep() -> None:
     adapter, host = runtime_adapter_for(EMBEDDING), _FakeHost()
-    shallow = await adapter.health(_running(host), deep=False, timeout_s=1.0)
+    shallow = (await adapter.health(_running(host), deep=False, timeout_s=1.0)).report
     assert (shallow.process.status, shallow.runtime.status, shallow.model.status) == (
         wg.HEALTH_STATUS_OK,
         wg.HEALTH_STATUS_OK,
         wg.HEALTH_STATUS_NOT_CHECKED,
     )
-    deep = await adapter.health(_running(host), deep=True, timeout_s=1.0)
+    deep = (await adapter.health(_running(host), deep=True, timeout_s=1.0)).report
     assert (deep.model.status, deep.model.detail) == (wg.HEALTH_STATUS_OK, "finite")
     assert host.calls == ["ping", "ping", "check_model"]
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 import hmac
 from unittest import mock
 
+import pytest
+
 from gantry.common import tokens
-from gantry.common.ids import new_generation
+from gantry.common.ids import GENERATION_LIMIT, GENERATION_STEP, next_generation
 
 
 def test_a_minted_token_parses_back_to_its_kind_and_id():
@@ -34,11 +36,11 @@ def test_comparison_is_constant_time():
     compare.assert_called_once()
 
 
-def test_generations_increase_with_time_and_fit_a_signed_bigint():
-    earlier = new_generation(now_ns=1_800_000_000_000_000_000)
-    later = new_generation(now_ns=1_800_000_000_000_001_000)  # one microsecond on
-    assert later > earlier
-    assert 0 < new_generation() < 2**63
-    # Two starts in the same microsecond still (almost always) differ in the random bits.
-    same = {new_generation(now_ns=1_800_000_000_000_000_000) for _ in range(20)}
-    assert len(same) > 1
+def test_issued_generations_increase_unpredictably_and_fit_a_signed_bigint():
+    issued = [next_generation(1000) for _ in range(20)]
+    assert all(1000 < generation <= 1000 + GENERATION_STEP for generation in issued)
+    # Not guessable from the stored one: a credential holder cannot name the next.
+    assert len(set(issued)) > 1
+    assert next_generation(GENERATION_LIMIT - GENERATION_STEP - 1) <= GENERATION_LIMIT < 2**63
+    with pytest.raises(OverflowError):
+        next_generation(GENERATION_LIMIT)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from gantry.common.errors import GantryError
@@ -13,6 +11,7 @@ from gantry.worker.exit_cause import OomCounter
 from gantry.worker.model_host.process import HostLaunchSpec, OnExit
 from gantry.worker.residents import RESIDENT, UNCERTAIN, ResidentFacts
 from gantry.worker.supervision import SupervisionSettings, Supervisor
+from tests.fixtures.serving_adapters import RecordingAdapters, no_nvml, serving_load
 
 FACTS = ResidentFacts(
     artifact_digest="sha256:a",
@@ -29,6 +28,7 @@ class FakeUnkillableHost:
     pid = 4242
     returncode = None
     unresponsive = None
+    unloaded = None
     ready = model_host_pb2.HostReady(pid=4242, dim=8)
 
     def __init__(self) -> None:
@@ -38,8 +38,8 @@ class FakeUnkillableHost:
     def alive(self) -> bool:
         return True
 
-    async def embed(
-        self, inputs: list[str], *, trace_context: dict[str, str], timeout_s: float
+    async def invoke(
+        self, kind: str, payload: object, *, trace_context: dict[str, str], timeout_s: float
     ) -> wg.EmbedResult:
         raise AssertionError("not used")
 
@@ -71,22 +71,18 @@ async def test_unverifiable_stop_keeps_the_resident_uncertain_and_fails_the_unlo
     ) -> FakeUnkillableHost:
         return fake
 
-    async def prepare() -> HostLaunchSpec:
-        return HostLaunchSpec(
-            deployment_id="dep-stuck",
-            model_directory=Path("/nonexistent"),
-            adapter=common_pb2.AdapterSettings(),
-            python_executable="python",
-        )
-
     reports: list[wg.Inventory] = []
     supervisor = Supervisor(
         SupervisionSettings(),
         on_change=lambda: reports.append(supervisor.residents.inventory(7)),
         host_factory=factory,
         oom_counter=OomCounter(None, "not needed"),
+        adapters=RecordingAdapters(),
+        open_nvml=no_nvml,
     )
-    resident = await supervisor.load("dep-stuck", FACTS, prepare, trace_context={})
+    resident = await supervisor.load(
+        "dep-stuck", FACTS, serving_load("dep-stuck"), trace_context={}
+    )
     assert resident.state == RESIDENT
 
     with pytest.raises(GantryError) as caught:

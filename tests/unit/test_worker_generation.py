@@ -90,14 +90,16 @@ class FakeGeneratingHost:
         self.cancelled = asyncio.Event()
         self.streaming = asyncio.Event()
 
-    async def generate(
+    async def invoke(
         self,
+        kind: str,
         payload: wg.GeneratePayload,
         *,
         trace_context: object,
         timeout_s: float,
         on_delta: Callable[[wg.GenerateDelta], None] | None = None,
     ) -> wg.GenerateResult:
+        assert kind == "generate"
         for tokens, piece in enumerate(self.pieces, start=1):
             if payload.stream and on_delta is not None:
                 on_delta(wg.GenerateDelta(text=piece, completion_tokens=tokens))
@@ -191,7 +193,7 @@ async def test_deltas_the_outbox_refuses_are_carried_into_the_next_and_none_is_l
     outbox = Outbox()
     outbox.full = True
     host = FakeGeneratingHost(["a", "b", "c", "d"])
-    original = host.generate
+    original = host.invoke
 
     async def generate_freeing_the_outbox(*args: Any, **kwargs: Any) -> wg.GenerateResult:
         on_delta = kwargs["on_delta"]
@@ -203,7 +205,7 @@ async def test_deltas_the_outbox_refuses_are_carried_into_the_next_and_none_is_l
         kwargs["on_delta"] = on_delta_then_free
         return await original(*args, **kwargs)
 
-    host.generate = generate_freeing_the_outbox  # type: ignore[method-assign]
+    host.invoke = generate_freeing_the_outbox  # type: ignore[method-assign]
     _invocations(host, outbox).start(_invoke("r3", stream=True), {})
     await asyncio.wait_for(outbox.answered.wait(), timeout=5)
     assert _texts(outbox.messages) == ["ab", "c", "d"]
@@ -213,7 +215,7 @@ async def test_deltas_the_outbox_refuses_are_carried_into_the_next_and_none_is_l
 async def test_what_the_outbox_still_holds_back_goes_out_before_the_result() -> None:
     outbox = Outbox()
     host = FakeGeneratingHost(["a", "b"])
-    original = host.generate
+    original = host.invoke
 
     async def generate_then_free(*args: Any, **kwargs: Any) -> wg.GenerateResult:
         outbox.full = True
@@ -221,7 +223,7 @@ async def test_what_the_outbox_still_holds_back_goes_out_before_the_result() -> 
         outbox.full = False
         return result
 
-    host.generate = generate_then_free  # type: ignore[method-assign]
+    host.invoke = generate_then_free  # type: ignore[method-assign]
     _invocations(host, outbox).start(_invoke("r4", stream=True), {})
     await asyncio.wait_for(outbox.answered.wait(), timeout=5)
     assert _texts(outbox.messages) == ["ab"]

@@ -1,6 +1,6 @@
-"""The worker hands each Invoke payload to its model host's method for that kind of work and puts
-the answer in the matching outcome (an image embedding answers as `embed`); an Invoke with no
-payload is refused by name."""
+"""The worker hands each Invoke payload to its model host's `invoke` under that payload's kind (the
+operation registry's) and puts the answer in the matching outcome (an image embedding answers as
+`embed`); an Invoke with no payload is refused by name."""
 
 from __future__ import annotations
 
@@ -16,26 +16,23 @@ IMAGE = common_pb2.Image(data=b"\x89PNG", media_type="image/png")
 
 
 class FakeMediaHost:
-    """Answers each kind with a fixed result and records (method, payload)."""
+    """Answers each kind with a fixed result and records (kind, payload)."""
+
+    RESULTS = {
+        "transcribe": wg.TranscribeResult(text="hello", audio_seconds=1.0),
+        "recognize_text": wg.RecognizeTextResult(texts=["line"]),
+        "embed_image": wg.EmbedResult(count=1, dim=1, float32_le=b"\x00\x00\x80\x3f"),
+        "classify_image": wg.ClassifyImageResult(count=1, labels=1, scores=[0.5]),
+    }
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, object]] = []
 
-    async def transcribe(self, payload: object, *, trace_context: object, timeout_s: float):  # type: ignore[no-untyped-def]
-        self.calls.append(("transcribe", payload))
-        return wg.TranscribeResult(text="hello", audio_seconds=1.0)
-
-    async def recognize_text(self, payload: object, *, trace_context: object, timeout_s: float):  # type: ignore[no-untyped-def]
-        self.calls.append(("recognize_text", payload))
-        return wg.RecognizeTextResult(texts=["line"])
-
-    async def embed_image(self, payload: object, *, trace_context: object, timeout_s: float):  # type: ignore[no-untyped-def]
-        self.calls.append(("embed_image", payload))
-        return wg.EmbedResult(count=1, dim=1, float32_le=b"\x00\x00\x80\x3f")
-
-    async def classify_image(self, payload: object, *, trace_context: object, timeout_s: float):  # type: ignore[no-untyped-def]
-        self.calls.append(("classify_image", payload))
-        return wg.ClassifyImageResult(count=1, labels=1, scores=[0.5])
+    async def invoke(  # type: ignore[no-untyped-def]
+        self, kind: str, payload: object, *, trace_context: object, timeout_s: float, on_delta=None
+    ):
+        self.calls.append((kind, payload))
+        return self.RESULTS[kind]
 
 
 class FakeSupervisor:

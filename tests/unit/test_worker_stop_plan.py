@@ -5,20 +5,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
-from pathlib import Path
 
 import pytest
 
 from gantry.common.errors import GantryError
 from gantry.common.process import WORKER_STOP_BOUND_S, stop_grace_s
-from gantry.v1 import common_pb2, model_host_pb2
+from gantry.v1 import model_host_pb2
 from gantry.v1 import worker_gateway_pb2 as wg
 from gantry.worker.exit_cause import OomCounter
 from gantry.worker.model_host.process import HostLaunchSpec, OnExit
 from gantry.worker.residents import ResidentFacts
 from gantry.worker.stop_plan import StopPlan
 from gantry.worker.supervision import SupervisionSettings, Supervisor
+from tests.fixtures.serving_adapters import RecordingAdapters, no_nvml, serving_load
 
 FACTS = ResidentFacts(
     artifact_digest="sha256:a",
@@ -60,6 +59,7 @@ class GatedHost:
     ready = model_host_pb2.HostReady(dim=8)
     returncode = None
     unresponsive = None
+    unloaded = None
     alive = True
 
     def __init__(self, pid: int, entered: list[tuple[int, float, float]], gate: asyncio.Event):
@@ -100,18 +100,11 @@ async def test_shutdown_terminates_every_host_at_once_against_one_plan() -> None
         on_change=lambda: None,
         host_factory=factory,
         oom_counter=OomCounter(None, "not needed"),
+        adapters=RecordingAdapters(),
+        open_nvml=no_nvml,
     )
     for index in range(6):
-
-        async def prepare(index: int = index) -> HostLaunchSpec:
-            return HostLaunchSpec(
-                deployment_id=f"dep-{index}",
-                model_directory=Path("/nonexistent"),
-                adapter=common_pb2.AdapterSettings(),
-                python_executable="python",
-            )
-
-        await supervisor.load(f"dep-{index}", FACTS, prepare, trace_context={})
+        await supervisor.load(f"dep-{index}", FACTS, serving_load(f"dep-{index}"), trace_context={})
 
     loop = asyncio.get_running_loop()
     plan = StopPlan.starting(loop.time(), bound_s=10.0)
@@ -154,26 +147,17 @@ async def test_a_host_that_exits_during_shutdown_is_not_restarted() -> None:
         exits.append(on_exit)
         return host
 
-    def prepare(deployment_id: str) -> Callable[[], Awaitable[HostLaunchSpec]]:
-        async def launch() -> HostLaunchSpec:
-            return HostLaunchSpec(
-                deployment_id=deployment_id,
-                model_directory=Path("/nonexistent"),
-                adapter=common_pb2.AdapterSettings(),
-                python_executable="python",
-            )
-
-        return launch
-
     supervisor = Supervisor(
         SupervisionSettings(),
         on_change=lambda: None,
         host_factory=factory,
         oom_counter=OomCounter(None, "not needed"),
+        adapters=RecordingAdapters(),
+        open_nvml=no_nvml,
     )
-    await supervisor.load("dep-exit", FACTS, prepare("dep-exit"), trace_context={})
+    await supervisor.load("dep-exit", FACTS, serving_load("dep-exit"), trace_context={})
     loading = asyncio.create_task(
-        supervisor.load("dep-loading", FACTS, prepare("dep-loading"), trace_context={})
+        supervisor.load("dep-loading", FACTS, serving_load("dep-loading"), trace_context={})
     )
     stopping = asyncio.create_task(supervisor.shutdown())
     await load_cancelled.wait()  # shutdown is cancelling the load ...

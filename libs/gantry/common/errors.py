@@ -35,6 +35,10 @@ REASONS: Mapping[str, ReasonSpec] = {
         grpc.StatusCode.FAILED_PRECONDITION, FailureClass.CONFIG
     ),
     "LOAD_FAILED": ReasonSpec(grpc.StatusCode.INTERNAL, FailureClass.INFRA),
+    # A LOAD answered with evidence that is not what the job asked for (another manifest digest,
+    # other verified counts, no known isolation): INFRA, retried like a failed load, so an honest
+    # worker's next attempt can still load it.
+    "LOAD_EVIDENCE_MISMATCH": ReasonSpec(grpc.StatusCode.FAILED_PRECONDITION, FailureClass.INFRA),
     "HEALTH_FAILED": ReasonSpec(grpc.StatusCode.INTERNAL, FailureClass.INFRA),
     "INVOKE_FAILED": ReasonSpec(grpc.StatusCode.INTERNAL, FailureClass.INFRA),
     "RECLAIM_UNVERIFIED": ReasonSpec(grpc.StatusCode.INTERNAL, FailureClass.INFRA),

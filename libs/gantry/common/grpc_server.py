@@ -19,7 +19,10 @@ from gantry.common.auth import Authenticator
 from gantry.common.interceptors import DEFAULT_LIMITS, GantryServerInterceptor, ServiceLimit
 from gantry.common.tls import ClientTls, ServerTls
 
-# Generous limits: embeddings for large batches exceed gRPC's 4 MiB default.
+# What a client channel sends and takes: embeddings for large batches exceed gRPC's 4 MiB default.
+# A server's receive limit is its own (`create_server(max_receive_bytes=...)`), sized from what its
+# services legally accept, so an oversize message is refused by gRPC itself (RESOURCE_EXHAUSTED)
+# at that size rather than at this one.
 MESSAGE_LIMIT_BYTES = 64 * 1024 * 1024
 CHANNEL_OPTIONS: tuple[tuple[str, Any], ...] = (
     ("grpc.max_send_message_length", MESSAGE_LIMIT_BYTES),
@@ -35,13 +38,25 @@ CHANNEL_OPTIONS: tuple[tuple[str, Any], ...] = (
     # against the seconds of the forward pass that made it.
     ("grpc.http2.bdp_probe", 0),
 )
-SERVER_OPTIONS: tuple[tuple[str, Any], ...] = (
-    ("grpc.max_send_message_length", MESSAGE_LIMIT_BYTES),
-    ("grpc.max_receive_message_length", MESSAGE_LIMIT_BYTES),
-    ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
-    ("grpc.keepalive_permit_without_calls", 1),
-    ("grpc.http2.bdp_probe", 0),  # as in CHANNEL_OPTIONS
-)
+# A health-only port takes nothing but health checks (a few bytes each).
+HEALTH_RECEIVE_LIMIT_BYTES = 64 * 1024
+
+
+def server_options(max_receive_bytes: int) -> tuple[tuple[str, Any], ...]:
+    """A server's channel arguments: `max_receive_bytes` is the largest message gRPC buffers for
+    it; a larger one is refused by the transport, RESOURCE_EXHAUSTED, before any interceptor or
+    handler sees it (docs/errors.md, "the transport's refusal")."""
+    return (
+        ("grpc.max_send_message_length", MESSAGE_LIMIT_BYTES),
+        ("grpc.max_receive_message_length", max_receive_bytes),
+        ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.bdp_probe", 0),  # as in CHANNEL_OPTIONS
+    )
+
+
+# A bare server (tests, the fleet bench) that takes whatever a Gantry channel may send.
+SERVER_OPTIONS = server_options(MESSAGE_LIMIT_BYTES)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,14 +91,19 @@ async def create_server(
     tls: ServerTls | None = None,
     health_listen: str | None = None,
     limits: Mapping[str, ServiceLimit] = DEFAULT_LIMITS,
+    max_receive_bytes: int = MESSAGE_LIMIT_BYTES,
 ) -> RunningServer:
     """Bind and start a server; `listen` may use port 0 (tests), the bound port is returned.
 
     `limits` bounds each service's requests by size and calls in flight before a handler runs
-    (interceptors.DEFAULT_LIMITS unless the service sizes its own)."""
+    (interceptors.DEFAULT_LIMITS unless the service sizes its own); `max_receive_bytes` bounds any
+    one message on the transport, before it is buffered whole: at least the largest message any of
+    `services` legally accepts. Each service's server declares its own (the control plane's in
+    app.py, the scheduler's in scheduler/server.py); the default, what a channel may send, is for
+    tests' servers."""
     server = grpc.aio.server(
         interceptors=[GantryServerInterceptor(authenticator, limits=limits)],
-        options=SERVER_OPTIONS,
+        options=server_options(max_receive_bytes),
     )
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -106,7 +126,7 @@ async def create_server(
         raise OSError(f"could not bind {listen}")
     health_server, health_port = None, None
     if health_listen is not None:
-        health_server = grpc.aio.server(options=SERVER_OPTIONS)
+        health_server = grpc.aio.server(options=server_options(HEALTH_RECEIVE_LIMIT_BYTES))
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, health_server)
         health_port = health_server.add_insecure_port(health_listen)
         if health_port == 0:

@@ -1,9 +1,9 @@
-"""Identifiers minted where records are created: UUID strings, and 64-bit worker generations."""
+"""Identifiers minted where records are created: UUID strings, and the 63-bit worker generations
+the control plane issues."""
 
 from __future__ import annotations
 
 import secrets
-import time
 import uuid
 
 from gantry.common.errors import invalid_argument
@@ -21,22 +21,22 @@ def parse_id(value: str, *, field: str) -> str:
         raise invalid_argument(f"{field} must be a UUID, got {value!r}", field=field) from None
 
 
-_RANDOM_BITS = 8
+# The largest generation: it fits a signed BIGINT column in every database we run on.
+GENERATION_LIMIT = 2**63 - 1
+# How far past the stored generation the next one lands, at most: random, so a credential holder
+# cannot name the generation the real worker holds and join it (it can only take a new one).
+GENERATION_STEP = 1 << 16
 
 
-def new_generation(*, now_ns: int | None = None) -> int:
-    """A worker generation: microseconds since the epoch in the high bits, random low bits.
+def next_generation(current: int) -> int:
+    """The generation the control plane issues after `current` (issue 26, item 6).
 
-    Drawn once per worker process start. Later starts draw larger values (unless the clock jumps
-    back), so the control plane can fence any message carrying a generation older than the one it
-    recorded; the random bits keep two starts within one microsecond apart.
+    Issued, never chosen by the worker: a Hello claims the node for `current` + 1..STEP in one
+    conditional UPDATE (nodes/store.py `claim_generation`), so no worker can name a generation
+    "from the future" that fences the next one out. A new value is always larger, so anything
+    stamped with an older one is fenced.
     """
-    micros = (time.time_ns() if now_ns is None else now_ns) // 1000
-    generation = (micros << _RANDOM_BITS) | secrets.randbits(_RANDOM_BITS)
-    # 63 bits: the value fits a signed BIGINT column in every database we run on.
-    return generation & 0x7FFF_FFFF_FFFF_FFFF
-
-
-def generation_micros(generation: int) -> int:
-    """When a generation was drawn (microseconds since the epoch), from its high bits."""
-    return generation >> _RANDOM_BITS
+    generation = current + 1 + secrets.randbelow(GENERATION_STEP)
+    if generation > GENERATION_LIMIT:
+        raise OverflowError(f"generation {current} has no successor below 2**63")
+    return generation

@@ -252,16 +252,28 @@ def limits_from(args: argparse.Namespace, env: Mapping[str, str] | None = None) 
         raw, source = (
             (flag_value, setting.flag) if flag_value is not None else (env.get(setting.env), None)
         )
-        if raw is None or raw == "":
-            continue
-        source = source or setting.env
         try:
-            chosen[setting.field] = int(str(raw).strip())
-        except ValueError:
-            raise LimitSettingsError(f"{source} must be a whole number, not {raw!r}") from None
-        if not setting.floor <= chosen[setting.field] <= setting.ceiling:
-            raise LimitSettingsError(
-                f"{source} must be between {setting.floor} and {setting.ceiling}, "
-                f"not {chosen[setting.field]}"
-            )
+            value = limit_value(setting, raw)
+        except LimitSettingsError as exc:
+            raise LimitSettingsError(f"{source or setting.env} {exc}") from None
+        if value is not None:
+            chosen[setting.field] = value
     return InferenceLimits(**chosen)
+
+
+def limit_value(setting: LimitSetting, raw: object) -> int | None:
+    """One limit's value from its flag's or variable's text; None when none is given.
+
+    Raises LimitSettingsError saying what is wrong with the value; the caller names where it
+    came from (the flag or the variable), which only it knows."""
+    if raw is None or raw == "":
+        return None
+    try:
+        value = int(str(raw).strip())
+    except ValueError:
+        raise LimitSettingsError(f"must be a whole number, not {raw!r}") from None
+    if not setting.floor <= value <= setting.ceiling:
+        raise LimitSettingsError(
+            f"must be between {setting.floor} and {setting.ceiling}, not {value}"
+        )
+    return value

@@ -7,8 +7,11 @@ import asyncio
 import logging
 import os
 import signal
+from collections.abc import Mapping
 
 from gantry.common.json_logs import JSON, LOG_FORMAT_ENV, LOG_FORMATS, json_handler, log_format_of
+
+LOG_LEVEL_ENV = "GANTRY_LOG_LEVEL"
 
 # `gantry worker`, from SIGTERM to its exit: every model host it started stopped and reaped
 # within this (`gantry.worker.stop_plan` divides it). Declared once, here: what a supervisor
@@ -35,9 +38,14 @@ def add_log_format_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def setup_logging(role: str, log_format: str | None = None) -> None:
-    chosen, warning = log_format_of(log_format, os.environ)
-    level = os.environ.get("GANTRY_LOG_LEVEL", "INFO")
+def setup_logging(
+    role: str, log_format: str | None = None, *, environ: Mapping[str, str] | None = None
+) -> None:
+    """Logging for a process: `--log-format`, else GANTRY_LOG_FORMAT, and GANTRY_LOG_LEVEL, read
+    from `environ` (a service passes its settings' values) or else this process's environment."""
+    env = os.environ if environ is None else environ
+    chosen, warning = log_format_of(log_format, env)
+    level = env.get(LOG_LEVEL_ENV, "INFO")
     if chosen == JSON:
         logging.basicConfig(level=level, handlers=[json_handler(role)])
     else:

@@ -19,7 +19,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 
@@ -135,9 +135,16 @@ def server_tls_from(
 ) -> ServerTls | None:
     """The server settings from `add_server_tls_arguments` flags, else the environment."""
     env = os.environ if env is None else env
-    cert = _pick(args.tls_cert, env, CERT_ENV)
-    key = _pick(args.tls_key, env, KEY_ENV)
-    client_ca = _pick(args.tls_client_ca, env, CLIENT_CA_ENV)
+    return server_tls_of(
+        cert=_pick(args.tls_cert, env, CERT_ENV),
+        key=_pick(args.tls_key, env, KEY_ENV),
+        client_ca=_pick(args.tls_client_ca, env, CLIENT_CA_ENV),
+    )
+
+
+def server_tls_of(*, cert: str | None, key: str | None, client_ca: str | None) -> ServerTls | None:
+    """A server's TLS from its chosen values (flag, else environment); None (plaintext) when
+    neither certificate nor key is set. Raises TlsSettingsError when they do not go together."""
     if cert is None and key is None:
         if client_ca is not None:
             raise TlsSettingsError("--tls-client-ca needs --tls-cert and --tls-key")
@@ -175,8 +182,14 @@ SCHEDULER_CLIENT_TLS = ClientTlsNames(
 )
 
 
+class ArgumentDeclarer(Protocol):
+    """Where flags are declared: an argparse parser or group, or the CLI's Click-built spec."""
+
+    def add_argument(self, *flags: str, **options: Any) -> Any: ...
+
+
 def add_client_tls_arguments(
-    parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+    parser: ArgumentDeclarer,
     names: ClientTlsNames = CLIENT_TLS,
     *,
     peer: str = "the server",
@@ -208,6 +221,14 @@ def client_tls_from(
     cert = _pick(getattr(args, names.dest("cert"), None), env, names.cert_env)
     key = _pick(getattr(args, names.dest("key"), None), env, names.key_env)
     server_name = _pick(getattr(args, names.dest("server_name"), None), env, names.server_name_env)
+    return client_tls_of(ca=ca, cert=cert, key=key, server_name=server_name)
+
+
+def client_tls_of(
+    *, ca: str | None, cert: str | None, key: str | None, server_name: str | None
+) -> ClientTls | None:
+    """A client's TLS from its chosen values (flag, else environment); None (plaintext) when
+    none is set. Raises TlsSettingsError when a certificate comes without its key."""
     if ca is None and cert is None and key is None and server_name is None:
         return None
     return ClientTls(

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -11,7 +15,6 @@ from gantry.common.clock import Clock, SystemClock
 from gantry.common.grpc_server import RunningServer, ServiceBinding, create_server
 from gantry.common.interceptors import DEFAULT_LIMITS, ServiceLimit
 from gantry.common.tls import ClientTls, ServerTls
-from gantry.controlplane.deployments.admin import DeploymentAdmin
 from gantry.controlplane.deployments.autoscaler import ScaleAdviceInbox
 from gantry.controlplane.deployments.lifecycle import DEFAULT_LEASE_SECONDS, DeploymentLifecycle
 from gantry.controlplane.deployments.reconciler import Reconciler, ReconcilerSettings
@@ -23,12 +26,29 @@ from gantry.controlplane.nodes.admin import NodeAdmin
 from gantry.controlplane.nodes.gateway import GatewaySettings, WorkerGatewayService
 from gantry.controlplane.nodes.liveness import Liveness
 from gantry.controlplane.nodes.sessions import WorkerHub
+from gantry.controlplane.nodes.wire_bounds import worker_receive_limit_bytes
 from gantry.controlplane.observability.audit_feed import AuditFeed
 from gantry.controlplane.platform import credentials
+from gantry.controlplane.platform.announcer import Announcer
 from gantry.controlplane.platform.authn import ControlPlaneAuthenticator
 from gantry.controlplane.platform.database import Database
+from gantry.controlplane.platform.events import (
+    AuditWritten,
+    BindingMoved,
+    CapabilityBound,
+    CapacityFreed,
+    ChargesLearned,
+    DeploymentChanged,
+    EventBus,
+    NodeChanged,
+    ReconcileWanted,
+    ResidenciesChanged,
+)
 from gantry.controlplane.platform.operator_service import ControlPlaneService
-from gantry.controlplane.platform.scheduler_link import SchedulerLink
+from gantry.controlplane.platform.scheduler_link import (
+    DEFAULT_SILENCE_TIMEOUT_SECONDS,
+    SchedulerLink,
+)
 from gantry.controlplane.serving.inference_service import InferenceService, InferenceSettings
 from gantry.controlplane.serving.kserve.service import KServeInference
 from gantry.controlplane.serving.openai_http import (
@@ -37,6 +57,7 @@ from gantry.controlplane.serving.openai_http import (
     HttpApiSettings,
     start_http_api,
 )
+from gantry.controlplane.serving.openai_http.front_door import give_back
 from gantry.controlplane.serving.route_cache import RouteCache
 from gantry.controlplane.serving.routing import DeploymentResolver
 from gantry.kserve import grpc_service_pb2_grpc as kserve_grpc
@@ -54,6 +75,8 @@ class ControlPlaneSettings:
     bootstrap_operator_token: str | None = None
     reconciler: ReconcilerSettings = field(default_factory=ReconcilerSettings)
     lease_seconds: float = DEFAULT_LEASE_SECONDS
+    # A scheduler silent this long (no health ping answered) counts as unavailable.
+    scheduler_silence_timeout_s: float = DEFAULT_SILENCE_TIMEOUT_SECONDS
     tls: ServerTls | None = None  # the one port (ControlPlane, Inference, WorkerGateway)
     health_listen: str | None = None  # plaintext health-only port for probes that lack TLS
     scheduler_tls: ClientTls | None = None  # the link to the scheduler
@@ -80,13 +103,19 @@ class ControlPlane:
     reconciler: Reconciler
     gateway: WorkerGatewayService
     liveness: Liveness  # when each worker stream here was last heard (last_seen_at lags it)
+    audit_feed: AuditFeed  # wakes WatchAuditEvents (subscribed to the commits' events)
     http_api: HttpApi | None = None  # the OpenAI-compatible HTTP API, when one listens
+    give_back: asyncio.Task[None] | None = None  # returns freed memory (MemoryWatch)
 
     @property
     def port(self) -> int:
         return self.server.port
 
     async def stop(self) -> None:
+        if self.give_back is not None:
+            self.give_back.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.give_back
         if self.http_api is not None:
             await self.http_api.stop()  # no new HTTP calls; those in flight end first
         await self.reconciler.stop()
@@ -94,6 +123,58 @@ class ControlPlane:
         await self.gateway.close()  # the streams' last writes, before the database goes
         await self.scheduler.stop()
         await self.database.close()
+
+
+# How often the control plane looks at its RSS, and how far past the last settled level it must
+# have grown for freed memory to be given back (MemoryWatch).
+MEMORY_CHECK_S = 5.0
+MEMORY_GROWTH_BYTES = 64 * 1024 * 1024
+
+
+@dataclass
+class MemoryWatch:
+    """When to give freed memory back to the system: once the RSS has grown MEMORY_GROWTH_BYTES
+    past where it last settled. Pure: `observe` is told the RSS and says whether to give back.
+
+    A large gRPC request (a legal 40 MB Embed, refused or answered) leaves its bytes held by a
+    reference cycle until the collector's next full pass and, once freed, in glibc's arenas: 16 of
+    them left the control plane at 1 GB for good (issue 26, item 4). A large HTTP body is given
+    back when its call ends (openai_http.front_door.give_back); this catches the rest.
+    """
+
+    settled: int
+    growth: int = MEMORY_GROWTH_BYTES
+
+    def observe(self, rss: int) -> bool:
+        if rss - self.settled >= self.growth:
+            return True
+        self.settled = min(self.settled, rss)  # it shrank by itself: the new level
+        return False
+
+    def given_back(self, rss: int) -> None:
+        self.settled = rss  # what is left is in use: the level to grow from
+
+
+def _rss_bytes() -> int | None:
+    try:
+        with open("/proc/self/statm", "rb") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None  # not Linux: glibc's arenas are not the allocator there either
+
+
+async def watch_memory(check_s: float = MEMORY_CHECK_S) -> None:
+    """MemoryWatch applied: every `check_s`, a collection and malloc_trim when it says so."""
+    rss = _rss_bytes()
+    if rss is None:
+        return
+    watch = MemoryWatch(settled=rss)
+    while True:
+        await asyncio.sleep(check_s)
+        rss = _rss_bytes() or 0
+        if watch.observe(rss):
+            give_back()
+            watch.given_back(_rss_bytes() or rss)
 
 
 INFERENCE_PREFIX = "/gantry.v1.Inference/"
@@ -110,6 +191,26 @@ def front_door_limits(inference: InferenceSettings) -> dict[str, ServiceLimit]:
     largest = max(default.max_request_bytes or 0, inference.limits.largest_request_bytes)
     inference_limit = ServiceLimit(max_request_bytes=largest, max_in_flight=default.max_in_flight)
     return {**DEFAULT_LIMITS, INFERENCE_PREFIX: inference_limit, KSERVE_PREFIX: inference_limit}
+
+
+# How far past the largest legal message a message is still received and refused by the front
+# door with a typed INVALID_ARGUMENT (ErrorInfo naming the limit): a client that overshoots by a
+# little learns which limit it hit. Past it, gRPC's own RESOURCE_EXHAUSTED, without ErrorInfo.
+TYPED_REFUSAL_MARGIN_BYTES = 8 * 1024 * 1024
+
+
+def receive_limit_bytes(inference: InferenceSettings, limits: Mapping[str, ServiceLimit]) -> int:
+    """The control plane's gRPC receive limit: the largest message any of its doors legally takes,
+    plus TYPED_REFUSAL_MARGIN_BYTES.
+
+    Inference and KServe take their largest legal request, WorkerGateway its largest legal result
+    (wire_bounds), and each service at least what its front-door bound (`limits`) answers with a
+    typed refusal. A message past this is refused by gRPC itself before it is buffered whole.
+    """
+    typed = max((limit.max_request_bytes or 0 for limit in limits.values()), default=0)
+    largest = inference.limits.largest_request_bytes
+    legal = max(typed, largest, worker_receive_limit_bytes(inference.limits))
+    return legal + TYPED_REFUSAL_MARGIN_BYTES
 
 
 async def bootstrap_operator_token(database: Database, token: str, clock: Clock) -> None:
@@ -152,6 +253,36 @@ class _Core:
     reconciler: Reconciler
 
 
+def subscribe(
+    bus: EventBus,
+    *,
+    announcer: Announcer,
+    routes: RouteCache,
+    reconciler: Reconciler,
+    audit_feed: AuditFeed,
+) -> None:
+    """Who hears of each committed domain event (platform/events.py): the one place it is said."""
+    # A binding that moves is never served stale: no cached route from before its commit until
+    # after it.
+    bus.bracket(BindingMoved, before=routes.routing_changing, after=routes.routing_changed)
+    bus.subscribe(CapabilityBound, lambda _: announcer.deployments_changed())
+    # The scheduler hears of what changed, with the charges it was told first; each of these
+    # also forgets cached routes.
+    bus.subscribe(ChargesLearned, lambda event: announcer.learn_charges(event.charges))
+    bus.subscribe(ResidenciesChanged, lambda event: announcer.residencies(event.residencies))
+    bus.subscribe(NodeChanged, lambda event: announcer.node(event.node, event.connected))
+    bus.subscribe(
+        DeploymentChanged,
+        lambda event: announcer.deployment(event.deployment, removed=event.removed),
+    )
+    # Refused placements are due again at once; a ReclaimResidency waiting for a residency to go
+    # COLD wakes with the audit feed's waiters.
+    bus.subscribe(CapacityFreed, lambda _: reconciler.capacity_freed())
+    bus.subscribe(CapacityFreed, lambda _: audit_feed.changed())
+    bus.subscribe(ReconcileWanted, lambda _: reconciler.wake())
+    bus.subscribe(AuditWritten, lambda _: audit_feed.audit_committed())  # WatchAuditEvents
+
+
 def _build_core(settings: ControlPlaneSettings, database: Database, clock: Clock) -> _Core:
     hub = WorkerHub()
     lifecycle_holder: list[DeploymentLifecycle] = []
@@ -166,11 +297,10 @@ def _build_core(settings: ControlPlaneSettings, database: Database, clock: Clock
         cluster_state=cluster_state,
         tls=settings.scheduler_tls,
         on_scale_advice=scale_advice.offer,
+        silence_timeout_seconds=settings.scheduler_silence_timeout_s,
     )
     routes = RouteCache(clock)
-    database.routing_watchers.append(routes)  # a binding that moves is never served stale
     audit_feed = AuditFeed()
-    database.audit_listeners.append(audit_feed)  # WatchAuditEvents wakes on each commit
     lifecycle = DeploymentLifecycle(
         database=database,
         hub=hub,
@@ -197,8 +327,13 @@ def _build_core(settings: ControlPlaneSettings, database: Database, clock: Clock
         liveness=liveness,
         scale_advice=scale_advice,
     )
-    # A residency that went COLD also wakes the feed's waiters: a ReclaimResidency waits for it.
-    audit_feed.follow_capacity_freed(lifecycle.announcer)
+    subscribe(
+        database.events,
+        announcer=lifecycle.announcer,
+        routes=routes,
+        reconciler=reconciler,
+        audit_feed=audit_feed,
+    )
     return _Core(
         hub=hub,
         scheduler=scheduler,
@@ -217,7 +352,6 @@ def _worker_gateway(
         database=database,
         hub=core.hub,
         lifecycle=core.lifecycle,
-        reconciler=core.reconciler,
         clock=clock,
         settings=GatewaySettings(heartbeat_interval_s=settings.reconciler.heartbeat_interval_s),
         liveness=core.liveness,
@@ -231,9 +365,7 @@ def _control_plane_service(
     authenticator: ControlPlaneAuthenticator,
 ) -> ControlPlaneService:
     hub, lifecycle, reconciler = core.hub, core.lifecycle, core.reconciler
-    node_admin = NodeAdmin(
-        database=database, hub=hub, lifecycle=lifecycle, clock=clock, wake_reconciler=reconciler
-    )
+    node_admin = NodeAdmin(database=database, hub=hub, lifecycle=lifecycle, clock=clock)
     pipeline = EvidencePipeline(database=database, hub=hub, lifecycle=lifecycle, clock=clock)
     return ControlPlaneService(
         database=database,
@@ -246,14 +378,6 @@ def _control_plane_service(
         hub=hub,
         audit_feed=core.audit_feed,
         degradation=reconciler.degradation,
-        # A restart or scale makes placements due at once (past their backoff).
-        deployment_admin=DeploymentAdmin(
-            database=database,
-            hub=hub,
-            lifecycle=lifecycle,
-            clock=clock,
-            wake_reconciler=reconciler.capacity_freed,
-        ),
     )
 
 
@@ -335,6 +459,7 @@ async def start_control_plane(
     kserve = KServeInference(
         database=database, inference=inference, resolver=resolver, scheduler=core.scheduler
     )
+    limits = front_door_limits(settings.inference)
     server = await create_server(
         listen=settings.listen,
         services=_service_bindings(
@@ -343,7 +468,8 @@ async def start_control_plane(
         authenticator=authenticator,
         tls=settings.tls,
         health_listen=settings.health_listen,
-        limits=front_door_limits(settings.inference),
+        limits=limits,
+        max_receive_bytes=receive_limit_bytes(settings.inference, limits),
     )
     try:
         http_api = await _start_http_api(
@@ -357,6 +483,7 @@ async def start_control_plane(
     if settings.run_reconciler:
         core.reconciler.start()
     return ControlPlane(
+        give_back=asyncio.create_task(watch_memory(), name="memory-give-back"),
         server=server,
         database=database,
         scheduler=core.scheduler,
@@ -365,5 +492,6 @@ async def start_control_plane(
         reconciler=core.reconciler,
         gateway=gateway,
         liveness=core.liveness,
+        audit_feed=core.audit_feed,
         http_api=http_api,
     )

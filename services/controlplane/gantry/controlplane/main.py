@@ -1,46 +1,50 @@
-"""`gantry controlplane`: run the control plane server until SIGINT/SIGTERM."""
+"""`gantry controlplane`: its flags and configuration variables, read and checked in one place
+(`read_settings`, on `gantry.common.service_settings`) into the `ControlPlaneSettings` that
+`start_control_plane` is built from, then the server run until SIGINT/SIGTERM. The variables:
+TLS, the scheduler link's TLS, the inference limits, GANTRY_ENDPOINT_KEY_FILE,
+GANTRY_HTTP_LISTEN and the logging ones.
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import logging
-import os
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
+from pydantic import Field
+
 from gantry.common.arg_types import positive, positive_seconds
-from gantry.common.inference_limits import (
-    InferenceLimits,
-    LimitSettingsError,
-    add_limit_arguments,
-    limits_from,
-)
+from gantry.common.inference_limits import add_limit_arguments
 from gantry.common.metrics import add_metrics_argument, start_metrics
-from gantry.common.process import (
-    add_log_format_argument,
-    run_until_signalled,
-    setup_logging,
+from gantry.common.process import add_log_format_argument, run_until_signalled, setup_logging
+from gantry.common.service_settings import (
+    InferenceLimitSettings,
+    PositiveFloat,
+    ProcessSettings,
+    SchedulerTlsSettings,
+    ServerTlsSettings,
+    parse_settings,
 )
 from gantry.common.telemetry import setup_tracing
 from gantry.common.tls import (
     SCHEDULER_CLIENT_TLS,
-    ClientTls,
-    ServerTls,
     TlsSettingsError,
     add_client_tls_arguments,
     add_server_tls_arguments,
-    client_tls_from,
     listener_mode,
-    server_tls_from,
 )
 from gantry.controlplane.app import ControlPlaneSettings, start_control_plane
 from gantry.controlplane.deployments.lifecycle import DEFAULT_LEASE_SECONDS
 from gantry.controlplane.deployments.reconciler import ReconcilerSettings
 from gantry.controlplane.platform.database import DatabaseNotInitialised
+from gantry.controlplane.platform.scheduler_link import DEFAULT_SILENCE_TIMEOUT_SECONDS
 from gantry.controlplane.serving.inference_service import InferenceSettings
 from gantry.controlplane.serving.openai_http import DoorBounds, HttpListenError
+
+ENDPOINT_KEY_FILE_ENV = "GANTRY_ENDPOINT_KEY_FILE"
+HTTP_LISTEN_ENV = "GANTRY_HTTP_LISTEN"
 
 
 def _add_http_bound_arguments(parser: argparse.ArgumentParser) -> None:
@@ -72,7 +76,7 @@ def _add_http_bound_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The control plane's flags (and their environment defaults)."""
+    """The control plane's flags (their variables are read by `ControlPlaneConfig`)."""
     parser = argparse.ArgumentParser(prog="gantry controlplane")
     parser.add_argument("--listen", default="127.0.0.1:50051")
     parser.add_argument("--database-url", default="sqlite+aiosqlite:///.gantry/gantry.db")
@@ -83,11 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--endpoint-key-file",
         type=Path,
-        default=Path(os.environ["GANTRY_ENDPOINT_KEY_FILE"])
-        if os.environ.get("GANTRY_ENDPOINT_KEY_FILE")
-        else None,
         help="the key sealing adopted endpoints' credentials (minted, mode 0600, if absent; env "
-        "GANTRY_ENDPOINT_KEY_FILE). Without one the key is held in memory: a credential stored "
+        f"{ENDPOINT_KEY_FILE_ENV}). Without one the key is held in memory: a credential stored "
         "by this process cannot be opened after a restart",
     )
     parser.add_argument(
@@ -98,9 +99,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--http-listen",
         metavar="HOST:PORT",
-        default=os.environ.get("GANTRY_HTTP_LISTEN") or None,
         help="also serve the OpenAI-compatible HTTP API (/v1/embeddings, /v1/completions, "
-        "/v1/chat/completions, /v1/models) here, with the same TLS (env GANTRY_HTTP_LISTEN; "
+        f"/v1/chat/completions, /v1/models) here, with the same TLS (env {HTTP_LISTEN_ENV}; "
         "default: not served; `gantry up` serves it on 127.0.0.1:8080)",
     )
     _add_http_bound_arguments(parser)
@@ -118,7 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_timing_arguments(parser: argparse.ArgumentParser) -> None:
-    """The reconciler's intervals and the job lease (each checked positive by parse_arguments)."""
+    """The reconciler's intervals and the job lease (each checked positive by the settings)."""
     defaults = ReconcilerSettings()
     parser.add_argument(
         "--heartbeat-interval-s",
@@ -144,73 +144,72 @@ def _add_timing_arguments(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_LEASE_SECONDS,
         help="job lease length; an unrenewed lease is re-queued with a new token",
     )
-
-
-@dataclass(frozen=True)
-class ParsedArguments:
-    """The flags, with the TLS and inference limits they name already read and checked."""
-
-    args: argparse.Namespace
-    tls: ServerTls | None
-    scheduler_tls: ClientTls | None
-    limits: InferenceLimits
-
-
-def parse_arguments(argv: list[str] | None) -> ParsedArguments:
-    """Parse and check the flags; a bad one exits through parser.error (status 2)."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    for name in (
-        "heartbeat_interval_s",
-        "reconcile_interval_s",
-        "absence_grace_s",
-        "lease_seconds",
-    ):
-        if getattr(args, name) <= 0:
-            parser.error(f"--{name.replace('_', '-')} must be positive")
-    try:
-        tls = server_tls_from(args)
-        scheduler_tls = client_tls_from(args, SCHEDULER_CLIENT_TLS)
-        for given in (tls, scheduler_tls):
-            if given is not None:
-                given.credentials()  # every file readable now, not at the first connection
-    except TlsSettingsError as exc:
-        parser.error(str(exc))
-    try:
-        limits = limits_from(args)
-    except LimitSettingsError as exc:
-        parser.error(str(exc))
-    return ParsedArguments(args=args, tls=tls, scheduler_tls=scheduler_tls, limits=limits)
-
-
-def build_settings(parsed: ParsedArguments) -> ControlPlaneSettings:
-    """The control plane's settings from the flags (reads the token files)."""
-    args = parsed.args
-    bootstrap = args.bootstrap_operator_token_file
-    return ControlPlaneSettings(
-        listen=args.listen,
-        database_url=args.database_url,
-        scheduler_address=args.scheduler,
-        scheduler_token=args.scheduler_token_file.read_text().strip(),
-        bootstrap_operator_token=bootstrap.read_text().strip() if bootstrap else None,
-        reconciler=ReconcilerSettings(
-            interval_s=args.reconcile_interval_s,
-            heartbeat_interval_s=args.heartbeat_interval_s,
-            absence_grace_s=args.absence_grace_s,
-        ),
-        lease_seconds=args.lease_seconds,
-        tls=parsed.tls,
-        health_listen=args.health_listen,
-        scheduler_tls=parsed.scheduler_tls,
-        inference=InferenceSettings(limits=parsed.limits),
-        endpoint_key_file=args.endpoint_key_file,
-        http_listen=args.http_listen,
-        http_bounds=DoorBounds(
-            max_connections=args.http_max_connections,
-            header_timeout_s=args.http_header_timeout_s,
-            body_timeout_s=args.http_body_timeout_s,
-        ),
+    parser.add_argument(
+        "--scheduler-silence-timeout-s",
+        type=float,
+        default=DEFAULT_SILENCE_TIMEOUT_SECONDS,
+        help="a scheduler that answers no health ping for this long (stopped, stuck) counts as "
+        "unavailable: waiting and new calls fail SCHEDULER_UNAVAILABLE until it answers again "
+        "(default %(default)s)",
     )
+
+
+class ControlPlaneConfig(
+    ProcessSettings, ServerTlsSettings, SchedulerTlsSettings, InferenceLimitSettings
+):
+    """Every flag of `gantry controlplane` and the variables that may stand in for one."""
+
+    listen: str
+    database_url: str
+    scheduler: str
+    scheduler_token_file: Path
+    bootstrap_operator_token_file: Path | None = None
+    artifact_root: Path | None = None  # accepted for symmetry; unused
+    endpoint_key_file: Path | None = Field(None, validation_alias=ENDPOINT_KEY_FILE_ENV)
+    health_listen: str | None = None
+    http_listen: str | None = Field(None, validation_alias=HTTP_LISTEN_ENV)
+    http_max_connections: int
+    http_header_timeout_s: float
+    http_body_timeout_s: float
+    heartbeat_interval_s: PositiveFloat
+    reconcile_interval_s: PositiveFloat
+    absence_grace_s: PositiveFloat
+    lease_seconds: PositiveFloat
+    scheduler_silence_timeout_s: PositiveFloat
+
+    def control_plane_settings(self) -> ControlPlaneSettings:
+        """What `start_control_plane` is given (reads the token files)."""
+        bootstrap = self.bootstrap_operator_token_file
+        return ControlPlaneSettings(
+            listen=self.listen,
+            database_url=self.database_url,
+            scheduler_address=self.scheduler,
+            scheduler_token=self.scheduler_token_file.read_text().strip(),
+            bootstrap_operator_token=bootstrap.read_text().strip() if bootstrap else None,
+            reconciler=ReconcilerSettings(
+                interval_s=self.reconcile_interval_s,
+                heartbeat_interval_s=self.heartbeat_interval_s,
+                absence_grace_s=self.absence_grace_s,
+            ),
+            lease_seconds=self.lease_seconds,
+            scheduler_silence_timeout_s=self.scheduler_silence_timeout_s,
+            tls=self.server_tls(),
+            health_listen=self.health_listen,
+            scheduler_tls=self.scheduler_tls(),
+            inference=InferenceSettings(limits=self.inference_limits()),
+            endpoint_key_file=self.endpoint_key_file,
+            http_listen=self.http_listen,
+            http_bounds=DoorBounds(
+                max_connections=self.http_max_connections,
+                header_timeout_s=self.http_header_timeout_s,
+                body_timeout_s=self.http_body_timeout_s,
+            ),
+        )
+
+
+def read_settings(argv: list[str] | None) -> ControlPlaneConfig:
+    """The flags and variables, checked; a bad one exits through parser.error (status 2)."""
+    return parse_settings(build_parser(), ControlPlaneConfig, argv)
 
 
 async def serve(settings: ControlPlaneSettings) -> None:
@@ -227,17 +226,17 @@ async def serve(settings: ControlPlaneSettings) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parsed = parse_arguments(argv)
-    setup_logging("controlplane", parsed.args.log_format)
+    config = read_settings(argv)
+    setup_logging("controlplane", config.log_format, environ=config.logging_environment())
     setup_tracing("gantry-controlplane")
-    if not start_metrics("gantry-controlplane", parsed.args.metrics_address):
+    if not start_metrics("gantry-controlplane", config.metrics_address):
         return 2
-    if parsed.args.endpoint_key_file is None:
+    if config.endpoint_key_file is None:
         logging.getLogger(__name__).warning(
             "no --endpoint-key-file: adopted endpoints' credentials are sealed with a key held "
             "in memory and cannot be opened after a restart"
         )
-    settings = build_settings(parsed)
+    settings = config.control_plane_settings()
     try:
         asyncio.run(serve(settings))
     except (DatabaseNotInitialised, TlsSettingsError, HttpListenError) as exc:

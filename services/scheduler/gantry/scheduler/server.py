@@ -9,6 +9,11 @@ from gantry.scheduler.auth import ServiceTokenAuthenticator
 from gantry.scheduler.service import SchedulerService, SchedulerSettings
 from gantry.v1 import scheduler_pb2_grpc
 
+# The scheduler's gRPC receive limit. Its one client is the control plane, and its largest message
+# is the state snapshot the control plane sends on (re)connect: every node, residency, deployment
+# and tenant policy, a few hundred bytes each, so a fleet of tens of thousands of nodes fits.
+SCHEDULER_RECEIVE_LIMIT_BYTES = 16 * 1024 * 1024
+
 
 async def start_scheduler(
     *,
@@ -30,5 +35,6 @@ async def start_scheduler(
         authenticator=ServiceTokenAuthenticator(service_token),
         tls=tls,
         health_listen=health_listen,
+        max_receive_bytes=SCHEDULER_RECEIVE_LIMIT_BYTES,
     )
     return server, service

@@ -1,8 +1,13 @@
 """The worker agent: one outbound stream to the control plane, jobs and invocations over it.
 
-The agent opens no port. Each process start draws a new generation; results the control plane has
-not acknowledged are kept and resent after a reconnect within the same generation. Model hosts are
-supervised by `supervision.Supervisor`; every change of a resident sends an InventoryReport.
+The agent opens no port. Its generation is issued by the control plane in each Welcome: a new
+process presents none (0) and gets a new one; a reconnect presents the one it holds and keeps it
+while no other stream took the node meanwhile, so results the control plane has not acknowledged
+are resent within the same generation. A stream closed because another Hello with this node's
+credential took the node (STALE_GENERATION) is dialled again: the newest Hello wins. Serving
+residents are supervised by `supervision.Supervisor`, which starts, checks and stops every host
+through the runtime adapter its deployment names (the registry the PROBE job uses); every change
+of a resident sends an InventoryReport.
 
 The outbox to the control plane is bounded (`outbox_limit`). When it is full the stream is not
 being read; a message that does not fit is dropped and counted: job results stay unacknowledged
@@ -33,7 +38,6 @@ from gantry.common.clock import Clock
 from gantry.common.digests import adapter_digest
 from gantry.common.errors import GantryError
 from gantry.common.grpc_server import channel
-from gantry.common.ids import new_generation
 from gantry.common.status import error_from_rpc
 from gantry.common.telemetry import inject_context, tracer
 from gantry.common.tls import ClientTls
@@ -41,7 +45,6 @@ from gantry.v1 import worker_gateway_pb2 as wg
 from gantry.v1 import worker_gateway_pb2_grpc
 from gantry.worker import metrics
 from gantry.worker.adopted_endpoint import adopt_endpoint
-from gantry.worker.artifact_copies import manifest_of, verified_copy
 from gantry.worker.crash_policy import RestartPolicy
 from gantry.worker.environment_facts import (
     DEFAULT_FACTS_TIMEOUT_S,
@@ -52,7 +55,6 @@ from gantry.worker.heartbeat_file import HeartbeatFile
 from gantry.worker.inspect_job import run_inspect
 from gantry.worker.invocations import DEFAULT_MAX_IN_FLIGHT, Invocations
 from gantry.worker.jobs import DeploymentJobQueues
-from gantry.worker.managed_server.host_factory import serving_host_factory
 from gantry.worker.model_host.environments import resolve_python
 from gantry.worker.model_host.inbox import DEFAULT_INBOX_LIMIT
 from gantry.worker.model_host.process import (
@@ -64,16 +66,13 @@ from gantry.worker.model_host.process import (
 from gantry.worker.model_host.sandbox import IsolationRequirement
 from gantry.worker.model_host.warm_pool import WarmPool
 from gantry.worker.probe_job import ProbeRunner, ProbeSettings
-from gantry.worker.residents import (
-    DEFAULT_MAX_RESIDENTS,
-    HostFactory,
-    ResidentFacts,
-    SupervisedHost,
-)
+from gantry.worker.residents import DEFAULT_MAX_RESIDENTS, ResidentFacts
 from gantry.worker.resource_domains import DeclaredDomain, measure_node_domains
+from gantry.worker.runtime_adapters.base import PrepareRequest, StartRequest
+from gantry.worker.runtime_adapters.model_host_runtime import ProbeHostFactory
 from gantry.worker.runtime_adapters.registry import runtime_adapter_for
 from gantry.worker.stop_plan import StopPlan
-from gantry.worker.supervision import SupervisionSettings, Supervisor
+from gantry.worker.supervision import ServingLoad, SupervisionSettings, Supervisor
 
 log = logging.getLogger(__name__)
 _tracer = tracer("gantry.worker")
@@ -101,6 +100,8 @@ class WorkerSettings:
     max_in_flight_invokes: int = DEFAULT_MAX_IN_FLIGHT
     host_max_pending: int = DEFAULT_MAX_PENDING
     host_inbox_limit: int = DEFAULT_INBOX_LIMIT
+    # A serving host's start: its load and health check (a managed server: until it answers).
+    load_timeout_s: float = 300.0
     # The least sandbox a model host must reach; below it the load fails
     # RUNTIME_ENVIRONMENT_UNAVAILABLE.
     require_isolation: IsolationRequirement = field(default_factory=IsolationRequirement)
@@ -193,32 +194,8 @@ def _node_domains(settings: WorkerSettings) -> tuple[DeclaredDomain, ...]:
     return domains
 
 
-def _load_evidence(
-    host: SupervisedHost, facts: ResidentFacts, *, verified: tuple[int, int]
-) -> wg.LoadEvidence:
-    """What a load established: the loaded host, and the files and bytes verified for it."""
-    files_verified, bytes_verified = verified
-    return wg.LoadEvidence(
-        pid=host.pid,
-        load_seconds=host.ready.load_seconds,
-        dim=host.ready.dim,
-        rss_bytes=host.rss_bytes(),
-        runtime_versions=dict(host.ready.runtime_versions),
-        files_verified=files_verified,
-        bytes_verified=bytes_verified,
-        adapter_digest=facts.adapter_digest,
-        environment_fingerprint=facts.environment_fingerprint,
-        isolation=host.ready.isolation,
-        isolation_reason=host.ready.isolation_reason,
-    )
-
-
 # What runs one job kind: its assignment in, its result filled in.
 JobHandler = Callable[[wg.JobAssignment, wg.JobResult], Awaitable[None]]
-
-
-class FencedError(Exception):
-    """The control plane holds a newer generation of this node: this process must stop."""
 
 
 class WorkerAgent:
@@ -226,24 +203,30 @@ class WorkerAgent:
         self,
         settings: WorkerSettings,
         *,
-        generation: int | None = None,
+        generation: int = 0,
         clock: Clock | None = None,
-        host_factory: HostFactory | None = None,
+        host_factory: ProbeHostFactory | None = None,
         warm_pool: WarmPool | None = None,
     ) -> None:
         """`warm_pool`: one shared with other agents (tests), left running at shutdown; without
-        it an agent whose settings ask for a warm pool owns one and stops it at shutdown."""
+        it an agent whose settings ask for a warm pool owns one and stops it at shutdown.
+        `host_factory`: how model-host adapters start residents' children (a test's)."""
         self.settings = settings
         self.node_id = _node_id(settings.credential)
-        self.generation = generation if generation is not None else new_generation()
+        self.generation = generation  # the next Hello presents it; each Welcome issues one
         self.warm_pool, self._owns_warm_pool = _warm_pool_for(settings, shared=warm_pool)
         pooled = _pooled_host_factory(self.warm_pool) if self.warm_pool is not None else None
+        # Capability labels come from the environments that run the models, not this process.
+        self.environments = RuntimeEnvironments(
+            settings.env, timeout_s=settings.environment_facts_timeout_s
+        )
         self.supervisor = Supervisor(
             settings.supervision(),
             on_change=self._report_inventory,
             clock=clock,
-            # Managed server kinds start their server; every other adapter a model host.
-            host_factory=host_factory or serving_host_factory(pooled or ModelHost.start),
+            # Model-host adapters fork from the warm pool; a managed server kind starts its own.
+            host_factory=host_factory or pooled,
+            environments=self.environments,
         )
         self.residents = self.supervisor.residents
         self.connected = asyncio.Event()
@@ -264,10 +247,6 @@ class WorkerAgent:
             "inspect": self._inspect,
             "probe": self._probe,
         }
-        # Capability labels come from the environments that run the models, not this process.
-        self.environments = RuntimeEnvironments(
-            settings.env, timeout_s=settings.environment_facts_timeout_s
-        )
         # Probe hosts are the probe jobs' own: never residents, never routed, never counted.
         self.probes = ProbeRunner(
             _probe_settings(settings), environments=self.environments, host_factory=pooled
@@ -284,7 +263,7 @@ class WorkerAgent:
     # ---- lifecycle ----------------------------------------------------------------------------
 
     async def run(self) -> None:
-        """Connect, serve, reconnect with backoff; returns only when fenced or cancelled."""
+        """Connect, serve, reconnect with backoff; returns only when disabled or cancelled."""
         if self._liveness is None:
             # Supervision runs whether or not the control plane is reachable.
             self._liveness = asyncio.create_task(self.supervisor.run_liveness(), name="liveness")
@@ -298,16 +277,19 @@ class WorkerAgent:
             try:
                 await self._serve_stream()
                 delay = 0.2
-            except FencedError as error:
-                log.error("stopping: %s", error)
-                return
             except grpc.aio.AioRpcError as error:
                 gantry_error = error_from_rpc(error)
                 ended_by = gantry_error.reason
-                if gantry_error.reason in ("STALE_GENERATION", "NODE_DISABLED"):
+                if gantry_error.reason == "NODE_DISABLED":
                     log.error("stopping: %s", gantry_error.message)
                     return
-                log.warning("control plane stream ended: %s", gantry_error)
+                if gantry_error.reason == "STALE_GENERATION":
+                    # Another stream with this node's credential took the node: dialled again
+                    # (with backoff), this process takes it back. Two workers sharing one
+                    # credential keep taking turns: run one per credential, rotate a leaked one.
+                    log.error("%s; connecting again", gantry_error.message)
+                else:
+                    log.warning("control plane stream ended: %s", gantry_error)
             finally:
                 if self.connected.is_set():
                     metrics.stream_event("disconnected", ended_by)
@@ -463,6 +445,9 @@ class WorkerAgent:
             raise GantryError("INVALID_ARGUMENT", f"unknown control message {kind!r}")
 
     def _welcome(self, welcome: wg.Welcome) -> None:
+        # The generation the control plane issued: stamped on everything sent from here on, and
+        # presented by the next Hello to keep it across a reconnect.
+        self.generation = welcome.accepted_generation
         if welcome.heartbeat_interval.ToNanoseconds() > 0:
             self._heartbeat_seconds = welcome.heartbeat_interval.ToNanoseconds() / 1e9
         metrics.stream_event("reconnected" if self._welcomed_before else "connected")
@@ -489,9 +474,9 @@ class WorkerAgent:
             "control plane rejected %s: %s", reject.job_id or "a message", reject.failure.message
         )
         if reject.job_id:
+            # A result of a generation that lost the node (its job went back to the queue) is
+            # refused STALE_GENERATION like any other: dropped, never resent.
             self._unacked.pop(reject.job_id, None)
-        if reject.failure.reason == "STALE_GENERATION":
-            raise FencedError(reject.failure.message)
 
     def _spawn(self, coroutine: Coroutine[Any, Any, None], name: str) -> None:
         task = asyncio.create_task(coroutine, name=name)
@@ -534,9 +519,7 @@ class WorkerAgent:
             return
         # Before anything is admitted or spawned: an adapter the registry does not know is
         # RUNTIME_INCOMPATIBLE, an environment that cannot run it RUNTIME_ENVIRONMENT_UNAVAILABLE
-        # (both class CONFIG). Verifying and launching still go through supervision's own steps
-        # (it restarts hosts in place under one custody); moving them onto the adapter's
-        # prepare/start, and HEALTH/UNLOAD onto its health/unload, follows in a later change.
+        # (both class CONFIG). Supervision then runs the adapter's prepare and start.
         adapter = runtime_adapter_for(spec.adapter.adapter)
         runtime = await self.environments.require(spec.environment_id, adapter=adapter.name)
         facts = ResidentFacts(
@@ -545,37 +528,37 @@ class WorkerAgent:
             adapter_digest=adapter_digest(spec.adapter),
             environment_fingerprint=runtime.fingerprint,
         )
-        verified_facts: list[tuple[int, int]] = []
-
-        async def prepare() -> HostLaunchSpec:
-            verified = await verified_copy(
-                self.settings.artifact_root,
-                spec.artifact_location,
-                manifest_of(spec.manifest),
-                allow_pickle=spec.adapter.allow_pickle_weights,
-            )
-            verified_facts.append((verified.files_verified, verified.bytes_verified))
-            return HostLaunchSpec(
-                deployment_id=spec.deployment_id,
-                model_directory=verified.directory,
-                adapter=spec.adapter,
-                python_executable=runtime.python_executable,
-                max_pending=self.settings.host_max_pending,
-                inbox_limit=self.settings.host_inbox_limit,
-                require_isolation=self.settings.require_isolation,
-            )
-
         with _tracer.start_as_current_span(
             "worker.load", attributes={"gantry.deployment_id": spec.deployment_id}
         ):
             trace_context: dict[str, str] = {}
             inject_context(trace_context)
             resident = await self.supervisor.load(
-                spec.deployment_id, facts, prepare, trace_context=trace_context
+                spec.deployment_id, facts, self._serving_load(spec), trace_context=trace_context
             )
-        host = resident.host
-        assert host is not None
-        result.load.CopyFrom(_load_evidence(host, facts, verified=verified_facts[0]))
+        result.load.CopyFrom(self.supervisor.load_evidence(resident))
+        # The digest whose manifest the adapter verified the bytes against: the control plane
+        # compares it (and the verified counts) with the artifact set it asked for.
+        result.load.manifest_digest = resident.facts.artifact_digest
+
+    def _serving_load(self, spec: wg.LoadSpec) -> ServingLoad:
+        settings = self.settings
+        return ServingLoad(
+            prepare=PrepareRequest(
+                environment_id=spec.environment_id,
+                settings=spec.adapter,
+                artifact_root=settings.artifact_root,
+                artifact_location=spec.artifact_location,
+                manifest=spec.manifest,
+            ),
+            start=StartRequest(
+                name=spec.deployment_id,
+                load_timeout_s=settings.load_timeout_s,
+                max_pending=settings.host_max_pending,
+                inbox_limit=settings.host_inbox_limit,
+                require_isolation=settings.require_isolation,
+            ),
+        )
 
     async def _adopt(self, spec: wg.LoadSpec) -> wg.LoadEvidence:
         return await adopt_endpoint(

@@ -18,13 +18,12 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 
+from gantry.common import operations
 from gantry.common.errors import GantryError
 from gantry.common.telemetry import extract_context, inject_context, tracer
 from gantry.v1 import worker_gateway_pb2 as wg
 from gantry.worker import metrics
-from gantry.worker.residents import SupervisedHost
 from gantry.worker.supervision import Supervisor
 
 log = logging.getLogger(__name__)
@@ -32,10 +31,6 @@ _tracer = tracer("gantry.worker")
 
 DEFAULT_MAX_IN_FLIGHT = 1024
 DEFAULT_INVOKE_TIMEOUT_S = 30.0
-# Invoke's payloads this worker hands to a model host (the oneof's field names).
-_PAYLOADS = frozenset(
-    {"embed", "rerank", "transcribe", "recognize_text", "embed_image", "classify_image", "generate"}
-)
 # Sends one InvokeProgress to the control plane; False when it could not be queued.
 EmitProgress = Callable[[wg.InvokeProgress], bool]
 
@@ -159,12 +154,12 @@ class Invocations:
 
         Whether this host's adapter does that kind of work is the host's to say: an embedding
         host asked to transcribe answers INVALID_PAYLOAD, the client's error."""
-        payload = invoke.WhichOneof("payload")
-        if payload not in _PAYLOADS:
+        kind = invoke.WhichOneof("payload")
+        if kind not in operations.KINDS:
             raise GantryError(
                 "INVALID_PAYLOAD",
                 f"invocation {invoke.request_id} carries no payload this worker serves "
-                f"({payload or 'none'})",
+                f"({kind or 'none'})",
             )
         host = self._supervisor.host_for_invoke(invoke.deployment_id)
         timeout_s = invoke_timeout_s(invoke)
@@ -174,90 +169,23 @@ class Invocations:
             )
         child_context: dict[str, str] = {}
         inject_context(child_context)
-        call = _HostCall(host=host, trace_context=child_context, timeout_s=timeout_s)
-        if payload == "generate":
-            await self._generate(call, invoke, result)
-        elif payload in ("embed", "rerank"):
-            await _answer_text(call, invoke, result)
-        else:
-            await _answer_media(call, invoke, result)
-
-    async def _generate(self, call: _HostCall, invoke: wg.Invoke, result: wg.InvokeResult) -> None:
+        payload = getattr(invoke, kind)
+        operation = operations.of_payload(payload)
+        # A streamed generation's deltas go out as they come, when there is somewhere to send
+        # them; otherwise its text comes only with its result.
         relay = (
             ProgressRelay(invoke.request_id, self._emit_progress)
-            if invoke.generate.stream and self._emit_progress is not None
+            if operation.streaming and self._emit_progress is not None
             else None
         )
-        result.generate.CopyFrom(
-            await call.host.generate(
-                invoke.generate,
-                trace_context=call.trace_context,
-                timeout_s=call.timeout_s,
-                on_delta=relay.send if relay is not None else None,
-            )
+        answer = await host.invoke(
+            kind,
+            payload,
+            trace_context=child_context,
+            timeout_s=timeout_s,
+            on_delta=relay.send if relay is not None else None,
         )
         if relay is not None:
             relay.flush()
-
-
-@dataclass(frozen=True, kw_only=True)
-class _HostCall:
-    """One invocation on its way to its host: the trace context it carries, the time it has."""
-
-    host: SupervisedHost
-    trace_context: dict[str, str]
-    timeout_s: float
-
-
-async def _answer_text(call: _HostCall, invoke: wg.Invoke, result: wg.InvokeResult) -> None:
-    """An embed or rerank invocation answered by `host` into `result`."""
-    if invoke.WhichOneof("payload") == "embed":
-        result.embed.CopyFrom(
-            await call.host.embed(
-                list(invoke.embed.inputs),
-                trace_context=call.trace_context,
-                timeout_s=call.timeout_s,
-                truncate=invoke.embed.truncate,
-            )
-        )
-        return
-    result.rerank.CopyFrom(
-        await call.host.rerank(
-            invoke.rerank.query,
-            list(invoke.rerank.documents),
-            trace_context=call.trace_context,
-            timeout_s=call.timeout_s,
-            truncate=invoke.rerank.truncate,
-        )
-    )
-
-
-async def _answer_media(call: _HostCall, invoke: wg.Invoke, result: wg.InvokeResult) -> None:
-    """A transcribe, recognize_text, embed_image or classify_image invocation answered by
-    `host` into `result`."""
-    payload = invoke.WhichOneof("payload")
-    if payload == "transcribe":
-        result.transcribe.CopyFrom(
-            await call.host.transcribe(
-                invoke.transcribe, trace_context=call.trace_context, timeout_s=call.timeout_s
-            )
-        )
-    elif payload == "recognize_text":
-        result.recognize_text.CopyFrom(
-            await call.host.recognize_text(
-                invoke.recognize_text, trace_context=call.trace_context, timeout_s=call.timeout_s
-            )
-        )
-    elif payload == "embed_image":
-        # Image embeddings answer as text embeddings do: one EmbedResult.
-        result.embed.CopyFrom(
-            await call.host.embed_image(
-                invoke.embed_image, trace_context=call.trace_context, timeout_s=call.timeout_s
-            )
-        )
-    else:
-        result.classify_image.CopyFrom(
-            await call.host.classify_image(
-                invoke.classify_image, trace_context=call.trace_context, timeout_s=call.timeout_s
-            )
-        )
+        # The answer goes in its operation's outcome (an image embedding answers as `embed`).
+        getattr(result, operation.result_kind).CopyFrom(answer)

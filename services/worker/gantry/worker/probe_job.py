@@ -39,7 +39,6 @@ from gantry.worker.runtime_adapters.base import (
     StartRequest,
 )
 from gantry.worker.runtime_adapters.model_host_runtime import (
-    ModelHostRuntime,
     ProbeHost,
     ProbeHostFactory,
     fill_unreported,
@@ -90,10 +89,7 @@ class ProbeRunner:
         self._open_nvml = open_nvml
 
     def _adapter(self, name: str) -> RuntimeAdapter:
-        adapter = runtime_adapter_for(name)
-        if self._host_factory is not None and isinstance(adapter, ModelHostRuntime):
-            return adapter.launched_by(self._host_factory)
-        return adapter
+        return runtime_adapter_for(name, host_factory=self._host_factory)
 
     async def run(self, assignment: wg.JobAssignment, emit: EmitUpdate) -> wg.ProbeEvidence:
         """The probe's evidence; raises GantryError (RUNTIME_INCOMPATIBLE,

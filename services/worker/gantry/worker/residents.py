@@ -9,16 +9,18 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, Unpack
 
 from google.protobuf import timestamp_pb2
+from google.protobuf.message import Message
 
 from gantry.common.errors import GantryError
 from gantry.v1 import common_pb2, model_host_pb2
 from gantry.v1 import worker_gateway_pb2 as wg
 from gantry.worker.crash_policy import CrashHistory
+from gantry.worker.model_host.host_calls import InvokeOptions
 from gantry.worker.model_host.process import HostLaunchSpec, OnExit
 
 DEFAULT_MAX_RESIDENTS = 8
@@ -47,49 +49,14 @@ class SupervisedHost(Protocol):
     @property
     def ready(self) -> model_host_pb2.HostReady: ...
 
-    async def embed(
-        self,
-        inputs: list[str],
-        *,
-        trace_context: dict[str, str],
-        timeout_s: float,
-        truncate: bool = ...,
-    ) -> wg.EmbedResult: ...
-
-    async def rerank(
-        self,
-        query: str,
-        documents: list[str],
-        *,
-        trace_context: dict[str, str],
-        timeout_s: float,
-        truncate: bool = ...,
-    ) -> wg.RerankResult: ...
-
-    async def transcribe(
-        self, payload: wg.TranscribePayload, *, trace_context: dict[str, str], timeout_s: float
-    ) -> wg.TranscribeResult: ...
-
-    async def recognize_text(
-        self, payload: wg.RecognizeTextPayload, *, trace_context: dict[str, str], timeout_s: float
-    ) -> wg.RecognizeTextResult: ...
-
-    async def embed_image(
-        self, payload: wg.EmbedImagePayload, *, trace_context: dict[str, str], timeout_s: float
-    ) -> wg.EmbedResult: ...
-
-    async def classify_image(
-        self, payload: wg.ClassifyImagePayload, *, trace_context: dict[str, str], timeout_s: float
-    ) -> wg.ClassifyImageResult: ...
-
-    async def generate(
-        self,
-        payload: wg.GeneratePayload,
-        *,
-        trace_context: dict[str, str],
-        timeout_s: float,
-        on_delta: Callable[[wg.GenerateDelta], None] | None = ...,
-    ) -> wg.GenerateResult: ...
+    async def invoke(
+        self, kind: str, payload: Message, **options: Unpack[InvokeOptions]
+    ) -> Message:
+        """Run one inference operation's payload (`kind`: its field in Invoke, from the
+        registry, gantry.common.operations) and return its result (the message of the
+        operation's `result_kind`); a kind this host does not serve is INVALID_PAYLOAD. A
+        streamed generation's deltas go to `on_delta`, in order, before the result."""
+        ...
 
     async def ping(self, *, timeout_s: float) -> model_host_pb2.Pong: ...
 

@@ -1,4 +1,12 @@
-"""Supervision of the worker's model hosts: starts, in-place restarts, liveness, health, custody.
+"""Supervision of the worker's serving residents: loads, in-place restarts, liveness, health,
+unloads, custody.
+
+Every serving host is started, health-checked and stopped through the runtime adapter its
+deployment names (`runtime_adapters.registry`, the one the PROBE job uses): LOAD is the adapter's
+`prepare` then `start`, a restart in place its `start` again, HEALTH and the liveness pings its
+`health`, UNLOAD its `unload` (the probe's reclaim check), the worker's own stop its `terminate`.
+No path in the worker starts, checks or stops a serving host otherwise; an adopted endpoint (no
+process of ours) is checked and forgotten through the same `health` and `stop`.
 
 Invariants this module keeps:
 - A resident stays in the map until its child is reaped and reclaim is verified; a stop that
@@ -18,39 +26,64 @@ import asyncio
 import contextlib
 import datetime as dt
 import logging
-import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Protocol, cast
 
 from gantry.common.clock import Clock, SystemClock
 from gantry.common.errors import GantryError
-from gantry.common.manifest import remove_verified_copy
 from gantry.v1 import common_pb2
 from gantry.v1 import worker_gateway_pb2 as wg
 from gantry.worker import metrics
+from gantry.worker.artifact_copies import discard_copy
 from gantry.worker.crash_policy import CrashHistory, RestartDecision, RestartPolicy
 from gantry.worker.exit_cause import OomCounter, classify_exit
-from gantry.worker.model_host.process import HostLaunchSpec, ModelHost
+from gantry.worker.nvml_readings import Nvml
 from gantry.worker.residents import (
     DEFAULT_MAX_RESIDENTS,
     LOADING,
     RESIDENT,
     UNCERTAIN,
     UNLOADING,
-    HostFactory,
     Resident,
     ResidentFacts,
     ResidentMap,
     SupervisedHost,
 )
-from gantry.worker.runtime_adapters.base import health_report
+from gantry.worker.runtime_adapters.base import (
+    EnvironmentResolver,
+    Prepared,
+    PrepareRequest,
+    RunningRuntime,
+    RuntimeAdapter,
+    StartRequest,
+    health_report,
+)
+from gantry.worker.runtime_adapters.model_host_runtime import (
+    ProbeHost,
+    ProbeHostFactory,
+    held_runtime,
+    running_host,
+)
+from gantry.worker.runtime_adapters.registry import DEFAULT_ADAPTER, runtime_adapter_for
 from gantry.worker.stop_plan import StopPlan
+
+if TYPE_CHECKING:
+    from gantry.worker.environment_facts import RuntimeFacts
 
 log = logging.getLogger(__name__)
 
 OK = wg.HEALTH_STATUS_OK
 FAILED = wg.HEALTH_STATUS_FAILED
 NOT_CHECKED = wg.HEALTH_STATUS_NOT_CHECKED
+
+
+class AdapterLookup(Protocol):
+    """The registry seam: the adapter a name means (`registry.runtime_adapter_for`)."""
+
+    def __call__(
+        self, name: str, *, host_factory: ProbeHostFactory | None = ...
+    ) -> RuntimeAdapter: ...
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -64,6 +97,36 @@ class SupervisionSettings:
     max_residents: int = DEFAULT_MAX_RESIDENTS
 
 
+@dataclass(frozen=True, kw_only=True)
+class ServingLoad:
+    """What one LOAD asks: the bytes and environment to prepare (its settings name the adapter)
+    and how to start them (named by the deployment id, with their bounds)."""
+
+    prepare: PrepareRequest
+    start: StartRequest
+
+
+@dataclass(eq=False, kw_only=True)
+class _Runtime:
+    """What supervision holds beside a resident: the adapter that runs it, what restarts reuse
+    (the start request and the prepared bytes), and the runtime while one runs."""
+
+    adapter: RuntimeAdapter
+    start: StartRequest | None = None  # None: adopted, never started here
+    prepared: Prepared | None = None
+    running: RunningRuntime | None = None
+
+
+class _NoEnvironments:
+    """The resolver of a supervisor given none: it can hold adopted endpoints, load nothing."""
+
+    async def require(self, environment_id: str, *, adapter: str | None = None) -> RuntimeFacts:
+        raise GantryError(
+            "RUNTIME_ENVIRONMENT_UNAVAILABLE",
+            f"this worker's supervisor resolves no environment (asked for {environment_id!r})",
+        )
+
+
 class Supervisor:
     def __init__(
         self,
@@ -71,15 +134,24 @@ class Supervisor:
         *,
         on_change: Callable[[], None],
         clock: Clock | None = None,
-        host_factory: HostFactory | None = None,
+        host_factory: ProbeHostFactory | None = None,
         oom_counter: OomCounter | None = None,
+        environments: EnvironmentResolver | None = None,
+        adapters: AdapterLookup = runtime_adapter_for,
+        open_nvml: Callable[[], Nvml] = Nvml.open,
     ) -> None:
+        """`host_factory`: how model-host adapters start their children (the warm pool's fork,
+        a test's wrapper); None: each adapter's own. A managed server kind starts its server."""
         self.settings = settings
         self.residents = ResidentMap(max_residents=settings.max_residents)
         self._on_change = on_change
         self._clock = clock or SystemClock()
-        self._host_factory: HostFactory = host_factory or ModelHost.start
+        self._host_factory = host_factory
         self._oom_counter = oom_counter or OomCounter.for_current_process()
+        self._environments: EnvironmentResolver = environments or _NoEnvironments()
+        self._adapters = adapters
+        self._open_nvml = open_nvml
+        self._runtimes: dict[Resident, _Runtime] = {}
         self._shutting_down = False
 
     # ---- load and unload ----------------------------------------------------------------------
@@ -88,26 +160,32 @@ class Supervisor:
         self,
         deployment_id: str,
         facts: ResidentFacts,
-        prepare: Callable[[], Awaitable[HostLaunchSpec]],
+        request: ServingLoad,
         *,
         trace_context: dict[str, str],
     ) -> Resident:
-        """Admit, prepare (verify the artifact), start the host; RESIDENT when this returns.
+        """Admit, prepare (the adapter verifies the bytes), start; RESIDENT when this returns.
 
-        An unload meanwhile cancels the start (the child is killed and reaped) and this raises
+        An unknown adapter is RUNTIME_INCOMPATIBLE before anything is admitted. An unload
+        meanwhile cancels the start (the child is killed and reaped) and this raises
         INVALID_STATE_TRANSITION. Cancelling the caller cancels the start the same way.
         """
+        adapter = self._adapter(request.prepare.settings.adapter)
         resident = Resident(
             deployment_id=deployment_id,
             facts=facts,
             crashes=CrashHistory(self.settings.restart, self._clock),
         )
         self.residents.admit(resident)
+        runtime = _Runtime(adapter=adapter, start=request.start)
+        self._runtimes[resident] = runtime
         self._changed()
 
         async def start() -> SupervisedHost | None:
-            resident.launch = await prepare()
-            host = await self._start(resident, trace_context)
+            runtime.prepared = await adapter.prepare(
+                request.prepare, environments=self._environments
+            )
+            host = await self._start(resident, runtime, trace_context)
             # In this task, with no await after the start: an unload that finds the task done
             # also finds the host to stop.
             self._now_resident(resident, host)
@@ -129,6 +207,30 @@ class Supervisor:
             raise self._overtaken(deployment_id)  # unloaded the moment it became resident
         return resident
 
+    def load_evidence(self, resident: Resident) -> wg.LoadEvidence:
+        """What a LOAD established: the bytes its adapter verified and the host it started."""
+        runtime = self._runtimes.get(resident)
+        host = resident.host
+        if runtime is None or runtime.prepared is None or host is None:
+            raise GantryError(
+                "DEPLOYMENT_NOT_READY",
+                f"deployment {resident.deployment_id} has no host loaded on this worker",
+                deployment_id=resident.deployment_id,
+            )
+        return wg.LoadEvidence(
+            pid=host.pid,
+            load_seconds=host.ready.load_seconds,
+            dim=host.ready.dim,
+            rss_bytes=host.rss_bytes(),
+            runtime_versions=dict(host.ready.runtime_versions),
+            files_verified=runtime.prepared.files_verified,
+            bytes_verified=runtime.prepared.bytes_verified,
+            adapter_digest=resident.facts.adapter_digest,
+            environment_fingerprint=resident.facts.environment_fingerprint,
+            isolation=host.ready.isolation,
+            isolation_reason=host.ready.isolation_reason,
+        )
+
     async def _release(self, resident: Resident, task: asyncio.Task[SupervisedHost | None]) -> None:
         """End custody of a load that did not return. A cancellation can land after the start
         task finished but before this caller resumed (a CancelJob or an overtaking unload in
@@ -145,7 +247,8 @@ class Supervisor:
     ) -> Resident:
         """Hold an external server (already checked to answer) as RESIDENT. It has no launch, so
         nothing here can restart it, and it never reports an exit: its failed pings only mark
-        its health. Unloading it goes through `_stop`, which only forgets it."""
+        its health. It is checked by the default adapter's `health` (a ping, a model check) and
+        unloading it goes through that adapter's `stop`, which only forgets it."""
         resident = Resident(
             deployment_id=deployment_id,
             facts=facts,
@@ -154,6 +257,10 @@ class Supervisor:
             endpoint_url=endpoint_url,
         )
         self.residents.admit(resident)
+        adapter = self._adapter(DEFAULT_ADAPTER)
+        # An adopted endpoint answers the ping, model check and stop `health`/`stop` ask for.
+        running = held_runtime(cast(ProbeHost, host), adapter=adapter.name)
+        self._runtimes[resident] = _Runtime(adapter=adapter, running=running)
         self._now_resident(resident, host)
         return resident
 
@@ -166,8 +273,9 @@ class Supervisor:
         )
 
     async def unload(self, deployment_id: str) -> wg.UnloadEvidence:
-        """Stop the host and end custody once reclaim is verified; UNCERTAIN and
-        RECLAIM_UNVERIFIED otherwise. Cancels a load or restart in progress first."""
+        """Stop the host through its adapter's `unload` and end custody once reclaim is
+        verified; UNCERTAIN and RECLAIM_UNVERIFIED otherwise. Cancels a load or restart in
+        progress first."""
         resident = self.residents.get(deployment_id)
         if resident is None:
             # Nothing of it runs here (already gone): unloading is done, and says so.
@@ -255,14 +363,19 @@ class Supervisor:
 
     # ---- internals ----------------------------------------------------------------------------
 
-    async def _start(self, resident: Resident, trace_context: dict[str, str]) -> SupervisedHost:
-        assert resident.launch is not None
+    def _adapter(self, name: str) -> RuntimeAdapter:
+        return self._adapters(name, host_factory=self._host_factory)
+
+    async def _start(
+        self, resident: Resident, runtime: _Runtime, trace_context: dict[str, str]
+    ) -> SupervisedHost:
+        """The adapter's `start` of the prepared bytes (a load, or a restart in place)."""
+        assert runtime.prepared is not None and runtime.start is not None
         oom_kills = self._oom_counter.read()
         restart = resident.restart_count > 0
+        request = replace(runtime.start, on_exit=self._host_exited, trace_context=trace_context)
         try:
-            host = await self._host_factory(
-                resident.launch, on_exit=self._host_exited, trace_context=trace_context
-            )
+            running = await runtime.adapter.start(runtime.prepared, request)
         except GantryError as error:
             metrics.host_started(restart=restart, failure_reason=error.reason)
             raise
@@ -271,7 +384,10 @@ class Supervisor:
             raise
         metrics.host_started(restart=restart)
         resident.oom_kills_at_start = oom_kills
-        return host
+        runtime.running = running
+        # Started with this supervisor's factory (or the adapter's own: `ModelHost.start`,
+        # `ManagedServer.start`), so the host is a serving one that invocations can use.
+        return cast(SupervisedHost, running_host(running))
 
     def _now_resident(self, resident: Resident, host: SupervisedHost) -> None:
         resident.host = host
@@ -307,8 +423,11 @@ class Supervisor:
             model=(NOT_CHECKED, "no process to run the model"),
         )
         decision = self._record_crash(resident, error)
+        runtime = self._runtimes[resident]
+        crashed, runtime.running = runtime.running, None
         resident.start_task = asyncio.create_task(
-            self._restart(resident, host, decision), name=f"restart-{resident.deployment_id}"
+            self._restart(resident, runtime, crashed, decision),
+            name=f"restart-{resident.deployment_id}",
         )
         self._changed()
 
@@ -329,11 +448,17 @@ class Supervisor:
         return decision
 
     async def _restart(
-        self, resident: Resident, crashed: SupervisedHost, decision: RestartDecision
+        self,
+        resident: Resident,
+        runtime: _Runtime,
+        crashed: RunningRuntime | None,
+        decision: RestartDecision,
     ) -> SupervisedHost | None:
-        # Already reaped; stopping closes the pipe and collects the stderr tail.
-        with contextlib.suppress(Exception):
-            await crashed.stop(grace_s=0)
+        if crashed is not None:
+            # Already reaped, so no signal is sent: the stop closes the pipe, collects the
+            # stderr tail and confirms the pid gone.
+            with contextlib.suppress(Exception):
+                await runtime.adapter.stop(crashed, grace_s=self.settings.stop_grace_s)
         while True:
             await self._clock.sleep(decision.delay_s)
             resident.next_restart_at = None
@@ -341,7 +466,7 @@ class Supervisor:
             metrics.host_restart_attempted()
             self._changed()
             try:
-                host = await self._start(resident, {})
+                host = await self._start(resident, runtime, {})
             except Exception as exc:
                 error = (
                     exc
@@ -372,35 +497,54 @@ class Supervisor:
             await asyncio.shield(task)
 
     async def _stop(self, resident: Resident) -> wg.UnloadEvidence:
-        return await self._end(resident, lambda host: host.stop(grace_s=self.settings.stop_grace_s))
+        return await self._end(resident, self._unload_runtime)
+
+    async def _unload_runtime(
+        self, runtime: _Runtime, running: RunningRuntime
+    ) -> wg.UnloadEvidence:
+        """The adapter's unload: the release, the exit and the reclaim check a probe's child
+        gets. An adopted endpoint has no process of ours to reclaim: its `stop` forgets it."""
+        grace_s = self.settings.stop_grace_s
+        if runtime.start is None:
+            return await runtime.adapter.stop(running, grace_s=grace_s)
+        nvml = self._open_nvml()
+        try:
+            unloaded = await runtime.adapter.unload(running, grace_s=grace_s, nvml=nvml)
+        finally:
+            nvml.close()
+        log.info("%s runtime unloaded: %s", runtime.adapter.name, unloaded.reclaim.detail)
+        return unloaded.stopped
 
     async def _terminate(self, resident: Resident, plan: StopPlan) -> wg.UnloadEvidence:
-        def terminate(host: SupervisedHost) -> Awaitable[wg.UnloadEvidence]:
+        def terminate(runtime: _Runtime, running: RunningRuntime) -> Awaitable[wg.UnloadEvidence]:
             now = asyncio.get_running_loop().time()
-            return host.terminate(grace_s=plan.term_grace_s(now), reap_s=plan.reap_s(now))
+            return runtime.adapter.terminate(
+                running, grace_s=plan.term_grace_s(now), reap_s=plan.reap_s(now)
+            )
 
         return await self._end(resident, terminate)
 
     async def _end(
         self,
         resident: Resident,
-        stopping: Callable[[SupervisedHost], Awaitable[wg.UnloadEvidence]],
+        stopping: Callable[[_Runtime, RunningRuntime], Awaitable[wg.UnloadEvidence]],
     ) -> wg.UnloadEvidence:
-        host = resident.host
+        runtime = self._runtimes.get(resident)
+        running = runtime.running if runtime is not None else None
         resident.state = UNLOADING
         self._changed()
-        if host is None:
+        if runtime is None or running is None:
             self._forget(resident)
             return wg.UnloadEvidence(pid=0, process_exited=True)
-        evidence = await stopping(host)
+        evidence = await stopping(runtime, running)
         if evidence.process_exited:
             self._forget(resident)
             return evidence
         error = GantryError(
             "RECLAIM_UNVERIFIED",
-            f"model host {host.pid} of {resident.deployment_id} was not confirmed gone",
+            f"model host {running.pid} of {resident.deployment_id} was not confirmed gone",
             deployment_id=resident.deployment_id,
-            pid=str(host.pid),
+            pid=str(running.pid),
         )
         resident.state = UNCERTAIN
         resident.last_failure = error.to_failure()
@@ -410,13 +554,9 @@ class Supervisor:
     def _forget(self, resident: Resident) -> None:
         """Custody ended (the child is reaped, or never started): drop the resident and the
         private verified copy its hosts loaded from (restarts reused it until now)."""
-        if resident.launch is not None:
-            try:
-                remove_verified_copy(resident.launch.model_directory)
-            except (OSError, ValueError) as error:
-                log.warning(
-                    "could not remove the verified copy of %s: %s", resident.deployment_id, error
-                )
+        runtime = self._runtimes.pop(resident, None)
+        if runtime is not None and runtime.prepared is not None:
+            discard_copy(runtime.prepared.directory)
         if self.residents.remove(resident):
             self._changed()
 
@@ -432,29 +572,21 @@ class Supervisor:
     async def _probe(
         self, resident: Resident, host: SupervisedHost, *, deep: bool
     ) -> wg.HealthReport:
-        started = time.monotonic()
-        process = (OK, f"pid {host.pid} alive")
-        try:
-            await host.ping(timeout_s=self.settings.ping_timeout_s)
-        except GantryError as error:
-            if error.reason == "DEADLINE_EXCEEDED" and host is resident.host and host.alive:
-                why = f"no answer to a ping within {self.settings.ping_timeout_s:g}s"
-                host.kill_unresponsive(why)
-                return health_report(process=process, runtime=(FAILED, why), model=_unchecked(deep))
-            return health_report(
-                process=process, runtime=(FAILED, error.message), model=_unchecked(deep)
-            )
-        runtime = (OK, f"ping answered in {time.monotonic() - started:.3f}s")
-        if not deep:
-            return health_report(
-                process=process, runtime=runtime, model=_unchecked(deep), since=started
-            )
-        try:
-            checked = await host.check_model(timeout_s=self.settings.deep_health_timeout_s)
-        except GantryError as error:
-            return health_report(process=process, runtime=runtime, model=(FAILED, error.message))
-        model = (checked.model.status, checked.model.detail)
-        return health_report(process=process, runtime=runtime, model=model, since=started)
+        """The adapter's health check of a live host. One that leaves its ping unanswered is
+        hung: it is killed (its callers fail RUNTIME_UNRESPONSIVE at once) and restarted as a
+        crash, unless it went away or was replaced while the check ran."""
+        runtime = self._runtimes[resident]
+        running = runtime.running
+        assert running is not None
+        checked = await runtime.adapter.health(
+            running,
+            deep=deep,
+            timeout_s=self.settings.ping_timeout_s,
+            model_timeout_s=self.settings.deep_health_timeout_s,
+        )
+        if checked.unanswered and host is resident.host and host.alive:
+            runtime.adapter.kill_unresponsive(running, checked.unanswered)
+        return checked.report
 
     def _record_health(
         self, resident: Resident, report: wg.HealthReport, *, force: bool = False
@@ -473,12 +605,6 @@ class Supervisor:
 
 def _cancelling(task: asyncio.Task[object] | None) -> bool:
     return task is not None and task.cancelling() > 0
-
-
-def _unchecked(deep: bool) -> tuple[wg.HealthStatus, str]:
-    if deep:
-        return (NOT_CHECKED, "the runtime did not answer, so the model was not run")
-    return (NOT_CHECKED, "a liveness ping does not run the model")
 
 
 def _statuses(report: wg.HealthReport) -> tuple[int, int, int]:

@@ -4,15 +4,13 @@
 As everywhere in the lifecycle, every change is committed first and announced after: the
 scheduler hears of a residency's new state, and a worker receives an UNLOAD or LOAD job, only
 once the database holds it. Placement after a restart or a scale up is the Placer's usual one;
-what it cannot place now, the reconciler places later (woken here).
+what it cannot place now, the reconciler places later (woken by the commit's CapacityFreed).
 """
 
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Unpack
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -24,13 +22,19 @@ from gantry.controlplane.deployments.admin_rules import (
     restart_refusal,
     scale_refusal,
 )
-from gantry.controlplane.deployments.lifecycle_parts import LifecycleParts, LifecycleService
+from gantry.controlplane.deployments.lifecycle_parts import LifecycleService
 from gantry.controlplane.deployments.residency_stop import stop_residency
 from gantry.controlplane.deployments.settle import settle_deployment
 from gantry.controlplane.deployments.surplus import drain_surplus
 from gantry.controlplane.endpoints import store as endpoints
 from gantry.controlplane.jobs import store as jobs
 from gantry.controlplane.observability import audit
+from gantry.controlplane.platform.events import (
+    CapacityFreed,
+    DeploymentChanged,
+    ResidenciesChanged,
+    record,
+)
 from gantry.controlplane.platform.models import Deployment, Residency, ServingJob
 from gantry.controlplane.platform.state_machines import DeploymentState, JobType, ResidencyState
 from gantry.controlplane.platform.transitions import retry_on_conflict
@@ -47,15 +51,6 @@ class _Committed:
 
 
 class DeploymentAdmin(LifecycleService):
-    def __init__(
-        self,
-        *,
-        wake_reconciler: Callable[[], None] = lambda: None,
-        **parts: Unpack[LifecycleParts],
-    ) -> None:
-        super().__init__(**parts)
-        self._wake = wake_reconciler
-
     async def delete(self, deployment_id: str, *, actor: str) -> Deployment:
         """Marks it deleted (kept with its history) and removes the bindings naming it, once it
         runs nothing (DEPLOYMENT_IN_USE otherwise). Deleting a deleted one changes nothing and
@@ -90,7 +85,7 @@ class DeploymentAdmin(LifecycleService):
                 capability=row.capability,
                 state=row.state,
             )
-        self._lifecycle.announcer.deployment(row, removed=True)
+            record(session, DeploymentChanged(row, removed=True))
         return row
 
     async def restart(self, deployment_id: str, *, actor: str) -> Deployment:
@@ -142,6 +137,7 @@ class DeploymentAdmin(LifecycleService):
                 from_state=from_state,
                 unloaded_residencies=len(committed.changed),
             )
+            _record_committed(session, committed)
         return committed
 
     async def scale(self, deployment_id: str, wanted: ReplicaRequest, *, actor: str) -> Deployment:
@@ -193,20 +189,29 @@ class DeploymentAdmin(LifecycleService):
                 to_max_replicas=wanted.max_replicas,
                 drained_residencies=len(drained),
             )
-        return _Committed(deployment=row, changed=drained)
+            committed = _Committed(deployment=row, changed=drained)
+            _record_committed(session, committed)
+        return committed
 
     async def _after_commit(self, committed: _Committed) -> None:
-        """The scheduler learns the replicas wanted and what changed; workers hear of cancelled
-        jobs and receive their UNLOAD jobs; what is missing is placed (or left to the
-        reconciler, woken, when it cannot be placed now)."""
-        self._lifecycle.announcer.deployment(committed.deployment)
-        self._lifecycle.announce(committed.changed)
+        """Workers hear of cancelled jobs and receive their UNLOAD jobs; what is missing is
+        placed (the reconciler, woken by the commit, places what cannot be placed now)."""
         for job in committed.cancelled:
             self._lifecycle.cancel_on_worker(job)
         for node_id in sorted({r.node_id for r in committed.changed}):
             await self._lifecycle.dispatch_queued(node_id)
         await self._lifecycle.place(committed.deployment)
-        self._wake()
+
+
+def _record_committed(session: AsyncSession, committed: _Committed) -> None:
+    """What a restart or scale tells once committed: the replicas wanted (the scheduler's advice
+    reads them), the residencies it changed, and that refused placements are due again now."""
+    record(
+        session,
+        DeploymentChanged(committed.deployment),
+        ResidenciesChanged(tuple(committed.changed)),
+        CapacityFreed(),
+    )
 
 
 async def _forget_and_unbind(

@@ -24,7 +24,8 @@ from gantry.controlplane.deployments.lifecycle_parts import LifecycleService
 from gantry.controlplane.deployments.settle import settle_deployment
 from gantry.controlplane.deployments.surplus import drain_surplus
 from gantry.controlplane.observability import audit
-from gantry.controlplane.platform.models import Deployment, Residency
+from gantry.controlplane.platform.events import DeploymentChanged, ResidenciesChanged, record
+from gantry.controlplane.platform.models import Residency
 from gantry.controlplane.platform.transitions import retry_on_conflict
 from gantry.v1 import scheduler_pb2
 
@@ -72,7 +73,7 @@ class Autoscaler(LifecycleService):
     async def apply(self, advice: Advice) -> set[str]:
         """Apply one deployment's advice; returns the nodes with new jobs to dispatch."""
         try:
-            action, deployment, drained = await retry_on_conflict(lambda: self._commit(advice))
+            action, drained = await retry_on_conflict(lambda: self._commit(advice))
         except GantryError as error:
             if error.reason != "NOT_FOUND":
                 raise
@@ -91,14 +92,12 @@ class Autoscaler(LifecycleService):
             action.reason or "no reason given",
             f"; {action.why}" if action.why else "",
         )
-        self._lifecycle.announcer.deployment(deployment)
-        self._lifecycle.announce(drained)
         if action.kind is ScaleKind.UP:
             # A refusal leaves the replica missing: the reconciler's placement step retries it.
             return set(await self._lifecycle.placer.place(advice.deployment_id))
         return {residency.node_id for residency in drained}
 
-    async def _commit(self, advice: Advice) -> tuple[ScaleAction, Deployment, list[Residency]]:
+    async def _commit(self, advice: Advice) -> tuple[ScaleAction, list[Residency]]:
         now = self._clock.now()
         async with self._database.transaction() as session:
             row = await deployments.get_deployment(session, advice.deployment_id)
@@ -113,7 +112,7 @@ class Autoscaler(LifecycleService):
                 advice,
             )
             if action.kind in (ScaleKind.IGNORED, ScaleKind.HOLD):
-                return action, row, []
+                return action, []
             await deployments.set_replicas(session, row, replicas=action.to_replicas, now=now)
             await audit.record_event(
                 session,
@@ -132,4 +131,5 @@ class Autoscaler(LifecycleService):
                     session, row, keep=action.to_replicas, hub=self._hub, now=now
                 )
                 await settle_deployment(session, row.deployment_id, now=now)
-            return action, row, drained
+            record(session, DeploymentChanged(row), ResidenciesChanged(tuple(drained)))
+            return action, drained

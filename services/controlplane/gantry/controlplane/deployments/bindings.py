@@ -17,7 +17,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gantry.common.errors import GantryError, not_found
-from gantry.controlplane.platform.database import ROUTING_CHANGED
+from gantry.controlplane.platform.events import BindingMoved, record
 from gantry.controlplane.platform.models import CapabilityBinding
 from gantry.controlplane.platform.state_machines import DeploymentState
 
@@ -99,7 +99,7 @@ async def bind(
             await session.flush()
         except IntegrityError:
             raise _conflict(capability) from None  # another writer bound it first: retry
-        session.info[ROUTING_CHANGED] = True
+        record(session, BindingMoved())
         return await require_binding(session, capability)
     current = row.deployment_id
     if current == deployment_id:
@@ -124,7 +124,7 @@ async def bind(
     )
     if result.rowcount != 1:  # type: ignore[attr-defined]
         raise _conflict(capability)
-    session.info[ROUTING_CHANGED] = True
+    record(session, BindingMoved())
     await session.refresh(row)
     return row
 
@@ -150,7 +150,7 @@ async def follow_deployment_state(
         .execution_options(synchronize_session="fetch")
     )
     if result.rowcount:  # type: ignore[attr-defined]
-        session.info[ROUTING_CHANGED] = True
+        record(session, BindingMoved())
 
 
 async def unbind_deployment(
@@ -182,5 +182,5 @@ async def unbind_deployment(
             row.updated_at = now
     if rows:
         await session.flush()
-        session.info[ROUTING_CHANGED] = True
+        record(session, BindingMoved())
     return [row.capability for row in rows]

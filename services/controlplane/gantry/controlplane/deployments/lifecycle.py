@@ -1,16 +1,17 @@
 """Deployment lifecycle: the facade operators' and workers' handlers call.
 
-It composes placement (placement.py), the job pump (job_pump.py), one handler per job type
-(job_handlers.py) and inventory reconciliation (inventory.py). Every change is committed first and
-announced after: the scheduler hears about a residency only once its new state is in the database,
-and a worker receives a job only once its lease is.
+It composes placement (placement.py), the job pump (jobs/pump.py), one handler per job type
+(jobs/handlers.py) and inventory reconciliation (nodes/inventory.py). Every change is committed
+first and announced after: each write records its domain events in its transaction
+(platform/events.py) and the database publishes them once it has committed, so the scheduler hears
+about a residency only once its new state is in the database; a worker receives a job only once
+its lease is.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Sequence
 from typing import Any
 
 from google.protobuf import json_format
@@ -42,6 +43,13 @@ from gantry.controlplane.platform.announcer import (
     scheduler_residency,
 )
 from gantry.controlplane.platform.database import Database
+from gantry.controlplane.platform.events import (
+    ChargesLearned,
+    DeploymentChanged,
+    ReconcileWanted,
+    ResidenciesChanged,
+    record,
+)
 from gantry.controlplane.platform.models import Deployment, Residency, ServingJob
 from gantry.controlplane.platform.scheduler_link import SchedulerLink
 from gantry.controlplane.platform.state_machines import (
@@ -91,9 +99,7 @@ class DeploymentLifecycle:
             lease_seconds=lease_seconds,
             sealer=self.sealer,
         )
-        self.placer = Placer(
-            database=database, scheduler=scheduler, announcer=self.announcer, clock=clock
-        )
+        self.placer = Placer(database=database, scheduler=scheduler, clock=clock)
 
     # ---- operator actions ---------------------------------------------------------------------
 
@@ -108,6 +114,8 @@ class DeploymentLifecycle:
         async with self._database.transaction() as session:
             row = await deployments.get_live_deployment(session, deployment_id)
             if row.state in (DeploymentState.UNLOADING, DeploymentState.UNLOADED):
+                # The scheduler gives no more advice for it (told again, as each unload tells it).
+                record(session, DeploymentChanged(row, removed=True))
                 return row
             await jobs.cancel_open_jobs(session, deployment_id=deployment_id, now=now)
             changed: list[Residency] = []
@@ -145,7 +153,9 @@ class DeploymentLifecycle:
                     deployment_id=deployment_id,
                     why="deployment.unload",
                 )
-        self.announce(changed)
+            record(
+                session, ResidenciesChanged(tuple(changed)), DeploymentChanged(row, removed=True)
+            )
         for node_id in {r.node_id for r in changed}:
             await self.pump.dispatch(node_id)
         return row
@@ -228,6 +238,7 @@ class DeploymentLifecycle:
                 now=now,
             )
             if commit is ResultCommit.DUPLICATE:
+                record(session, ReconcileWanted())
                 return commit
             context = ResultContext(
                 session=session,
@@ -248,8 +259,9 @@ class DeploymentLifecycle:
                 ),
             )
             await HANDLERS[JobType(job.job_type)].apply(context)
+            # A failed load may need placing elsewhere: the reconciler's next pass sees to it.
+            record(session, ResidenciesChanged(tuple(context.changed)), ReconcileWanted())
         metrics.job_committed(job.job_type, failure.reason if failure else "", job.created_at, now)
-        self.announce(context.changed)
         return commit
 
     async def apply_update(self, *, node_id: str, generation: int, update: wg.JobUpdate) -> None:
@@ -284,10 +296,6 @@ class DeploymentLifecycle:
     # What a worker's report means for its node's residency records (nodes/inventory.py).
     reconcile_node = staticmethod(reconcile_inventory)
 
-    def announce(self, residencies: Sequence[Residency]) -> None:
-        """Tell the scheduler what changed (after the commit), and forget cached routes."""
-        self.announcer.residencies(residencies)
-
     async def cluster_state(self) -> scheduler_pb2.ClusterState:
         """The full snapshot the scheduler rebuilds itself from."""
         async with self._database.transaction() as session:
@@ -300,7 +308,7 @@ class DeploymentLifecycle:
                 session,
                 [r.deployment_id for r in live] + [d.deployment_id for d in live_deployments],
             )
-        self.announcer.learn_charges(charges)
+            record(session, ChargesLearned(charges))
         connected = set(self._hub.connected_node_ids())
         return scheduler_pb2.ClusterState(
             nodes=[

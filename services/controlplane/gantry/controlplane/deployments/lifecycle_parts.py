@@ -1,9 +1,9 @@
 """The parts a service that acts through the deployment lifecycle holds, given by keyword once.
 
 Node and deployment admin, the evidence pipeline, the reconciler and its autoscaler each commit
-through the database, reach workers through the hub, announce and dispatch through the lifecycle
-and read the time from the clock; they take these four the same way
-(`**parts: Unpack[LifecycleParts]`) and keep them under the same names.
+through the database (recording there the events its commit publishes), reach workers through
+the hub, dispatch through the lifecycle and read the time from the clock; they take these four
+the same way (`**parts: Unpack[LifecycleParts]`) and keep them under the same names.
 """
 
 from __future__ import annotations

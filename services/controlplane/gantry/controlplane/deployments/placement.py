@@ -34,8 +34,8 @@ from gantry.controlplane.evidence.envelope import profile_envelope
 from gantry.controlplane.jobs import store as jobs
 from gantry.controlplane.nodes import store as nodes
 from gantry.controlplane.platform import convert
-from gantry.controlplane.platform.announcer import Announcer
 from gantry.controlplane.platform.database import Database
+from gantry.controlplane.platform.events import ChargesLearned, ResidenciesChanged, record
 from gantry.controlplane.platform.models import Deployment, Residency
 from gantry.controlplane.platform.scheduler_link import PlacementRefused, SchedulerLink
 from gantry.controlplane.platform.state_machines import (
@@ -88,12 +88,10 @@ class Placer:
         *,
         database: Database,
         scheduler: SchedulerLink,
-        announcer: Announcer,
         clock: Clock,
     ) -> None:
         self._database = database
         self._scheduler = scheduler
-        self._announcer = announcer
         self._clock = clock
         self._lock = asyncio.Lock()
 
@@ -148,8 +146,8 @@ class Placer:
                 await queue_load(session, row, residency, now=now)
                 changed.append(residency)
             await settle_deployment(session, deployment_id, now=now)
-        self._announcer.learn_charges(charges)
-        self._announcer.residencies(changed)
+            # The charges first: the residencies are announced with them.
+            record(session, ChargesLearned(charges), ResidenciesChanged(tuple(changed)))
         return node_ids
 
     async def _refused(self, deployment_id: str, error: GantryError, message: str) -> None:

@@ -19,6 +19,11 @@ Each pass, with time from the injected clock:
 Before placement, the latest scale advice per deployment (autoscaler.py) is applied: it moves
 the replicas wanted within the deployment's bounds, and drains any surplus.
 Handlers never sleep or poll: they record facts and `wake()` this loop.
+Steps 2, 3, 5 and 6 decide: each reads a snapshot in its transaction, asks its pure plan
+(reconciler_plans.py), applies the actions with jobs/executor.py and records what changed as
+domain events (platform/events.py, published after the commit); stream closes, which are not
+the database's, stay here after the commit. Step 1 decides nothing (every expired
+lease is requeued), and placement's writes are the placer's (placement.py).
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import contextlib
 import datetime as dt
 import functools
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Unpack
 
@@ -39,23 +45,31 @@ from gantry.controlplane.deployments import store as deployments
 from gantry.controlplane.deployments.autoscaler import Autoscaler, ScaleAdviceInbox
 from gantry.controlplane.deployments.health_rules import LIVE_STATES
 from gantry.controlplane.deployments.lifecycle_parts import LifecycleParts, LifecycleService
-from gantry.controlplane.deployments.placement import missing_replicas, queue_load
-from gantry.controlplane.deployments.residency_stop import create_unload_job, mark_cold
-from gantry.controlplane.deployments.settle import settle_deployment, settle_node_deployments
-from gantry.controlplane.endpoints.reload_rules import AdoptedResidencyFacts, reload_wanted
+from gantry.controlplane.deployments.placement import missing_replicas
+from gantry.controlplane.deployments.reconciler_plans import (
+    AbsentNode,
+    AdoptedResidency,
+    ResidencyJobs,
+    StaleCandidate,
+    UncertainResidency,
+    awaiting_reload,
+    plan_disconnect,
+    plan_forget_absent,
+    plan_reload_adopted,
+    plan_retry_uncertain,
+)
+from gantry.controlplane.endpoints.reload_rules import AdoptedResidencyFacts
 from gantry.controlplane.endpoints.store import ORIGIN_ADOPTED
 from gantry.controlplane.jobs import store as jobs
-from gantry.controlplane.jobs.handlers import (
-    MAX_LOAD_ATTEMPTS,
-    abandon_pipeline_jobs,
-    jobs_requeued,
-)
+from gantry.controlplane.jobs.actions import DisconnectNode, QueueLoad
+from gantry.controlplane.jobs.executor import apply_actions
+from gantry.controlplane.jobs.handlers import MAX_LOAD_ATTEMPTS, jobs_requeued
 from gantry.controlplane.nodes import store as nodes
 from gantry.controlplane.nodes.liveness import Heard, Liveness
-from gantry.controlplane.observability import audit
 from gantry.controlplane.observability.state_counts import count_by_state
 from gantry.controlplane.platform import metrics
 from gantry.controlplane.platform.backoff import Backoff
+from gantry.controlplane.platform.events import NodeChanged, ResidenciesChanged, record
 from gantry.controlplane.platform.models import Deployment, Node, Residency
 from gantry.controlplane.platform.state_machines import (
     DeploymentState,
@@ -118,7 +132,6 @@ class Reconciler(LifecycleService):
         self.scale_advice = scale_advice or ScaleAdviceInbox()
         self.scale_advice.on_offer = self.wake
         self._autoscaler = Autoscaler(**parts)
-        self._lifecycle.announcer.on_capacity_freed = self.capacity_freed
         self._task: asyncio.Task[None] | None = None
         self.passes = 0
 
@@ -229,26 +242,20 @@ class Reconciler(LifecycleService):
             heard.node_id: heard
             for heard in self._liveness.stale(now, stale_after_s=self.settings.stale_after_s)
         }
-        stale: list[tuple[Node, Heard | None]] = []
+        disconnected: list[tuple[DisconnectNode, Node]] = []
         async with self._database.transaction() as session:
-            candidates: list[tuple[Node, Heard | None]] = [
-                (await nodes.get_node(session, node_id), heard) for node_id, heard in silent.items()
-            ]
-            for node in await nodes.nodes_in_state(
-                session, NodeState.CONNECTED, seen_before=seen_before
-            ):
-                candidates.append((node, None))
-            for node, heard in candidates:
-                if not _is_stale(node, heard, self._liveness):
-                    continue
-                values = {} if heard is None else {"last_seen_at": _latest(node, heard)}
-                await nodes.set_node_state(session, node, NodeState.DISCONNECTED, now=now, **values)
-                await settle_node_deployments(session, node.node_id, now=now)
-                stale.append((node, heard))
-        for node, heard in stale:
-            if heard is not None:
+            for node, heard in await self._stale_rows(session, silent, seen_before=seen_before):
+                # Decided one at a time: liveness is read after the writes before it (a
+                # heartbeat heard meanwhile still saves its node), and a node named twice finds
+                # its row DISCONNECTED the second time.
+                planned = plan_disconnect(self._stale_candidate(node, heard))
+                applied = await apply_actions(session, planned, now=now)
+                record(session, *(NodeChanged(node) for node in applied.nodes))
+                disconnected.extend(zip(planned, applied.nodes, strict=True))
+        for action, node in disconnected:
+            if action.heard is not None:
                 # The row now says DISCONNECTED: this stream's liveness is no longer kept here.
-                self._liveness.declared_stale(heard)
+                self._liveness.declared_stale(action.heard)
             log.warning(
                 "node %s sent no heartbeat since %s: disconnected", node.node_id, node.last_seen_at
             )
@@ -261,54 +268,59 @@ class Reconciler(LifecycleService):
                         f"{self.settings.stale_after_s:g}s",
                     )
                 )
-            self._lifecycle.announcer.node(node, ())
+
+    async def _stale_rows(
+        self, session: AsyncSession, silent: Mapping[str, Heard], *, seen_before: dt.datetime
+    ) -> list[tuple[Node, Heard | None]]:
+        """The nodes liveness names silent, then the CONNECTED rows not seen since
+        `seen_before`."""
+        rows: list[tuple[Node, Heard | None]] = [
+            (await nodes.get_node(session, node_id), heard) for node_id, heard in silent.items()
+        ]
+        for node in await nodes.nodes_in_state(
+            session, NodeState.CONNECTED, seen_before=seen_before
+        ):
+            rows.append((node, None))
+        return rows
+
+    def _stale_candidate(self, node: Node, heard: Heard | None) -> StaleCandidate:
+        return StaleCandidate(
+            node_id=node.node_id,
+            state=NodeState(node.state),
+            generation=node.generation,
+            last_seen_at=node.last_seen_at,
+            heard=heard,
+            last_heard=self._liveness.last_heard(node.node_id),
+            tracked=self._liveness.tracks(node.node_id),
+        )
 
     async def _forget_absent(self, now: dt.datetime) -> None:
         gone_before = now - dt.timedelta(seconds=self.settings.absence_grace_s)
-        changed: list[Residency] = []
         async with self._database.transaction() as session:
-            absent = [
-                *await nodes.nodes_in_state(
-                    session, NodeState.DISCONNECTED, seen_before=gone_before
-                ),
-                *await nodes.nodes_in_state(session, NodeState.DISABLED, seen_before=gone_before),
-            ]
-            for node in absent:
-                if self._hub.get(node.node_id) is not None:
-                    continue  # a disabled node whose worker is still connected
-                # Its inspections and probes will not come back: they end as FAILED, never wait.
-                await abandon_pipeline_jobs(
-                    session,
-                    node.node_id,
-                    reason="WORKER_UNAVAILABLE",
-                    message=f"node {node.node_id} absent since {node.last_seen_at}",
-                    now=now,
-                )
-                for residency in await deployments.residencies_on_node(session, node.node_id):
-                    if residency.state == ResidencyState.COLD:
-                        continue
-                    for job in await jobs.open_jobs_for_residency(session, residency.residency_id):
-                        await jobs.cancel_job(session, job, now=now)
-                    await mark_cold(
-                        session,
-                        residency,
-                        reason="WORKER_UNAVAILABLE",
-                        message=f"node {node.node_id} absent since {node.last_seen_at}",
-                        now=now,
-                    )
-                    await settle_deployment(session, residency.deployment_id, now=now)
-                    await audit.record_event(
-                        session,
-                        actor="reconciler",
-                        action="residency.lost",
-                        subject_kind="residency",
-                        subject_id=residency.residency_id,
-                        now=now,
+            absent = await self._absent_nodes(session, gone_before=gone_before)
+            applied = await apply_actions(session, plan_forget_absent(absent), now=now)
+            if applied.residencies:
+                record(session, ResidenciesChanged(tuple(applied.residencies)))
+
+    async def _absent_nodes(
+        self, session: AsyncSession, *, gone_before: dt.datetime
+    ) -> list[AbsentNode]:
+        absent: list[AbsentNode] = []
+        for state in (NodeState.DISCONNECTED, NodeState.DISABLED):
+            for node in await nodes.nodes_in_state(session, state, seen_before=gone_before):
+                stream_open = self._hub.get(node.node_id) is not None
+                absent.append(
+                    AbsentNode(
                         node_id=node.node_id,
+                        last_seen_at=node.last_seen_at,
+                        stream_open=stream_open,
+                        # Not read for a node whose worker is here: the plan leaves it alone.
+                        residencies=()
+                        if stream_open
+                        else await _residency_jobs(session, node.node_id),
                     )
-                    changed.append(residency)
-        if changed:
-            self._lifecycle.announce(changed)
+                )
+        return absent
 
     # ---- 4. scale advice, then placement ------------------------------------------------------
 
@@ -359,47 +371,48 @@ class Reconciler(LifecycleService):
     async def _reload_adopted_endpoints(self, now: dt.datetime) -> set[str]:
         """A new LOAD for each adopted endpoint whose residency went COLD while it is wanted, on
         the endpoint's own node (never placed elsewhere: the server runs there)."""
-        dispatch: set[str] = set()
-        # COLD, or LOADING on the way back: a key is kept until its endpoint is RESIDENT again,
-        # so a LOAD that fails resumes the backoff instead of starting it over.
-        waiting: set[str] = set()
-        changed: list[Residency] = []
         async with self._database.transaction() as session:
-            adopted = [
-                deployment
-                for deployment in await deployments.deployments_in_states(session, LIVE_STATES)
-                if deployment.origin == ORIGIN_ADOPTED
-            ]
-            for deployment in adopted:
-                for residency in await deployments.residencies_of(
-                    session, deployment.deployment_id
-                ):
-                    if residency.state in (ResidencyState.COLD, ResidencyState.LOADING):
-                        waiting.add(residency.residency_id)
-                    if residency.state != ResidencyState.COLD:
-                        continue
-                    facts = await self._adopted_facts(session, deployment, residency)
-                    if not reload_wanted(facts) or not self._endpoint_loads.due(
-                        residency.residency_id
-                    ):
-                        continue
-                    # Counted as failed until the endpoint is RESIDENT (forget_except below): a
-                    # server that stays down is asked again with a growing delay. A node that was
-                    # away made no attempt meanwhile, so its endpoints are due once it connects.
-                    self._endpoint_loads.failed(residency.residency_id)
-                    log.info(
-                        "adopted endpoint of deployment %s is COLD on connected node %s: loading",
-                        deployment.deployment_id,
-                        residency.node_id,
+            adopted = await self._adopted_residencies(session)
+            planned = plan_reload_adopted(adopted)
+            loads = [action for action in planned if isinstance(action, QueueLoad)]
+            for load in loads:
+                # Counted as failed until the endpoint is RESIDENT (forget_except below): a
+                # server that stays down is asked again with a growing delay. A node that was
+                # away made no attempt meanwhile, so its endpoints are due once it connects.
+                self._endpoint_loads.failed(load.residency_id)
+                log.info(
+                    "adopted endpoint of deployment %s is COLD on connected node %s: loading",
+                    load.deployment_id,
+                    load.node_id,
+                )
+            applied = await apply_actions(session, planned, now=now)
+            if applied.residencies:
+                record(session, ResidenciesChanged(tuple(applied.residencies)))
+        self._endpoint_loads.forget_except(awaiting_reload(adopted))
+        return {load.node_id for load in loads}
+
+    async def _adopted_residencies(self, session: AsyncSession) -> list[AdoptedResidency]:
+        adopted: list[AdoptedResidency] = []
+        for deployment in await deployments.deployments_in_states(session, LIVE_STATES):
+            if deployment.origin != ORIGIN_ADOPTED:
+                continue
+            for residency in await deployments.residencies_of(session, deployment.deployment_id):
+                cold = residency.state == ResidencyState.COLD
+                adopted.append(
+                    AdoptedResidency(
+                        deployment_id=deployment.deployment_id,
+                        residency_id=residency.residency_id,
+                        node_id=residency.node_id,
+                        state=ResidencyState(residency.state),
+                        facts=(
+                            await self._adopted_facts(session, deployment, residency)
+                            if cold
+                            else None
+                        ),
+                        due=self._endpoint_loads.due(residency.residency_id),
                     )
-                    await queue_load(session, deployment, residency, now=now)
-                    await settle_deployment(session, deployment.deployment_id, now=now)
-                    changed.append(residency)
-                    dispatch.add(residency.node_id)
-        self._endpoint_loads.forget_except(waiting)
-        if changed:
-            self._lifecycle.announce(changed)
-        return dispatch
+                )
+        return adopted
 
     async def _adopted_facts(
         self, session: AsyncSession, deployment: Deployment, residency: Residency
@@ -417,24 +430,35 @@ class Reconciler(LifecycleService):
     # ---- 6. uncertain residencies -------------------------------------------------------------
 
     async def _retry_uncertain(self, now: dt.datetime) -> set[str]:
-        dispatch: set[str] = set()
-        uncertain: set[str] = set()
         async with self._database.transaction() as session:
-            for residency in await deployments.all_live_residencies(session):
-                if residency.state != ResidencyState.UNCERTAIN:
-                    continue
-                uncertain.add(residency.residency_id)
-                if self._hub.get(residency.node_id) is None:
-                    continue
-                if await jobs.open_jobs_for_residency(session, residency.residency_id):
-                    continue
-                if not self._unloads.due(residency.residency_id):
-                    continue
-                self._unloads.failed(residency.residency_id)
-                await create_unload_job(session, residency, now=now)
-                dispatch.add(residency.node_id)
-        self._unloads.forget_except(uncertain)
-        return dispatch
+            uncertain = await self._uncertain_residencies(session)
+            planned = plan_retry_uncertain(uncertain)
+            for unload in planned:
+                self._unloads.failed(unload.residency_id)
+            await apply_actions(session, planned, now=now)
+        self._unloads.forget_except({residency.residency_id for residency in uncertain})
+        return {unload.node_id for unload in planned}
+
+    async def _uncertain_residencies(self, session: AsyncSession) -> list[UncertainResidency]:
+        uncertain: list[UncertainResidency] = []
+        for residency in await deployments.all_live_residencies(session):
+            if residency.state != ResidencyState.UNCERTAIN:
+                continue
+            stream_open = self._hub.get(residency.node_id) is not None
+            # Its open jobs are read only where they can matter: its worker is here.
+            open_job = stream_open and bool(
+                await jobs.open_jobs_for_residency(session, residency.residency_id)
+            )
+            uncertain.append(
+                UncertainResidency(
+                    residency_id=residency.residency_id,
+                    node_id=residency.node_id,
+                    stream_open=stream_open,
+                    open_job=open_job,
+                    due=self._unloads.due(residency.residency_id),
+                )
+            )
+        return uncertain
 
     # ---- 7. the job pump ----------------------------------------------------------------------
 
@@ -447,23 +471,19 @@ class Reconciler(LifecycleService):
             }
 
 
-def _is_stale(node: Node, heard: Heard | None, liveness: Liveness) -> bool:
-    """Whether to disconnect a CONNECTED-looking node now.
-
-    `heard` is set when liveness named the stream silent: it still holds only if the row is that
-    generation's and no heartbeat came in since (the checks in between awaited the database).
-    Without it the row's `last_seen_at` was old, which decides only for a node whose stream is
-    not here: for one that is, that time may merely not be flushed yet.
-    """
-    if node.state != NodeState.CONNECTED:
-        return False  # already disconnected (this pass or a goodbye), or disabled
-    if heard is not None:
-        return node.generation == heard.generation and liveness.last_heard(node.node_id) == heard
-    return not liveness.tracks(node.node_id)
-
-
-def _latest(node: Node, heard: Heard) -> dt.datetime:
-    """The later of the row's `last_seen_at` and the last heartbeat heard here."""
-    if node.last_seen_at is None:
-        return heard.heard_at
-    return max(node.last_seen_at, heard.heard_at)
+async def _residency_jobs(session: AsyncSession, node_id: str) -> tuple[ResidencyJobs, ...]:
+    """The node's residencies, each with its open jobs."""
+    return tuple(
+        [
+            ResidencyJobs(
+                residency_id=residency.residency_id,
+                deployment_id=residency.deployment_id,
+                state=ResidencyState(residency.state),
+                open_job_ids=tuple(
+                    job.job_id
+                    for job in await jobs.open_jobs_for_residency(session, residency.residency_id)
+                ),
+            )
+            for residency in await deployments.residencies_on_node(session, node_id)
+        ]
+    )

@@ -1,4 +1,6 @@
-"""Brings a deployment's recorded state in line with its residencies (deployments/health_rules)."""
+"""Brings a deployment's recorded state in line with its residencies: reads them, asks
+`health_rules.plan_settle`, and makes its one write. Not through jobs/executor.py: settling is
+itself one of the executor's actions (`Settle`), so it applies its own single write."""
 
 from __future__ import annotations
 
@@ -7,57 +9,55 @@ import datetime as dt
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gantry.controlplane.deployments import store as deployments
-from gantry.controlplane.deployments.health_rules import ResidencyHealth, settled_state
+from gantry.controlplane.deployments.health_rules import ResidencyHealth, plan_settle
 from gantry.controlplane.nodes import store as nodes
-from gantry.controlplane.nodes.inventory_rules import CRASH_LOOP
 from gantry.controlplane.platform.state_machines import DeploymentState, NodeState, ResidencyState
 
 
 async def settle_deployment(session: AsyncSession, deployment_id: str, *, now: dt.datetime) -> bool:
     """Move the deployment to the state its residencies say; True when it changed."""
     deployment = await deployments.get_deployment(session, deployment_id)
+    settlement = plan_settle(
+        DeploymentState(deployment.state),
+        deployment.last_failure_reason,
+        await read_residency_health(session, deployment_id),
+    )
+    if settlement is None:
+        return False
+    if not settlement.walk:
+        reason, message = settlement.failure or ("", "")
+        await deployments.set_deployment_state(
+            session,
+            deployment,
+            settlement.target,
+            now=now,
+            failure_reason=reason,
+            failure_message=message,
+        )
+        return True
+    return await deployments.move_deployment(
+        session, deployment, settlement.target, now=now, failure=settlement.failure
+    )
+
+
+async def read_residency_health(session: AsyncSession, deployment_id: str) -> list[ResidencyHealth]:
+    """What `plan_settle` decides on: each residency of the deployment, and its node's state."""
     health: list[ResidencyHealth] = []
-    reason, message = "", ""
     for residency in await deployments.residencies_of(session, deployment_id):
         node = await nodes.get_node(session, residency.node_id)
-        # LOADING after losing its host (a crash is recorded), not a first load.
-        restarting = residency.state == ResidencyState.LOADING and bool(
-            residency.restart_count or residency.last_failure_reason
-        )
         health.append(
             ResidencyHealth(
                 state=ResidencyState(residency.state),
-                restarting=restarting,
+                # LOADING after losing its host (a crash is recorded), not a first load.
+                restarting=residency.state == ResidencyState.LOADING
+                and bool(residency.restart_count or residency.last_failure_reason),
                 usable_node=node.state != NodeState.DISABLED,
                 node_connected=node.state == NodeState.CONNECTED,
+                failure_reason=residency.last_failure_reason,
+                failure_message=residency.last_failure_message,
             )
         )
-        if residency.last_failure_reason and residency.state != ResidencyState.COLD:
-            # The worst reason wins what the deployment shows: a crash loop over a single crash.
-            if not reason or residency.last_failure_reason == CRASH_LOOP:
-                reason, message = residency.last_failure_reason, residency.last_failure_message
-    target = settled_state(DeploymentState(deployment.state), health)
-    if (
-        target == deployment.state == DeploymentState.DEGRADED
-        and reason
-        and (reason != deployment.last_failure_reason)
-    ):
-        # Still degraded, for a worse (or another) reason: say which.
-        await deployments.set_deployment_state(
-            session, deployment, target, now=now, failure_reason=reason, failure_message=message
-        )
-        return True
-    if target == deployment.state:
-        return False
-    if target == DeploymentState.DEGRADED and not reason:
-        reason, message = "RUNTIME_CRASHED", "a model host is being restarted"
-    return await deployments.move_deployment(
-        session,
-        deployment,
-        target,
-        now=now,
-        failure=(reason, message) if target == DeploymentState.DEGRADED else None,
-    )
+    return health
 
 
 async def settle_node_deployments(session: AsyncSession, node_id: str, *, now: dt.datetime) -> None:

@@ -37,6 +37,12 @@ from gantry.controlplane.endpoints.url_rules import (
 from gantry.controlplane.observability import audit
 from gantry.controlplane.platform import convert
 from gantry.controlplane.platform.database import Database
+from gantry.controlplane.platform.events import (
+    ChargesLearned,
+    DeploymentChanged,
+    ResidenciesChanged,
+    record,
+)
 from gantry.controlplane.platform.models import AdoptedEndpoint, Deployment, Node, Residency
 from gantry.controlplane.platform.paging import page_of
 from gantry.controlplane.platform.state_machines import NodeState
@@ -209,15 +215,18 @@ class EndpointAdoption:
             now = self._clock.now()
             async with self._database.transaction() as session:
                 adopted = await _store_adoption(session, adoption, now=now)
+                record(
+                    session,
+                    DeploymentChanged(adopted.deployment),
+                    # Zero bytes (no profile, nothing in Gantry's custody) and its slots:
+                    # announced with the residency, which the scheduler then routes to like any
+                    # other.
+                    ChargesLearned(adopted.charges),
+                    ResidenciesChanged((adopted.residency,)),
+                )
             return adopted
 
         adopted = await retry_on_conflict(attempt)
-        announcer = self._lifecycle.announcer
-        announcer.deployment(adopted.deployment)
-        # Zero bytes (no profile, nothing in Gantry's custody) and its slots: announced with the
-        # residency, which the scheduler then routes to like any other.
-        announcer.learn_charges(adopted.charges)
-        self._lifecycle.announce([adopted.residency])
         await self._lifecycle.dispatch_queued(adopted.residency.node_id)
         return adopted.deployment, adopted.residency, adopted.endpoint
 

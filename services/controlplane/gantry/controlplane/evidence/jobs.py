@@ -14,20 +14,22 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-from typing import Any
 
-from google.protobuf import json_format
-from google.protobuf.message import Message
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gantry.controlplane.artifacts import store as artifacts
-from gantry.controlplane.evidence import assessments, candidates, probes, profiles
-from gantry.controlplane.evidence.candidate_rules import judge_evidence
+from gantry.controlplane.evidence import assessments, probes, profiles
+from gantry.controlplane.evidence.job_plans import (
+    InspectResultSnapshot,
+    ProbeResultSnapshot,
+    plan_inspect_result,
+    plan_probe_result,
+)
 from gantry.controlplane.evidence.pipeline_states import AssessmentState
 from gantry.controlplane.evidence.probe_transitions import TERMINAL_PROBE_STATES, ProbeState
 from gantry.controlplane.jobs import store as jobs
 from gantry.controlplane.jobs.context import ResultContext
-from gantry.controlplane.observability import audit
+from gantry.controlplane.jobs.executor import apply_actions
 from gantry.controlplane.platform import convert
 from gantry.controlplane.platform.models import ServingJob
 from gantry.controlplane.platform.state_machines import JobType
@@ -46,44 +48,6 @@ async def artifact_ref(session: AsyncSession, artifact_set_id: str) -> wg.Artifa
         artifact_location=artifact.location,
         manifest_digest=artifact.manifest_digest,
         manifest=convert.manifest_messages(manifest),
-    )
-
-
-def _measured(measurement: common_pb2.Measurement) -> int | None:
-    return measurement.bytes if measurement.WhichOneof("value") == "bytes" else None
-
-
-def _as_json(message: Message) -> dict[str, Any]:
-    return json_format.MessageToDict(message, preserving_proto_field_name=True)
-
-
-def inspection_verdict(
-    evidence: wg.InspectEvidence, *, asked_environment_id: str
-) -> tuple[bool, str, str]:
-    """(compatible, failure reason, failure message) of a completed inspection.
-
-    Compatible only when some adapter can execute the artifact in the environment that was asked
-    for (an empty environment id asks for the worker's default, whatever it is named).
-    """
-    inspection = evidence.inspection
-    inspected = evidence.environment_id or "default"  # workers name their default "default"
-    if asked_environment_id and inspected != asked_environment_id:
-        return (
-            False,
-            "RUNTIME_ENVIRONMENT_UNAVAILABLE",
-            f"the worker inspected environment {evidence.environment_id!r}, "
-            f"not {asked_environment_id!r}",
-        )
-    if inspection.executable and inspection.adapters:
-        return True, "", ""
-    finding = next((f for f in inspection.findings if f.reason), None)
-    if finding is not None:
-        where = f" ({finding.path})" if finding.path else ""
-        return False, finding.reason, f"{finding.message}{where}"
-    return (
-        False,
-        "RUNTIME_INCOMPATIBLE",
-        f"no adapter can execute this {inspection.inspector or 'artifact'} here",
     )
 
 
@@ -108,40 +72,13 @@ class InspectHandler:
     async def apply(self, context: ResultContext) -> None:
         assert context.job.assessment_id is not None
         assessment = await assessments.get_assessment(context.session, context.job.assessment_id)
-        if assessment.state != AssessmentState.PENDING:
-            return  # ended by something else first (its node was lost); the result changes nothing
-        result = context.result
-        outcome = result.WhichOneof("outcome")
-        if outcome == "inspect":
-            compatible, reason, message = inspection_verdict(
-                result.inspect, asked_environment_id=assessment.environment_id
-            )
-            await assessments.complete_assessment(
-                context.session,
-                assessment,
-                compatible=compatible,
-                inspection=_as_json(result.inspect.inspection),
-                environment_fingerprint=result.inspect.environment_fingerprint,
-                failure_reason=reason,
-                failure_message=message,
-                now=context.now,
-            )
-        elif outcome == "failure":
-            await assessments.fail_assessment(
-                context.session,
-                assessment,
-                reason=result.failure.reason or "INTERNAL",
-                message=result.failure.message,
-                now=context.now,
-            )
-        else:
-            await assessments.fail_assessment(
-                context.session,
-                assessment,
-                reason="INTERNAL",
-                message=f"an INSPECT job answered with {outcome!r}",
-                now=context.now,
-            )
+        snapshot = InspectResultSnapshot(
+            assessment_id=assessment.assessment_id,
+            pending=assessment.state == AssessmentState.PENDING,
+            asked_environment_id=assessment.environment_id,
+            result=context.result,
+        )
+        await apply_actions(context.session, plan_inspect_result(snapshot), now=context.now)
 
     async def progress(
         self, session: AsyncSession, job: ServingJob, update: wg.JobUpdate, *, now: dt.datetime
@@ -188,64 +125,17 @@ class ProbeHandler:
 
     async def apply(self, context: ResultContext) -> None:
         assert context.job.probe_id is not None
-        session, now = context.session, context.now
-        probe = await probes.get_probe(session, context.job.probe_id)
-        if probes.has_ended(probe):
-            return
-        result = context.result
-        outcome = result.WhichOneof("outcome")
-        if outcome != "probe":
-            failure = (
-                result.failure
-                if outcome == "failure"
-                else common_pb2.Failure(
-                    reason="INTERNAL", message=f"a PROBE job answered with {outcome!r}"
-                )
-            )
-            await probes.end_probe(
-                session,
-                probe,
-                ProbeState.FAILED,
-                reason=failure.reason or "INTERNAL",
-                message=failure.message,
-                now=now,
-            )
-            return
-        evidence = result.probe
-        profile = await profiles.get_profile(session, probe.profile_id)
-        status, reasons = judge_evidence(evidence)
-        candidate = await candidates.create_candidate(
-            session,
+        probe = await probes.get_probe(context.session, context.job.probe_id)
+        profile = await profiles.get_profile(context.session, probe.profile_id)
+        snapshot = ProbeResultSnapshot(
             probe_id=probe.probe_id,
+            ended=probes.has_ended(probe),
             profile_id=profile.profile_id,
             artifact_set_id=profile.artifact_set_id,
-            status=status,
-            reasons=reasons,
-            now=now,
+            node_id=context.job.node_id,
+            result=context.result,
         )
-        await probes.complete_probe(
-            session,
-            probe,
-            evidence=_as_json(evidence),
-            candidate_id=candidate.candidate_id,
-            now=now,
-        )
-        await profiles.raise_measured_peaks(
-            session,
-            profile,
-            ram_peak_bytes=_measured(evidence.memory.rss_peak),
-            vram_peak_bytes=_measured(evidence.memory.cuda_peak_allocated),
-        )
-        await audit.record_event(
-            session,
-            actor=f"node:{context.job.node_id}",
-            action="candidate.create",
-            subject_kind="candidate",
-            subject_id=candidate.candidate_id,
-            now=now,
-            probe_id=probe.probe_id,
-            status=str(status),
-        )
+        await apply_actions(context.session, plan_probe_result(snapshot), now=context.now)
 
     async def progress(
         self, session: AsyncSession, job: ServingJob, update: wg.JobUpdate, *, now: dt.datetime

@@ -28,6 +28,7 @@ from gantry.controlplane.jobs import store as jobs
 from gantry.controlplane.nodes import store as nodes
 from gantry.controlplane.observability import audit
 from gantry.controlplane.platform import convert
+from gantry.controlplane.platform.events import CapabilityBound, record
 from gantry.controlplane.platform.models import (
     CapabilityBinding,
     CompatibilityAssessment,
@@ -454,11 +455,10 @@ class EvidencePipeline(LifecycleService):
                     deployment_id=deployment_id,
                     bound_now=str(row.deployment_id == deployment_id),
                 )
+                record(session, CapabilityBound(capability))  # a cached route may name the old one
                 return row
 
-        row = await retry_on_conflict(attempt)
-        self._lifecycle.announcer.deployments_changed()  # cached routes may name the old one
-        return row
+        return await retry_on_conflict(attempt)
 
 
 def _check_profile_gate(

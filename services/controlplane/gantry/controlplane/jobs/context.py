@@ -1,4 +1,4 @@
-"""What a serving-job handler is given and must answer (job_handlers.py registers them).
+"""What a serving-job handler is given and must answer (handlers.py registers them).
 
 Deployment jobs (LOAD, UNLOAD, HEALTH) carry their deployment and residency in the result
 context; evidence-pipeline jobs (INSPECT, PROBE) carry neither and look up their assessment or

@@ -1,7 +1,9 @@
 """One handler per serving-job type: what its assignment carries and what its result means.
 
 The pump and the result path look a handler up by job type; a new job type (the evidence
-pipeline's PROBE and INSPECT) registers a handler instead of growing an if/else chain.
+pipeline's PROBE and INSPECT) registers a handler instead of growing an if/else chain. A result
+is applied in three parts: a read of what it is decided on (`read_*_result`), a pure plan
+(result_plans.py) and the one executor (executor.py), in the result's transaction.
 """
 
 from __future__ import annotations
@@ -11,25 +13,27 @@ from collections.abc import Mapping, Sequence
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from gantry.common.errors import FailureClass
 from gantry.controlplane.artifacts import store as artifacts
 from gantry.controlplane.deployments import store as deployments
-from gantry.controlplane.deployments.residency_stop import mark_cold
-from gantry.controlplane.deployments.settle import settle_deployment
 from gantry.controlplane.endpoints import store as endpoints
 from gantry.controlplane.endpoints.sealing import CredentialSealer
-from gantry.controlplane.endpoints.store import ORIGIN_ADOPTED
 from gantry.controlplane.evidence.jobs import InspectHandler, ProbeHandler
 from gantry.controlplane.jobs import store as jobs
-from gantry.controlplane.jobs.context import (
-    DeploymentJobHandler,
-    JobHandler,
-    ResultContext,
-    failure_class,
+from gantry.controlplane.jobs.actions import Action
+from gantry.controlplane.jobs.context import DeploymentJobHandler, JobHandler, ResultContext
+from gantry.controlplane.jobs.executor import apply_actions
+from gantry.controlplane.jobs.result_plans import (
+    MAX_LOAD_ATTEMPTS,
+    ExpectedLoad,
+    Loaded,
+    LoadResultSnapshot,
+    ReportedLoad,
+    UnloadResultSnapshot,
+    plan_load_result,
+    plan_unload_result,
 )
-from gantry.controlplane.observability import audit
 from gantry.controlplane.platform import convert
-from gantry.controlplane.platform.models import Deployment, ServingJob
+from gantry.controlplane.platform.models import ArtifactSet, Deployment, ServingJob
 from gantry.controlplane.platform.state_machines import (
     DeploymentState,
     JobState,
@@ -37,11 +41,6 @@ from gantry.controlplane.platform.state_machines import (
     ResidencyState,
 )
 from gantry.v1 import worker_gateway_pb2 as wg
-
-# Consecutive INFRA-class load failures after which a deployment FAILS rather than retrying.
-MAX_LOAD_ATTEMPTS = 3
-# What a worker answers a LOAD when it already holds its --max-residents model hosts.
-NO_ROOM_ON_WORKER = "NO_CAPACITY"
 
 
 class LoadHandler(DeploymentJobHandler):
@@ -72,95 +71,67 @@ class LoadHandler(DeploymentJobHandler):
         )
 
     async def apply(self, context: ResultContext) -> None:
-        if context.result.WhichOneof("outcome") == "load":
-            await _apply_loaded(context)
-        else:
-            await _apply_load_failed(context)
+        await _apply_plan(context, plan_load_result(await read_load_result(context)))
 
 
-def load_gives_up(failure_reason: str, *, load_failure_count: int, origin: str) -> bool:
-    """Whether a failed LOAD fails its deployment instead of being retried."""
-    # A worker that was full when the LOAD came (placement read the node before a host it
-    # still held was gone) refused to start anything: a placement answer, not a failed load.
-    # The residency is COLD again and the reconciler places the deployment when room appears.
-    if failure_reason == NO_ROOM_ON_WORKER:
-        return False
-    # An adopted server that is down is the operator's to bring back, and it comes back by
-    # itself: its LOAD is asked again (reconciler, with backoff) for as long as it is wanted,
-    # so it never FAILS for attempts. Nothing of ours is broken by retrying it.
-    return failure_class(failure_reason) is not FailureClass.INFRA or (
-        load_failure_count >= MAX_LOAD_ATTEMPTS and origin != ORIGIN_ADOPTED
-    )
-
-
-async def _apply_loaded(context: ResultContext) -> None:
+async def read_load_result(context: ResultContext) -> LoadResultSnapshot:
+    """What a LOAD's result is decided on: its residency, its deployment, the result, and what
+    the job asked for (its artifact set's manifest) to check the evidence against."""
     residency, deployment, result = context.residency, context.deployment, context.result
-    if residency.state not in (ResidencyState.LOADING, ResidencyState.RESIDENT):
-        return  # an unload overtook this load; the unload settles the residency
-    # An adopted server has no bytes Gantry verified: no artifact digest to record.
-    artifact_digest = (
-        (
-            await artifacts.get_artifact_set(context.session, deployment.artifact_set_id)
-        ).manifest_digest
-        if deployment.artifact_set_id is not None
-        else ""
+    artifact = await _artifact_set(context.session, deployment)
+    loaded: Loaded | None = None
+    reported: ReportedLoad | None = None
+    if result.WhichOneof("outcome") == "load":
+        loaded = Loaded(
+            pid=result.load.pid,
+            generation=context.generation,
+            artifact_digest=artifact.manifest_digest if artifact is not None else "",
+            adapter_digest=result.load.adapter_digest,
+            environment_fingerprint=result.load.environment_fingerprint,
+        )
+        reported = ReportedLoad(
+            manifest_digest=result.load.manifest_digest,
+            files_verified=result.load.files_verified,
+            bytes_verified=result.load.bytes_verified,
+            isolation=result.load.isolation,
+        )
+    return LoadResultSnapshot(
+        residency_id=residency.residency_id,
+        residency_state=ResidencyState(residency.state),
+        deployment_id=deployment.deployment_id,
+        origin=deployment.origin,
+        load_failure_count=deployment.load_failure_count,
+        loaded=loaded,
+        failure_reason=result.failure.reason,
+        failure_message=result.failure.message,
+        node_id=residency.node_id,
+        reported=reported,
+        expected=_expected_load(artifact),
     )
-    await deployments.set_residency_state(
-        context.session,
-        residency,
-        ResidencyState.RESIDENT,
-        now=context.now,
-        pid=result.load.pid,
-        generation=context.generation,  # the generation whose result was just committed
-        restart_count=0,
-        last_failure_reason="",
-        last_failure_message="",
-        artifact_digest=artifact_digest,
-        adapter_digest=result.load.adapter_digest,
-        environment_fingerprint=result.load.environment_fingerprint,
-    )
-    deployment.load_failure_count = 0
-    context.changed.append(residency)
-    await settle_deployment(context.session, deployment.deployment_id, now=context.now)
 
 
-async def _apply_load_failed(context: ResultContext) -> None:
-    residency, deployment, failure = context.residency, context.deployment, context.result.failure
-    if residency.state == ResidencyState.LOADING:
-        await mark_cold(
-            context.session,
-            residency,
-            reason=failure.reason,
-            message=failure.message,
-            now=context.now,
-        )
-        context.changed.append(residency)
-    # Refused for room: not counted as an attempt (load_gives_up says why).
-    if failure.reason != NO_ROOM_ON_WORKER:
-        deployment.load_failure_count += 1
-    await settle_deployment(context.session, deployment.deployment_id, now=context.now)
-    await context.session.refresh(deployment)
-    gives_up = load_gives_up(
-        failure.reason, load_failure_count=deployment.load_failure_count, origin=deployment.origin
+async def _artifact_set(session: AsyncSession, deployment: Deployment) -> ArtifactSet | None:
+    # An adopted server has no bytes Gantry verified: no artifact set, no digest to record.
+    if deployment.artifact_set_id is None:
+        return None
+    return await artifacts.get_artifact_set(session, deployment.artifact_set_id)
+
+
+def _expected_load(artifact: ArtifactSet | None) -> ExpectedLoad | None:
+    if artifact is None:
+        return None
+    return ExpectedLoad(
+        manifest_digest=artifact.manifest_digest,
+        file_count=artifact.file_count,
+        total_size_bytes=artifact.total_size_bytes,
     )
-    if gives_up and deployment.state in (DeploymentState.PENDING, DeploymentState.LOADING):
-        # A configuration error will not heal by retrying; an INFRA one gets a few attempts.
-        await deployments.move_deployment(
-            context.session,
-            deployment,
-            DeploymentState.FAILED,
-            now=context.now,
-            failure=(failure.reason, failure.message),
-        )
-    elif deployment.state in (DeploymentState.PENDING, DeploymentState.LOADING):
-        await deployments.set_deployment_state(
-            context.session,
-            deployment,
-            DeploymentState(deployment.state),
-            now=context.now,
-            failure_reason=failure.reason,
-            failure_message=failure.message,
-        )
+
+
+async def _apply_plan(context: ResultContext, planned: tuple[Action, ...]) -> None:
+    """Apply a result's plan in the result's transaction; what it changed is announced after
+    the commit by the caller (DeploymentLifecycle.apply_result)."""
+    applied = await apply_actions(context.session, planned, now=context.now)
+    context.changed.extend(applied.residencies)
 
 
 async def _fill_adopted(
@@ -204,54 +175,25 @@ class UnloadHandler(DeploymentJobHandler):
         assignment.unload.CopyFrom(wg.UnloadSpec(deployment_id=job.deployment_id or ""))
 
     async def apply(self, context: ResultContext) -> None:
-        residency, result = context.residency, context.result
-        if result.WhichOneof("outcome") == "unload" and result.unload.process_exited:
-            if residency.state != ResidencyState.COLD:
-                await deployments.set_residency_state(
-                    context.session, residency, ResidencyState.COLD, now=context.now, pid=0
-                )
-                context.changed.append(residency)
-        else:
-            # The process may still run: custody is not over. Its envelope stays charged and the
-            # reconciler tries the unload again.
-            failure = result.failure if result.WhichOneof("outcome") == "failure" else None
-            reason = failure.reason if failure else "RECLAIM_UNVERIFIED"
-            message = failure.message if failure else "the worker could not confirm the exit"
-            if residency.state != ResidencyState.UNCERTAIN:
-                await deployments.set_residency_state(
-                    context.session,
-                    residency,
-                    ResidencyState.UNCERTAIN,
-                    now=context.now,
-                    last_failure_reason=reason,
-                    last_failure_message=message,
-                )
-                context.changed.append(residency)
-            await audit.record_event(
-                context.session,
-                actor=f"node:{residency.node_id}",
-                action="residency.uncertain",
-                subject_kind="residency",
-                subject_id=residency.residency_id,
-                now=context.now,
-                reason=reason,
-            )
-        await _finish_unloading(context)
+        await _apply_plan(context, plan_unload_result(await read_unload_result(context)))
 
 
-async def _finish_unloading(context: ResultContext) -> None:
-    deployment = context.deployment
-    remaining = [
-        r
-        for r in await deployments.residencies_of(context.session, deployment.deployment_id)
-        if r.state != ResidencyState.COLD
-    ]
-    if not remaining and deployment.state == DeploymentState.UNLOADING:
-        await deployments.set_deployment_state(
-            context.session, deployment, DeploymentState.UNLOADED, now=context.now
-        )
-    else:
-        await settle_deployment(context.session, deployment.deployment_id, now=context.now)
+async def read_unload_result(context: ResultContext) -> UnloadResultSnapshot:
+    """What an UNLOAD's result is decided on: its residency, its deployment's residencies."""
+    residency, deployment, result = context.residency, context.deployment, context.result
+    outcome = result.WhichOneof("outcome")
+    siblings = await deployments.residencies_of(context.session, deployment.deployment_id)
+    return UnloadResultSnapshot(
+        residency_id=residency.residency_id,
+        residency_state=ResidencyState(residency.state),
+        node_id=residency.node_id,
+        deployment_id=deployment.deployment_id,
+        deployment_state=DeploymentState(deployment.state),
+        residency_states=tuple((r.residency_id, ResidencyState(r.state)) for r in siblings),
+        process_exited=outcome == "unload" and result.unload.process_exited,
+        failure_reason=result.failure.reason if outcome == "failure" else None,
+        failure_message=result.failure.message if outcome == "failure" else "",
+    )
 
 
 class HealthHandler(DeploymentJobHandler):

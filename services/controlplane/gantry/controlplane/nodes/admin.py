@@ -3,29 +3,30 @@
 from __future__ import annotations
 
 import datetime as dt
-from typing import Unpack
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gantry.common.errors import GantryError
 from gantry.controlplane.artifacts.deletion_rules import node_delete_refusal
 from gantry.controlplane.deployments import store as deployments
-from gantry.controlplane.deployments.lifecycle_parts import LifecycleParts, LifecycleService
+from gantry.controlplane.deployments.lifecycle_parts import LifecycleService
 from gantry.controlplane.deployments.residency_stop import mark_cold, queue_unload
 from gantry.controlplane.deployments.settle import settle_deployment
 from gantry.controlplane.jobs import store as jobs
 from gantry.controlplane.jobs.handlers import abandon_pipeline_jobs
 from gantry.controlplane.nodes import store as nodes
 from gantry.controlplane.observability import audit
+from gantry.controlplane.platform.events import (
+    NodeChanged,
+    ReconcileWanted,
+    ResidenciesChanged,
+    record,
+)
 from gantry.controlplane.platform.models import Node, Residency
 from gantry.controlplane.platform.state_machines import JobType, NodeState, ResidencyState
 
 
 class NodeAdmin(LifecycleService):
-    def __init__(self, *, wake_reconciler: object, **parts: Unpack[LifecycleParts]) -> None:
-        super().__init__(**parts)
-        self._wake = wake_reconciler
-
     async def disable(self, node_id: str, *, reason: str, actor: str) -> Node:
         """DISABLED: its residencies are unloaded (or COLD when its worker is away), queued loads
         cancelled, and the reconciler re-places them elsewhere; its inspections and probes are
@@ -60,13 +61,14 @@ class NodeAdmin(LifecycleService):
                 now=now,
                 reason=reason,
             )
-        self._lifecycle.announcer.node(node, ())
-        self._lifecycle.announce(changed)
+            # The reconciler re-places what it ran elsewhere.
+            record(
+                session, NodeChanged(node), ResidenciesChanged(tuple(changed)), ReconcileWanted()
+            )
         for job in stopped:
             self._lifecycle.cancel_on_worker(job)
         if connected:
             await self._lifecycle.dispatch_queued(node_id)
-        self._wake.wake()  # type: ignore[attr-defined]
         return node
 
     async def enable(self, node_id: str, *, actor: str) -> Node:
@@ -89,9 +91,8 @@ class NodeAdmin(LifecycleService):
                 subject_id=node_id,
                 now=now,
             )
-        connected = [node_id] if stream is not None else []
-        self._lifecycle.announcer.node(node, connected)
-        self._wake.wake()  # type: ignore[attr-defined]
+            connected = (node_id,) if stream is not None else ()
+            record(session, NodeChanged(node, connected), ReconcileWanted())
         return node
 
     async def rotate_credential(self, node_id: str, *, actor: str) -> tuple[Node, str]:
@@ -150,12 +151,12 @@ class NodeAdmin(LifecycleService):
                 name=node.name,
                 state=node.state,
             )
+            # Announced removed (deleted_at is set): the scheduler forgets it, its ledger rows
+            # and its breakers now, as its next snapshot would by leaving it out.
+            record(session, NodeChanged(node))
         stream = self._hub.get(node_id)
         if stream is not None:
             stream.close(GantryError("UNAUTHENTICATED", f"node {node_id} was deleted"))
-        # Announced removed (deleted_at is set): the scheduler forgets it, its ledger rows and
-        # its breakers now, as its next snapshot would by leaving it out.
-        self._lifecycle.announcer.node(node, ())
         return node
 
 

@@ -1,19 +1,27 @@
 """WorkerGateway.Connect: the control plane's end of each worker's outbound stream.
 
-Hello binds the stream to one node generation by a single conditional UPDATE (fencing); anything
-from another generation is rejected and nothing from it is committed. Invoke results and progress
-are handed over inline by the reader; everything else (heartbeats, job results, inventory) goes
-through a bounded per-stream queue to one writer task, in the order sent, so a slow write never
-delays an invoke result behind it. Results are committed idempotently and acknowledged. A
-heartbeat refreshes the stream's liveness in memory (liveness.py; the reconciler flushes
-`last_seen_at` in batches) and writes the database only to renew the leases of the jobs it names.
+Every message is first checked against the protocol's size bounds (wire_bounds.py): one past them
+closes the stream, and nothing of it is logged, stored or kept; what is logged of a worker's text
+is an excerpt, rate-limited per node (worker_log.py). Hello binds the stream to one node
+generation, issued here, never chosen by the worker: the generation the Hello presents is kept
+only when it is the node's current one (the same process reconnecting), else the next is issued
+(`claim_generation`, one conditional UPDATE). The newest Hello wins: the stream it replaces is
+closed with STALE_GENERATION, and that worker dials again and wins in turn; no value a credential
+holder sends can lock the real worker out. Anything stamped with another generation is rejected
+and nothing from it is committed.
+
+Invoke results and progress are handed over inline by the reader; everything else (heartbeats,
+job results, inventory) goes through a bounded per-stream queue to one writer task, in the order
+sent, so a slow write never delays an invoke result behind it. Results are committed
+idempotently and acknowledged. A heartbeat refreshes the stream's liveness in memory (liveness.py;
+the reconciler flushes `last_seen_at` in batches) and writes the database only to renew the leases
+of the jobs it names.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime as dt
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -25,9 +33,7 @@ from google.protobuf import duration_pb2, json_format
 from gantry.common.auth import current_principal
 from gantry.common.clock import Clock
 from gantry.common.errors import GantryError
-from gantry.common.ids import generation_micros
 from gantry.controlplane.deployments.lifecycle import DeploymentLifecycle
-from gantry.controlplane.deployments.reconciler import Reconciler
 from gantry.controlplane.deployments.settle import settle_node_deployments
 from gantry.controlplane.jobs import store as jobs
 from gantry.controlplane.jobs.handlers import jobs_requeued
@@ -36,13 +42,24 @@ from gantry.controlplane.nodes.capabilities import domains_to_json
 from gantry.controlplane.nodes.inventory import Reconciled
 from gantry.controlplane.nodes.liveness import Liveness
 from gantry.controlplane.nodes.sessions import WorkerHub, WorkerStream
+from gantry.controlplane.nodes.wire_bounds import check_worker_message
+from gantry.controlplane.nodes.worker_log import WorkerLog
 from gantry.controlplane.platform import metrics
 from gantry.controlplane.platform.database import Database
+from gantry.controlplane.platform.events import (
+    NodeChanged,
+    ReconcileWanted,
+    ResidenciesChanged,
+    record,
+)
 from gantry.controlplane.platform.transitions import retry_on_conflict
 from gantry.v1 import worker_gateway_pb2 as wg
 from gantry.v1 import worker_gateway_pb2_grpc
 
 log = logging.getLogger(__name__)
+# Anything a worker supplied (ids, progress, failure text) is logged through this: excerpts only,
+# rate-limited per node (worker_log.py).
+worker_log = WorkerLog(log)
 
 # How long a closing stream's writer may take to finish the writes already queued.
 _WRITER_DRAIN_S = 5.0
@@ -56,25 +73,17 @@ class GatewaySettings:
     # Database work waiting per stream; past it the stream is closed (the worker reconnects and
     # resends what was not acknowledged) rather than holding an unbounded backlog.
     write_queue_limit: int = 1024
-    # How far ahead of this control plane's clock a worker's generation may have been drawn.
-    max_clock_skew_s: float = 300.0
 
 
-def check_generation(generation: int, *, now: dt.datetime, max_clock_skew_s: float) -> None:
-    """A Hello's generation, refused (INVALID_ARGUMENT) unless positive and not from the future."""
-    if generation <= 0:
-        raise GantryError("INVALID_ARGUMENT", "a worker generation must be positive")
-    # A generation carries the time it was drawn. One from the future (beyond the allowed
-    # clock skew) is refused: otherwise a credential holder could send 2**63-1 and fence the
-    # real worker forever, even after the credential is rotated.
-    latest = int((now.timestamp() + max_clock_skew_s) * 1_000_000)
-    if generation_micros(generation) > latest:
-        raise GantryError(
-            "INVALID_ARGUMENT",
-            f"generation {generation} was drawn more than "
-            f"{max_clock_skew_s:g}s in the future; check the worker's clock",
-            limit_seconds=f"{max_clock_skew_s:g}",
-        )
+def check_hello(first: wg.WorkerMessage, node_id: str) -> None:
+    """A stream's first message, refused before anything of it is read, kept or logged: within
+    the protocol's bounds (wire_bounds.py, INVALID_ARGUMENT naming the field), a Hello, and for
+    the node the credential names."""
+    check_worker_message(first)
+    if first.WhichOneof("kind") != "hello":
+        raise GantryError("INVALID_ARGUMENT", "the first message on a worker stream is Hello")
+    if first.node_id and first.node_id != node_id:
+        raise GantryError("PERMISSION_DENIED", "Hello names another node than the credential")
 
 
 def node_inventory(hello: wg.Hello) -> dict[str, Any]:
@@ -113,7 +122,6 @@ class WorkerGatewayService(worker_gateway_pb2_grpc.WorkerGatewayServicer):
         database: Database,
         hub: WorkerHub,
         lifecycle: DeploymentLifecycle,
-        reconciler: Reconciler,
         clock: Clock,
         settings: GatewaySettings,
         liveness: Liveness,
@@ -122,7 +130,6 @@ class WorkerGatewayService(worker_gateway_pb2_grpc.WorkerGatewayServicer):
         self._liveness = liveness  # shared with the reconciler, which decides staleness from it
         self._hub = hub
         self._lifecycle = lifecycle
-        self._reconciler = reconciler
         self._clock = clock
         self._settings = settings
         self._endings: set[asyncio.Task[None]] = set()
@@ -136,14 +143,32 @@ class WorkerGatewayService(worker_gateway_pb2_grpc.WorkerGatewayServicer):
         first = await anext(aiter(request_iterator), None)
         if first is None:
             return
-        if first.WhichOneof("kind") != "hello":
-            raise GantryError("INVALID_ARGUMENT", "the first message on a worker stream is Hello")
-        if first.node_id and first.node_id != node_id:
-            raise GantryError("PERMISSION_DENIED", "Hello names another node than the credential")
-        stream = self._hub.open_stream(node_id=node_id, generation=first.generation)
-        welcome = await self._hello(stream, first.hello)
+        check_hello(first, node_id)
+        stream, welcome = await self._hello(node_id, first.generation, first.hello)
         self._hub.attach(stream)
         metrics.worker_stream("connected")
+        served = self._serve(stream, welcome, first.generation, request_iterator)
+        async for message in served:
+            yield message
+        if (holder := self._hub.get(node_id)) is not None and holder is not stream:
+            # Another Hello with this node's credential took the node over (the newest wins):
+            # said as the stream's status, so this worker knows it was not a network fault.
+            raise GantryError(
+                "STALE_GENERATION",
+                f"node {node_id} was taken over by generation {holder.generation}: another "
+                "stream presented this node's credential",
+                node_id=node_id,
+            )
+
+    async def _serve(
+        self,
+        stream: WorkerStream,
+        welcome: wg.Welcome,
+        presented: int,
+        request_iterator: AsyncIterator[wg.WorkerMessage],
+    ) -> AsyncIterator[wg.ControlMessage]:
+        """The Welcome, then what the stream's outbox holds until it closes."""
+        node_id = stream.node_id
         writes: asyncio.Queue[wg.WorkerMessage | None] = asyncio.Queue(
             maxsize=self._settings.write_queue_limit + 2  # + the first dispatch and the end marker
         )
@@ -153,7 +178,8 @@ class WorkerGatewayService(worker_gateway_pb2_grpc.WorkerGatewayServicer):
             yield wg.ControlMessage(welcome=welcome)
             writer = asyncio.create_task(self._write(stream, writes), name=f"writes-{node_id}")
             reader = asyncio.create_task(
-                self._read(stream, request_iterator, writes), name=f"read-{node_id}"
+                self._read(stream, request_iterator, writes, presented=presented),
+                name=f"read-{node_id}",
             )
             # The first pump pass runs on the writer too: database work on a stream is never cut
             # in half by the handler's cancellation (a client going away, a server stopping).
@@ -200,79 +226,84 @@ class WorkerGatewayService(worker_gateway_pb2_grpc.WorkerGatewayServicer):
         if self._endings:
             await asyncio.wait(set(self._endings), timeout=_WRITER_DRAIN_S * 2)
 
-    async def _hello(self, stream: WorkerStream, hello: wg.Hello) -> wg.Welcome:
+    async def _hello(
+        self, node_id: str, presented: int, hello: wg.Hello
+    ) -> tuple[WorkerStream, wg.Welcome]:
+        """Claim the node for the generation the control plane issues (`claim_generation`) and
+        open the stream bound to it; the Welcome tells the worker which generation it holds."""
         now = self._clock.now()
-        check_generation(
-            stream.generation, now=now, max_clock_skew_s=self._settings.max_clock_skew_s
-        )
         inventory = node_inventory(hello)
         async with self._database.transaction() as db:
-            previous = (await nodes.get_node(db, stream.node_id)).generation
-            node = await nodes.claim_generation(
+            node, previous = await nodes.claim_generation(
                 db,
-                stream.node_id,
-                generation=stream.generation,
+                node_id,
+                presented=presented,
                 hostname=hello.hostname,
                 inventory=inventory,
                 now=now,
             )
-            if previous and stream.generation > previous:
-                # A new worker process: the old one's unfinished jobs go back to the queue (a
-                # probe among them back to QUEUED: its child died with the old process).
+            generation = node.generation
+            if previous and generation > previous:
+                # Another worker process (or a stream that lost the node): the old generation's
+                # unfinished jobs go back to the queue (a probe among them back to QUEUED: its
+                # child died with the old process).
                 released = await jobs.release_generation_jobs(
-                    db, node_id=node.node_id, generation=previous, now=now
+                    db, node_id=node_id, generation=previous, now=now
                 )
                 await jobs_requeued(db, released, now=now)
             reconciled = await self._lifecycle.reconcile_node(
-                db,
-                node_id=node.node_id,
-                generation=stream.generation,
-                inventory=hello.inventory,
-                now=now,
+                db, node_id=node_id, generation=generation, inventory=hello.inventory, now=now
             )
-            await settle_node_deployments(db, node.node_id, now=now)
+            await settle_node_deployments(db, node_id, now=now)
+            record(
+                db,
+                NodeChanged(node, (node_id,)),
+                ResidenciesChanged(tuple(reconciled.changed)),
+                ReconcileWanted(),
+            )
+        stream = self._hub.open_stream(node_id=node_id, generation=generation)
         # Right after the commit, which wrote `last_seen_at = now`: until this line the row alone
-        # is fresh, from here on the reconciler judges the stream by what it hears.
-        self._liveness.connected(stream.node_id, stream.generation, now, holder=stream)
-        self._lifecycle.announcer.node(node, [stream.node_id])
-        self._lifecycle.announce(reconciled.changed)
-        self._reconciler.wake()
-        log.info(
-            "node %s connected, generation %d, adopted %d, unloading %d",
-            stream.node_id,
-            stream.generation,
+        # is fresh, from here on the reconciler judges the stream by what it hears (its wake
+        # above only lets its next pass run once this task waits).
+        self._liveness.connected(node_id, generation, now, holder=stream)
+        # Per node within its rate: a credential holder reconnecting in a loop floods nothing.
+        worker_log.info(
+            node_id,
+            "connected, generation %d (presented %d), adopted %d, unloading %d",
+            generation,
+            presented,
             len(reconciled.adopted),
             len(reconciled.unwanted),
         )
-        return welcome(
-            stream.node_id,
-            stream.generation,
+        welcomed = welcome(
+            node_id,
+            generation,
             reconciled,
             heartbeat_interval_s=self._settings.heartbeat_interval_s,
         )
+        return stream, welcomed
 
     async def _read(
         self,
         stream: WorkerStream,
         messages: AsyncIterator[wg.WorkerMessage],
         writes: asyncio.Queue[wg.WorkerMessage | None],
+        *,
+        presented: int,
     ) -> None:
+        """Each message in turn: bounded, from this stream's generation (the one issued, or the
+        one its Hello presented: what a worker stamps until it reads its Welcome), then handed
+        over inline (invoke results) or queued for the writer."""
+        # Every stream's generation is the control plane's; a stamp is a consistency check.
+        stamps = {stream.generation, presented}
         try:
             async for message in messages:
                 if stream.closed:
                     return
-                if message.generation != stream.generation:
-                    metrics.message_refused("STALE_GENERATION", message.WhichOneof("kind") or "")
-                    stream.send(
-                        _reject(
-                            "",
-                            GantryError(
-                                "STALE_GENERATION",
-                                f"message from generation {message.generation}, stream holds "
-                                f"{stream.generation}",
-                            ),
-                        )
-                    )
+                if not self._within_bounds(stream, message):
+                    return  # the stream closes: a worker that breaks a bound is broken or hostile
+                if message.generation not in stamps:
+                    _refuse_stamp(stream, message)
                     continue
                 kind = message.WhichOneof("kind")
                 if kind == "invoke_result":
@@ -285,7 +316,7 @@ class WorkerGatewayService(worker_gateway_pb2_grpc.WorkerGatewayServicer):
                     continue
                 elif kind in ("heartbeat", "job_result", "job_update", "inventory_report"):
                     if writes.qsize() >= self._settings.write_queue_limit:
-                        log.error("node %s: database writes fell behind; closing", stream.node_id)
+                        worker_log.error(stream.node_id, "database writes fell behind; closing")
                         return
                     writes.put_nowait(message)
                 else:
@@ -298,13 +329,27 @@ class WorkerGatewayService(worker_gateway_pb2_grpc.WorkerGatewayServicer):
         except grpc.aio.AioRpcError:
             pass
         except GantryError as error:
-            log.warning("worker stream of node %s: %s", stream.node_id, error)
+            worker_log.warning(stream.node_id, "worker stream: %s", str(error))
         except Exception:
-            log.exception("worker stream of node %s failed", stream.node_id)
+            worker_log.exception(stream.node_id, "worker stream failed")
         finally:
             stream.close(
                 GantryError("WORKER_UNAVAILABLE", f"lost the stream to node {stream.node_id}")
             )
+
+    def _within_bounds(self, stream: WorkerStream, message: wg.WorkerMessage) -> bool:
+        """Whether every field of `message` is within its bound; if not, the worker is told why
+        (a Reject naming the field) before its stream is closed."""
+        try:
+            check_worker_message(message)
+        except GantryError as error:
+            kind = message.WhichOneof("kind") or ""
+            metrics.message_refused(error.reason, kind)
+            worker_log.warning(stream.node_id, "%s refused, stream closed: %s", kind, error.message)
+            with contextlib.suppress(GantryError):
+                stream.send(_reject("", error))
+            return False
+        return True
 
     def _heard_inline(
         self,
@@ -331,12 +376,11 @@ class WorkerGatewayService(worker_gateway_pb2_grpc.WorkerGatewayServicer):
                 else:
                     await self._handle(stream, message)
             except GantryError as error:
-                log.warning(
-                    "node %s: %s refused: %s", stream.node_id, message.WhichOneof("kind"), error
-                )
+                kind = message.WhichOneof("kind") or ""
+                worker_log.warning(stream.node_id, "%s refused: %s", kind, str(error))
             except Exception:
-                log.exception(
-                    "node %s: handling %s failed", stream.node_id, message.WhichOneof("kind")
+                worker_log.exception(
+                    stream.node_id, "handling %s failed", message.WhichOneof("kind")
                 )
 
     async def _handle(self, stream: WorkerStream, message: wg.WorkerMessage) -> None:
@@ -379,18 +423,19 @@ class WorkerGatewayService(worker_gateway_pb2_grpc.WorkerGatewayServicer):
                 )
             )
         except GantryError as error:
-            log.warning("job result %s refused: %s", result.job_id, error)
+            worker_log.warning(
+                stream.node_id, "job result %s refused: %s", result.job_id, str(error)
+            )
             metrics.message_refused(error.reason, "job_result")
             stream.send(_reject(result.job_id, error))
             return
         stream.send(wg.ControlMessage(ack=wg.Ack(job_id=result.job_id)))
-        self._reconciler.wake()  # a failed load may need placing elsewhere
 
     async def _job_update(self, stream: WorkerStream, update: wg.JobUpdate) -> None:
         """Progress, recorded only from the holder of the job's current lease. A refusal is
         logged, never answered with a Reject: a Reject is what a worker reads about a result."""
         if update.progress:
-            log.info("job %s: %s", update.job_id, update.progress)
+            worker_log.info(stream.node_id, "job %s: %s", update.job_id, update.progress)
         try:
             await retry_on_conflict(
                 lambda: self._lifecycle.apply_update(
@@ -398,7 +443,9 @@ class WorkerGatewayService(worker_gateway_pb2_grpc.WorkerGatewayServicer):
                 )
             )
         except GantryError as error:
-            log.warning("job update %s refused: %s", update.job_id, error)
+            worker_log.warning(
+                stream.node_id, "job update %s refused: %s", update.job_id, str(error)
+            )
             metrics.message_refused(error.reason, "job_update")
 
     async def _inventory(self, stream: WorkerStream, inventory: wg.Inventory) -> None:
@@ -411,25 +458,25 @@ class WorkerGatewayService(worker_gateway_pb2_grpc.WorkerGatewayServicer):
                     **(node.inventory or {}),
                     "inventory": json_format.MessageToDict(inventory),
                 }
-                return await self._lifecycle.reconcile_node(
+                reconciled = await self._lifecycle.reconcile_node(
                     db,
                     node_id=stream.node_id,
                     generation=stream.generation,
                     inventory=inventory,
                     now=self._clock.now(),
                 )
+                record(db, ResidenciesChanged(tuple(reconciled.changed)))
+                return reconciled
 
         reconciled = await retry_on_conflict(reconcile)
         if reconciled.unwanted:
             # Only a Hello's Welcome tells a worker to unload what no record accounts for; mid-
             # stream this is rare (a load that outlived its record) and is reported, not guessed.
-            log.warning(
-                "node %s holds deployments no record on it accounts for: %s (unloaded on its "
-                "next connect)",
+            worker_log.warning(
                 stream.node_id,
+                "holds deployments no record on it accounts for: %s (unloaded on its next connect)",
                 ", ".join(reconciled.unwanted),
             )
-        self._lifecycle.announce(reconciled.changed)
         if reconciled.queued_jobs:
             await self._lifecycle.dispatch_queued(stream.node_id)
 
@@ -445,15 +492,24 @@ class WorkerGatewayService(worker_gateway_pb2_grpc.WorkerGatewayServicer):
                     db, stream.node_id, generation=stream.generation, now=now
                 )
                 await settle_node_deployments(db, stream.node_id, now=now)
-                node = await nodes.get_node(db, stream.node_id)
+                record(db, NodeChanged(await nodes.get_node(db, stream.node_id)))
         except GantryError as error:
             log.warning("could not mark node %s disconnected: %s", stream.node_id, error)
             return
         finally:
             # Only now: until the row says DISCONNECTED, staleness is still decided from here.
             self._liveness.disconnected(stream.node_id, holder=stream)
-        self._lifecycle.announcer.node(node, ())
-        log.info("node %s (generation %d) disconnected", stream.node_id, stream.generation)
+        worker_log.info(stream.node_id, "generation %d disconnected", stream.generation)
+
+
+def _refuse_stamp(stream: WorkerStream, message: wg.WorkerMessage) -> None:
+    """A message stamped with another generation than its stream's: counted and rejected."""
+    metrics.message_refused("STALE_GENERATION", message.WhichOneof("kind") or "")
+    error = GantryError(
+        "STALE_GENERATION",
+        f"message from generation {message.generation}, stream holds {stream.generation}",
+    )
+    stream.send(_reject("", error))
 
 
 def _reject(job_id: str, error: GantryError) -> wg.ControlMessage:

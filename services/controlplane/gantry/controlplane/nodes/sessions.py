@@ -19,14 +19,20 @@ import logging
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TypeAlias
 
 from google.protobuf import duration_pb2, timestamp_pb2
+from google.protobuf.message import Message
 
+from gantry.common import operations
 from gantry.common.errors import GantryError
 from gantry.common.grpc_server import MESSAGE_LIMIT_BYTES
+from gantry.controlplane.nodes.worker_log import WorkerLog
 from gantry.v1 import worker_gateway_pb2 as wg
 
 log = logging.getLogger(__name__)
+# Worker-supplied text, excerpted and rate-limited per node (shared with the gateway's).
+worker_log = WorkerLog(log)
 
 DEFAULT_OUTBOX_LIMIT = 4096
 DEFAULT_PENDING_INVOKES_LIMIT = 1024
@@ -34,25 +40,9 @@ DEFAULT_PENDING_INVOKES_LIMIT = 1024
 # GenerateStream's text, about one token each, while its client reads slower than the model writes).
 DEFAULT_PROGRESS_LIMIT = 256
 
-InvokePayload = (
-    wg.EmbedPayload
-    | wg.RerankPayload
-    | wg.TranscribePayload
-    | wg.RecognizeTextPayload
-    | wg.EmbedImagePayload
-    | wg.ClassifyImagePayload
-    | wg.GeneratePayload
-)
-# Each payload's field in Invoke's oneof, and the outcome a worker answers it with.
-INVOKE_KINDS: Mapping[type, tuple[str, str]] = {
-    wg.EmbedPayload: ("embed", "embed"),
-    wg.RerankPayload: ("rerank", "rerank"),
-    wg.TranscribePayload: ("transcribe", "transcribe"),
-    wg.RecognizeTextPayload: ("recognize_text", "recognize_text"),
-    wg.EmbedImagePayload: ("embed_image", "embed"),
-    wg.ClassifyImagePayload: ("classify_image", "classify_image"),
-    wg.GeneratePayload: ("generate", "generate"),
-}
+# Any registered operation's worker payload (gantry.common.operations): its type names the
+# Invoke field it travels in and the result outcome that answers it.
+InvokePayload: TypeAlias = Message
 # What a streaming caller does with each progress item, in order (e.g. write it to its client).
 OnProgress = Callable[[wg.InvokeProgress], Awaitable[None]]
 
@@ -214,9 +204,9 @@ class WorkerStream:
             log.debug("late or unknown progress %s from %s", progress.request_id, self.node_id)
             return False
         if not pending.progress_limit:
-            log.warning(
-                "node %s sent progress for invocation %s, which asked for none; dropped",
+            worker_log.warning(
                 self.node_id,
+                "sent progress for invocation %s, which asked for none; dropped",
                 progress.request_id,
             )
             return False
@@ -399,10 +389,11 @@ class WorkerHub:
 
 
 def _put_payload(invoke: wg.Invoke, payload: InvokePayload) -> str:
-    """Set the payload in its field of `invoke`; the result outcome that answers it."""
-    kind, expected = INVOKE_KINDS[type(payload)]
-    getattr(invoke, kind).CopyFrom(payload)
-    return expected
+    """Set the payload in its field of `invoke` (its operation's `kind`); the result outcome
+    that answers it (its `result_kind`)."""
+    operation = operations.of_payload(payload)
+    getattr(invoke, operation.kind).CopyFrom(payload)
+    return operation.result_kind
 
 
 def checked_result(result: wg.InvokeResult, *, expected: str, node_id: str) -> wg.InvokeResult:

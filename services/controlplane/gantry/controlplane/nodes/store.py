@@ -11,7 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from gantry.common import tokens
 from gantry.common.errors import GantryError, not_found
-from gantry.common.ids import new_id
+from gantry.common.ids import new_id, next_generation
 from gantry.controlplane.jobs.store import OPEN_JOB_STATES
 from gantry.controlplane.nodes.liveness import SeenBatch
 from gantry.controlplane.observability import state_history
@@ -134,23 +134,31 @@ async def claim_generation(
     session: AsyncSession,
     node_id: str,
     *,
-    generation: int,
+    presented: int,
     hostname: str,
     inventory: dict[str, Any],
     now: dt.datetime,
-) -> Node:
-    """Fence in one conditional UPDATE: the node takes `generation` only if it is not older.
+) -> tuple[Node, int]:
+    """Claim the node for a generation the control plane issues; (the node, the one it replaced).
 
-    Two streams of one node racing (an old process reconnecting, a new one starting) cannot both
-    win: the UPDATE holds `generation >= current` in its WHERE, so the check and the write are one.
+    `presented`: the generation the Hello names (the one last issued to it, or 0). Kept when it
+    is the node's current one: the same process reconnecting, its leases, residents and unacked
+    results still valid. Otherwise the next is issued (`generation_to_claim`), so the newest Hello
+    wins and nothing a worker chooses fences the next Hello out. One conditional UPDATE on the
+    generation read: of two racing Hellos one wins, the other is refused STALE_GENERATION.
     """
-    # Read for the history only: the UPDATE below stays the one check-and-write.
-    previous_state = await session.scalar(select(Node.state).where(Node.node_id == node_id))
+    found = (
+        await session.execute(select(Node.state, Node.generation).where(Node.node_id == node_id))
+    ).one_or_none()
+    if found is None:
+        raise not_found("node", node_id)
+    previous_state, stored = found
+    generation = generation_to_claim(stored=stored, presented=presented)
     result = await session.execute(
         update(Node)
         .where(
             Node.node_id == node_id,
-            Node.generation <= generation,
+            Node.generation == stored,
             Node.state != NodeState.DISABLED,
             # DeleteNode locks the row: a Hello racing it either lands first (and the delete is
             # refused: CONNECTED) or waits and matches nothing here.
@@ -168,7 +176,7 @@ async def claim_generation(
     node = await get_node(session, node_id)
     await session.refresh(node)
     if result.rowcount == 1:  # type: ignore[attr-defined]
-        if previous_state is not None and previous_state != NodeState.CONNECTED:
+        if previous_state != NodeState.CONNECTED:
             await state_history.record_change(
                 session,
                 Node,
@@ -179,15 +187,28 @@ async def claim_generation(
                 values={},
                 at=now,
             )
-        return node
+        return node, stored
+    raise _claim_refused(node)
+
+
+def generation_to_claim(*, stored: int, presented: int) -> int:
+    """The generation a Hello claims: the one it presents when that is the stored one (the same
+    process reconnecting), else the next one issued. Never one the worker chose."""
+    return stored if presented and presented == stored else next_generation(stored)
+
+
+def _claim_refused(node: Node) -> GantryError:
+    """Why a Hello's conditional UPDATE matched nothing."""
     if node.deleted_at is not None:
-        raise GantryError("UNAUTHENTICATED", f"node {node_id} was deleted")
+        return GantryError("UNAUTHENTICATED", f"node {node.node_id} was deleted")
     if node.state == NodeState.DISABLED:
-        raise GantryError("NODE_DISABLED", f"node {node_id} is disabled", node_id=node_id)
-    raise GantryError(
+        return GantryError(
+            "NODE_DISABLED", f"node {node.node_id} is disabled", node_id=node.node_id
+        )
+    return GantryError(
         "STALE_GENERATION",
-        f"generation {generation} is older than {node.generation}",
-        node_id=node_id,
+        f"another Hello of node {node.node_id} claimed it first (generation {node.generation})",
+        node_id=node.node_id,
     )
 
 

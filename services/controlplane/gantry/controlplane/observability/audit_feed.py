@@ -12,7 +12,6 @@ import contextlib
 from collections.abc import Iterator
 
 from gantry.common.errors import GantryError
-from gantry.controlplane.platform.announcer import Announcer
 
 DEFAULT_MAX_WATCHERS = 64
 # Events one watcher reads from the database at a time (then streams before reading more).
@@ -20,8 +19,8 @@ DEFAULT_BATCH_SIZE = 100
 
 
 class AuditFeed:
-    """Notified by `Database.transaction` after a commit that wrote audit events (and by the
-    announcer when a residency goes COLD, which a reclaim waits for)."""
+    """Subscribed (app.py) to the commits that wrote audit events (AuditWritten), and to those
+    that freed capacity (CapacityFreed: a residency gone COLD, which a reclaim waits for)."""
 
     def __init__(
         self, *, max_watchers: int = DEFAULT_MAX_WATCHERS, batch_size: int = DEFAULT_BATCH_SIZE
@@ -43,18 +42,6 @@ class AuditFeed:
     def changed(self) -> None:
         """Some state a waiter may care about committed (a residency went COLD)."""
         self.audit_committed()
-
-    def follow_capacity_freed(self, announcer: Announcer) -> None:
-        """Wake waiters too when the announcer says a residency went COLD (after its commit);
-        whoever listened before (the reconciler) still hears it first."""
-        before = announcer.on_capacity_freed
-
-        def freed() -> None:
-            if before is not None:
-                before()
-            self.changed()
-
-        announcer.on_capacity_freed = freed
 
     def next_change(self) -> asyncio.Event:
         """Take this BEFORE reading the database: a commit after the read still sets it."""

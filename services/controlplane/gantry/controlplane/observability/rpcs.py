@@ -27,6 +27,7 @@ from gantry.controlplane.observability import audit, snapshots
 from gantry.controlplane.observability.audit_feed import AuditFeed
 from gantry.controlplane.platform import convert
 from gantry.controlplane.platform.database import Database
+from gantry.controlplane.platform.events import ResidenciesChanged, record
 from gantry.controlplane.platform.models import AuditEvent
 from gantry.controlplane.platform.paging import page_of
 from gantry.controlplane.platform.scheduler_link import SchedulerLink
@@ -102,13 +103,15 @@ class ObservabilityRpcs:
 
         async def attempt() -> ReclaimStarted:
             async with self._database.transaction() as session:
-                return await start_reclaim(
+                started = await start_reclaim(
                     session, residency_id, hub=self._hub, actor=actor, now=self._clock.now()
                 )
+                # Once committed, the scheduler stops routing to it.
+                record(session, ResidenciesChanged((started.residency,)))
+                return started
 
         started = await retry_on_conflict(attempt)
-        # After the commit: the scheduler stops routing to it, the worker hears of its jobs.
-        self._lifecycle.announce([started.residency])
+        # After the commit: the worker hears of its jobs.
         for job in started.cancelled:
             self._lifecycle.cancel_on_worker(job)
         await self._lifecycle.dispatch_queued(started.residency.node_id)

@@ -1,8 +1,12 @@
-"""Tells the scheduler what changed, after the commit, and forgets cached routes."""
+"""Tells the scheduler what changed, after the commit, and forgets cached routes.
+
+It subscribes to the domain events a commit publishes (platform/events.py; the subscriptions are
+made in app.py): each method here is what one event means for the scheduler and the route cache.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from gantry.controlplane.deployments.autoscale_rules import ReplicaBounds
@@ -75,9 +79,6 @@ class Announcer:
         self._scheduler = scheduler
         self._routes = routes
         self._charges = ChargeBook()
-        # Called when capacity may have appeared (a node connected, a residency went COLD): the
-        # reconciler then retries refused placements at once instead of after their backoff.
-        self.on_capacity_freed: Callable[[], None] | None = None
 
     def learn_charges(self, charges: Mapping[str, ResidencyCharge]) -> None:
         """Charges just read (by placement, by a snapshot): later announcements carry them."""
@@ -95,10 +96,6 @@ class Announcer:
                 )
                 continue
             self._scheduler.residency_changed(scheduler_residency(row, charge or NOTHING_CHARGED))
-        if self.on_capacity_freed is not None and any(
-            row.state == ResidencyState.COLD for row in rows
-        ):
-            self.on_capacity_freed()
 
     def node(self, row: Node, connected: Collection[str]) -> None:
         """A node changed; a deleted one is announced removed, whoever announces it (a
@@ -116,10 +113,9 @@ class Announcer:
                 disabled=row.state == NodeState.DISABLED,
             )
         )
-        if self.on_capacity_freed is not None and row.node_id in connected:
-            self.on_capacity_freed()
 
     def deployments_changed(self) -> None:
+        """Which deployment a capability reaches may have changed: forget cached routes."""
         self._routes.clear()
 
     def deployment(self, row: Deployment, *, removed: bool = False) -> None:

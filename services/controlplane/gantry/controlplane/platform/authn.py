@@ -1,4 +1,10 @@
-"""Authenticates control-plane RPCs by role: operator token, client API key, node credential."""
+"""Authenticates control-plane RPCs by role: operator token, client API key, node credential.
+
+A credential that is not accepted gets one answer (`_refused`), whatever the cause: an id nobody
+holds, a revoked key, a deleted node and a wrong secret read the same, so a caller without the
+secret cannot learn which ids exist. Only a caller holding a genuine secret hears more (a
+disabled node, a credential of another role).
+"""
 
 from __future__ import annotations
 
@@ -70,19 +76,17 @@ class ControlPlaneAuthenticator:
             if role is Role.OPERATOR:
                 row = await credentials.find_operator_token(session, parsed.token_id)
                 if row is None or row.revoked_at is not None:
-                    raise GantryError("UNAUTHENTICATED", "unknown or revoked operator token")
+                    raise _refused(role)
                 stored, subject = row.token_hash, row.token_id
             else:
                 node = await session.get(nodes.Node, parsed.token_id)
-                if node is None:
-                    raise GantryError("UNAUTHENTICATED", "unknown node credential")
-                if node.deleted_at is not None:
-                    raise GantryError("UNAUTHENTICATED", f"node {node.node_id} was deleted")
+                if node is None or node.deleted_at is not None:
+                    raise _refused(role)
                 stored, subject = node.credential_hash, node.node_id
                 if node.state == NodeState.DISABLED and tokens.token_matches(token, stored):
                     raise GantryError("NODE_DISABLED", f"node {node.node_id} is disabled")
         if not tokens.token_matches(token, stored):
-            raise GantryError("UNAUTHENTICATED", f"the {role.value} token does not match")
+            raise _refused(role)
         return Principal(role=role, subject=subject)
 
     def forget_api_key(self, api_key_id: str) -> None:
@@ -97,7 +101,7 @@ class ControlPlaneAuthenticator:
                 row = await credentials.find_api_key(session, api_key_id)
             if row is None or row.revoked_at is not None:
                 self._client_keys.pop(api_key_id, None)
-                raise GantryError("UNAUTHENTICATED", "unknown or revoked API key")
+                raise _refused(Role.CLIENT)
             cached = _CachedKey(
                 key_hash=row.key_hash,
                 tenant_id=row.tenant_id,
@@ -105,8 +109,18 @@ class ControlPlaneAuthenticator:
             )
             self._client_keys[api_key_id] = cached
         if not tokens.token_matches(token, cached.key_hash):
-            raise GantryError("UNAUTHENTICATED", "the API key does not match")
+            raise _refused(Role.CLIENT)
         return Principal(role=Role.CLIENT, subject=cached.tenant_id)
+
+
+def _refused(role: Role) -> GantryError:
+    """The one refusal for a credential of the right kind that is not accepted: its wording
+    must not depend on whether the id exists, was revoked or deleted, or the secret was wrong."""
+    return GantryError(
+        "UNAUTHENTICATED",
+        f"{_article(role.value)} {role.value} credential is required and the one given is "
+        "not valid",
+    )
 
 
 def _article(word: str) -> str:

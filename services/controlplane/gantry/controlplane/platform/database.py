@@ -11,10 +11,9 @@ import asyncio
 import contextlib
 import datetime as dt
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
 
 from alembic import command
 from alembic.config import Config
@@ -31,7 +30,8 @@ from sqlalchemy.ext.asyncio import (
 )
 
 from gantry.controlplane.observability import audit
-from gantry.controlplane.platform import installation
+from gantry.controlplane.platform import events, installation
+from gantry.controlplane.platform.events import EventBus
 from gantry.controlplane.platform.models import Installation
 
 MIGRATIONS_DIR = Path(__file__).with_name("migrations")
@@ -84,28 +84,6 @@ def migrate_hint(url: str | URL) -> str:
     return f"run `gantry migrate --database-url {shown_url(url)}`"
 
 
-# Set in a session's `info` by a write that changes which deployment a request reaches (a
-# capability binding moving): the routing watchers hear of it around the commit.
-ROUTING_CHANGED = "gantry.routing_changed"
-
-
-class RoutingWatcher(Protocol):
-    """Something that remembers routes (the route cache) and must not outlive a change of them."""
-
-    def routing_changing(self) -> None:
-        """A transaction that changes routing is about to commit: stop trusting what you hold."""
-
-    def routing_changed(self) -> None:
-        """... it has committed (or rolled back): forget what you hold, trust again."""
-
-
-class AuditListener(Protocol):
-    """Something that follows the audit trail (the audit feed of WatchAuditEvents)."""
-
-    def audit_committed(self) -> None:
-        """A transaction that wrote audit events has committed: they are readable now."""
-
-
 class SqliteTurns:
     """SQLite has one writer at a time: this process's transactions take turns here, first come
     first served. Left to SQLite's busy handler, which sleeps and retries, a burst of writers (1,000
@@ -133,8 +111,8 @@ class SqliteTurns:
 class Database:
     engine: AsyncEngine
     sessions: async_sessionmaker[AsyncSession]
-    routing_watchers: list[RoutingWatcher] = field(default_factory=list)
-    audit_listeners: list[AuditListener] = field(default_factory=list)
+    # Who hears of what each transaction recorded (platform/events.py), once it has committed.
+    events: EventBus = field(default_factory=EventBus)
     sqlite_turns: SqliteTurns | None = None
 
     @classmethod
@@ -151,7 +129,8 @@ class Database:
 
     @contextlib.asynccontextmanager
     async def transaction(self) -> AsyncIterator[AsyncSession]:
-        """One unit of work: repository functions flush, this commits (or rolls back on error)."""
+        """One unit of work: repository functions flush, this commits (or rolls back on error),
+        then publishes the events recorded on the session (`events.record`) to `self.events`."""
         if self.sqlite_turns is None:
             async with self._transaction() as session:
                 yield session
@@ -162,25 +141,20 @@ class Database:
     @contextlib.asynccontextmanager
     async def _transaction(self) -> AsyncIterator[AsyncSession]:
         async with self.sessions() as session:
-            watched = False
+            settling: list[Callable[[], None]] = []
             try:
                 async with session.begin():
                     yield session
                     # Last, so the ids are drawn in commit order (observability/audit.py).
-                    audited = await audit.write_pending(session)
-                    if session.info.get(ROUTING_CHANGED):
-                        # From before the commit until after it, no cached route is served: a
-                        # request resolved once the commit is visible reads the new binding.
-                        watched = True
-                        for watcher in self.routing_watchers:
-                            watcher.routing_changing()
-                if audited:
-                    for listener in self.audit_listeners:
-                        listener.audit_committed()
+                    if await audit.write_pending(session):
+                        events.record(session, events.AuditWritten())
+                    # From before the commit until after it (a binding moving: no cached route
+                    # is served, so a request resolved once the commit is visible reads it).
+                    settling = self.events.before_commit(events.recorded(session))
             finally:
-                if watched:
-                    for watcher in self.routing_watchers:
-                        watcher.routing_changed()
+                events.settle(settling)
+            # Only a commit gets here: a rollback raised above and publishes nothing.
+            self.events.publish(events.recorded(session))
 
     async def migrate(self) -> str:
         """Create or upgrade the schema to the newest Alembic revision; returns that revision."""

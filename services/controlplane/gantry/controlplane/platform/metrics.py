@@ -39,14 +39,8 @@ STAGE_RESOLVE = "resolve"
 STAGE_SCHEDULE = "schedule"
 STAGE_WORKER = "worker"
 STAGE_TOTAL = "total"
-EMBED = "Embed"
-RERANK = "Rerank"
-TRANSCRIBE = "Transcribe"
-RECOGNIZE_TEXT = "RecognizeText"
-EMBED_IMAGE = "EmbedImage"
-CLASSIFY_IMAGE = "ClassifyImage"
-GENERATE = "Generate"
-GENERATE_STREAM = "GenerateStream"
+# An invocation's `operation` label is its RPC's name, as the operation registry declares it
+# (gantry.common.operations: `Operation.rpc`); nothing here lists them again.
 FENCED_REASONS = frozenset({"STALE_GENERATION", "LEASE_TOKEN_INVALID"})
 # The front doors a client call can come through (gantry_front_door_calls' `protocol`). Every one
 # ends in the same Inference handlers, so gantry_invocations counts each call once, whatever door.

@@ -38,6 +38,7 @@ from gantry.controlplane.observability.state_history_rpcs import StateHistoryRpc
 from gantry.controlplane.platform import convert, credentials
 from gantry.controlplane.platform.authn import ControlPlaneAuthenticator
 from gantry.controlplane.platform.database import Database
+from gantry.controlplane.platform.events import DeploymentChanged, record
 from gantry.controlplane.platform.models import Deployment
 from gantry.controlplane.platform.paging import page_of
 from gantry.controlplane.platform.scheduler_link import SchedulerLink
@@ -80,15 +81,14 @@ class ControlPlaneService(
         hub: WorkerHub,
         audit_feed: AuditFeed,
         degradation: CapabilityDegradation | None = None,
-        deployment_admin: DeploymentAdmin | None = None,
     ) -> None:
         self._database = database
         self._hub = hub
         self._audit_feed = audit_feed
         self._degradation = degradation or CapabilityDegradation(clock)
         self._lifecycle = lifecycle
-        # Delete, restart, scale (lifecycle_rpcs.py); app.py gives it the reconciler to wake.
-        self._deployment_admin = deployment_admin or DeploymentAdmin(
+        # Delete, restart, scale (lifecycle_rpcs.py); their commits wake the reconciler.
+        self._deployment_admin = DeploymentAdmin(
             database=database, hub=hub, lifecycle=lifecycle, clock=clock
         )
         self._endpoint_adoption = EndpointAdoption(
@@ -307,7 +307,6 @@ class ControlPlaneService(
         row = await self._create_approved_deployment(
             request, approval_id, replicas, placement_policy=placement_policy
         )
-        self._lifecycle.announcer.deployment(row)
         # A refusal leaves it PENDING with the reason; the reconciler places it when it can.
         await self._lifecycle.place(row)
         return await self._deployment(row.deployment_id)
@@ -356,6 +355,7 @@ class ControlPlaneService(
                     max_replicas=row.max_replicas,
                     placement_policy=row.placement_policy,
                 )
+                record(session, DeploymentChanged(row))
                 return row
 
         return await retry_on_conflict(attempt)
@@ -413,9 +413,8 @@ class ControlPlaneService(
         self, request: cp.UnloadDeploymentRequest, context: grpc.aio.ServicerContext
     ) -> cp.Deployment:
         deployment_id = parse_id(request.deployment_id, field="deployment_id")
-        row = await self._lifecycle.unload(deployment_id, actor=current_principal().subject)
-        # After the commit: the scheduler gives no more advice for it.
-        self._lifecycle.announcer.deployment(row, removed=True)
+        # Its commit tells the scheduler it gives no more advice for it (DeploymentChanged).
+        await self._lifecycle.unload(deployment_id, actor=current_principal().subject)
         return await self._deployment(deployment_id)
 
     async def CreateApiKey(

@@ -16,6 +16,16 @@ answered QUEUE_FULL; an update that finds the outbox (or the replay buffer) full
 silently, so the link resynchronises: it ends the stream after what is queued, and the reconnect
 sends a fresh snapshot that holds the update.
 
+A scheduler that is alive but silent (stopped, or its event loop stuck) keeps the stream open:
+nothing ends it until gRPC keepalive (CHANNEL_OPTIONS: a ping every 20 s, 10 s to answer) gives
+up on the transport, and a reconnect to a stopped process still connects (the kernel accepts into
+its backlog). So the link asks on the stream's own channel: a health check every third of
+`silence_timeout_seconds`, each with that deadline. One that goes unanswered makes the scheduler
+SILENT: every waiting request fails SCHEDULER_UNAVAILABLE at once and new ones are refused so
+until a ping, or any output on the stream, is answered again; the stream stays as it is, so
+nothing queued on it is lost. A request's own wait can be long (queued for capacity), so it is
+never what decides silence.
+
 Outputs nobody waits for (a breaker that moved, scale advice) go to optional callbacks, called on
 the stream's reader: each must only schedule work (record it, wake a loop), never block.
 """
@@ -31,6 +41,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import TypeVar
 
 import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from gantry.common.auth import auth_metadata
 from gantry.common.errors import GantryError
@@ -54,6 +65,18 @@ DEFAULT_WAITERS_LIMIT = 4096
 DEFAULT_REPLAY_BUFFER_LIMIT = 4096
 # Snapshot reads retried when updates overflow the replay buffer while one is being read.
 _MAX_SNAPSHOT_READS = 3
+# How long a ping may go unanswered before the scheduler counts as SILENT (docs/limits.md).
+DEFAULT_SILENCE_TIMEOUT_SECONDS = 3.0
+# Pings per silence timeout: silence is noticed within 4/3 of the timeout at the latest.
+_PINGS_PER_SILENCE_TIMEOUT = 3
+# A ping that ends so says nothing came back from the process: any other answer, even an error
+# status (a server without the health service says UNIMPLEMENTED), shows that it is running.
+_UNANSWERED = frozenset({grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE})
+
+
+def ping_answered(code: grpc.StatusCode) -> bool:
+    """Whether a ping that ended with `code` was answered by the scheduler process."""
+    return code not in _UNANSWERED
 
 
 class PlacementRefused(GantryError):
@@ -72,6 +95,14 @@ class LinkPhase(enum.Enum):
     RESYNCING = "RESYNCING"  # an update overflowed: the stream ends after what is queued
 
 
+class Liveness(enum.Enum):
+    """Whether the scheduler answers: kept across reconnects, so a stream reopened to a process
+    that is still stopped takes no request before it has answered a ping."""
+
+    ANSWERING = "ANSWERING"
+    SILENT = "SILENT"  # a ping went unanswered: requests are refused SCHEDULER_UNAVAILABLE
+
+
 class SchedulerLink:
     def __init__(
         self,
@@ -86,6 +117,7 @@ class SchedulerLink:
         tls: ClientTls | None = None,
         on_breaker_changed: BreakerListener | None = None,
         on_scale_advice: ScaleAdviceListener | None = None,
+        silence_timeout_seconds: float = DEFAULT_SILENCE_TIMEOUT_SECONDS,
     ) -> None:
         self._address = address
         self._on_breaker_changed = on_breaker_changed
@@ -102,6 +134,8 @@ class SchedulerLink:
         self._outbox = self._new_outbox()
         self._waiters: dict[str, asyncio.Future[scheduler_pb2.SchedulerOutput]] = {}
         self._phase = LinkPhase.DISCONNECTED
+        self._liveness = Liveness.ANSWERING
+        self._silence_timeout = silence_timeout_seconds
         self._replay_buffer: list[scheduler_pb2.SchedulerInput] = []
         self._replay_overflowed = False
         self._connected = asyncio.Event()
@@ -109,11 +143,16 @@ class SchedulerLink:
 
     @property
     def connected(self) -> bool:
-        return self._phase is LinkPhase.CONNECTED
+        """The stream is up and the scheduler answers: requests are taken."""
+        return self._phase is LinkPhase.CONNECTED and self._liveness is Liveness.ANSWERING
 
     @property
     def phase(self) -> LinkPhase:
         return self._phase
+
+    @property
+    def liveness(self) -> Liveness:
+        return self._liveness
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="scheduler-link")
@@ -218,6 +257,8 @@ class SchedulerLink:
     async def queue_snapshot(self, *, timeout: float) -> scheduler_pb2.QueueSnapshot:
         """The scheduler's live queue for operators: a unary call on a channel of its own, so it
         neither waits behind the stream's outbox nor needs the stream to be up."""
+        if self._liveness is Liveness.SILENT:
+            raise self._silent_error()
         try:
             async with channel(self._address, self._tls) as snapshot_channel:
                 stub = scheduler_pb2_grpc.SchedulerStub(snapshot_channel)
@@ -253,7 +294,7 @@ class SchedulerLink:
         self, key: str, message: scheduler_pb2.SchedulerInput, *, timeout: float
     ) -> scheduler_pb2.SchedulerOutput:
         if not self.connected:
-            raise GantryError("SCHEDULER_UNAVAILABLE", "the scheduler is not connected")
+            raise self._unavailable()
         if len(self._waiters) >= self._waiters_limit:
             raise GantryError(
                 "QUEUE_FULL", f"{self._waiters_limit} requests already wait on the scheduler"
@@ -311,8 +352,66 @@ class SchedulerLink:
             self._set_phase(LinkPhase.CONNECTED)
             call = stub.Connect(self._outgoing(), metadata=auth_metadata(self._token))
             log.info("connected to the scheduler at %s", self._address)
-            async for output in call:
-                self._resolve(output)
+            watch = asyncio.create_task(
+                self._watch_silence(scheduler_channel), name="scheduler-link-pings"
+            )
+            try:
+                async for output in call:
+                    self._heard()
+                    self._resolve(output)
+            finally:
+                watch.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await watch
+
+    async def _watch_silence(self, scheduler_channel: grpc.aio.Channel) -> None:
+        """Ping the scheduler over the stream's own channel, for as long as the stream lives."""
+        health = health_pb2_grpc.HealthStub(scheduler_channel)
+        interval = self._silence_timeout / _PINGS_PER_SILENCE_TIMEOUT
+        while True:
+            try:
+                await health.Check(health_pb2.HealthCheckRequest(), timeout=self._silence_timeout)
+                code = grpc.StatusCode.OK
+            except grpc.aio.AioRpcError as error:
+                code = error.code()
+            if ping_answered(code):
+                self._heard()
+            else:
+                self._fell_silent(code)
+            await asyncio.sleep(interval)
+
+    def _heard(self) -> None:
+        if self._liveness is Liveness.SILENT:
+            log.info("the scheduler at %s answers again: taking requests", self._address)
+            self._liveness = Liveness.ANSWERING
+            self._refresh_connected()
+
+    def _fell_silent(self, code: grpc.StatusCode) -> None:
+        if self._liveness is Liveness.SILENT:
+            return
+        log.warning(
+            "the scheduler at %s did not answer a ping within %.1fs (%s): refusing requests"
+            " until it answers",
+            self._address,
+            self._silence_timeout,
+            code.name,
+        )
+        self._liveness = Liveness.SILENT
+        self._refresh_connected()
+        self._fail_waiters(self._silent_error().message)
+
+    def _unavailable(self) -> GantryError:
+        """Why requests are refused now: no stream, or a stream to a scheduler that is silent."""
+        if self._phase is LinkPhase.CONNECTED and self._liveness is Liveness.SILENT:
+            return self._silent_error()
+        return GantryError("SCHEDULER_UNAVAILABLE", "the scheduler is not connected")
+
+    def _silent_error(self) -> GantryError:
+        return GantryError(
+            "SCHEDULER_UNAVAILABLE",
+            f"the scheduler at {self._address} has not answered for {self._silence_timeout:.1f}s"
+            " (stopped or stuck); retry once it answers again",
+        )
 
     async def _replay(self) -> list[scheduler_pb2.SchedulerInput]:
         """The snapshot, then every update announced while it was read."""
@@ -354,7 +453,10 @@ class SchedulerLink:
 
     def _set_phase(self, phase: LinkPhase) -> None:
         self._phase = phase
-        if phase is LinkPhase.CONNECTED:
+        self._refresh_connected()
+
+    def _refresh_connected(self) -> None:
+        if self.connected:
             self._connected.set()
         else:
             self._connected.clear()

@@ -27,11 +27,12 @@ from typing import Generic, TypeVar
 
 import grpc
 
+from gantry.common import operations
 from gantry.common.auth import current_principal
 from gantry.common.telemetry import tracer
 from gantry.controlplane.deployments import store as deployments
 from gantry.controlplane.nodes.sessions import OnProgress
-from gantry.controlplane.platform import convert, metrics
+from gantry.controlplane.platform import convert
 from gantry.controlplane.platform.database import Database
 from gantry.controlplane.serving.generation_answers import (
     checked_delta,
@@ -39,8 +40,8 @@ from gantry.controlplane.serving.generation_answers import (
     checked_stream_result,
 )
 from gantry.controlplane.serving.generation_validation import CheckedGeneration, checked_generation
-from gantry.controlplane.serving.inference_calls import CallBudget, InferenceSettings
-from gantry.controlplane.serving.media_inference import Invoke, Resolve
+from gantry.controlplane.serving.inference_calls import CallBudget, InferenceSettings, Resolve
+from gantry.controlplane.serving.invocation import Invocation
 from gantry.v1 import common_pb2, inference_pb2
 from gantry.v1 import worker_gateway_pb2 as wg
 
@@ -53,10 +54,6 @@ _Answer = TypeVar("_Answer")
 _ADAPTER_CACHE_LIMIT = 4096
 # deployment id -> its adapter settings (max_new_tokens bounds a generation).
 AdapterOf = Callable[[str], Awaitable[common_pb2.AdapterSettings]]
-_SPAN_OF_OPERATION = {
-    metrics.GENERATE: "controlplane.generate",
-    metrics.GENERATE_STREAM: "controlplane.generate_stream",
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,7 +124,7 @@ class GenerationInference:
     def __init__(
         self,
         *,
-        invoke: Invoke,
+        invoke: Invocation,
         resolve: Resolve,
         adapter_of: AdapterOf,
         settings: InferenceSettings,
@@ -142,7 +139,7 @@ class GenerationInference:
     ) -> inference_pb2.GenerateResponse:
         checked = checked_generation(request, self._settings.limits, stream=False)
         served = await self._serve(
-            metrics.GENERATE,
+            operations.GENERATE,
             request,
             context,
             checked,
@@ -167,7 +164,7 @@ class GenerationInference:
         streamed = _StreamedText(context)
         try:
             served = await self._serve(
-                metrics.GENERATE_STREAM,
+                operations.GENERATE_STREAM,
                 request,
                 context,
                 checked,
@@ -197,7 +194,7 @@ class GenerationInference:
 
     async def _serve(
         self,
-        operation: str,
+        operation: operations.Operation,
         request: inference_pb2.GenerateRequest,
         context: grpc.aio.ServicerContext,
         checked: CheckedGeneration,
@@ -216,10 +213,8 @@ class GenerationInference:
             "gantry.tenant_id": tenant_id,
             "gantry.message_count": len(request.messages),
         }
-        with _tracer.start_as_current_span(
-            _SPAN_OF_OPERATION[operation], attributes=attributes
-        ) as span:
-            deployment_id = await self._resolve(operation, request)
+        with _tracer.start_as_current_span(operation.span_name, attributes=attributes) as span:
+            deployment_id = await self._resolve(operation.rpc, request)
             span.set_attribute("gantry.deployment_id", deployment_id)
             planned = checked.for_deployment(await self._adapter_of(deployment_id))
             span.set_attribute("gantry.max_tokens", planned.max_tokens)

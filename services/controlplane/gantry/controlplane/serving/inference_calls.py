@@ -5,16 +5,17 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
+from gantry.common import operations
 from gantry.common.errors import GantryError
 from gantry.common.inference_limits import InferenceLimits
 from gantry.controlplane.nodes.sessions import DEFAULT_PROGRESS_LIMIT, InvokePayload
 from gantry.controlplane.platform import metrics
+from gantry.controlplane.serving.routing import TargetedRequest
 from gantry.v1 import common_pb2, scheduler_pb2
-from gantry.v1 import worker_gateway_pb2 as wg
 
 _Answer = TypeVar("_Answer")
 
@@ -27,24 +28,18 @@ _OUTCOME_BY_CLASS = {
 # Outcomes that say something about the runtime (a bad request or a client that left does not).
 RUNTIME_OUTCOMES = (scheduler_pb2.WORK_OUTCOME_SUCCESS, scheduler_pb2.WORK_OUTCOME_INFRA_FAILURE)
 
-# The operation (metrics label) each payload is sent for: one RPC per payload kind, but for a
-# generation, whose two RPCs differ in `stream` (operation_of).
-OPERATION_OF_PAYLOAD: Mapping[type, str] = {
-    wg.EmbedPayload: metrics.EMBED,
-    wg.RerankPayload: metrics.RERANK,
-    wg.TranscribePayload: metrics.TRANSCRIBE,
-    wg.RecognizeTextPayload: metrics.RECOGNIZE_TEXT,
-    wg.EmbedImagePayload: metrics.EMBED_IMAGE,
-    wg.ClassifyImagePayload: metrics.CLASSIFY_IMAGE,
-    wg.GeneratePayload: metrics.GENERATE,
-}
-
 
 def operation_of(payload: InvokePayload) -> str:
-    """The RPC a payload is sent for, as the metrics name it."""
-    if isinstance(payload, wg.GeneratePayload) and payload.stream:
-        return metrics.GENERATE_STREAM
-    return OPERATION_OF_PAYLOAD[type(payload)]
+    """The RPC a payload is sent for, as the metrics name it (the registry's `of_payload`: a
+    generation's two RPCs differ in `stream`)."""
+    return operations.of_payload(payload).rpc
+
+
+class Resolve(Protocol):
+    """InferenceService._resolve: capability | deployment_id -> a routable deployment, the
+    stage counted under `operation` (an RPC name)."""
+
+    def __call__(self, operation: str, request: TargetedRequest) -> Awaitable[str]: ...
 
 
 @dataclass(frozen=True, kw_only=True)

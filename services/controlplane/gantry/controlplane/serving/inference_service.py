@@ -1,20 +1,25 @@
 """The Inference front door: the caller's tenant from its key, the deployment from the binding or
-its id, the scheduler's dispatch, the chosen worker's answer. Embed and Rerank are answered here;
-the media RPCs' bodies live in media_inference.py, Generate's and GenerateStream's in
-generation_inference.py, and take the same path (invocation.py)."""
+its id, the scheduler's dispatch, the chosen worker's answer.
+
+Its RPC methods are not written one by one: each registered operation
+(`gantry.common.operations`) gets one, counted under its RPC's name, that serves it as its
+control-plane binding says (`operations.py`): a unary operation through `_serve` (its checks,
+payload, cost and answer from `PREPARED`), a generation through `generation_inference.py`. All
+take the same path to a worker (invocation.py).
+"""
 
 from __future__ import annotations
 
-import math
 import time
-from collections.abc import Sequence
-from typing import TypeVar
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import grpc
+from google.protobuf.message import Message
 
+from gantry.common import operations as registry
 from gantry.common.auth import current_principal
 from gantry.common.clock import Clock
-from gantry.common.errors import GantryError
 from gantry.common.telemetry import tracer
 from gantry.controlplane.nodes.sessions import WorkerHub
 from gantry.controlplane.platform import metrics
@@ -29,14 +34,13 @@ from gantry.controlplane.serving.inference_calls import (
     counted,
     work_outcome,
 )
-from gantry.controlplane.serving.inference_validation import validate_inputs, validate_rerank
 from gantry.controlplane.serving.invocation import Invocation, work_cost
-from gantry.controlplane.serving.media_inference import MediaInference
+from gantry.controlplane.serving.operations import PREPARED
+from gantry.controlplane.serving.prepared_call import Prepare
 from gantry.controlplane.serving.route_cache import RouteCache
 from gantry.controlplane.serving.routing import DeploymentResolver, TargetedRequest
-from gantry.controlplane.serving.vector_wire import vectors_wire
-from gantry.v1 import inference_pb2, inference_pb2_grpc
-from gantry.v1 import worker_gateway_pb2 as wg
+from gantry.controlplane.serving.text_answers import embedding_response, ranked
+from gantry.v1 import inference_pb2_grpc
 
 # Kept importable from here, where callers have always found them.
 __all__ = [
@@ -44,47 +48,15 @@ __all__ = [
     "CallBudget",
     "InferenceService",
     "InferenceSettings",
+    "embedding_response",
     "ranked",
     "work_cost",
     "work_outcome",
 ]
 
 _tracer = tracer("gantry.controlplane")
-_Answer = TypeVar("_Answer")
-
-
-def embedding_response(
-    result: wg.EmbedResult, encoding: inference_pb2.VectorEncoding, *, inputs: int
-) -> inference_pb2.EmbedResponse:
-    """The vectors of `result` as the client's response (its deployment and node left unset):
-    one per input, else INVOKE_FAILED; a block whose size disagrees with count x dim is
-    INVOKE_FAILED too (vector_wire)."""
-    if result.count != inputs:
-        raise GantryError(
-            "INVOKE_FAILED", f"the worker returned {result.count} vectors for {inputs} inputs"
-        )
-    encoding = encoding or inference_pb2.VECTOR_ENCODING_FLOAT_LIST
-    response = inference_pb2.EmbedResponse(dim=result.dim, encoding=encoding)
-    response.MergeFromString(vectors_wire(result, encoding))
-    return response
-
-
-def ranked(
-    scores: Sequence[float], top_n: int, *, documents: int
-) -> list[inference_pb2.RankedDocument]:
-    """Documents by score, highest first, ties by lower index; the first `top_n` (0 = all).
-    One finite score per document, else INVOKE_FAILED (an extra score would name a document
-    the request does not hold)."""
-    if len(scores) != documents:
-        raise GantryError(
-            "INVOKE_FAILED", f"the worker returned {len(scores)} scores for {documents} documents"
-        )
-    if any(not math.isfinite(score) for score in scores):
-        raise GantryError("INVOKE_FAILED", "the worker returned a non-finite rerank score")
-    order = sorted(range(len(scores)), key=lambda index: (-scores[index], index))
-    if top_n:
-        order = order[:top_n]
-    return [inference_pb2.RankedDocument(index=index, score=scores[index]) for index in order]
+# One call's body: the request and its context -> the response (None for a stream it wrote).
+Handler = Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]
 
 
 class InferenceService(inference_pb2_grpc.InferenceServicer):
@@ -111,118 +83,61 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
             settings=self._settings,
             degradation=degradation,
         )
-        self._media = MediaInference(
-            invoke=self._invoke, resolve=self._resolve, settings=self._settings
-        )
-        self._generation = GenerationInference(
+        generation = GenerationInference(
             invoke=self._invoke,
             resolve=self._resolve,
             adapter_of=DeploymentAdapters(database),
             settings=self._settings,
         )
+        # RPC -> its body: every unary operation's through _serve, the generations' their own.
+        self._handlers: dict[str, Handler] = {
+            **{
+                rpc: self._unary(registry.by_rpc(rpc), prepare) for rpc, prepare in PREPARED.items()
+            },
+            registry.GENERATE.rpc: generation.generate,
+            # A coroutine that writes, not an async generator: a client that goes away cancels
+            # this task wherever it waits (a write included), so the invocation is cancelled at
+            # once and not whenever an abandoned generator is collected.
+            registry.GENERATE_STREAM.rpc: generation.generate_stream,
+        }
 
-    async def Embed(
-        self, request: inference_pb2.EmbedRequest, context: grpc.aio.ServicerContext
-    ) -> inference_pb2.EmbedResponse:
-        return await counted(metrics.EMBED, self._embed(request, context))
+    def _unary(self, operation: registry.Operation, prepare: Prepare) -> Handler:
+        async def serve(request: Any, context: grpc.aio.ServicerContext) -> Message:
+            return await self._serve(operation, prepare, request, context)
 
-    async def Rerank(
-        self, request: inference_pb2.RerankRequest, context: grpc.aio.ServicerContext
-    ) -> inference_pb2.RerankResponse:
-        return await counted(metrics.RERANK, self._rerank(request, context))
+        return serve
 
-    async def Transcribe(
-        self, request: inference_pb2.TranscribeRequest, context: grpc.aio.ServicerContext
-    ) -> inference_pb2.TranscribeResponse:
-        return await counted(metrics.TRANSCRIBE, self._media.transcribe(request, context))
-
-    async def RecognizeText(
-        self, request: inference_pb2.RecognizeTextRequest, context: grpc.aio.ServicerContext
-    ) -> inference_pb2.RecognizeTextResponse:
-        return await counted(metrics.RECOGNIZE_TEXT, self._media.recognize_text(request, context))
-
-    async def EmbedImage(
-        self, request: inference_pb2.EmbedImageRequest, context: grpc.aio.ServicerContext
-    ) -> inference_pb2.EmbedResponse:
-        return await counted(metrics.EMBED_IMAGE, self._media.embed_image(request, context))
-
-    async def ClassifyImage(
-        self, request: inference_pb2.ClassifyImageRequest, context: grpc.aio.ServicerContext
-    ) -> inference_pb2.ClassifyImageResponse:
-        return await counted(metrics.CLASSIFY_IMAGE, self._media.classify_image(request, context))
-
-    async def Generate(
-        self, request: inference_pb2.GenerateRequest, context: grpc.aio.ServicerContext
-    ) -> inference_pb2.GenerateResponse:
-        return await counted(metrics.GENERATE, self._generation.generate(request, context))
-
-    async def GenerateStream(
-        self, request: inference_pb2.GenerateRequest, context: grpc.aio.ServicerContext
-    ) -> None:
-        # A coroutine that writes, not an async generator: a client that goes away cancels this
-        # task wherever it waits (a write included), so the invocation is cancelled at once and
-        # not whenever an abandoned generator is collected.
-        await counted(metrics.GENERATE_STREAM, self._generation.generate_stream(request, context))
-
-    async def _embed(
-        self, request: inference_pb2.EmbedRequest, context: grpc.aio.ServicerContext
-    ) -> inference_pb2.EmbedResponse:
+    async def _serve(
+        self,
+        operation: registry.Operation,
+        prepare: Prepare,
+        request: Any,
+        context: grpc.aio.ServicerContext,
+    ) -> Message:
+        """Check the request (its binding's `prepare`), resolve the target, and invoke the
+        payload within the call's budget; the worker's result comes back as the binding's
+        `answer` checked and shaped it, inside the invoke path, with where it ran."""
+        call = prepare(request, self._settings.limits)
         tenant_id = current_principal().subject
-        inputs = list(request.inputs)
-        validate_inputs(inputs, self._settings.limits)
         budget = CallBudget.of(
             context.time_remaining(), max_seconds=self._settings.max_invoke_seconds
         )
         with _tracer.start_as_current_span(
-            "controlplane.embed", attributes={"gantry.tenant_id": tenant_id}
+            operation.span_name, attributes={"gantry.tenant_id": tenant_id, **call.attributes}
         ) as span:
-            deployment_id = await self._resolve(metrics.EMBED, request)
+            deployment_id = await self._resolve(operation.rpc, request)
             span.set_attribute("gantry.deployment_id", deployment_id)
             node_id, response = await self._invoke(
                 tenant_id=tenant_id,
                 deployment_id=deployment_id,
                 request=request,
-                payload=wg.EmbedPayload(inputs=inputs, truncate=request.truncate),
+                payload=call.payload,
                 budget=budget,
-                answer=lambda result: embedding_response(
-                    result.embed, request.encoding, inputs=len(inputs)
-                ),
+                answer=call.answer,
+                cost=call.cost,
             )
-            response.deployment_id, response.node_id = deployment_id, node_id
+            response.deployment_id, response.node_id = deployment_id, node_id  # type: ignore[attr-defined]
             return response
-
-    async def _rerank(
-        self, request: inference_pb2.RerankRequest, context: grpc.aio.ServicerContext
-    ) -> inference_pb2.RerankResponse:
-        tenant_id = current_principal().subject
-        documents = list(request.documents)
-        validate_rerank(request.query, documents, self._settings.limits)
-        budget = CallBudget.of(
-            context.time_remaining(), max_seconds=self._settings.max_invoke_seconds
-        )
-        with _tracer.start_as_current_span(
-            "controlplane.rerank",
-            attributes={"gantry.tenant_id": tenant_id, "gantry.document_count": len(documents)},
-        ) as span:
-            deployment_id = await self._resolve(metrics.RERANK, request)
-            span.set_attribute("gantry.deployment_id", deployment_id)
-            # Whether the deployment's adapter reranks is its model host's to say: a rerank sent
-            # to an embedding deployment comes back INVALID_PAYLOAD, as the client's error.
-            node_id, results = await self._invoke(
-                tenant_id=tenant_id,
-                deployment_id=deployment_id,
-                request=request,
-                payload=wg.RerankPayload(
-                    query=request.query, documents=documents, truncate=request.truncate
-                ),
-                budget=budget,
-                answer=lambda result: ranked(
-                    list(result.rerank.scores), request.top_n, documents=len(documents)
-                ),
-            )
-            return inference_pb2.RerankResponse(
-                results=results, deployment_id=deployment_id, node_id=node_id
-            )
 
     async def _resolve(self, operation: str, request: TargetedRequest) -> str:
         """capability | deployment_id -> a routable deployment, or a typed reason why not.
@@ -235,3 +150,21 @@ class InferenceService(inference_pb2_grpc.InferenceServicer):
         metrics.call_resolved(target.capability, target.deployment_id)
         metrics.stage_finished(operation, metrics.STAGE_RESOLVE, time.perf_counter() - started)
         return target.deployment_id
+
+
+def _rpc_method(operation: registry.Operation) -> Callable[..., Awaitable[Any]]:
+    """InferenceService's method for `operation`: its body, counted under its RPC's name (the
+    status and reason the client sees, validation errors included, and the whole latency)."""
+
+    async def method(
+        self: InferenceService, request: Message, context: grpc.aio.ServicerContext
+    ) -> Any:
+        return await counted(operation.rpc, self._handlers[operation.rpc](request, context))
+
+    method.__name__ = method.__qualname__ = operation.rpc
+    method.__doc__ = f"gantry.v1.Inference.{operation.rpc} ({operation.span_name})."
+    return method
+
+
+for _operation in registry.OPERATIONS:
+    setattr(InferenceService, _operation.rpc, _rpc_method(_operation))

@@ -1,8 +1,8 @@
 """One inference call's way through the fleet, whatever its RPC: dispatched by the scheduler,
 invoked on the chosen worker within the call's budget, and reported finished exactly once.
 
-InferenceService's Embed and Rerank, the media RPCs (media_inference.py) and Generate
-(generation_inference.py) all call one `Invocation`.
+Every InferenceService RPC, whatever its operation (the registry, gantry.common.operations; its
+binding in operations.py, or generation_inference.py), calls one `Invocation`.
 """
 
 from __future__ import annotations
@@ -40,7 +40,8 @@ _Answer = TypeVar("_Answer")
 
 def work_cost(payload: wg.EmbedPayload | wg.RerankPayload) -> int:
     """A text call's cost for the scheduler (serving/work_cost.py): bytes of text, at least 1.
-    A media call's cost comes from its headers, read by its handler (media_inference.py)."""
+    Every operation's binding (operations.py) states its call's cost; this one is a text
+    call's, for callers that hold only the payload."""
     if isinstance(payload, wg.RerankPayload):
         return rerank_cost(payload.query, payload.documents)
     return embed_cost(payload.inputs)

@@ -1,9 +1,10 @@
-"""A managed server's port and where it listens: allocated on loopback, checked from /proc.
+"""A managed server's port and where it listens: allocated on loopback, checked with psutil.
 
-The check is a pure function over parsed socket tables (`beyond_loopback`); `listening_sockets`
-is the thin reader behind it. /proc/<pid>/net/tcp{,6} list every socket of the network namespace,
-so a socket is the server's only when its inode is one of the server's open descriptors
-(/proc/<pid>/fd -> `socket:[inode]`), for the server and each of its descendants.
+The check is a pure function over the listening sockets found (`beyond_loopback`);
+`server_listeners` is the thin reader behind it: psutil lists the server's process tree
+(`children(recursive=True)`) and each member's own TCP sockets (`net_connections`, which matches
+the socket table's inodes against that process's descriptors, so another process's socket in the
+same network namespace is never counted as the server's).
 """
 
 from __future__ import annotations
@@ -11,24 +12,21 @@ from __future__ import annotations
 import contextlib
 import errno
 import ipaddress
-import os
 import socket
-from collections.abc import Collection, Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
+from typing import Any
+
+import psutil
 
 from gantry.common.errors import GantryError
 from gantry.worker.managed_server.kinds import LOOPBACK_HOST
-
-# /proc/net/tcp's `st` column: 0A is TCP_LISTEN (include/net/tcp_states.h).
-_TCP_LISTEN = "0A"
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 
 @dataclass(frozen=True, kw_only=True)
 class ListeningSocket:
-    inode: int
     address: IPAddress
     port: int
 
@@ -37,41 +35,20 @@ class ListeningSocket:
         return f"{host}:{self.port}"
 
 
-def _address(hex_address: str) -> IPAddress:
-    """The kernel prints an address as 32-bit words in host order (little-endian here)."""
-    raw = bytes.fromhex(hex_address)
-    words = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
-    if len(words) == 4:
-        return ipaddress.IPv4Address(words)
-    return ipaddress.IPv6Address(words)
-
-
-def parse_tcp_table(text: str) -> list[ListeningSocket]:
-    """The listening sockets of one /proc/net/tcp or tcp6 table; rows it cannot read are
-    skipped (the header, and nothing else in a kernel's own output)."""
+def listening_of(connections: Iterable[Any]) -> list[ListeningSocket]:
+    """The listening sockets among one process's TCP connections (psutil's `pconn` rows: `laddr`
+    as (ip, port), `status`); a row it cannot read is skipped."""
     listening = []
-    for line in text.splitlines()[1:]:
-        fields = line.split()
-        if len(fields) < 10 or fields[3] != _TCP_LISTEN:
+    for connection in connections:
+        if connection.status != psutil.CONN_LISTEN or not connection.laddr:
             continue
-        host, _, port = fields[1].partition(":")
-        try:
+        host, port = connection.laddr[0], connection.laddr[1]
+        with contextlib.suppress(ValueError):
+            # A scoped IPv6 address (fe80::1%eth0) is not loopback either; its scope goes.
             listening.append(
-                ListeningSocket(inode=int(fields[9]), address=_address(host), port=int(port, 16))
+                ListeningSocket(address=ipaddress.ip_address(host.split("%")[0]), port=port)
             )
-        except ValueError:
-            continue
     return listening
-
-
-def socket_inodes(fd_targets: Iterable[str]) -> set[int]:
-    """The socket inodes among a process's descriptor link targets (`socket:[12345]`)."""
-    inodes = set()
-    for target in fd_targets:
-        if target.startswith("socket:[") and target.endswith("]"):
-            with contextlib.suppress(ValueError):
-                inodes.add(int(target[len("socket:[") : -1]))
-    return inodes
 
 
 def is_loopback(address: IPAddress) -> bool:
@@ -80,65 +57,34 @@ def is_loopback(address: IPAddress) -> bool:
     return address.is_loopback
 
 
-def owned(listening: Iterable[ListeningSocket], inodes: Collection[int]) -> list[ListeningSocket]:
-    """The listening sockets the process tree holds."""
-    return [entry for entry in listening if entry.inode in inodes]
-
-
-def beyond_loopback(
-    listening: Iterable[ListeningSocket], inodes: Collection[int]
-) -> list[ListeningSocket]:
-    """The process tree's listening sockets bound anywhere but loopback (0.0.0.0 and :: are
-    every address): each one is a refusal."""
-    return [entry for entry in owned(listening, inodes) if not is_loopback(entry.address)]
+def beyond_loopback(listening: Iterable[ListeningSocket]) -> list[ListeningSocket]:
+    """The listening sockets bound anywhere but loopback (0.0.0.0 and :: are every address):
+    each one is a refusal."""
+    return [entry for entry in listening if not is_loopback(entry.address)]
 
 
 # ---- the thin reader ----------------------------------------------------------------------------
 
 
-def _descendants(pid: int) -> Iterator[int]:
-    """`pid` and its descendants, from /proc/<pid>/task/*/children (the kernel's own list)."""
-    seen: set[int] = set()
-    pending = [pid]
-    while pending:
-        current = pending.pop()
-        if current in seen:
-            continue
-        seen.add(current)
-        yield current
-        with contextlib.suppress(OSError):
-            for task in Path(f"/proc/{current}/task").iterdir():
-                with contextlib.suppress(OSError, ValueError):
-                    pending.extend(int(c) for c in (task / "children").read_text().split())
-
-
-def process_tree_inodes(pid: int) -> set[int]:
-    """The socket inodes open in `pid` and its descendants (unreadable descriptors skipped:
-    one closed while listed)."""
-    targets = []
-    for member in _descendants(pid):
-        fd_dir = Path(f"/proc/{member}/fd")
-        with contextlib.suppress(OSError):
-            for fd in fd_dir.iterdir():
-                with contextlib.suppress(OSError):
-                    targets.append(os.readlink(fd))
-    return socket_inodes(targets)
-
-
-def listening_sockets(pid: int) -> list[ListeningSocket]:
-    """Every listening TCP socket in `pid`'s network namespace (IPv4 and IPv6)."""
+def process_tree_listeners(pid: int) -> list[ListeningSocket]:
+    """The listening TCP sockets (IPv4 and IPv6) held by `pid` and its descendants; a member
+    that exits, or whose descriptors cannot be read, while they are listed is skipped."""
+    try:
+        root = psutil.Process(pid)
+        members = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return []
     listening = []
-    for table in ("tcp", "tcp6"):
-        with contextlib.suppress(OSError):
-            listening += parse_tcp_table(Path(f"/proc/{pid}/net/{table}").read_text())
+    for member in members:
+        with contextlib.suppress(psutil.Error):
+            listening += listening_of(member.net_connections(kind="tcp"))
     return listening
 
 
 def server_listeners(pid: int) -> tuple[list[ListeningSocket], list[ListeningSocket]]:
     """(every listening socket the process tree holds, those beyond loopback)."""
-    listening = listening_sockets(pid)
-    inodes = process_tree_inodes(pid)
-    return owned(listening, inodes), beyond_loopback(listening, inodes)
+    held = process_tree_listeners(pid)
+    return held, beyond_loopback(held)
 
 
 # ---- the port -----------------------------------------------------------------------------------

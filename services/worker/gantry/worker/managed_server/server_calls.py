@@ -1,5 +1,6 @@
 """What the worker asks a managed server, over loopback HTTP: generate (streamed or not), embed
-where the kind serves it, a cheap ping (GET /v1/models), and a deep check (one real token).
+where the kind serves it, a cheap ping (GET /v1/models), and a deep check (one real token). Every
+other inference operation is answered "not served" by `invoke`, whatever it is.
 
 Every call is bounded (`timeout_s`, and at most `max_pending` at once: QUEUE_FULL beyond). A
 caller that is cancelled leaves its `async with` and httpx closes the connection, which is how
@@ -16,9 +17,10 @@ import logging
 import struct
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
-from typing import Any
+from typing import Any, Unpack, cast
 
 import httpx
+from google.protobuf.message import Message
 
 from gantry.common.errors import GantryError
 from gantry.v1 import common_pb2, model_host_pb2
@@ -34,6 +36,7 @@ from gantry.worker.managed_server.openai_protocol import (
     generate_result,
 )
 from gantry.worker.model_host.environments import OFFLINE_ENVIRONMENT
+from gantry.worker.model_host.host_calls import InvokeOptions
 from gantry.worker.model_host.proc_facts import peak_rss_bytes_of, rss_bytes_of
 
 logger = logging.getLogger("gantry.worker.managed_server")
@@ -144,30 +147,28 @@ class ServerCalls(abc.ABC):
             )
         return _embed_result(answer)
 
-    async def rerank(self, query: str, documents: list[str], **_: object) -> wg.RerankResult:
-        # No server kind reranks, so the call's options (trace context, timeout, truncate) are
-        # never read.
-        raise self._not_served("rerank")
-
-    async def transcribe(
-        self, payload: wg.TranscribePayload, *, trace_context: dict[str, str], timeout_s: float
-    ) -> wg.TranscribeResult:
-        raise self._not_served("transcribe")
-
-    async def recognize_text(
-        self, payload: wg.RecognizeTextPayload, *, trace_context: dict[str, str], timeout_s: float
-    ) -> wg.RecognizeTextResult:
-        raise self._not_served("recognize_text")
-
-    async def embed_image(
-        self, payload: wg.EmbedImagePayload, *, trace_context: dict[str, str], timeout_s: float
-    ) -> wg.EmbedResult:
-        raise self._not_served("embed_image")
-
-    async def classify_image(
-        self, payload: wg.ClassifyImagePayload, *, trace_context: dict[str, str], timeout_s: float
-    ) -> wg.ClassifyImageResult:
-        raise self._not_served("classify_image")
+    async def invoke(
+        self, kind: str, payload: Message, **options: Unpack[InvokeOptions]
+    ) -> Message:
+        """One inference operation's payload (`kind`, gantry.common.operations) answered by the
+        server: a generation always, an embed where the kind serves /v1/embeddings; any other
+        kind is INVALID_PAYLOAD naming it and the server kind (the client's error)."""
+        if kind == "generate":
+            return await self.generate(
+                cast(wg.GeneratePayload, payload),
+                trace_context=dict(options["trace_context"]),
+                timeout_s=options["timeout_s"],
+                on_delta=options.get("on_delta"),
+            )
+        if kind == "embed":
+            embed = cast(wg.EmbedPayload, payload)
+            return await self.embed(
+                list(embed.inputs),
+                trace_context=dict(options["trace_context"]),
+                timeout_s=options["timeout_s"],
+                truncate=embed.truncate,
+            )
+        raise self._not_served(kind)
 
     # -- liveness and health -------------------------------------------------------------------
 

@@ -2,9 +2,10 @@
 
 Run as `python -I -m gantry.worker.model_host.child --deployment-id ID --parent-pid PID
 --channel-fd FD --private-dir DIR [--inbox-limit N]`, in DIR, with an allow-listed environment.
-Only the standard library, protobuf and OpenTelemetry are imported before the process is hardened;
-the ML stack is imported after the offline flags and the network guard are in place, and the model
-is read only after the process has entered its sandbox (`sandbox.enter`).
+Only the standard library, protobuf, OpenTelemetry, setproctitle and psutil (its own memory,
+`proc_facts`) are imported before the process is hardened; the ML stack is imported after the
+offline flags and the network guard are in place, and the model is read only after the process
+has entered its sandbox (`sandbox.enter`), where psutil reads only its own /proc/<pid> entries.
 
 A host forked by a warm pool's fork server (`fork_server`) has its imports done already and
 enters at `run_host`, the same code from there on.
@@ -77,7 +78,7 @@ def _rss_bytes() -> int:
     if rss is None:
         # HostReady.rss_bytes cannot say "unavailable": 0 means "not measured", never a peak
         # (ru_maxrss or VmHWM would claim memory the process may no longer hold).
-        logger.warning("cannot read VmRSS from /proc/self/status; reporting rss_bytes 0")
+        logger.warning("cannot read this process's VmRSS (psutil); reporting rss_bytes 0")
         return 0
     return rss
 

@@ -21,7 +21,7 @@ from gantry.common.errors import GantryError
 from gantry.v1 import worker_gateway_pb2
 from gantry.worker.model_host.environments import host_environment
 from gantry.worker.model_host.exit_status import describe_returncode, exit_evidence
-from gantry.worker.model_host.proc_facts import process_start_ticks, rss_bytes_of
+from gantry.worker.model_host.proc_facts import process_identity, rss_bytes_of
 
 
 class ChildProcess(Protocol):
@@ -38,16 +38,20 @@ Child = TypeVar("Child", bound=ChildProcess)
 
 
 def private_workspace(
-    worker_environment: Mapping[str, str], *, prefix: str
+    worker_environment: Mapping[str, str], *, prefix: str, test_hooks: bool = False
 ) -> tuple[Path, dict[str, str]]:
-    """A child's private directory and its complete environment (`host_environment`), which
-    points HOME and TMPDIR there. The caller removes the directory if the child never starts."""
+    """A child's private directory and its complete environment (`host_environment`, with the
+    test hooks on only for `test_hooks`), which points HOME and TMPDIR there. The caller removes
+    the directory if the child never starts."""
     # A fresh 0700 directory per child: its cwd, HOME and scratch, the only place it may write.
     private_dir = Path(tempfile.mkdtemp(prefix=prefix))
     scratch_dir = private_dir / "tmp"
     scratch_dir.mkdir(mode=0o700)
     environment = host_environment(
-        worker_environment, private_dir=private_dir, scratch_dir=scratch_dir
+        worker_environment,
+        private_dir=private_dir,
+        scratch_dir=scratch_dir,
+        test_hooks=test_hooks,
     )
     return private_dir, environment
 
@@ -62,7 +66,7 @@ class ChildCustody(Generic[Child]):
     def __init__(self, *, process: Child, private_dir: Path | None) -> None:
         self._process = process
         self._private_dir = private_dir
-        self._start_ticks = process_start_ticks(process.pid)
+        self._started = process_identity(process.pid)
         self._stopping = False
         self._unresponsive: GantryError | None = None
         self._evidence: worker_gateway_pb2.UnloadEvidence | None = None
@@ -119,8 +123,8 @@ class ChildCustody(Generic[Child]):
         if self._process.returncode is None or self._leftover_alive():
             return False
         # Reaped by us, so /proc/<pid> is either absent or a different process that reused the pid.
-        current_ticks = process_start_ticks(self.pid)
-        return current_ticks is None or current_ticks != self._start_ticks
+        now = process_identity(self.pid)
+        return now is None or now != self._started
 
     def _remove_private_dir(self) -> None:
         # Only once reaped: a child still running may be writing there.

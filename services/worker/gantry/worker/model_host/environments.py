@@ -62,8 +62,12 @@ INHERITED_ENVIRONMENT: Mapping[str, str] = {
     "OTEL_SERVICE_NAME": "the service name on the host's spans, as the operator set it",
     "OTEL_RESOURCE_ATTRIBUTES": "the resource attributes on the host's spans",
     "GANTRY_LOG_FORMAT": "the host logs as the worker does (json: one object per line)",
-    "GANTRY_MODEL_HOST_TEST_HOOKS": "enables the test-only magic inputs (see serving.py)",
 }
+
+# Switches on the test-only magic inputs (model_host/serving.py) in a host. Never inherited: a
+# worker's environment cannot pass it on, so no production host receives or honours it. Only a
+# test sets it, by starting a host with `HostLaunchSpec(test_hooks=True)`.
+TEST_HOOKS_VARIABLE = "GANTRY_MODEL_HOST_TEST_HOOKS"
 
 
 # Read by the host's tracing setup after a warm pool forks it, never by an import before.
@@ -71,9 +75,14 @@ TELEMETRY_VARIABLES = frozenset(name for name in INHERITED_ENVIRONMENT if name.s
 
 
 def host_environment(
-    worker_environment: Mapping[str, str], *, private_dir: Path, scratch_dir: Path
+    worker_environment: Mapping[str, str],
+    *,
+    private_dir: Path,
+    scratch_dir: Path,
+    test_hooks: bool = False,
 ) -> dict[str, str]:
-    """The complete environment of a model host: allow-listed, private home, offline flags."""
+    """The complete environment of a model host: allow-listed, private home, offline flags, and
+    the test hooks' switch only when a test asked for it (`test_hooks`)."""
     environment = dict(HOST_CPU_DEFAULTS)
     environment.update(
         (name, worker_environment[name])
@@ -87,6 +96,8 @@ def host_environment(
         TMPDIR=str(scratch_dir),
     )
     environment.update(OFFLINE_ENVIRONMENT)
+    if test_hooks:
+        environment[TEST_HOOKS_VARIABLE] = "1"
     return environment
 
 

@@ -25,8 +25,9 @@ logger = logging.getLogger("gantry.model_host")
 
 GENERATE_KIND = "generate"
 
-# Test hook, honoured only with GANTRY_MODEL_HOST_TEST_HOOKS=1: a prompt equal to this one takes
-# TEST_HOOK_SLOW_TOKEN_S per token, so a test can cancel a generation long before it would end.
+# Test hook, on only in hosts a test starts with `HostLaunchSpec(test_hooks=True)`: a prompt equal
+# to this one takes TEST_HOOK_SLOW_TOKEN_S per token, so a test can cancel a generation long
+# before it would end.
 TEST_HOOK_SLOW_TOKENS_PROMPT = "__gantry_test_hook__:slow-tokens"
 TEST_HOOK_SLOW_TOKEN_S = 0.05
 

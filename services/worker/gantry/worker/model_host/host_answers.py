@@ -9,8 +9,13 @@ finish reason, token counts and streamed text) is refused, never sent on.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
 
+from google.protobuf.message import Message
+
+from gantry.common import operations
 from gantry.common.errors import GantryError
 from gantry.v1 import common_pb2, model_host_pb2, worker_gateway_pb2
 
@@ -188,4 +193,70 @@ def checked_generate(
         )
     if problem is not None:
         raise GantryError("INVOKE_FAILED", problem)
+    return result
+
+
+def _needs_inputs(payload: worker_gateway_pb2.EmbedPayload) -> None:
+    if not payload.inputs:
+        raise GantryError("INVALID_PAYLOAD", "an embed request needs at least one input")
+
+
+def _needs_query_and_documents(payload: worker_gateway_pb2.RerankPayload) -> None:
+    if not payload.query or not payload.documents:
+        raise GantryError("INVALID_PAYLOAD", "a rerank request needs a query and documents")
+
+
+# kind -> the INVALID_PAYLOAD a request gets before it is sent (the host would refuse it anyway).
+REQUEST_CHECKS: Mapping[str, Callable[[Any], None]] = {
+    "embed": _needs_inputs,
+    "rerank": _needs_query_and_documents,
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Asked:
+    """What a host was asked, for checking its answer: the payload, the loaded model's width,
+    and the deltas a generation streamed before it."""
+
+    payload: Any  # the kind's worker payload (gantry.common.operations)
+    dim: int
+    deltas: StreamedDeltas
+
+
+# kind -> the check of its answer beyond its kind (`checked_answer`); a kind with none here is
+# checked for its kind alone.
+AnswerCheck = Callable[[model_host_pb2.HostResponse, Asked], Message]
+ANSWER_CHECKS: Mapping[str, AnswerCheck] = {
+    "embed": lambda response, asked: checked_embed(
+        response, input_count=len(asked.payload.inputs), dim=asked.dim
+    ),
+    "rerank": lambda response, asked: checked_rerank(
+        response, document_count=len(asked.payload.documents)
+    ),
+    "transcribe": lambda response, asked: checked_transcribe(response),
+    "recognize_text": lambda response, asked: checked_recognize_text(
+        response, image_count=len(asked.payload.images)
+    ),
+    # An image embedding answers as an embed does: one row of the loaded width per image.
+    "embed_image": lambda response, asked: checked_embed(
+        response, input_count=len(asked.payload.images), dim=asked.dim
+    ),
+    "classify_image": lambda response, asked: checked_classify_image(
+        response, image_count=len(asked.payload.images), label_count=len(asked.payload.labels)
+    ),
+    "generate": lambda response, asked: checked_generate(
+        response, max_tokens=asked.payload.max_tokens, deltas=asked.deltas
+    ),
+}
+
+
+def checked_answer(kind: str, response: model_host_pb2.HostResponse, asked: Asked) -> Message:
+    """The answer to a `kind` request, checked by its entry in ANSWER_CHECKS, else for its
+    operation's result kind alone; its failure raised."""
+    check = ANSWER_CHECKS.get(kind)
+    if check is not None:
+        return check(response, asked)
+    result_kind = operations.by_kind(kind).result_kind
+    _expect(response, result_kind, f"a {kind}")
+    result: Message = getattr(response, result_kind)
     return result

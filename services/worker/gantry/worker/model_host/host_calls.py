@@ -1,7 +1,8 @@
 """The serving calls of the worker's seam to a model host: one typed request, its checked answer.
 
-`ModelHost` owns the child and its pipe; this mixin holds what it asks the child, one method per
-request kind, each answer checked by `host_answers` before the worker trusts it. Each raises
+`ModelHost` owns the child and its pipe; this mixin holds what it asks the child: one `invoke` for
+every inference operation's kind (gantry.common.operations), its request and answer checked by
+the kind's entries in `host_answers` before the worker trusts it. Each raises
 GantryError: the child's own refusal (INVALID_PAYLOAD naming the field, INPUT_TOO_LONG, ...),
 INVOKE_FAILED for an answer that disagrees with the request, and what `ModelHost._call` raises
 (RUNTIME_CRASHED, RUNTIME_UNRESPONSIVE, DEADLINE_EXCEEDED, QUEUE_FULL, DEPLOYMENT_NOT_READY).
@@ -10,18 +11,18 @@ INVOKE_FAILED for an answer that disagrees with the request, and what `ModelHost
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Protocol
+from typing import Any, NotRequired, Protocol, TypedDict, Unpack, cast
 
+from google.protobuf.message import Message
+
+from gantry.common import operations
 from gantry.common.errors import GantryError
 from gantry.v1 import model_host_pb2, worker_gateway_pb2
 from gantry.worker.model_host.host_answers import (
+    REQUEST_CHECKS,
+    Asked,
     StreamedDeltas,
-    checked_classify_image,
-    checked_embed,
-    checked_generate,
-    checked_recognize_text,
-    checked_rerank,
-    checked_transcribe,
+    checked_answer,
 )
 
 # Frames a request gets before its answer (a generation's deltas), in the order they came.
@@ -41,6 +42,16 @@ class SendRequest(Protocol):
     ) -> model_host_pb2.HostResponse: ...
 
 
+class InvokeOptions(TypedDict):
+    """What every inference call to a host carries besides its kind and payload, declared once
+    for the hosts that answer it (HostCalls, ManagedServer) and the protocol supervision reads."""
+
+    trace_context: Mapping[str, str]
+    timeout_s: float
+    # Where a streamed generation's deltas go, in order, before the result (None: nowhere).
+    on_delta: NotRequired[Callable[[worker_gateway_pb2.GenerateDelta], None] | None]
+
+
 class HostCalls:
     """The requests a worker sends a running model host (mixed into `ModelHost`)."""
 
@@ -50,6 +61,39 @@ class HostCalls:
     def ready(self) -> model_host_pb2.HostReady:
         raise NotImplementedError
 
+    async def invoke(
+        self, kind: str, payload: Message, **options: Unpack[InvokeOptions]
+    ) -> Message:
+        """Run one `kind` request (an operation's kind, gantry.common.operations) in the child
+        and return its checked answer (host_answers). A kind that streams (a generation asked
+        to) passes each delta to `on_delta` in order, on the event loop, before this returns
+        (the result's text is them joined); cancelling the awaiting task stops it in the child
+        between two tokens. Raises GantryError: the child's own refusal (INVALID_PAYLOAD naming
+        the field, for a kind its adapter does not serve too; INPUT_TOO_LONG), INVOKE_FAILED for
+        an answer that disagrees with the request, RUNTIME_CRASHED (the child died meanwhile),
+        RUNTIME_UNRESPONSIVE, DEADLINE_EXCEEDED, QUEUE_FULL, DEPLOYMENT_NOT_READY."""
+        if kind not in operations.KINDS:
+            raise GantryError("INVALID_PAYLOAD", f"{kind!r} is no inference operation's kind")
+        refuse = REQUEST_CHECKS.get(kind)
+        if refuse is not None:
+            refuse(payload)
+        request = model_host_pb2.HostRequest(trace_context=dict(options["trace_context"]))
+        getattr(request, kind).CopyFrom(payload)
+        deltas = StreamedDeltas(
+            stream=bool(getattr(payload, "stream", False)), forward=options.get("on_delta")
+        )
+        response = await self._call(
+            request,
+            timeout_s=options["timeout_s"],
+            on_progress=deltas.receive if kind in operations.STREAMING_KINDS else None,
+        )
+        return checked_answer(
+            kind, response, Asked(payload=payload, dim=self.ready.dim, deltas=deltas)
+        )
+
+    # Typed shorthands for callers that hold one kind's arguments (tests, tools): each is
+    # `invoke` with that kind. The worker calls `invoke`; a new operation needs none of these.
+
     async def embed(
         self,
         inputs: Sequence[str],
@@ -58,18 +102,13 @@ class HostCalls:
         timeout_s: float,
         truncate: bool = False,
     ) -> worker_gateway_pb2.EmbedResult:
-        """Embed `inputs` in the child. Raises GantryError: INVALID_PAYLOAD, INPUT_TOO_LONG (an
-        input past the model's token limit without `truncate`), INVOKE_FAILED, RUNTIME_CRASHED
-        (the child died meanwhile), RUNTIME_UNRESPONSIVE, DEADLINE_EXCEEDED, QUEUE_FULL,
-        DEPLOYMENT_NOT_READY."""
-        if not inputs:
-            raise GantryError("INVALID_PAYLOAD", "an embed request needs at least one input")
-        request = model_host_pb2.HostRequest(
-            trace_context=dict(trace_context),
-            embed=worker_gateway_pb2.EmbedPayload(inputs=list(inputs), truncate=truncate),
+        """Embed `inputs` (INPUT_TOO_LONG for an input past the model's token limit without
+        `truncate`)."""
+        payload = worker_gateway_pb2.EmbedPayload(inputs=list(inputs), truncate=truncate)
+        return cast(
+            worker_gateway_pb2.EmbedResult,
+            await self.invoke("embed", payload, trace_context=trace_context, timeout_s=timeout_s),
         )
-        response = await self._call(request, timeout_s=timeout_s)
-        return checked_embed(response, input_count=len(inputs), dim=self.ready.dim)
 
     async def rerank(
         self,
@@ -80,98 +119,51 @@ class HostCalls:
         timeout_s: float,
         truncate: bool = False,
     ) -> worker_gateway_pb2.RerankResult:
-        """Score each document against `query` in the child (a cross-encoder host); one score
-        per document, in their order. Raises GantryError as `embed` does (INVALID_PAYLOAD from
-        a host whose adapter does not rerank)."""
-        if not query or not documents:
-            raise GantryError("INVALID_PAYLOAD", "a rerank request needs a query and documents")
-        request = model_host_pb2.HostRequest(
-            trace_context=dict(trace_context),
-            rerank=worker_gateway_pb2.RerankPayload(
-                query=query, documents=list(documents), truncate=truncate
-            ),
+        """One score per document against `query`, in their order (a cross-encoder host)."""
+        payload = worker_gateway_pb2.RerankPayload(
+            query=query, documents=list(documents), truncate=truncate
         )
-        response = await self._call(request, timeout_s=timeout_s)
-        return checked_rerank(response, document_count=len(documents))
+        return cast(
+            worker_gateway_pb2.RerankResult,
+            await self.invoke("rerank", payload, trace_context=trace_context, timeout_s=timeout_s),
+        )
 
     async def transcribe(
-        self,
-        payload: worker_gateway_pb2.TranscribePayload,
-        *,
-        trace_context: Mapping[str, str],
-        timeout_s: float,
+        self, payload: worker_gateway_pb2.TranscribePayload, **call: Any
     ) -> worker_gateway_pb2.TranscribeResult:
-        """Transcribe one clip in the child (a Whisper host; decoding happens there). Raises
-        GantryError as `embed` does (INVALID_PAYLOAD for audio it cannot take, naming the field)."""
-        request = model_host_pb2.HostRequest(trace_context=dict(trace_context))
-        request.transcribe.CopyFrom(payload)
-        return checked_transcribe(await self._call(request, timeout_s=timeout_s))
+        return cast(
+            worker_gateway_pb2.TranscribeResult, await self.invoke("transcribe", payload, **call)
+        )
 
     async def recognize_text(
-        self,
-        payload: worker_gateway_pb2.RecognizeTextPayload,
-        *,
-        trace_context: Mapping[str, str],
-        timeout_s: float,
+        self, payload: worker_gateway_pb2.RecognizeTextPayload, **call: Any
     ) -> worker_gateway_pb2.RecognizeTextResult:
-        """One text per image, in their order (an OCR host; decoding happens there). Raises
-        GantryError as `embed` does (INVALID_PAYLOAD naming `images[i]` for an image it cannot
-        take, or one past `max_image_pixels`)."""
-        request = model_host_pb2.HostRequest(trace_context=dict(trace_context))
-        request.recognize_text.CopyFrom(payload)
-        response = await self._call(request, timeout_s=timeout_s)
-        return checked_recognize_text(response, image_count=len(payload.images))
+        return cast(
+            worker_gateway_pb2.RecognizeTextResult,
+            await self.invoke("recognize_text", payload, **call),
+        )
 
     async def embed_image(
-        self,
-        payload: worker_gateway_pb2.EmbedImagePayload,
-        *,
-        trace_context: Mapping[str, str],
-        timeout_s: float,
+        self, payload: worker_gateway_pb2.EmbedImagePayload, **call: Any
     ) -> worker_gateway_pb2.EmbedResult:
-        """One vector per image, in the space the host's text embeddings share (a SigLIP2 host).
-        Raises GantryError as `recognize_text` does."""
-        request = model_host_pb2.HostRequest(trace_context=dict(trace_context))
-        request.embed_image.CopyFrom(payload)
-        response = await self._call(request, timeout_s=timeout_s)
-        return checked_embed(response, input_count=len(payload.images), dim=self.ready.dim)
+        return cast(
+            worker_gateway_pb2.EmbedResult, await self.invoke("embed_image", payload, **call)
+        )
 
     async def classify_image(
-        self,
-        payload: worker_gateway_pb2.ClassifyImagePayload,
-        *,
-        trace_context: Mapping[str, str],
-        timeout_s: float,
+        self, payload: worker_gateway_pb2.ClassifyImagePayload, **call: Any
     ) -> worker_gateway_pb2.ClassifyImageResult:
-        """Every image scored against every label, each a probability on its own (a SigLIP2
-        host). Raises GantryError as `recognize_text` does, and INVALID_PAYLOAD (`labels`) or
-        INPUT_TOO_LONG (`labels[i]`) for labels it cannot score."""
-        request = model_host_pb2.HostRequest(trace_context=dict(trace_context))
-        request.classify_image.CopyFrom(payload)
-        response = await self._call(request, timeout_s=timeout_s)
-        return checked_classify_image(
-            response, image_count=len(payload.images), label_count=len(payload.labels)
+        return cast(
+            worker_gateway_pb2.ClassifyImageResult,
+            await self.invoke("classify_image", payload, **call),
         )
 
     async def generate(
-        self,
-        payload: worker_gateway_pb2.GeneratePayload,
-        *,
-        trace_context: Mapping[str, str],
-        timeout_s: float,
-        on_delta: Callable[[worker_gateway_pb2.GenerateDelta], None] | None = None,
+        self, payload: worker_gateway_pb2.GeneratePayload, **call: Any
     ) -> worker_gateway_pb2.GenerateResult:
-        """Generate text in the child (a causal LM host). With `payload.stream`, `on_delta` gets
-        each delta in order, on the event loop, before this returns the result (whose text is
-        them joined). Cancelling the awaiting task stops the generation in the child between two
-        tokens. Raises GantryError as `embed` does (INVALID_PAYLOAD naming the field: max_tokens
-        past the deployment's limit, messages to a model without a chat template, ...;
-        INPUT_TOO_LONG for a prompt that fills the model's context)."""
-        request = model_host_pb2.HostRequest(trace_context=dict(trace_context))
-        request.generate.CopyFrom(payload)
-        deltas = StreamedDeltas(stream=payload.stream, forward=on_delta)
-        response = await self._call(request, timeout_s=timeout_s, on_progress=deltas.receive)
-        return checked_generate(response, max_tokens=payload.max_tokens, deltas=deltas)
+        return cast(
+            worker_gateway_pb2.GenerateResult, await self.invoke("generate", payload, **call)
+        )
 
     async def ping(self, *, timeout_s: float) -> model_host_pb2.Pong:
         """Liveness: the child's reader thread answers even mid forward pass. Raises GantryError

@@ -18,6 +18,7 @@ from typing import BinaryIO
 
 from google.protobuf.message import DecodeError
 
+from gantry.common import operations
 from gantry.common.errors import GantryError
 from gantry.v1 import model_host_pb2
 from gantry.worker.model_host.framing import FrameError, read_frame, write_frame
@@ -26,20 +27,9 @@ from gantry.worker.model_host.proc_facts import rss_bytes_of
 logger = logging.getLogger("gantry.model_host")
 
 DEFAULT_INBOX_LIMIT = 256
-# Work kinds count against the inbox bound; control frames (shutdown) never are refused.
-WORK_KINDS = frozenset(
-    {
-        "embed",
-        "rerank",
-        "transcribe",
-        "recognize_text",
-        "embed_image",
-        "classify_image",
-        "generate",
-        "health",
-        "probe_check",
-    }
-)
+# Work kinds count against the inbox bound: every inference operation's (the registry's kinds)
+# and the checks that run the model; control frames (shutdown) never are refused.
+WORK_KINDS = operations.KINDS | {"health", "probe_check"}
 
 # After the channel closes nobody can receive an answer; if the main thread is stuck in a forward
 # pass this long, the reader thread ends the process itself.

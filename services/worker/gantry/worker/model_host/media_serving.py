@@ -1,4 +1,5 @@
-"""The model host's media requests: a clip to transcribe, images to read, embed or classify.
+"""The model host's requests that run alone: a clip to transcribe, images to read, embed or
+classify, and any operation added since, answered by the adapter's method named as its kind.
 
 Each runs alone, never batched with another request: one request's images are already a batch
 (generated or embedded `max_batch_size` at a time by the adapter), and a clip is up to 60 windows
@@ -12,10 +13,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from opentelemetry import trace
 
+from gantry.common import operations
 from gantry.common.errors import GantryError
 from gantry.common.telemetry import extract_context
 from gantry.v1 import model_host_pb2, worker_gateway_pb2
@@ -29,7 +31,11 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("gantry.model_host")
 
-MEDIA_KINDS = frozenset({"transcribe", "recognize_text", "embed_image", "classify_image"})
+_ImagePayload = (
+    worker_gateway_pb2.RecognizeTextPayload
+    | worker_gateway_pb2.EmbedImagePayload
+    | worker_gateway_pb2.ClassifyImagePayload
+)
 
 # The serving loop's answer to a forward pass that raised: logged, recorded on the span,
 # INVOKE_FAILED unless it is a GantryError already.
@@ -88,7 +94,8 @@ class MediaRequests(RequestRunner):
     """Runs one media request on the adapter and answers it."""
 
     def run(self, request: model_host_pb2.HostRequest) -> None:
-        """Answer `request`, whose kind is one of MEDIA_KINDS and served by the adapter."""
+        """Answer `request`, an operation's request that runs alone (not an embed, a rerank or a
+        generation: serving.py) and whose kind the adapter serves."""
         kind = request.WhichOneof("kind")
         span = self._tracer.start_span(
             f"model_host.{kind}",
@@ -105,37 +112,52 @@ class MediaRequests(RequestRunner):
     def _answer(
         self, request: model_host_pb2.HostRequest, span: trace.Span
     ) -> model_host_pb2.HostResponse:
-        kind = request.WhichOneof("kind")
-        adapter = self._adapter
-        if kind == "transcribe":
-            transcript = adapter.transcribe(request.transcribe)
-            span.set_attribute("gantry.audio_seconds", transcript.audio_seconds)
-            return model_host_pb2.HostResponse(transcribe=transcript)
-        if kind == "recognize_text":
-            payload = request.recognize_text
-            images = decode_images(payload.images, max_pixels=payload.max_image_pixels)
-            span.set_attribute("gantry.image_pixels", _pixels(images))
-            texts = adapter.recognize_text(images)
-            return model_host_pb2.HostResponse(
-                recognize_text=worker_gateway_pb2.RecognizeTextResult(texts=texts)
+        """The adapter's answer to `request`, found by its kind: a media kind's way of decoding
+        and answering (below), else the adapter's method named as the kind, given the payload
+        and giving the result (gantry.common.operations names the field it answers in)."""
+        kind = request.WhichOneof("kind") or ""
+        payload = getattr(request, kind)
+        answer = _MEDIA_ANSWERS.get(kind)
+        if answer is not None:
+            return answer(self, payload, span)
+        result_kind = operations.by_kind(kind).result_kind
+        response = model_host_pb2.HostResponse()
+        getattr(response, result_kind).CopyFrom(getattr(self._adapter, kind)(payload))
+        return response
+
+    def _transcribe(
+        self, payload: worker_gateway_pb2.TranscribePayload, span: trace.Span
+    ) -> model_host_pb2.HostResponse:
+        transcript = self._adapter.transcribe(payload)
+        span.set_attribute("gantry.audio_seconds", transcript.audio_seconds)
+        return model_host_pb2.HostResponse(transcribe=transcript)
+
+    def _recognize_text(
+        self, payload: worker_gateway_pb2.RecognizeTextPayload, span: trace.Span
+    ) -> model_host_pb2.HostResponse:
+        images = self._decoded(payload, span)
+        texts = self._adapter.recognize_text(images)
+        return model_host_pb2.HostResponse(
+            recognize_text=worker_gateway_pb2.RecognizeTextResult(texts=texts)
+        )
+
+    def _embed_image(
+        self, payload: worker_gateway_pb2.EmbedImagePayload, span: trace.Span
+    ) -> model_host_pb2.HostResponse:
+        vectors = self._adapter.embed_image(self._decoded(payload, span))
+        return model_host_pb2.HostResponse(
+            embed=worker_gateway_pb2.EmbedResult(
+                count=vectors.shape[0],
+                dim=vectors.shape[1],
+                float32_le=vectors.tobytes(order="C"),
             )
-        if kind == "embed_image":
-            payload_images = request.embed_image
-            images = decode_images(
-                payload_images.images, max_pixels=payload_images.max_image_pixels
-            )
-            span.set_attribute("gantry.image_pixels", _pixels(images))
-            vectors = adapter.embed_image(images)
-            return model_host_pb2.HostResponse(
-                embed=worker_gateway_pb2.EmbedResult(
-                    count=vectors.shape[0],
-                    dim=vectors.shape[1],
-                    float32_le=vectors.tobytes(order="C"),
-                )
-            )
-        if kind == "classify_image":
-            return self._classify(request.classify_image, span)
-        raise GantryError("INVALID_PAYLOAD", f"{kind!r} is not a media request")
+        )
+
+    @staticmethod
+    def _decoded(payload: _ImagePayload, span: trace.Span) -> list[PILImage.Image]:
+        images = decode_images(payload.images, max_pixels=payload.max_image_pixels)
+        span.set_attribute("gantry.image_pixels", _pixels(images))
+        return images
 
     def _classify(
         self, payload: worker_gateway_pb2.ClassifyImagePayload, span: trace.Span
@@ -152,14 +174,24 @@ class MediaRequests(RequestRunner):
         )
         if refusal is not None:
             raise refusal
-        images = decode_images(payload.images, max_pixels=payload.max_image_pixels)
-        span.set_attribute("gantry.image_pixels", _pixels(images))
+        images = self._decoded(payload, span)
         scores = self._adapter.classify_image(images, labels)
         return model_host_pb2.HostResponse(
             classify_image=worker_gateway_pb2.ClassifyImageResult(
                 count=len(images), labels=len(labels), scores=scores.reshape(-1).tolist()
             )
         )
+
+
+# kind -> how a media request is decoded and answered (a kind not here: `_answer`'s default).
+_MEDIA_ANSWERS: dict[
+    str, Callable[[MediaRequests, Any, trace.Span], model_host_pb2.HostResponse]
+] = {
+    "transcribe": MediaRequests._transcribe,
+    "recognize_text": MediaRequests._recognize_text,
+    "embed_image": MediaRequests._embed_image,
+    "classify_image": MediaRequests._classify,
+}
 
 
 def _pixels(images: Sequence[PILImage.Image]) -> int:
@@ -172,7 +204,9 @@ def _payload_attributes(request: model_host_pb2.HostRequest) -> dict[str, str | 
         audio = request.transcribe.audio
         return {"gantry.audio_bytes": len(audio.data), "gantry.media_type": audio.media_type}
     payload = getattr(request, kind or "")
-    images = list(getattr(payload, "images", ()))
+    if "images" not in payload.DESCRIPTOR.fields_by_name:
+        return {}  # an operation without media: its adapter method names what it wants seen
+    images = list(payload.images)
     attributes: dict[str, str | int] = {
         "gantry.image_count": len(images),
         "gantry.image_bytes": sum(len(image.data) for image in images),

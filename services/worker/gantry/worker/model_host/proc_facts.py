@@ -1,25 +1,45 @@
-"""Facts about a process read from /proc: its start time (pid reuse) and its memory."""
+"""Facts about a process: who is at a pid (pid reuse) and its memory, read with psutil.
+
+One fact psutil does not offer stays a read of /proc/<pid>/status: the resident set's high-water
+mark (VmHWM). Every reader answers None, never 0, when the process is gone or unreadable. The
+model host calls these on itself from inside its sandbox, which grants /proc/self (the same
+directory as /proc/<its pid>, where psutil reads).
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import psutil
 
-def process_start_ticks(pid: int) -> str | None:
-    """Field 22 of /proc/<pid>/stat: tells our child apart from a later process reusing its pid."""
+
+def process_identity(pid: int) -> psutil.Process | None:
+    """The process now at `pid` as psutil identifies it: its pid and its start time since boot
+    (unaffected by a clock step), compared by `==`. An earlier answer equals a later one only
+    when no other process has reused the pid meanwhile; None when no process is there."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
+        return psutil.Process(pid)
+    except (psutil.Error, ValueError):
         return None
-    # The command name (field 2) may contain spaces; the fields after it start past its ')'.
-    fields_after_name = stat[stat.rindex(")") + 2 :].split()
-    return fields_after_name[19] if len(fields_after_name) > 19 else None
+
+
+def _process(pid: int | str) -> psutil.Process:
+    return psutil.Process(None if pid == "self" else int(pid))
+
+
+def rss_bytes_of(pid: int | str = "self") -> int | None:
+    """Current resident set size (the kernel's VmRSS counter, never the VmHWM peak); None when
+    unreadable."""
+    try:
+        return int(_process(pid).memory_info().rss)
+    except (psutil.Error, OSError, ValueError):
+        return None
 
 
 def status_bytes(field: str, pid: int | str = "self") -> int | None:
-    """A memory field of /proc/<pid>/status (`VmRSS`, `VmHWM`, ...) in bytes; None if unreadable.
+    """A memory field of /proc/<pid>/status (`VmHWM`, ...) in bytes; None if unreadable.
 
-    The kernel writes these lines as `VmRSS:     12345 kB` (kB meaning KiB).
+    The kernel writes these lines as `VmHWM:     12345 kB` (kB meaning KiB).
     """
     try:
         status = Path(f"/proc/{pid}/status").read_text()
@@ -35,11 +55,7 @@ def status_bytes(field: str, pid: int | str = "self") -> int | None:
     return None
 
 
-def rss_bytes_of(pid: int | str = "self") -> int | None:
-    """Current resident set size, VmRSS (never the VmHWM peak); None when unreadable."""
-    return status_bytes("VmRSS", pid)
-
-
 def peak_rss_bytes_of(pid: int | str = "self") -> int | None:
-    """The resident set's high-water mark, VmHWM: a peak, to be named as one."""
+    """The resident set's high-water mark, VmHWM: a peak, to be named as one. psutil has no
+    reader for it on Linux, so it is the one fact read from /proc/<pid>/status here."""
     return status_bytes("VmHWM", pid)

@@ -63,6 +63,9 @@ class HostLaunchSpec:
     # answered QUEUE_FULL beyond.
     max_pending: int = DEFAULT_MAX_PENDING
     inbox_limit: int = DEFAULT_INBOX_LIMIT
+    # Tests only: the host takes the test-only magic inputs (environments.TEST_HOOKS_VARIABLE).
+    # The worker never sets it, and `env` cannot carry the switch past the allow-list.
+    test_hooks: bool = False
 
 
 class ModelHost(ChildCustody[HostProcess], HostCalls):
@@ -128,7 +131,9 @@ class ModelHost(ChildCustody[HostProcess], HostCalls):
         """
         deadline = asyncio.get_running_loop().time() + spec.load_timeout_s
         private_dir, environment = private_workspace(
-            {**os.environ, **spec.env}, prefix=f"gantry-host-{spec.deployment_id}-"
+            {**os.environ, **spec.env},
+            prefix=f"gantry-host-{spec.deployment_id}-",
+            test_hooks=spec.test_hooks,
         )
         parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         process = await _start_child(

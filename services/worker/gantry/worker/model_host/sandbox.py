@@ -4,9 +4,11 @@ The child enters the sandbox after it has read its load request and before it re
 the model: from then on it may read and execute the interpreter and its libraries, read the
 verified artifact directory, and write only its private scratch directory; TCP bind and connect
 are refused by the kernel where Landlock's ABI has network rules (>= 4), and a seccomp filter
-refuses every socket but AF_UNIX and AF_NETLINK (UDP and DNS included, which Landlock does not
-cover). The Python-level network guard in `hardening` stays as defence in depth; it is not a
-sandbox (`_socket`, native code and subprocesses go around it). Each layer the kernel refuses is
+refuses every socket but AF_NETLINK (UDP and DNS included, which Landlock does not cover) and
+every `connect`, so no pathname Unix socket outside the sandbox is reachable either; a host on a
+CUDA device keeps AF_UNIX and `connect`, which its driver needs (see `seccomp`). The
+Python-level network guard in `hardening` stays as defence in depth; it is not a sandbox
+(`_socket`, native code and subprocesses go around it). Each layer the kernel refuses is
 reported as missing with its errno (`NONE`, no `+SECCOMP_NET`); a worker that requires more
 refuses to run the host.
 """
@@ -210,7 +212,9 @@ def enter(*, model_directory: Path, private_dir: Path, device: str) -> Isolation
     confined = _enter_landlock(
         model_directory=model_directory, private_dir=private_dir, device=device
     )
-    filtered = seccomp.install_socket_filter()
+    filtered = seccomp.install_socket_filter(
+        seccomp.UnixSockets.CUDA if device.startswith("cuda") else seccomp.UnixSockets.DENIED
+    )
     seccomp_reason = (
         filtered.reason
         if filtered.installed

@@ -2,9 +2,17 @@
 
 Landlock refuses TCP bind and connect but knows nothing of UDP, raw or packet sockets: a model host
 could still resolve names and `sendto` anywhere. This filter makes `socket(2)` answer EACCES for
-every address family but AF_UNIX (the host's channel, the CUDA driver's daemons) and AF_NETLINK
-(interface lookups some libraries make), and `io_uring_setup(2)` EPERM, since an io_uring
-`IORING_OP_SOCKET` creates sockets without the `socket` syscall. Families are allow-listed rather
+every address family but AF_NETLINK (interface lookups some libraries make), and
+`io_uring_setup(2)` EPERM, since an io_uring `IORING_OP_SOCKET` creates sockets without the
+`socket` syscall.
+
+Unix sockets are a way out too: a pathname socket (a local database, a container daemon) is not a
+file Landlock governs (this kernel's Landlock scopes abstract sockets only), so `connect(2)` to one
+would succeed. The host needs neither a new Unix socket nor `connect` at all (its channel is an
+inherited socketpair), so both are refused (EACCES) - unless the host drives CUDA: the driver
+opens AF_UNIX sockets and connects them to the persistence daemon and the MPS control daemon,
+so a CUDA host keeps AF_UNIX and `connect` (`UnixSockets.CUDA`). `connect` carries only a pointer
+to the address, which seccomp cannot read, so it is all or nothing. Families are allow-listed rather
 than denied one by one: AF_VSOCK, AF_RDS, AF_TIPC, AF_XDP and whatever a later kernel adds reach
 beyond this machine as surely as AF_INET does. A syscall made through another ABI (i386 `int 0x80`,
 x32) would be checked against another table, so the filter kills the process instead. The filter
@@ -14,6 +22,7 @@ is irreversible and inherited by every child; it is installed on all threads at 
 from __future__ import annotations
 
 import ctypes
+import enum
 import errno
 import os
 import platform
@@ -41,8 +50,20 @@ _ARCH_OFFSET = 4
 _ARG0_LOW_OFFSET = 16
 
 _X32_SYSCALL_BIT = 0x40000000
-# Families a model host may still open; every other one is refused.
-ALLOWED_FAMILIES = (socket.AF_UNIX, socket.AF_NETLINK)
+
+
+class UnixSockets(enum.Enum):
+    """Whether the host may open Unix sockets and connect: only the CUDA driver needs to."""
+
+    DENIED = "DENIED"
+    CUDA = "CUDA"  # the driver reaches nvidia-persistenced and the MPS daemon this way
+
+
+# Families a model host may still open, by policy; every other one is refused.
+ALLOWED_FAMILIES = {
+    UnixSockets.DENIED: (socket.AF_NETLINK,),
+    UnixSockets.CUDA: (socket.AF_UNIX, socket.AF_NETLINK),
+}
 
 _PR_SET_NO_NEW_PRIVS = 38
 _PR_SET_SECCOMP = 22
@@ -50,9 +71,16 @@ _SECCOMP_MODE_FILTER = 2
 _SECCOMP_SET_MODE_FILTER = 1
 _SECCOMP_FILTER_FLAG_TSYNC = 1
 
-DESCRIPTION = (
-    "seccomp: sockets other than AF_UNIX and AF_NETLINK denied (UDP included), io_uring denied"
-)
+DESCRIPTIONS = {
+    UnixSockets.DENIED: (
+        "seccomp: sockets other than AF_NETLINK denied (UDP and AF_UNIX included), connect "
+        "denied, io_uring denied"
+    ),
+    UnixSockets.CUDA: (
+        "seccomp: sockets other than AF_UNIX and AF_NETLINK denied (UDP included), io_uring "
+        "denied; AF_UNIX and connect kept for the CUDA driver's daemons"
+    ),
+}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -62,6 +90,7 @@ class Arch:
     name: str
     audit_arch: int
     socket_nr: int
+    connect_nr: int
     io_uring_setup_nr: int
     seccomp_nr: int
     # x86_64 also accepts x32 syscalls (same AUDIT_ARCH, numbers with this bit set).
@@ -72,6 +101,7 @@ X86_64 = Arch(
     name="x86_64",
     audit_arch=0xC000003E,
     socket_nr=41,
+    connect_nr=42,
     io_uring_setup_nr=425,
     seccomp_nr=317,
     foreign_nr_bit=_X32_SYSCALL_BIT,
@@ -80,6 +110,7 @@ AARCH64 = Arch(
     name="aarch64",
     audit_arch=0xC00000B7,
     socket_nr=198,
+    connect_nr=203,
     io_uring_setup_nr=425,
     seccomp_nr=277,
 )
@@ -110,8 +141,9 @@ def _ret(verdict: int) -> Instruction:
     return Instruction(_RET_K, 0, 0, verdict)
 
 
-def socket_filter(arch: Arch) -> tuple[Instruction, ...]:
-    """The filter for `arch`: foreign ABIs killed, other families EACCES, io_uring EPERM."""
+def socket_filter(arch: Arch, unix: UnixSockets) -> tuple[Instruction, ...]:
+    """The filter for `arch`: foreign ABIs killed, other families EACCES, io_uring EPERM, and
+    (unless `unix` keeps them for CUDA) connect EACCES."""
     head = [
         _load(_ARCH_OFFSET),
         Instruction(_JEQ_K, 1, 0, arch.audit_arch),
@@ -120,9 +152,10 @@ def socket_filter(arch: Arch) -> tuple[Instruction, ...]:
     ]
     if arch.foreign_nr_bit:
         head += [Instruction(_JSET_K, 0, 1, arch.foreign_nr_bit), _ret(RET_KILL_PROCESS)]
+    allowed = ALLOWED_FAMILIES[unix]
     families = [
-        Instruction(_JEQ_K, len(ALLOWED_FAMILIES) - index, 0, int(family))
-        for index, family in enumerate(ALLOWED_FAMILIES)
+        Instruction(_JEQ_K, len(allowed) - index, 0, int(family))
+        for index, family in enumerate(allowed)
     ]
     socket_rule = [
         _load(_ARG0_LOW_OFFSET),
@@ -130,10 +163,16 @@ def socket_filter(arch: Arch) -> tuple[Instruction, ...]:
         _ret(RET_ERRNO | errno.EACCES),
         _ret(RET_ALLOW),
     ]
+    denied = [(arch.io_uring_setup_nr, RET_ERRNO | errno.EPERM)]
+    if unix is UnixSockets.DENIED:
+        denied.append((arch.connect_nr, RET_ERRNO | errno.EACCES))
+    whole_calls = [
+        op for nr, verdict in denied for op in (Instruction(_JEQ_K, 0, 1, nr), _ret(verdict))
+    ]
     dispatch = [
-        Instruction(_JEQ_K, 3, 0, arch.socket_nr),  # over the next three, into socket_rule
-        Instruction(_JEQ_K, 0, 1, arch.io_uring_setup_nr),
-        _ret(RET_ERRNO | errno.EPERM),
+        # Over the denied calls and the final allow, into socket_rule.
+        Instruction(_JEQ_K, len(whole_calls) + 1, 0, arch.socket_nr),
+        *whole_calls,
         _ret(RET_ALLOW),
     ]
     return (*head, *dispatch, *socket_rule)
@@ -158,7 +197,7 @@ def _errno_text(call: str) -> str:
     return f"{call} failed: errno {code} {name} ({os.strerror(code)})"
 
 
-def install_socket_filter() -> SeccompOutcome:
+def install_socket_filter(unix: UnixSockets = UnixSockets.DENIED) -> SeccompOutcome:
     """Install the filter on every thread of this process for good; never raises for the kernel."""
     machine = platform.machine()
     arch = arch_of(machine)
@@ -168,7 +207,7 @@ def install_socket_filter() -> SeccompOutcome:
             installed=False,
             reason=f"no seccomp socket filter for {platform.system()} {machine}",
         )
-    program = encode(socket_filter(arch))
+    program = encode(socket_filter(arch, unix))
     buffer = ctypes.create_string_buffer(program, len(program))
     fprog = _SockFprog(len=len(program) // 8, filter=ctypes.addressof(buffer))
     libc = ctypes.CDLL(None, use_errno=True)
@@ -184,7 +223,7 @@ def install_socket_filter() -> SeccompOutcome:
         ctypes.byref(fprog),
     )
     if result == 0:
-        return SeccompOutcome(installed=True, reason=DESCRIPTION)
+        return SeccompOutcome(installed=True, reason=DESCRIPTIONS[unix])
     if result > 0:
         return SeccompOutcome(
             installed=False,
@@ -197,4 +236,4 @@ def install_socket_filter() -> SeccompOutcome:
     # A runtime that hides seccomp(2) may still allow the prctl form (this thread only).
     if libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0) != 0:
         return SeccompOutcome(installed=False, reason=_errno_text("prctl(PR_SET_SECCOMP)"))
-    return SeccompOutcome(installed=True, reason=DESCRIPTION)
+    return SeccompOutcome(installed=True, reason=DESCRIPTIONS[unix])

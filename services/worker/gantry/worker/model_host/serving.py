@@ -1,12 +1,17 @@
 """The model host's serving loop: the main thread runs the adapter's requests, one at a time.
 
-Embeds are micro-batched; reranks, health checks, probe checks, media requests (transcriptions,
-text recognition, image embeddings and classifications: `media_serving`) and generations
-(`generation_serving`, streamed and cancellable between tokens) run alone. Frames arrive
-through the reader thread's `Inbox` (which answers pings itself). A request whose timeout passed
-while it was queued, or that its caller cancelled, is never run. A request kind the adapter does
-not serve is answered INVALID_PAYLOAD. Shutdown releases the model and answers HostUnloaded before
-exiting.
+Embeds are micro-batched and run in chunks of at most the batch bound (`max_batch_inputs`, the
+profile's batch size): one chunk is one uninterruptible forward pass, and between two chunks the
+host stops the requests of the batch that were cancelled or passed their timeout meanwhile. So
+abandoned work holds the model for one chunk at most, however many inputs it had. A rerank runs
+alone, its documents in chunks of the same bound, stopped the same way. Health checks, probe
+checks, media requests (transcriptions, text recognition, image embeddings and classifications:
+`media_serving`) and generations (`generation_serving`, streamed and cancellable between tokens)
+run alone. Frames arrive through the reader thread's `Inbox` (which answers pings itself). A
+request whose timeout passed while it was queued, or that its caller cancelled, is never run, and
+an embed's or rerank's remaining chunks are not run once either happens. A request kind the
+adapter does not serve is answered INVALID_PAYLOAD. Shutdown releases the model and answers
+HostUnloaded before exiting.
 """
 
 from __future__ import annotations
@@ -22,32 +27,35 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from google.protobuf import timestamp_pb2
 from opentelemetry import trace
 
+from gantry.common import operations
 from gantry.common.errors import GantryError
 from gantry.common.telemetry import extract_context, flush_tracing, tracer
 from gantry.v1 import model_host_pb2, worker_gateway_pb2
 from gantry.worker.model_host import probe_evidence
 from gantry.worker.model_host.adapters import ModelAdapter
 from gantry.worker.model_host.adapters.base import DEFAULT_MAX_BATCH_INPUTS
+from gantry.worker.model_host.environments import TEST_HOOKS_VARIABLE as TEST_HOOKS_ENV
 from gantry.worker.model_host.generation_serving import GENERATE_KIND, GenerateRequests
 from gantry.worker.model_host.inbox import ChannelClosed, Inbox, InboxItem, Queued, ResponseWriter
 from gantry.worker.model_host.input_lengths import length_refusal
-from gantry.worker.model_host.media_serving import MEDIA_KINDS, MediaRequests
+from gantry.worker.model_host.media_serving import MediaRequests
 from gantry.worker.model_host.probe_evidence import LoadRecord
 
 logger = logging.getLogger("gantry.model_host")
 
-# The request kinds an adapter answers (or refuses by kind, INVALID_PAYLOAD): `ModelAdapter.serves`.
-SERVED_KINDS = frozenset({"embed", "rerank", GENERATE_KIND}) | MEDIA_KINDS
+# The request kinds an adapter answers (or refuses by kind, INVALID_PAYLOAD): `ModelAdapter.serves`,
+# one per inference operation (gantry.common.operations).
+SERVED_KINDS = operations.KINDS
 
-# Test hooks, honoured only when GANTRY_MODEL_HOST_TEST_HOOKS=1: an input equal to one of these
-# makes the forward pass hang (so a test can kill the child mid-request), take a while, or fail.
-TEST_HOOKS_ENV = "GANTRY_MODEL_HOST_TEST_HOOKS"
+# Test hooks, on only in hosts a test starts with `HostLaunchSpec(test_hooks=True)` (which sets
+# TEST_HOOKS_ENV in that child alone): an input equal to one of these makes the forward pass hang
+# (so a test can kill the child mid-request), take a while, or fail.
 TEST_HOOK_HANG_INPUT = "__gantry_test_hook__:hang"
 TEST_HOOK_FAIL_INPUT = "__gantry_test_hook__:fail"
 TEST_HOOK_SLOW_INPUT = "__gantry_test_hook__:slow"
@@ -94,6 +102,8 @@ def _probe_sandbox(path: str, port: int) -> dict[str, object]:
 
 @dataclass(frozen=True, kw_only=True)
 class ServingSettings:
+    # The batch bound: at most this many inputs are collected into one batch, and one chunk (one
+    # uninterruptible forward pass) of a running batch holds at most this many.
     max_batch_inputs: int
     test_hooks: bool
 
@@ -104,6 +114,44 @@ class ServingSettings:
             max_batch_inputs=max_batch_size or DEFAULT_MAX_BATCH_INPUTS,
             test_hooks=os.environ.get(TEST_HOOKS_ENV) == "1",
         )
+
+
+def plan_chunk(remaining: Sequence[int], size: int) -> list[tuple[int, int]]:
+    """The next chunk of a running batch: (request's index, how many of its next inputs), in the
+    batch's order, `size` inputs at most. `remaining` is each request's inputs not yet run."""
+    plan: list[tuple[int, int]] = []
+    for index, left in enumerate(remaining):
+        take = min(left, size)
+        if take > 0:
+            plan.append((index, take))
+            size -= take
+    return plan
+
+
+@dataclass(eq=False)
+class _EmbedJob:
+    """One embed request's progress through a running batch: the vectors of its chunks so far."""
+
+    item: Queued
+    span: trace.Span
+    chunks: list[np.ndarray] = field(default_factory=list)
+    ran: int = 0  # inputs already run
+    over: bool = False  # answered (vectors or failure) or abandoned
+
+    @property
+    def request(self) -> model_host_pb2.HostRequest:
+        return self.item.request
+
+    @property
+    def remaining(self) -> int:
+        return 0 if self.over else len(self.request.embed.inputs) - self.ran
+
+    def next_inputs(self, count: int) -> list[str]:
+        return list(self.request.embed.inputs[self.ran : self.ran + count])
+
+    def add(self, vectors: np.ndarray) -> None:
+        self.chunks.append(vectors)
+        self.ran += vectors.shape[0]
 
 
 class ModelServer:
@@ -140,6 +188,15 @@ class ModelServer:
             fail=self._fail,
             test_hooks=settings.test_hooks,
         )
+        # The request kinds with a way of running of their own: embeds are batched (and keep their
+        # timeouts while running), a generation streams; the checks run the adapter's probe.
+        self._runners: dict[str, Callable[[Queued], None]] = {
+            "embed": self._run_embed,
+            "rerank": self._run_rerank,
+            GENERATE_KIND: _of_request(self._generations.run),
+            "health": _of_request(self._answer_health),
+            "probe_check": _of_request(self._answer_probe),
+        }
 
     def serve(self) -> int:
         while True:
@@ -161,35 +218,28 @@ class ModelServer:
             if kind in SERVED_KINDS and kind not in self._adapter.serves:
                 self._answer_failure(request, self._wrong_kind(kind))
                 continue
-            if kind == "embed":
-                if not request.embed.inputs:
-                    self._answer_failure(
-                        request, GantryError("INVALID_PAYLOAD", "embed request has no inputs")
-                    )
-                    continue
-                if self._refused_for_length(request):
-                    continue
-                self._run_batch(self._collect_batch(request))
+            # Every operation but the batched and streamed ones runs alone (media_serving).
+            media = _of_request(self._media.run) if kind in SERVED_KINDS else None
+            run = self._runners.get(kind or "", media)
+            if run is None:
+                # Unknown variants are errors, never ignored (a second load included).
+                self._answer_failure(
+                    request,
+                    GantryError("INVALID_PAYLOAD", f"unexpected model host request {kind!r}"),
+                )
                 continue
-            if kind == "rerank":
-                self._run_rerank(request)
-                continue
-            if kind in MEDIA_KINDS:
-                self._media.run(request)
-                continue
-            if kind == GENERATE_KIND:
-                self._generations.run(request)
-                continue
-            if kind == "health":
-                self._answer_health(request)
-                continue
-            if kind == "probe_check":
-                self._answer_probe(request)
-                continue
-            # Unknown variants are errors, never ignored (a second load included).
+            run(item)
+
+    def _run_embed(self, item: Queued) -> None:
+        request = item.request
+        if not request.embed.inputs:
             self._answer_failure(
-                request, GantryError("INVALID_PAYLOAD", f"unexpected model host request {kind!r}")
+                request, GantryError("INVALID_PAYLOAD", "embed request has no inputs")
             )
+            return
+        if self._refused_for_length(request):
+            return
+        self._run_batch(self._collect_batch(item))
 
     def _wrong_kind(self, kind: str) -> GantryError:
         adapter = self._adapter
@@ -201,27 +251,33 @@ class ModelServer:
             adapter=adapter.name,
         )
 
-    def _still_wanted(self, item: Queued) -> bool:
-        """False (after answering, where someone still listens) for cancelled or expired work."""
+    def _still_wanted(self, item: Queued, *, ran: tuple[int, int] | None = None) -> bool:
+        """False (after answering, where someone still listens) for cancelled or expired work;
+        `ran` is (inputs already run, inputs in all) of a request run in chunks, None before it
+        starts."""
         request_id = item.request.request_id
+        if ran is not None:
+            where = f"after {ran[0]} of its {ran[1]} inputs"
+            verb, timed_out = (
+                "stopped",
+                f"ran past its {{}} ms timeout {where}; the rest were not run",
+            )
+        else:
+            where = "before running it"
+            verb, timed_out = "dropped", "waited past its {} ms timeout in the model host's inbox"
+            timed_out += " and was not run"
         if self._inbox.take_cancelled(request_id):
             # The caller went away and was told so by the parent: nobody waits for an answer.
-            logger.info("dropped cancelled request %d before running it", request_id)
+            logger.info("%s cancelled request %d %s", verb, request_id, where)
             return False
         if item.expired(time.monotonic()):
-            logger.info("dropped expired request %d before running it", request_id)
-            self._answer_failure(
-                item.request,
-                GantryError(
-                    "DEADLINE_EXCEEDED",
-                    f"request {request_id} waited past its {item.request.timeout_ms} ms timeout "
-                    "in the model host's inbox and was not run",
-                ),
-            )
+            logger.info("%s expired request %d %s", verb, request_id, where)
+            message = f"request {request_id} " + timed_out.format(item.request.timeout_ms)
+            self._answer_failure(item.request, GantryError("DEADLINE_EXCEEDED", message))
             return False
         return True
 
-    def _collect_batch(self, first: model_host_pb2.HostRequest) -> list[model_host_pb2.HostRequest]:
+    def _collect_batch(self, first: Queued) -> list[Queued]:
         """`first` and the embeds already queued behind it, up to the batch bound.
 
         Adaptive, with no timer: an idle host runs a lone request at once (waiting for company
@@ -229,7 +285,7 @@ class ModelServer:
         inbox and become the next batch. Under load batches fill by themselves.
         """
         batch = [first]
-        total_inputs = len(first.embed.inputs)
+        total_inputs = len(first.request.embed.inputs)
         while total_inputs < self._settings.max_batch_inputs:
             try:
                 item = self._inbox.get(timeout=0)
@@ -248,7 +304,7 @@ class ModelServer:
             assert isinstance(item, Queued)
             if not self._still_wanted(item) or self._refused_for_length(item.request):
                 continue
-            batch.append(item.request)
+            batch.append(item)
             total_inputs += len(item.request.embed.inputs)
         return batch
 
@@ -313,44 +369,65 @@ class ModelServer:
 
     # -- embed -----------------------------------------------------------------------------------
 
-    def _run_batch(self, batch: list[model_host_pb2.HostRequest]) -> None:
-        inputs = [text for request in batch for text in request.embed.inputs]
-        spans = [
-            self._tracer.start_span(
-                "model_host.embed",
-                context=extract_context(request.trace_context),
-                attributes={
-                    "gantry.input_count": len(request.embed.inputs),
-                    "gantry.batch_requests": len(batch),
-                    "gantry.batch_inputs": len(inputs),
-                },
-            )
-            for request in batch
+    def _run_batch(self, batch: list[Queued]) -> None:
+        """Run the batch's inputs chunk by chunk (`plan_chunk`), answering each request once its
+        last chunk ran; before each chunk, requests cancelled or past their timeout are stopped."""
+        inputs = sum(len(item.request.embed.inputs) for item in batch)
+        jobs = [
+            _EmbedJob(item, self._embed_span(item.request, len(batch), inputs)) for item in batch
         ]
+        while jobs := [job for job in jobs if job.remaining and self._job_wanted(job)]:
+            plan = plan_chunk([job.remaining for job in jobs], self._settings.max_batch_inputs)
+            self._run_chunk([(jobs[index], count) for index, count in plan])
+
+    def _embed_span(
+        self, request: model_host_pb2.HostRequest, requests: int, inputs: int
+    ) -> trace.Span:
+        return self._tracer.start_span(
+            "model_host.embed",
+            context=extract_context(request.trace_context),
+            attributes={
+                "gantry.input_count": len(request.embed.inputs),
+                "gantry.batch_requests": requests,
+                "gantry.batch_inputs": inputs,
+            },
+        )
+
+    def _job_wanted(self, job: _EmbedJob) -> bool:
+        wanted = self._still_wanted(
+            job.item, ran=(job.ran, len(job.request.embed.inputs)) if job.ran else None
+        )
+        if wanted:
+            return True
+        job.over = True
+        job.span.set_attribute("gantry.abandoned_after_inputs", job.ran)
+        job.span.end()
+        return False
+
+    def _run_chunk(self, parts: list[tuple[_EmbedJob, int]]) -> None:
+        """One forward pass over the next `count` inputs of each job in `parts`."""
         try:
-            vectors = self._encode(inputs)
+            vectors = self._encode(
+                [text for job, count in parts for text in job.next_inputs(count)]
+            )
         except Exception as exc:
-            if len(batch) > 1:
+            if len(parts) > 1:
                 # One bad request must not fail its batch-mates: retry each on its own.
                 logger.warning("batched forward pass failed (%s); retrying one by one", exc)
-                for request, span in zip(batch, spans, strict=True):
-                    self._run_single(request, span)
+                for job, count in parts:
+                    self._run_chunk([(job, count)])
                 return
-            self._fail(batch[0], spans[0], exc)
+            job = parts[0][0]
+            job.over = True
+            self._fail(job.request, job.span, exc)
             return
         offset = 0
-        for request, span in zip(batch, spans, strict=True):
-            count = len(request.embed.inputs)
-            self._answer_vectors(request, span, vectors[offset : offset + count])
+        for job, count in parts:
+            job.add(vectors[offset : offset + count])
             offset += count
-
-    def _run_single(self, request: model_host_pb2.HostRequest, span: trace.Span) -> None:
-        try:
-            vectors = self._encode(list(request.embed.inputs))
-        except Exception as exc:
-            self._fail(request, span, exc)
-            return
-        self._answer_vectors(request, span, vectors)
+            if not job.remaining:
+                job.over = True
+                self._answer_vectors(job.request, job.span, np.concatenate(job.chunks))
 
     def _encode(self, inputs: list[str]) -> np.ndarray:
         if self._settings.test_hooks:
@@ -370,7 +447,10 @@ class ModelServer:
 
     # -- rerank ----------------------------------------------------------------------------------
 
-    def _run_rerank(self, request: model_host_pb2.HostRequest) -> None:
+    def _run_rerank(self, item: Queued) -> None:
+        """Score the documents in chunks of at most the batch bound, like an embed's inputs: a
+        request cancelled or past its timeout runs no chunk after the one in progress."""
+        request = item.request
         payload = request.rerank
         if not payload.query or not payload.documents:
             self._answer_failure(
@@ -380,15 +460,24 @@ class ModelServer:
             return
         if self._refused_for_length(request):
             return
+        documents = list(payload.documents)
         span = self._tracer.start_span(
             "model_host.rerank",
             context=extract_context(request.trace_context),
-            attributes={"gantry.document_count": len(payload.documents)},
+            attributes={"gantry.document_count": len(documents)},
         )
+        chunks: list[np.ndarray] = []
+        size = self._settings.max_batch_inputs
         try:
-            if self._settings.test_hooks:
-                self._apply_test_hooks([payload.query, *payload.documents])
-            scores = self._adapter.rerank(payload.query, list(payload.documents))
+            for start in range(0, len(documents), size):
+                if start and not self._still_wanted(item, ran=(start, len(documents))):
+                    span.set_attribute("gantry.abandoned_after_inputs", start)
+                    span.end()
+                    return
+                chunk = documents[start : start + size]
+                if self._settings.test_hooks:
+                    self._apply_test_hooks([payload.query, *chunk])
+                chunks.append(self._adapter.rerank(payload.query, chunk))
         except Exception as exc:
             self._fail(request, span, exc)
             return
@@ -396,7 +485,7 @@ class ModelServer:
         self._responses.send(
             model_host_pb2.HostResponse(
                 request_id=request.request_id,
-                rerank=worker_gateway_pb2.RerankResult(scores=scores.tolist()),
+                rerank=worker_gateway_pb2.RerankResult(scores=np.concatenate(chunks).tolist()),
             )
         )
 
@@ -432,3 +521,10 @@ class ModelServer:
 
     def _answer_failure(self, request: model_host_pb2.HostRequest, error: GantryError) -> None:
         self._responses.fail(request, error)
+
+
+def _of_request(
+    run: Callable[[model_host_pb2.HostRequest], None],
+) -> Callable[[Queued], None]:
+    """A runner that needs only the request, not when it expires."""
+    return lambda item: run(item.request)

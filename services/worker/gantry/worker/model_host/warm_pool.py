@@ -34,7 +34,11 @@ from pathlib import Path
 
 from gantry.common.errors import GantryError
 from gantry.worker.model_host import hardening
-from gantry.worker.model_host.environments import TELEMETRY_VARIABLES, host_environment
+from gantry.worker.model_host.environments import (
+    TELEMETRY_VARIABLES,
+    TEST_HOOKS_VARIABLE,
+    host_environment,
+)
 from gantry.worker.model_host.fork_server import (
     MAX_MESSAGE_BYTES,
     ForkProtocolError,
@@ -57,7 +61,7 @@ _STDERR_TAIL_LINES = 20
 # host (its dirs): hosts differing only in these share a server. Every other variable may be read
 # by an import in the server, so it is part of the server's identity.
 READ_AFTER_FORK = frozenset(
-    {"HOME", "TMPDIR", "GANTRY_TRACE_FILE", "GANTRY_MODEL_HOST_TEST_HOOKS", "CUDA_VISIBLE_DEVICES"}
+    {"HOME", "TMPDIR", "GANTRY_TRACE_FILE", TEST_HOOKS_VARIABLE, "CUDA_VISIBLE_DEVICES"}
     | TELEMETRY_VARIABLES
 )
 

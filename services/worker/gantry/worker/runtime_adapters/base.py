@@ -2,21 +2,24 @@
 
 The lifecycle is the same whatever runs the model: `inspect_support` (can it execute what static
 inspection found), `collect_runtime_facts` (can an environment run it), `prepare` (verified bytes
-and a resolved environment), `start`, `probe`, `health`, `stop` and `unload`. Today every adapter
-runs its model in a model-host child (`model_host_runtime`); an adapter that manages an external
-server process must fit the same methods, so what crosses `start`, `health` and `stop` is this
-module's own small dataclasses and the gateway's evidence messages, never a model-host type.
-Adapters are stateless: one instance per adapter serves every job (see `registry`).
+and a resolved environment), `start`, `probe`, `health`, `stop` and `unload`, and for serving
+`terminate` (the worker's own stop) and `kill_unresponsive` (a hung runtime). The PROBE job
+(`probe_job`) and serving (`supervision`) both drive these methods and nothing else: no path in
+the worker starts, checks or stops a runtime except through its adapter. A model runs in a
+model-host child (`model_host_runtime`) or a managed server process (`managed_server_runtime`);
+what crosses `start`, `health` and `stop` is this module's own small dataclasses and the
+gateway's evidence messages, never a model-host type. Adapters are stateless: one instance per
+adapter serves every job (see `registry`).
 """
 
 from __future__ import annotations
 
 import abc
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, NotRequired, Protocol, TypedDict, Unpack
 
 from gantry.v1 import common_pb2
 from gantry.v1 import worker_gateway_pb2 as wg
@@ -94,6 +97,9 @@ class StartRequest:
     inbox_limit: int  # requests queued inside the runtime; QUEUE_FULL beyond
     require_isolation: IsolationRequirement = field(default_factory=IsolationRequirement)
     trace_context: Mapping[str, str] = field(default_factory=dict)
+    # Serving's: told (with the process's handle and its return code) when the process exits
+    # without being asked, so supervision restarts it. A probe's runtime reports no exit.
+    on_exit: Callable[[Any, int], None] | None = None
 
 
 @dataclass(eq=False, kw_only=True)
@@ -105,6 +111,24 @@ class RunningRuntime:
     pid: int
     load_seconds: float
     runtime_versions: Mapping[str, str]
+
+
+class HealthCheck(TypedDict):
+    """What a health check is asked (one declaration for the adapters that answer it)."""
+
+    deep: bool  # the model layer too: one real forward pass
+    timeout_s: float  # for the ping (and the forward pass unless model_timeout_s)
+    model_timeout_s: NotRequired[float | None]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Health:
+    """A health check's report, and whether the runtime left its ping unanswered in time while
+    its process lived: hung. What to do about that is the caller's policy (supervision kills
+    and restarts it); the check itself never acts."""
+
+    report: wg.HealthReport
+    unanswered: str = ""  # why it counts as hung; empty when it answered (or failed otherwise)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -158,17 +182,28 @@ class RuntimeAdapter(abc.ABC):
         in time, or not a probe result), RUNTIME_CRASHED (the runtime died)."""
 
     @abc.abstractmethod
-    async def health(
-        self, running: RunningRuntime, *, deep: bool, timeout_s: float
-    ) -> wg.HealthReport:
-        """The process, runtime and (when `deep`: one real forward pass) model layers. Never
-        raises for the runtime's faults: a failed layer says why."""
+    async def health(self, running: RunningRuntime, **check: Unpack[HealthCheck]) -> Health:
+        """The process, runtime (a ping answered within `timeout_s`) and, when `deep`, model
+        (one real forward pass within `model_timeout_s`, else `timeout_s`) layers. Never raises
+        for the runtime's faults: a failed layer says why."""
 
     @abc.abstractmethod
     async def stop(self, running: RunningRuntime, *, grace_s: float) -> wg.UnloadEvidence:
         """End the process (asked to exit within `grace_s`, killed after; `grace_s <= 0` kills at
         once) and confirm it gone, killing again a bounded number of times. The evidence says
         `process_exited=false` when it could not be confirmed; it does not raise for that."""
+
+    @abc.abstractmethod
+    async def terminate(
+        self, running: RunningRuntime, *, grace_s: float, reap_s: float
+    ) -> wg.UnloadEvidence:
+        """The worker itself is stopping: SIGTERM now, SIGKILL after `grace_s`, reaped within
+        `reap_s` more; nothing is released or measured first. Evidence as `stop` reports it."""
+
+    @abc.abstractmethod
+    def kill_unresponsive(self, running: RunningRuntime, why: str) -> None:
+        """End a runtime that stopped answering: its calls fail RUNTIME_UNRESPONSIVE from now on
+        and it is SIGKILLed; its exit still reaches `StartRequest.on_exit`, like a crash."""
 
     @abc.abstractmethod
     async def unload(self, running: RunningRuntime, *, grace_s: float, nvml: Nvml) -> Unloaded:

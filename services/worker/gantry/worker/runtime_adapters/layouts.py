@@ -1,10 +1,10 @@
-"""Which inspected layouts a model-host adapter runs, as data: one matcher for every adapter.
+"""Which inspected layouts an adapter runs, as data: one matcher for every adapter.
 
-Each model-host adapter states its layout as a `LayoutMatch` (the inspector, the task, the
-model type and any details that must hold, with the refusal each one says), and
-`ModelHostRuntime.inspect_support` answers from it. The checks run in a fixed order, so a
-refusal names the first thing that does not fit: the inspector, then the task and model type,
-then each detail in turn.
+Each model-host and managed-server adapter states its layout as a `LayoutMatch` (the inspector,
+the task, the model type and any details that must hold, with the refusal each one says), and
+`ModelHostRuntime.inspect_support` answers from it (a managed server kind inherits it). The
+checks run in a fixed order, so a refusal names the first thing that does not fit: the
+inspector, then the task and model type, then each detail in turn.
 """
 
 from __future__ import annotations
@@ -37,6 +37,9 @@ class LayoutMatch:
     # none worth naming, so its refusal names the task alone.
     names_model_type: bool = True
     details: tuple[DetailRule, ...] = ()
+    # Other names inspection gives the same task ("text-generation" beside "generation").
+    task_aliases: tuple[str, ...] = ()
+    verb: str = "runs"  # as a refusal says it: a managed server "serves"
 
     def support(self, adapter: str, inspection: wg.Inspection) -> Support:
         """Whether `inspection` is this layout, and the first reason when it is not. Pure."""
@@ -49,13 +52,14 @@ class LayoutMatch:
         """Why `inspection` is not this layout; empty when it is."""
         if inspection.inspector != self.inspector:
             layouts = self.inspector.replace("_", "-")
-            return f"runs {layouts} layouts, not {inspection.inspector}"
+            return f"{self.verb} {layouts} layouts, not {inspection.inspector}"
         wrong_type = bool(self.model_type) and inspection.model_type != self.model_type
-        if wrong_type or inspection.task != self.task:
+        wrong_task = inspection.task not in (self.task, *self.task_aliases)
+        if wrong_type or wrong_task:
             task = inspection.task or "an unknown task"
             if not self.names_model_type:
-                return f"runs {self.runs}, not {task}"
-            return f"runs {self.runs}, not {inspection.model_type or '?'} ({task})"
+                return f"{self.verb} {self.runs}, not {task}"
+            return f"{self.verb} {self.runs}, not {inspection.model_type or '?'} ({task})"
         for rule in self.details:
             value = inspection.details.get(rule.key, "")
             if value not in rule.accepted:

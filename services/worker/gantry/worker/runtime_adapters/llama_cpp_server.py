@@ -4,7 +4,10 @@ server (`python -m llama_cpp.server`), which the worker runs as a managed server
 from __future__ import annotations
 
 from gantry.worker.managed_server.kinds import LLAMA_CPP_SERVER
-from gantry.worker.runtime_adapters.managed_server_runtime import ManagedServerRuntime
+from gantry.worker.runtime_adapters.managed_server_runtime import (
+    ManagedServerRuntime,
+    served_generation,
+)
 
 
 class LlamaCppServer(ManagedServerRuntime):
@@ -14,4 +17,4 @@ class LlamaCppServer(ManagedServerRuntime):
     # The facts script lists it where the environment's python finds `llama_cpp.server` and
     # the server extra's packages (found, not imported).
     packages = ("llama-cpp-python",)
-    inspector = "gguf"
+    layout = served_generation("gguf")

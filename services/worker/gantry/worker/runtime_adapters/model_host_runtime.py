@@ -2,6 +2,8 @@
 
 Everything here delegates: bytes to `artifact_copies`, environments to `RuntimeEnvironments`,
 the child to `ModelHost` (its stop ladder, probe check, ping), device memory to `nvml_readings`.
+A probe's child and a serving resident's are started, checked and stopped by the same methods;
+serving adds an exit callback (`StartRequest.on_exit`), `terminate` and `kill_unresponsive`.
 An adapter module adds only what differs: its name, task, modalities, the packages it needs and
 the layout it supports (a `layouts.LayoutMatch`, which answers `inspect_support`). Invariant:
 nothing this module starts outlives a failed, cancelled or finished stop: `stop` kills again
@@ -14,9 +16,9 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, Unpack, runtime_checkable
 
 from gantry.common.errors import GantryError
 from gantry.v1 import common_pb2, model_host_pb2
@@ -27,6 +29,8 @@ from gantry.worker.nvml_readings import Nvml
 from gantry.worker.runtime_adapters.base import (
     AdapterFacts,
     EnvironmentResolver,
+    Health,
+    HealthCheck,
     Prepared,
     PrepareRequest,
     RunningRuntime,
@@ -80,9 +84,25 @@ class _CheckableHost(Protocol):
     async def check_model(self, *, timeout_s: float) -> wg.HealthReport: ...
 
 
+@runtime_checkable
+class _ServingHost(Protocol):
+    """A host a serving resident runs on (`ModelHost`, `ManagedServer`): the worker's own stop
+    and the liveness kill, beyond what a probe needs."""
+
+    async def terminate(self, *, grace_s: float, reap_s: float = ...) -> wg.UnloadEvidence: ...
+
+    def kill_unresponsive(self, why: str) -> None: ...
+
+
 class ProbeHostFactory(Protocol):
+    """How an adapter starts its child (`ModelHost.start`; a warm pool's fork; a test's)."""
+
     async def __call__(
-        self, spec: HostLaunchSpec, *, trace_context: Mapping[str, str] | None = ...
+        self,
+        spec: HostLaunchSpec,
+        *,
+        on_exit: Callable[[Any, int], None] | None = ...,
+        trace_context: Mapping[str, str] | None = ...,
     ) -> ProbeHost: ...
 
 
@@ -169,7 +189,9 @@ class ModelHostRuntime(RuntimeAdapter):
             inbox_limit=request.inbox_limit,
         )
         # A failed or cancelled start kills and reaps its child before it raises.
-        host = await self._host_factory(launch, trace_context=dict(request.trace_context))
+        host = await self._host_factory(
+            launch, on_exit=request.on_exit, trace_context=dict(request.trace_context)
+        )
         return HostRunning(
             adapter=self.name,
             pid=host.pid,
@@ -192,48 +214,55 @@ class ModelHostRuntime(RuntimeAdapter):
                 ) from error
             raise
 
-    async def health(
-        self, running: RunningRuntime, *, deep: bool, timeout_s: float
-    ) -> wg.HealthReport:
-        # Supervision's liveness checks still call the host directly (they also kill an
-        # unresponsive one); they move here in a later change.
+    async def health(self, running: RunningRuntime, **check: Unpack[HealthCheck]) -> Health:
+        deep, timeout_s = check["deep"], check["timeout_s"]
+        model_timeout_s = check.get("model_timeout_s") or timeout_s
         host = _host(running)
         if host.returncode is not None:
-            return health_report(
-                process=(FAILED, f"pid {host.pid} exited ({host.returncode})"),
-                runtime=(NOT_CHECKED, "the process is gone"),
-                model=(NOT_CHECKED, "the process is gone"),
+            return Health(
+                report=health_report(
+                    process=(FAILED, f"pid {host.pid} exited ({host.returncode})"),
+                    runtime=(NOT_CHECKED, "the process is gone"),
+                    model=(NOT_CHECKED, "the process is gone"),
+                )
             )
         process = (OK, f"pid {host.pid} alive")
         started = time.monotonic()
         if not isinstance(host, _CheckableHost):
-            return health_report(
-                process=process,
-                runtime=(NOT_CHECKED, "this host answers no ping"),
-                model=(NOT_CHECKED, "this host answers no ping"),
+            return Health(
+                report=health_report(
+                    process=process,
+                    runtime=(NOT_CHECKED, "this host answers no ping"),
+                    model=(NOT_CHECKED, "this host answers no ping"),
+                )
             )
         try:
             await host.ping(timeout_s=timeout_s)
         except GantryError as error:
-            return health_report(
-                process=process,
-                runtime=(FAILED, error.message),
-                model=(NOT_CHECKED, "the runtime did not answer, so the model was not run"),
-            )
+            # No answer in time from a live process is a hang; any other failure says itself.
+            hung = error.reason == "DEADLINE_EXCEEDED"
+            why = f"no answer to a ping within {timeout_s:g}s" if hung else error.message
+            report = health_report(process=process, runtime=(FAILED, why), model=_unchecked(deep))
+            return Health(report=report, unanswered=why if hung else "")
         runtime = (OK, f"ping answered in {time.monotonic() - started:.3f}s")
         if not deep:
-            return health_report(
-                process=process,
-                runtime=runtime,
-                model=(NOT_CHECKED, "a liveness ping does not run the model"),
-                since=started,
+            return Health(
+                report=health_report(
+                    process=process, runtime=runtime, model=_unchecked(deep), since=started
+                )
             )
         try:
-            checked = await host.check_model(timeout_s=timeout_s)
+            checked = await host.check_model(timeout_s=model_timeout_s)
         except GantryError as error:
-            return health_report(process=process, runtime=runtime, model=(FAILED, error.message))
+            return Health(
+                report=health_report(
+                    process=process, runtime=runtime, model=(FAILED, error.message)
+                )
+            )
         model = (checked.model.status, checked.model.detail)
-        return health_report(process=process, runtime=runtime, model=model, since=started)
+        return Health(
+            report=health_report(process=process, runtime=runtime, model=model, since=started)
+        )
 
     async def stop(self, running: RunningRuntime, *, grace_s: float) -> wg.UnloadEvidence:
         host = _host(running)
@@ -245,6 +274,14 @@ class ModelHostRuntime(RuntimeAdapter):
             with contextlib.suppress(Exception):
                 stopped = await host.kill()
         return stopped
+
+    async def terminate(
+        self, running: RunningRuntime, *, grace_s: float, reap_s: float
+    ) -> wg.UnloadEvidence:
+        return await _serving_host(running).terminate(grace_s=grace_s, reap_s=reap_s)
+
+    def kill_unresponsive(self, running: RunningRuntime, why: str) -> None:
+        _serving_host(running).kill_unresponsive(why)
 
     async def unload(self, running: RunningRuntime, *, grace_s: float, nvml: Nvml) -> Unloaded:
         # The child releases the model as it handles Shutdown (answering HostUnloaded first).
@@ -269,6 +306,39 @@ def _host(running: RunningRuntime) -> ProbeHost:
             "INTERNAL", f"a {running.adapter} runtime is not a model host (pid {running.pid})"
         )
     return running.host
+
+
+def running_host(running: RunningRuntime) -> ProbeHost:
+    """The host a running model-host or managed-server runtime holds: serving routes its
+    invocations to it (supervision starts every serving host through an adapter)."""
+    return _host(running)
+
+
+def held_runtime(host: ProbeHost, *, adapter: str) -> RunningRuntime:
+    """A runtime no adapter started (an adopted endpoint's client, pid 0): checked and
+    forgotten by the same `health` and `stop`, never started, restarted or signalled."""
+    return HostRunning(
+        adapter=adapter,
+        pid=host.pid,
+        load_seconds=host.ready.load_seconds,
+        runtime_versions=dict(host.ready.runtime_versions),
+        host=host,
+    )
+
+
+def _serving_host(running: RunningRuntime) -> _ServingHost:
+    host = _host(running)
+    if not isinstance(host, _ServingHost):
+        raise GantryError(
+            "INTERNAL", f"the {running.adapter} host (pid {running.pid}) is not a serving host"
+        )
+    return host
+
+
+def _unchecked(deep: bool) -> tuple[wg.HealthStatus, str]:
+    if deep:
+        return (NOT_CHECKED, "the runtime did not answer, so the model was not run")
+    return (NOT_CHECKED, "a liveness ping does not run the model")
 
 
 def record_unload(

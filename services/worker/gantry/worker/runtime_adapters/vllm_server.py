@@ -7,7 +7,10 @@ from __future__ import annotations
 from gantry.v1 import worker_gateway_pb2 as wg
 from gantry.worker.managed_server.kinds import VLLM_SERVER
 from gantry.worker.runtime_adapters.base import Support
-from gantry.worker.runtime_adapters.managed_server_runtime import ManagedServerRuntime
+from gantry.worker.runtime_adapters.managed_server_runtime import (
+    ManagedServerRuntime,
+    served_generation,
+)
 
 
 class VllmServer(ManagedServerRuntime):
@@ -16,7 +19,8 @@ class VllmServer(ManagedServerRuntime):
     modalities = ("text",)
     # The facts script lists it where a `vllm` executable sits beside the environment's python.
     packages = ("vllm",)
-    inspector = "transformers"
+    # What it would serve; `inspect_support` below declines to offer it all the same.
+    layout = served_generation("transformers")
 
     def inspect_support(self, inspection: wg.Inspection) -> Support:
         # Not offered by inspection: no environment here can run it, so offering it would add

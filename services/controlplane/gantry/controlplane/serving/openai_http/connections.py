@@ -9,7 +9,10 @@ headers; only when every held connection has a request under way is the new one 
 the descriptor is freed before anything is read). A connection that has not completed a
 request's headers within the header timeout, at its start or after a response on a kept-alive
 connection, is closed. All three are counted and logged at most once per interval, as totals,
-never a line per connection.
+never a line per connection. A response sent before its request's body has all arrived (a refusal
+by the headers alone) ends the connection: at once for a caller without a valid key, whose body
+is never read; after at most the door's body bound more, read and dropped, for a refused
+authenticated caller, so a client that writes its whole body before reading still gets its 413.
 """
 
 from __future__ import annotations
@@ -33,6 +36,9 @@ DEFAULT_BODY_TIMEOUT_S = 30.0
 # the workers' streams, logs.
 _REST_OF_THE_PROCESS = 0.5
 _LOG_INTERVAL_S = 10.0
+# The ASGI scope key the routes set once a call's key is verified: only such a call's connection
+# lingers for its unread body after a refusal; any other closes with its answer.
+AUTHENTICATED = "gantry.authenticated"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -101,15 +107,24 @@ class DoorCounters:
 
 
 def bounded_protocol(
-    *, max_connections: int, header_timeout_s: float, counters: DoorCounters
+    *,
+    max_connections: int,
+    header_timeout_s: float,
+    counters: DoorCounters,
+    linger_bytes: int,
+    linger_s: float,
 ) -> type[asyncio.Protocol]:
-    """uvicorn's h11 protocol with the door's two bounds, for one listener."""
+    """uvicorn's h11 protocol with the door's two bounds, for one listener; an answer given before
+    its request's body was all read ends the connection after at most `linger_bytes` more of it
+    (read and dropped, within `linger_s`): the door's body bound and body timeout."""
 
     class BoundedH11Protocol(H11Protocol):
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self._shed = False
             self._header_timer: asyncio.TimerHandle | None = None
+            self._lingering: int | None = None  # bytes a lingering close still drops
+            self._linger_timer: asyncio.TimerHandle | None = None
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             if len(self.connections) >= max_connections and not _evict_oldest_waiting():
@@ -125,17 +140,47 @@ def bounded_protocol(
             if self._shed:
                 return  # it was never taken in: nothing of it to release
             self._cancel_header_timer()
+            if self._linger_timer is not None:
+                self._linger_timer.cancel()
             super().connection_lost(exc)
 
         def data_received(self, data: bytes) -> None:
+            if self._lingering is not None:
+                self._lingering -= len(data)  # dropped unparsed: the call was answered
+                if self._lingering <= 0:
+                    self.transport.close()
+                return
             super().data_received(data)
             if self in waiting and not self.waiting_for_headers():
                 del waiting[self]  # its request is in: no longer the one to make room
 
         def on_response_complete(self) -> None:
+            if self.conn.their_state is h11.SEND_BODY and not self.transport.is_closing():
+                # Answered before its body was all read (refused by its headers: no key, too
+                # large). uvicorn would read the rest to its end to keep the connection, 60 MB
+                # for a 60 MB refusal; the door closes instead, a known caller's after a linger.
+                self.server_state.total_requests += 1
+                if self.cycle is not None and self.cycle.scope.get(AUTHENTICATED):
+                    self._linger()
+                else:
+                    self.transport.close()  # a stranger's body: not a byte more is read
+                return
             super().on_response_complete()
             # A kept-alive connection owes the next request's headers in the same time.
             self._arm_header_timer()
+
+        def _linger(self) -> None:
+            """A lingering close: the response is out, the connection takes no next request;
+            what the client was already sending is read and dropped, up to the door's body
+            bound and within its body timeout, so a client that sends its whole body before
+            reading (most HTTP clients) gets the answer rather than a reset; then the connection
+            is closed, the rest never read."""
+            self._cancel_header_timer()
+            self._lingering = linger_bytes
+            if self.transport.can_write_eof():
+                self.transport.write_eof()  # the client reads the answer, then the end
+            self._linger_timer = self.loop.call_later(linger_s, self.transport.close)
+            self.flow.resume_reading()
 
         def waiting_for_headers(self) -> bool:
             return self.conn.their_state is h11.IDLE and (

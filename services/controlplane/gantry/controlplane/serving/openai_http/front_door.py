@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Mapping
+import ctypes
+import gc
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar, cast
 
 import grpc
@@ -20,6 +22,8 @@ _Answer = TypeVar("_Answer")
 # A stream's chunks waiting for its client: past it the handler's write waits, and the wait is
 # the gRPC door's (worker_sessions bounds what queues behind it: CLIENT_TOO_SLOW).
 STREAM_WRITE_BACKLOG = 16
+# A call whose body reached this size gives the memory it took back when it ends (give_back).
+GIVE_BACK_BYTES = 4 * 1024 * 1024
 
 
 class BodyTooLarge(Exception):
@@ -114,6 +118,31 @@ async def read_body(request: Request, limit_bytes: int, timeout_s: float) -> byt
             timeout_s=f"{timeout_s:g}",
         ) from None
     return b"".join(chunks)
+
+
+def _libc_malloc_trim() -> Callable[[int], int] | None:
+    try:
+        trim: Callable[[int], int] = ctypes.CDLL(None).malloc_trim
+        return trim
+    except (OSError, AttributeError):
+        return None  # not glibc (musl, macOS): its allocator returns large blocks by itself
+
+
+_MALLOC_TRIM = _libc_malloc_trim()
+
+
+def give_back() -> None:
+    """The memory of a large body returned to the system, once its call was answered.
+
+    A refused call's body is held by a reference cycle (an exception's traceback, the frame that
+    raised it, the body in that frame) until the collector's next full pass, and glibc keeps what
+    was freed in its arenas: 16 calls of 30 MB left the control plane at 1 GB long after they
+    were answered. So: one collection, then `malloc_trim(0)`. Both cost milliseconds, paid only
+    after a body of GIVE_BACK_BYTES or more, which took far longer to arrive.
+    """
+    gc.collect()
+    if _MALLOC_TRIM is not None:
+        _MALLOC_TRIM(0)
 
 
 async def until_disconnected(receive: Receive) -> None:

@@ -31,13 +31,16 @@ from gantry.common.telemetry import extract_context, tracer
 from gantry.controlplane.platform import metrics
 from gantry.controlplane.platform.database import Database
 from gantry.controlplane.serving.openai_http import catalog
+from gantry.controlplane.serving.openai_http.connections import AUTHENTICATED
 from gantry.controlplane.serving.openai_http.errors import body_too_large, http_error
 from gantry.controlplane.serving.openai_http.front_door import (
+    GIVE_BACK_BYTES,
     BodyTooLarge,
     ClientGone,
     HttpCallContext,
     InFlight,
     authenticate,
+    give_back,
     read_body,
     unless_disconnected,
 )
@@ -75,6 +78,7 @@ class _Call:
     tenant: str = ""
     started: float = field(default_factory=time.perf_counter)
     done: bool = False
+    body_bytes: int = 0  # what its body took, given back when it ends if large
 
     def finish(self, error: BaseException | None) -> None:
         if self.done:
@@ -128,6 +132,15 @@ class OpenAiRoutes:
         )
 
     async def _answer(self, request: Request, path: str, operation: _Operation) -> Response:
+        """One call answered; a large body's memory given back once nothing holds it (the
+        failure that refused it included: its traceback holds the body until it is gone)."""
+        response = await self._answer_call(request, path, operation)
+        call: _Call | None = getattr(request.state, "call", None)
+        if call is not None and call.body_bytes >= GIVE_BACK_BYTES:
+            give_back()
+        return response
+
+    async def _answer_call(self, request: Request, path: str, operation: _Operation) -> Response:
         """Authenticate, bound, trace and count one call; every failure in the OpenAI shape."""
         span = _tracer.start_span(
             f"{request.method} {path}",
@@ -140,6 +153,7 @@ class OpenAiRoutes:
         try:
             with trace.use_span(span, end_on_exit=False):
                 principal = await authenticate(self._authenticator, request.headers)
+                request.scope[AUTHENTICATED] = True  # a refusal may linger for its body
                 set_principal(principal)  # this request's task only, as the interceptor does
                 span.set_attribute("gantry.tenant_id", principal.subject)
                 self.in_flight.enter(principal.subject)
@@ -169,7 +183,10 @@ class OpenAiRoutes:
         return response
 
     async def _body(self, request: Request) -> bytes:
-        return await read_body(request, self._max_body_bytes, self._body_timeout_s)
+        body = await read_body(request, self._max_body_bytes, self._body_timeout_s)
+        call: _Call = request.state.call
+        call.body_bytes = len(body)
+        return body
 
     async def _embeddings(self, request: Request) -> Response:
         embedding = embedding_call(json_object(await self._body(request)))

@@ -181,6 +181,8 @@ async def start_http_api(
         max_connections=max_connections,
         header_timeout_s=settings.bounds.header_timeout_s,
         counters=counters,
+        linger_bytes=settings.max_body_bytes,
+        linger_s=settings.bounds.body_timeout_s,
     )
     try:
         config = _config(routes, settings.tls, protocol)

@@ -64,8 +64,11 @@ class ModelAdapter(abc.ABC):
     name: ClassVar[str]
     # "embedding", "reranking", "speech_recognition", "ocr", "image_embedding", "text_generation"
     task: ClassVar[str]
-    # The HostRequest kinds it answers: "embed", "rerank", "transcribe", "recognize_text",
-    # "embed_image", "classify_image", "generate".
+    # The HostRequest kinds it answers: inference operations' kinds (gantry.common.operations:
+    # "embed", "rerank", "transcribe", "recognize_text", "embed_image", "classify_image",
+    # "generate", ...). A kind is answered by the method named as it: those below take what the
+    # serving loop decoded; an operation without one here is given its worker payload and
+    # returns its result message (media_serving), e.g. `def count_tokens(self, payload)`.
     serves: ClassVar[frozenset[str]]
     # What the adapter passes to the library, recorded as offline evidence (not assumed).
     local_files_only: ClassVar[bool] = True
