@@ -8,6 +8,10 @@ a decision only when the control plane says its caller has gone.
 
 Work is queued per deployment, so a deployment whose slots are all busy never holds up another
 deployment's work (no head-of-line blocking), and fairness is weighed where the contention is.
+It is weighed twice there: the fair queue orders what waits, and each tenant takes a slot only
+while its calls in flight are under its weighted share of the deployment's slots
+(`slot_shares`), because a model host serves what it holds in arrival order, so the tenants'
+shares of the calls in flight are their shares of what is served.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import dataclasses
 import heapq
 import statistics
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from gantry.scheduler.policy.admission import TenantBook
@@ -39,6 +43,7 @@ from gantry.scheduler.policy.events import (
 from gantry.scheduler.policy.fair_queue import FairQueue, QueuedWork
 from gantry.scheduler.policy.ledger import Ledger
 from gantry.scheduler.policy.placement import NodeCandidate, NotPlaced, place
+from gantry.scheduler.policy.slot_shares import slot_caps
 from gantry.scheduler.policy.types import (
     BreakerState,
     Outcome,
@@ -91,6 +96,7 @@ class _Totals:
 class _DeploymentWork:
     queue: FairQueue
     waits: deque[float] = field(default_factory=deque)
+    running: dict[str, int] = field(default_factory=dict)  # tenant -> its calls in flight here
 
 
 # INFRA failures that say the node itself is unwell (its worker's stream is gone or fenced): they
@@ -258,7 +264,7 @@ class SchedulerCore:
         self._routes.pop(deployment_id, None)
         decisions = self._settle(deployment_id, now)
         work = self._work.get(deployment_id)
-        if work is not None and not len(work.queue):
+        if work is not None and not len(work.queue) and not work.running:
             del self._work[deployment_id]
         return decisions
 
@@ -315,7 +321,8 @@ class SchedulerCore:
                     removed.tenant_id, removed.cost, now, charged_at=removed.enqueued_at
                 )
             self._totals.cancelled += 1
-            return []
+            # Its tenant asks less now, so another tenant's share of the slots may have grown.
+            return self._pump(deployment_id, now)
         assignment = self._in_flight.pop(work_id, None)
         if assignment is None:
             return []  # already answered (expired, or from a stream before a reset)
@@ -324,6 +331,7 @@ class SchedulerCore:
         elif outcome == Outcome.INFRA_FAILURE:
             self._totals.infra_failures += 1
         self._book.finished(assignment.tenant_id)
+        self._release_share(assignment)
         residency = self._residencies.get(assignment.residency_id)
         if residency is not None:
             residency.in_flight = max(0, residency.in_flight - 1)
@@ -454,21 +462,63 @@ class SchedulerCore:
     # ---- the rules that move work -------------------------------------------------------------
 
     def _pump(self, deployment_id: str, now: float) -> list[Decision]:
-        """Serve the deployment's queue while a residency has a free slot."""
+        """Serve the deployment's queue while a residency has a free slot, each call to a tenant
+        still under its share of the deployment's slots (slot_shares)."""
         work = self._work.get(deployment_id)
         if work is None or not len(work.queue):
             return []
         decisions: list[Decision] = []
+        weighed = False
+        eligible: Callable[[str], bool] | None = None
         while len(work.queue) and len(self._in_flight) < self._settings.max_in_flight:
             residency = self._choose(deployment_id, now)
             if residency is None:
                 break
-            queued = work.queue.pop(now)
+            if not weighed:  # weighed once a slot is free: most pumps under load find none
+                eligible, weighed = self._under_share(deployment_id, work), True
+            queued = work.queue.pop(now, eligible)
             if queued is None:
                 break
             del self._queued_where[queued.work_id]
             decisions.append(self._start(queued, residency, work, now))
         return decisions
+
+    def _under_share(
+        self, deployment_id: str, work: _DeploymentWork
+    ) -> Callable[[str], bool] | None:
+        """Whether a tenant may take another of the deployment's slots now; None when every
+        tenant may (one tenant alone has every slot). A tenant with nothing in flight always
+        may; the caps are weighed, once per pump, only when a tenant with calls in flight asks."""
+        running = work.running
+        if not running or (len(running) == 1 and work.queue.depths().keys() <= running.keys()):
+            return None
+        caps: dict[str, float] = {}
+
+        def eligible(tenant_id: str) -> bool:
+            held = running.get(tenant_id, 0)
+            if not held:
+                return True
+            if not caps:
+                caps.update(self._slot_caps(deployment_id, work))
+            return held < caps[tenant_id]
+
+        return eligible
+
+    def _slot_caps(self, deployment_id: str, work: _DeploymentWork) -> dict[str, float]:
+        waiting = work.queue.depths()
+        slots = sum(r.info.slots for r in self._route(deployment_id).routable)
+        weights = {t: max(1, self._book.policy(t).weight) for t in waiting.keys() | work.running}
+        return slot_caps(waiting, work.running, weights, slots)
+
+    def _release_share(self, assignment: _Assignment) -> None:
+        work = self._work.get(assignment.deployment_id)
+        if work is None:
+            return
+        left = work.running.get(assignment.tenant_id, 0) - 1
+        if left > 0:
+            work.running[assignment.tenant_id] = left
+        else:
+            work.running.pop(assignment.tenant_id, None)
 
     def _choose(self, deployment_id: str, now: float) -> _Residency | None:
         """Least outstanding work among residencies with a free slot whose breakers let a call
@@ -498,6 +548,7 @@ class SchedulerCore:
             tenant_id=queued.tenant_id,
         )
         self._book.dispatched(queued.tenant_id, queued.cost)
+        work.running[queued.tenant_id] = work.running.get(queued.tenant_id, 0) + 1
         self._breakers.started(info.node_id, info.deployment_id, now)
         work.waits.append(now - queued.enqueued_at)
         if len(work.waits) > self._settings.recent_waits:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import heapq
 import random
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from gantry.common.errors import GantryError
@@ -80,27 +81,39 @@ class _Lane:
         else:
             line.append(entry)
 
-    def pop(self) -> _Entry | None:
+    def pop(self, eligible: Callable[[str], bool] | None = None) -> _Entry | None:
+        """The line front with the smallest finish tag, among the tenants `eligible` allows."""
         fronts = self.fronts
         lines = self.lines
-        while fronts:
-            _, seq, tenant_id = heapq.heappop(fronts)
-            line = lines.get(tenant_id)
-            if line is None or line[0].seq != seq:
-                continue  # a stale front: that item was removed or promoted
-            entry = line.popleft()
-            entry.holder = None
-            self.held -= 1
-            if entry.start > self.virtual_time:
-                self.virtual_time = entry.start
-            if entry.finish > self.max_finish:
-                self.max_finish = entry.finish
-            self.last_finish[tenant_id] = entry.finish
-            self._settle_line(tenant_id, line, entry.finish)
-            if self.held == 0:
-                self._end_busy_period()
-            return entry
-        return None
+        passed: list[tuple[float, int, str]] = []
+        try:
+            while fronts:
+                front = heapq.heappop(fronts)
+                line = lines.get(front[2])
+                if line is None or line[0].seq != front[1]:
+                    continue  # a stale front: that item was removed or promoted
+                if eligible is not None and not eligible(front[2]):
+                    passed.append(front)  # it keeps its tag and its place
+                    continue
+                return self._serve(front[2], line)
+            return None
+        finally:
+            for front in passed:
+                heapq.heappush(fronts, front)
+
+    def _serve(self, tenant_id: str, line: deque[_Entry]) -> _Entry:
+        entry = line.popleft()
+        entry.holder = None
+        self.held -= 1
+        if entry.start > self.virtual_time:
+            self.virtual_time = entry.start
+        if entry.finish > self.max_finish:
+            self.max_finish = entry.finish
+        self.last_finish[tenant_id] = entry.finish
+        self._settle_line(tenant_id, line, entry.finish)
+        if self.held == 0:
+            self._end_busy_period()
+        return entry
 
     def remove(self, entry: _Entry) -> None:
         entry.holder = None
@@ -189,12 +202,14 @@ class FairQueue:
         else:
             self._interactive.push(entry)
 
-    def pop(self, now: float) -> QueuedWork | None:
+    def pop(self, now: float, eligible: Callable[[str], bool] | None = None) -> QueuedWork | None:
+        """The next work to serve, of a tenant `eligible` allows (None: any tenant); a tenant
+        passed over keeps its place and its tags."""
         if self._batch_arrivals:
             self._promote_aged(now)
-        entry = self._interactive.pop()
+        entry = self._interactive.pop(eligible)
         if entry is None:
-            entry = self._batch.pop()
+            entry = self._batch.pop(eligible)
             if entry is None:
                 return None
         self._forget(entry)
@@ -224,6 +239,10 @@ class FairQueue:
 
     def depth_of(self, tenant_id: str) -> int:
         return self._depth_by_tenant.get(tenant_id, 0)
+
+    def depths(self) -> dict[str, int]:
+        """Each tenant with work waiting here, and how many of its calls wait."""
+        return dict(self._depth_by_tenant)
 
     def _promote_aged(self, now: float) -> None:
         arrivals = self._batch_arrivals
