@@ -178,12 +178,11 @@ def test_forcing_during_an_ordered_stop_kills_every_child_at_once(tmp_path: Path
     stopping.start()
     wait_for(lambda: Path(f"{terminated}worker").exists(), what="the worker's SIGTERM")
 
-    started = time.monotonic()
     supervisor.force_stop()
+    # Each child was given 60 s to stop: a stop_all() still running at 30 s waited on them.
     stopping.join(timeout=30)
 
     assert not stopping.is_alive()
-    assert time.monotonic() - started < 10  # not the 60 s each child was given to stop
     assert [(r.name, r.killed, r.returncode) for r in results] == [
         ("worker", True, -9),
         ("controlplane", True, -9),

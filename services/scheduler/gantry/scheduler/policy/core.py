@@ -19,13 +19,13 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import statistics
-from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from gantry.scheduler.policy.admission import TenantBook
 from gantry.scheduler.policy.autoscale import Autoscaler, ScaleAdviceValue, ScaleSignal
 from gantry.scheduler.policy.breakers import NODE_BREAKER, BreakerBoard, BreakerChange
+from gantry.scheduler.policy.deployment_work import DeploymentWork
 from gantry.scheduler.policy.events import (
     CoreSnapshot,
     Decision,
@@ -43,7 +43,6 @@ from gantry.scheduler.policy.events import (
 from gantry.scheduler.policy.fair_queue import FairQueue, QueuedWork
 from gantry.scheduler.policy.ledger import Ledger
 from gantry.scheduler.policy.placement import NodeCandidate, NotPlaced, place
-from gantry.scheduler.policy.slot_shares import slot_caps
 from gantry.scheduler.policy.types import (
     BreakerState,
     Outcome,
@@ -92,13 +91,6 @@ class _Totals:
     infra_failures: int = 0
 
 
-@dataclass(slots=True)
-class _DeploymentWork:
-    queue: FairQueue
-    waits: deque[float] = field(default_factory=deque)
-    running: dict[str, int] = field(default_factory=dict)  # tenant -> its calls in flight here
-
-
 # INFRA failures that say the node itself is unwell (its worker's stream is gone or fenced): they
 # count on the node's breaker too. Every other failure is the model host's own (it crashed, hung,
 # ran out of memory, its runtime failed the call, the call timed out in it) and counts on its
@@ -130,7 +122,7 @@ class SchedulerCore:
         self._by_deployment: dict[str, set[str]] = {}
         self._by_node: dict[str, set[str]] = {}
         self._deployments: dict[str, DeploymentInfo] = {}
-        self._work: dict[str, _DeploymentWork] = {}
+        self._work: dict[str, DeploymentWork] = {}
         self._queued_where: dict[str, str] = {}  # work id -> deployment id
         self._in_flight: dict[str, _Assignment] = {}
         self._deadlines: list[tuple[float, int, str]] = []
@@ -264,7 +256,7 @@ class SchedulerCore:
         self._routes.pop(deployment_id, None)
         decisions = self._settle(deployment_id, now)
         work = self._work.get(deployment_id)
-        if work is not None and not len(work.queue) and not work.running:
+        if work is not None and work.idle:
             del self._work[deployment_id]
         return decisions
 
@@ -331,7 +323,9 @@ class SchedulerCore:
         elif outcome == Outcome.INFRA_FAILURE:
             self._totals.infra_failures += 1
         self._book.finished(assignment.tenant_id)
-        self._release_share(assignment)
+        work = self._work.get(assignment.deployment_id)
+        if work is not None:
+            work.released(assignment.tenant_id)
         residency = self._residencies.get(assignment.residency_id)
         if residency is not None:
             residency.in_flight = max(0, residency.in_flight - 1)
@@ -475,50 +469,17 @@ class SchedulerCore:
             if residency is None:
                 break
             if not weighed:  # weighed once a slot is free: most pumps under load find none
-                eligible, weighed = self._under_share(deployment_id, work), True
+                eligible = work.under_share(
+                    lambda tenant: self._book.policy(tenant).weight,
+                    lambda: sum(r.info.slots for r in self._route(deployment_id).routable),
+                )
+                weighed = True
             queued = work.queue.pop(now, eligible)
             if queued is None:
                 break
             del self._queued_where[queued.work_id]
             decisions.append(self._start(queued, residency, work, now))
         return decisions
-
-    def _under_share(
-        self, deployment_id: str, work: _DeploymentWork
-    ) -> Callable[[str], bool] | None:
-        """Whether a tenant may take another of the deployment's slots now; None when every
-        tenant may (one tenant alone has every slot). A tenant with nothing in flight always
-        may; the caps are weighed, once per pump, only when a tenant with calls in flight asks."""
-        running = work.running
-        if not running or (len(running) == 1 and work.queue.depths().keys() <= running.keys()):
-            return None
-        caps: dict[str, float] = {}
-
-        def eligible(tenant_id: str) -> bool:
-            held = running.get(tenant_id, 0)
-            if not held:
-                return True
-            if not caps:
-                caps.update(self._slot_caps(deployment_id, work))
-            return held < caps[tenant_id]
-
-        return eligible
-
-    def _slot_caps(self, deployment_id: str, work: _DeploymentWork) -> dict[str, float]:
-        waiting = work.queue.depths()
-        slots = sum(r.info.slots for r in self._route(deployment_id).routable)
-        weights = {t: max(1, self._book.policy(t).weight) for t in waiting.keys() | work.running}
-        return slot_caps(waiting, work.running, weights, slots)
-
-    def _release_share(self, assignment: _Assignment) -> None:
-        work = self._work.get(assignment.deployment_id)
-        if work is None:
-            return
-        left = work.running.get(assignment.tenant_id, 0) - 1
-        if left > 0:
-            work.running[assignment.tenant_id] = left
-        else:
-            work.running.pop(assignment.tenant_id, None)
 
     def _choose(self, deployment_id: str, now: float) -> _Residency | None:
         """Least outstanding work among residencies with a free slot whose breakers let a call
@@ -537,7 +498,7 @@ class SchedulerCore:
         return best
 
     def _start(
-        self, queued: QueuedWork, residency: _Residency, work: _DeploymentWork, now: float
+        self, queued: QueuedWork, residency: _Residency, work: DeploymentWork, now: float
     ) -> Dispatched:
         info = residency.info
         residency.in_flight += 1
@@ -548,7 +509,7 @@ class SchedulerCore:
             tenant_id=queued.tenant_id,
         )
         self._book.dispatched(queued.tenant_id, queued.cost)
-        work.running[queued.tenant_id] = work.running.get(queued.tenant_id, 0) + 1
+        work.took(queued.tenant_id)
         self._breakers.started(info.node_id, info.deployment_id, now)
         work.waits.append(now - queued.enqueued_at)
         if len(work.waits) > self._settings.recent_waits:
@@ -714,10 +675,10 @@ class SchedulerCore:
         self._by_node.get(info.node_id, set()).discard(info.residency_id)
         self._breakers.forget(info.node_id, info.deployment_id)
 
-    def _work_of(self, deployment_id: str) -> _DeploymentWork:
+    def _work_of(self, deployment_id: str) -> DeploymentWork:
         work = self._work.get(deployment_id)
         if work is None:
-            work = self._work[deployment_id] = _DeploymentWork(
+            work = self._work[deployment_id] = DeploymentWork(
                 queue=FairQueue(aging_seconds=self._settings.aging_seconds)
             )
         return work
