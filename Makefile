@@ -20,8 +20,8 @@ export TOKENIZERS_PARALLELISM := false
 STEP := $(PYTHON) scripts/build_step.py
 PIP_FLAGS := --disable-pip-version-check --progress-bar off
 
-.PHONY: run test test-plan test-unit test-integration lint proto docs bench clean venv vision-env \
-	llama-env clients-env
+.PHONY: run test test-plan test-unit test-integration lint proto docs bench gpu-check clean venv \
+	vision-env llama-env clients-env
 
 venv: $(STAMP)
 
@@ -152,8 +152,16 @@ lint: $(PROTO_STAMP)
 	$(BIN)/ruff format --check libs services cli tests
 	$(BIN)/mypy libs/gantry/common cli services
 
+# `make bench DEVICE=cuda` (cpu unless told; auto, cuda:N): the served model (`gantry up --device`)
+# and the direct baseline it is compared with run on that device (tests/bench/device.py).
 bench: $(PROTO_STAMP) $(VISION_STAMP) $(LLAMA_STAMP)
-	$(BIN)/python -m tests.bench.run
+	GANTRY_BENCH_DEVICE=$(or $(DEVICE),cpu) $(BIN)/python -m tests.bench.run
+
+# On a CUDA node, the bundled model through Gantry on the GPU in one report within 5 minutes;
+# without CUDA one line saying why, exit 0. DEVICE=cuda:N another GPU, DEVICE=cpu the same
+# sequence on the CPU (tests/bench/gpu_check.py).
+gpu-check: $(PROTO_STAMP)
+	$(BIN)/python -m tests.bench.gpu_check --device $(or $(DEVICE),cuda)
 
 clean:
 	rm -rf $(VENV) $(VISION_VENV) $(LLAMA_VENV) $(CLIENTS_VENV) $(PROTO_STAMP) \

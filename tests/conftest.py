@@ -65,7 +65,7 @@ async def _fresh_postgres_database() -> AsyncIterator[str]:
 _DURATIONS = Path(__file__).with_name("file_durations.json")
 # Seconds a test of an unlisted file is assumed to take, by its top directory: a guess only
 # orders the files; a wrong one costs time at the end of the run, never a result.
-_SECONDS_PER_TEST = {"e2e": 30.0, "chaos": 10.0, "integration": 1.0, "unit": 0.03}
+_SECONDS_PER_TEST = {"e2e": 30.0, "chaos": 10.0, "hostile": 6.0, "integration": 1.0, "unit": 0.03}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -61,4 +61,6 @@ USER 10001:10001
 # No EXPOSE and no HEALTHCHECK: the worker listens on nothing. Its liveness is its WorkerGateway
 # stream, which the control plane observes (heartbeats, leases).
 ENTRYPOINT ["tini", "--", "gantry"]
-CMD ["worker", "--control-plane", "controlplane:50051", "--credential-file", "/run/secrets/node.credential", "--artifact-root", "/artifacts"]
+# A model host that cannot reach its whole sandbox is refused (deploy/README.md, "The model host
+# sandbox"); deploy/compose.yaml and deploy/k8s pass the same flag.
+CMD ["worker", "--control-plane", "controlplane:50051", "--credential-file", "/run/secrets/node.credential", "--artifact-root", "/artifacts", "--require-isolation", "fs-net-seccomp"]

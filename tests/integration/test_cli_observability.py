@@ -176,7 +176,8 @@ async def test_inventory_by_name_and_by_id_and_of_an_unknown_node(
     assert managed[0].split()[:3] == ["DEPLOYMENT", "STATE", "PID"]
     assert [line.split()[:2] for line in managed[1:]] == [[deployment.deployment_id, "RESIDENT"]]
     assert "host.ram" in by_name and "sentence_transformers" in by_name
-    assert "other GPU processes: " in by_name  # said, not claimed to be none
+    # No GPU reading from this worker: said, not claimed to be no GPU processes.
+    assert "\nGPUS: no heartbeat of this node has reported its GPUs yet\n" in by_name
 
     status, as_json, err = await cli(
         gantry.harness, tmp_path, capsys, "inventory", left.node_id, "--json"

@@ -601,7 +601,10 @@ async def test_a_real_worker_walks_every_gate_and_the_approved_model_serves(
         (probe,) = probes_listed.probes
         evidence = probe.evidence
         assert evidence.reclaim.reclaimed and evidence.output_finite
-        assert evidence.offline.local_files_only and not evidence.offline.trust_remote_code
+        # Observed by the child: its weights read from the verified copy alone, no model code.
+        assert list(evidence.offline.weight_files) == ["model.safetensors"]
+        assert not evidence.offline.weight_files_outside_copy
+        assert not evidence.offline.remote_code_modules
         assert evidence.memory.rss_peak.WhichOneof("value") == "bytes"
         profile = await harness.operator.GetRuntimeProfile(
             cp.GetRuntimeProfileRequest(profile_id=created.profile_id), metadata=harness.op_md

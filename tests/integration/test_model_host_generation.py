@@ -422,6 +422,9 @@ async def test_the_probe_check_passes_on_logits_and_a_real_generation(
     prompt_tokens = direct.inputs("Gantry model host health probe.")["input_ids"].shape[1]
     vocabulary = direct.model.config.vocab_size
     assert list(probe.output_shape) == [1, prompt_tokens, vocabulary] and probe.output_finite
-    assert probe.offline.local_files_only and not probe.offline.trust_remote_code
+    # Observed by the child: its weights read from the verified copy alone, no model code.
+    assert list(probe.offline.weight_files) == ["model.safetensors"]
+    assert not probe.offline.weight_files_outside_copy
+    assert not probe.offline.remote_code_modules
     assert lm_host.ready.dim == 0
     assert {"torch", "transformers", "device"} <= set(lm_host.ready.runtime_versions)

@@ -189,8 +189,13 @@ def test_probe_check_reports_measured_evidence_then_shutdown_unloads_and_exits_z
     assert not memory.HasField("cuda_allocated_after_unload")  # only known after Shutdown
 
     offline = probe.offline
-    assert offline.local_files_only is True
-    assert offline.trust_remote_code is False
+    # Observed by the child, not the adapter's declared settings (test_model_host_cuda_oom.py
+    # shows each one changing when the child's state does): no code imported from outside its
+    # interpreter's roots, and the weights it read mapped from its copy, never from elsewhere.
+    assert offline.opens_observed is True
+    assert list(offline.remote_code_modules) == []
+    assert list(offline.weight_files) == ["model.safetensors"]
+    assert list(offline.weight_files_outside_copy) == []
     assert offline.offline_env["HF_HUB_OFFLINE"] == "1"
     assert offline.offline_env["TRANSFORMERS_OFFLINE"] == "1"
     assert all(name.startswith(("HF_", "TRANSFORMERS_")) for name in offline.offline_env)

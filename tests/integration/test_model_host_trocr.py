@@ -239,7 +239,10 @@ async def test_the_probe_check_passes_with_measured_memory_and_the_sandbox_holds
     assert memory.rss_current.source == "/proc/self/status VmRSS"
     assert memory.rss_peak.bytes >= memory.rss_current.bytes > 0
     assert memory.cuda_peak_allocated.unavailable == "device is cpu"
-    assert probe.offline.local_files_only and not probe.offline.trust_remote_code
+    # Observed by the child: its weights read from the verified copy alone, no model code.
+    assert list(probe.offline.weight_files) == ["model.safetensors"]
+    assert not probe.offline.weight_files_outside_copy
+    assert not probe.offline.remote_code_modules
     assert probe.offline.network_guard
     report = await trocr_host.check_model(timeout_s=60)
     assert report.model.status == wg.HEALTH_STATUS_OK

@@ -102,7 +102,10 @@ async def test_each_model_passes_every_gate_in_the_vision_environment(vision: Vi
         assert evidence.environment_fingerprint == assessment.environment_fingerprint
         assert evidence.runtime_versions["torch"].startswith("2.14.")  # the vision torch
         assert evidence.output_finite and evidence.output_shape
-        assert evidence.offline.local_files_only and not evidence.offline.trust_remote_code
+        # Observed by the child: its weights read from the verified copy alone, no model code.
+        assert list(evidence.offline.weight_files) == ["model.safetensors"]
+        assert not evidence.offline.weight_files_outside_copy
+        assert not evidence.offline.remote_code_modules
         memory = evidence.memory
         assert memory.rss_peak.WhichOneof("value") == "bytes", memory.rss_peak  # measured
         assert "VmHWM" in memory.rss_peak.source

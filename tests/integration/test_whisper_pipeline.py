@@ -132,7 +132,10 @@ async def test_a_tiny_whisper_passes_every_gate_deploys_and_refuses_embeddings(
         # The tone's generated ids: a non-empty, finite 1-D output (no embedding width).
         assert len(evidence.output_shape) == 1 and evidence.output_shape[0] > 0
         assert evidence.output_finite
-        assert evidence.offline.local_files_only and not evidence.offline.trust_remote_code
+        # Observed by the child: its weights read from the verified copy alone, no model code.
+        assert list(evidence.offline.weight_files) == ["model.safetensors"]
+        assert not evidence.offline.weight_files_outside_copy
+        assert not evidence.offline.remote_code_modules
         memory = evidence.memory
         assert memory.rss_peak.bytes > 0 and "VmHWM" in memory.rss_peak.source
         assert memory.rss_current.bytes > 0

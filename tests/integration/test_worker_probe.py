@@ -183,7 +183,10 @@ async def test_probe_walks_every_stage_measures_and_reaps_its_child_without_a_re
     )
     assert evidence.load_seconds > 0 and evidence.first_invoke_seconds > 0
     assert (list(evidence.output_shape), evidence.output_finite) == ([1, 32], True)
-    assert evidence.offline.local_files_only and not evidence.offline.trust_remote_code
+    # Observed by the child: its weights read from the verified copy alone, no model code.
+    assert list(evidence.offline.weight_files) == ["model.safetensors"]
+    assert not evidence.offline.weight_files_outside_copy
+    assert not evidence.offline.remote_code_modules
     assert evidence.offline.offline_env["HF_HUB_OFFLINE"] == "1"
     health = evidence.health
     assert [health.process.status, health.runtime.status, health.model.status] == [
@@ -283,7 +286,9 @@ async def test_a_model_that_cannot_load_fails_the_probe_and_leaves_no_process(
     root, verified_root = roots
     (root / "broken").mkdir()
     shutil.copytree(tiny_model_dir, root / "broken", dirs_exist_ok=True)
-    (root / "broken" / "model.safetensors").write_bytes(b"these are not safetensors")
+    # Safetensors by its header (so the gate passes it), naming 16 bytes of data that are not there.
+    header = json.dumps({"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}).encode()
+    (root / "broken" / "model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header)
     probe_id = new_id()
     assignment = _assignment(_artifact(root, tiny_model_dir, "broken"), probe_id=probe_id)
     with pytest.raises(GantryError) as caught:

@@ -4,8 +4,10 @@ admin refusals, and the worker's adopted host against an in-memory HTTP transpor
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import stat
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, cast
 
@@ -16,7 +18,12 @@ from gantry.common.errors import GantryError
 from gantry.controlplane.deployments.admin_rules import adopted_refusal
 from gantry.controlplane.deployments.placement import missing_replicas
 from gantry.controlplane.endpoints.sealing import CredentialSealer
-from gantry.controlplane.endpoints.url_rules import check_credential, check_endpoint_url
+from gantry.controlplane.endpoints.url_rules import (
+    OwnListeners,
+    check_credential,
+    check_endpoint_url,
+    check_not_own_listener,
+)
 from gantry.controlplane.platform.models import Deployment
 from gantry.v1 import common_pb2
 from gantry.v1 import worker_gateway_pb2 as wg
@@ -62,6 +69,50 @@ def test_any_other_url_is_invalid_argument_naming_the_url(url: str) -> None:
     assert refused.value.reason == "INVALID_ARGUMENT"
     assert refused.value.metadata["field"] == "url"
     assert "hunter2" not in refused.value.message
+
+
+OWN = OwnListeners(ports=frozenset({50051, 8080, 80}), hostname="cp-host")
+
+
+@pytest.mark.parametrize(
+    ("url", "node_hostname"),
+    [
+        ("http://127.0.0.1:50051", "cp-host"),  # the gRPC port (ControlPlane, Inference, OIP)
+        ("http://localhost:8080/v1", "CP-HOST"),  # the HTTP door, hostname in any case
+        ("https://[::1]:8080", "cp-host"),
+        ("http://127.3.2.1:8080", "cp-host"),  # all of 127/8 is this machine
+        ("http://cp-host:50051", "cp-host"),  # its hostname
+        ("http://127.0.0.1", "cp-host"),  # no port: http's 80
+        ("http://127.0.0.1:8080", ""),  # a node that has not said where it runs: taken as here
+    ],
+)
+def test_a_url_naming_the_control_planes_own_listener_is_refused(
+    url: str, node_hostname: str
+) -> None:
+    checked = check_endpoint_url(url, node_hostname=node_hostname)
+    with pytest.raises(GantryError) as refused:
+        check_not_own_listener(checked, node_hostname=node_hostname, own=OWN)
+    assert refused.value.reason == "INVALID_ARGUMENT"
+    assert refused.value.metadata["field"] == "url"
+    assert refused.value.metadata["port"] == str(checked.effective_port)
+    assert "own front doors" in refused.value.message
+
+
+@pytest.mark.parametrize(
+    ("url", "node_hostname", "own"),
+    [
+        ("http://127.0.0.1:8000", "cp-host", OWN),  # another port on this machine
+        ("https://127.0.0.1", "cp-host", OWN),  # https's 443 is not one of ours
+        ("http://127.0.0.1:8080", "gpu-node-7", OWN),  # the node's loopback is another machine
+        ("http://gpu-node-7:50051", "gpu-node-7", OWN),
+        ("http://127.0.0.1:8080", "cp-host", OwnListeners()),  # no listener known
+    ],
+)
+def test_a_url_elsewhere_or_on_another_port_is_not_ours(
+    url: str, node_hostname: str, own: OwnListeners
+) -> None:
+    checked = check_endpoint_url(url, node_hostname=node_hostname)
+    check_not_own_listener(checked, node_hostname=node_hostname, own=own)
 
 
 def test_a_credential_must_be_a_header_safe_token() -> None:
@@ -196,3 +247,168 @@ async def test_supervision_marks_a_failing_adopted_server_unhealthy_and_keeps_it
     assert proto.adopted and proto.pid == 0 and proto.endpoint_url == "http://127.0.0.1:1"
     await supervisor.unload("d")
     assert supervisor.residents.get("d") is None
+
+
+# What an adopted server may say in an error: its paths, another caller's prompt, a traceback.
+SECRET = "Traceback: /srv/secret-weights/model.gguf prompt='the other tenant wrote this'"
+
+
+def _answering(status: int, body: dict[str, Any] | str) -> httpx.MockTransport:
+    def answer(request: httpx.Request) -> httpx.Response:
+        if isinstance(body, str):
+            return httpx.Response(status, text=body)
+        return httpx.Response(status, json=body)
+
+    return httpx.MockTransport(answer)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize(
+    ("status", "body", "reason"),
+    [
+        (500, {"error": {"message": SECRET}}, "INVOKE_FAILED"),
+        (503, SECRET, "INVOKE_FAILED"),
+        (400, {"detail": SECRET}, "INVALID_PAYLOAD"),  # about the request: the client's
+    ],
+)
+async def test_an_adopted_servers_refusal_reaches_the_caller_as_its_status_only(
+    caplog: pytest.LogCaptureFixture,
+    stream: bool,
+    status: int,
+    body: dict[str, Any] | str,
+    reason: str,
+) -> None:
+    host = _endpoint(_answering(status, body))
+    with pytest.raises(GantryError) as refused:
+        await host.generate(
+            wg.GeneratePayload(prompt="hi", max_tokens=4, stream=stream),
+            trace_context={},
+            timeout_s=5,
+        )
+    assert refused.value.reason == reason
+    assert f"the adopted server answered generate with HTTP {status}" in refused.value.message
+    assert refused.value.metadata["upstream_status"] == str(status)
+    assert "secret" not in str(refused.value) + str(refused.value.metadata)
+    # The server's words, cut short, are in the worker's log for its operator.
+    assert "/srv/secret-weights" in caplog.text and f"HTTP {status}" in caplog.text
+
+
+async def test_an_adopted_servers_error_event_or_broken_reply_is_named_not_quoted(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    event = json.dumps({"error": {"message": SECRET}})
+
+    def mid_stream(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, text=f"data: {event}\n\n")
+
+    host = _endpoint(httpx.MockTransport(mid_stream))
+    with pytest.raises(GantryError) as failed:
+        await host.generate(
+            wg.GeneratePayload(prompt="hi", stream=True), trace_context={}, timeout_s=5
+        )
+    assert failed.value.reason == "INVOKE_FAILED"
+    assert "an error event mid-stream" in failed.value.message
+    assert "upstream_status" not in failed.value.metadata  # no status to name
+    assert "secret" not in failed.value.message
+
+    def garbled(request: httpx.Request) -> httpx.Response:
+        # What an HTTP parser says of a bad reply quotes the server's bytes.
+        raise httpx.RemoteProtocolError(f"illegal status line: {SECRET!r}", request=request)
+
+    broken = _endpoint(httpx.MockTransport(garbled))
+    with pytest.raises(GantryError) as refused:
+        await broken.generate(wg.GeneratePayload(prompt="hi"), trace_context={}, timeout_s=5)
+    assert refused.value.reason == "INVOKE_FAILED"
+    assert refused.value.message == "the adopted server failed generate: RemoteProtocolError"
+    assert caplog.text.count("/srv/secret-weights") == 2  # both, in the log only
+
+
+class _Endless(httpx.AsyncByteStream):
+    """A body that never ends; `closed` once its reader lets go of it (httpx closes it)."""
+
+    def __init__(self) -> None:
+        self.closed = False
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        while True:
+            yield b'data: {"choices": [{"text": "x", "finish_reason": null}]}\n\n'
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+async def test_an_endless_adopted_stream_is_cut_at_max_tokens_and_closed() -> None:
+    endless = _Endless()
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        sent = json.loads(request.content)
+        if sent["stream"]:
+            return httpx.Response(200, stream=endless)
+        # The prompt's count, asked once the stream ended (it streamed no usage).
+        usage = {"prompt_tokens": 3, "completion_tokens": 1}
+        return httpx.Response(200, json={"choices": [{"text": "x"}], "usage": usage})
+
+    host = _endpoint(httpx.MockTransport(answer))
+    deltas: list[wg.GenerateDelta] = []
+    result = await host.generate(
+        wg.GeneratePayload(prompt="hi", max_tokens=5, stream=True),
+        trace_context={},
+        timeout_s=30,
+        on_delta=deltas.append,
+    )
+    assert result.finish_reason == common_pb2.FINISH_REASON_LENGTH
+    assert (result.text, result.completion_tokens, result.prompt_tokens) == ("xxxxx", 5, 3)
+    assert [delta.completion_tokens for delta in deltas] == [1, 2, 3, 4, 5]
+    assert endless.closed
+
+
+class _Comments(httpx.AsyncByteStream):
+    """A body of SSE comments without end: no event, so nothing to count; only time ends it."""
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        while True:
+            await asyncio.sleep(0)  # a socket's read gives the loop a turn; so does this
+            yield b": still here\n\n"
+
+
+async def test_a_stream_without_events_ends_at_the_calls_deadline() -> None:
+    host = _endpoint(httpx.MockTransport(lambda request: httpx.Response(200, stream=_Comments())))
+    with pytest.raises(GantryError) as timed_out:
+        await host.generate(
+            wg.GeneratePayload(prompt="hi", max_tokens=5, stream=True),
+            trace_context={},
+            timeout_s=0.2,
+        )
+    assert timed_out.value.reason == "DEADLINE_EXCEEDED"
+
+
+async def test_a_server_that_answers_as_gantry_is_never_adopted() -> None:
+    # Gantry's own HTTP door lists each capability with its `gantry` member.
+    listed = {"data": [{"id": "m", "gantry": {"deployment_id": "d-1", "state": "READY"}}]}
+    spec = wg.LoadSpec(
+        deployment_id="d", endpoint=wg.EndpointSpec(url="http://127.0.0.1:1", model="m")
+    )
+    with pytest.raises(GantryError) as refused:
+        await adopt_endpoint(
+            spec,
+            admit=lambda *_: pytest.fail("admitted"),
+            check_timeout_s=1,
+            transport=_answering(200, listed),
+        )
+    assert refused.value.reason == "LOAD_FAILED"
+    assert "answers as a Gantry control plane" in refused.value.message
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        [{"index": 0}],  # no embedding
+        [{"index": 0, "embedding": ["a", "b"]}],  # not numbers
+        ["not an object"],
+    ],
+)
+async def test_malformed_embeddings_are_a_typed_failure(data: list[object]) -> None:
+    host = _endpoint(_answering(200, {"object": "list", "data": data}))
+    with pytest.raises(GantryError) as failed:
+        await host.embed(["x"], trace_context={}, timeout_s=5)
+    assert failed.value.reason == "INVOKE_FAILED"

@@ -68,6 +68,14 @@ def _remote_code(e: wg.ProbeEvidence) -> None:
     e.offline.trust_remote_code = True
 
 
+def _imported_model_code(e: wg.ProbeEvidence) -> None:
+    e.offline.remote_code_modules[:] = [f"transformers_modules.m{i}" for i in range(7)]
+
+
+def _foreign_weights(e: wg.ProbeEvidence) -> None:
+    e.offline.weight_files_outside_copy[:] = ["/root/.cache/huggingface/hub/model.safetensors"]
+
+
 def _no_offline_evidence(e: wg.ProbeEvidence) -> None:
     e.ClearField("offline")
 
@@ -88,6 +96,17 @@ def _not_reclaimed(e: wg.ProbeEvidence) -> None:
         (_not_finite, "the output is not finite (NaN or infinity)"),
         (_not_local, "the model was not loaded with local_files_only"),
         (_remote_code, "the model was loaded with trust_remote_code"),
+        (
+            _imported_model_code,
+            "the child imported code from outside its interpreter: transformers_modules.m0, "
+            "transformers_modules.m1, transformers_modules.m2, transformers_modules.m3, "
+            "transformers_modules.m4 and 2 more",
+        ),
+        (
+            _foreign_weights,
+            "the child read weight files outside its verified copy: "
+            "/root/.cache/huggingface/hub/model.safetensors",
+        ),
         (_not_reclaimed, "reclaim was not verified: nvml still lists pid 5150"),
     ],
     ids=lambda value: value.__name__ if callable(value) else "",

@@ -77,14 +77,16 @@ def test_hash_directory_builds_the_manifest_and_reports_progress(
 ) -> None:
     model = tmp_path / "model"
     (model / "sub").mkdir(parents=True)
-    (model / "weights.safetensors").write_bytes(b"\x00" * 3000)
+    # A safetensors file (the gate judges the bytes): an 8-byte length, the header "{}", data.
+    weights = (2).to_bytes(8, "little") + b"{}" + b"\x00" * 2990
+    (model / "weights.safetensors").write_bytes(weights)
     (model / "sub" / "vocab.txt").write_text("hello")
     entries = hash_directory(model)
     assert [(e.path, e.size_bytes) for e in entries] == [
         ("sub/vocab.txt", 5),
         ("weights.safetensors", 3000),
     ]
-    assert entries[1].sha256 == hashlib.sha256(b"\x00" * 3000).hexdigest()
+    assert entries[1].sha256 == hashlib.sha256(weights).hexdigest()
     assert "100%" in capsys.readouterr().err
 
 

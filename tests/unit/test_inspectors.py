@@ -11,6 +11,7 @@ import pytest
 from gantry.v1 import worker_gateway_pb2 as wg
 from gantry.worker.artifact_copies import reader_of_copy
 from gantry.worker.inspection import ArtifactFiles, inspect_artifact
+from tests.fixtures.hostile_artifacts import torch_style_zip
 
 BOTH_ADAPTERS = ["sentence_transformers", "sentence_transformers_cross_encoder"]
 # A safetensors file: a little-endian u64 header length, then the JSON header.
@@ -434,6 +435,31 @@ def test_pickle_magic_counts_whatever_the_file_is_called(tmp_path: Path) -> None
     layout["model.safetensors"] = PICKLE
     inspection = _inspect(_layout(tmp_path, layout))
     assert inspection.weight_format == "pickle"
+
+
+def test_a_torch_zip_named_model_safetensors_is_pickle_and_refused(tmp_path: Path) -> None:
+    layout = _embedding_layout()
+    layout["model.safetensors"] = torch_style_zip({"weight": [1.0]})
+    inspection = _inspect(_layout(tmp_path, layout))
+    assert (inspection.weight_format, inspection.executable) == ("pickle", False)
+    assert list(inspection.adapters) == []
+    refusal = next(f for f in inspection.findings if f.reason)
+    assert (refusal.reason, refusal.path) == ("RUNTIME_INCOMPATIBLE", "model.safetensors")
+    assert "is named .safetensors but is a zip archive" in refusal.message
+
+
+def test_a_module_path_out_of_the_set_refuses_a_layout_an_adapter_could_run(
+    tmp_path: Path,
+) -> None:
+    layout = _embedding_layout()
+    modules = layout["modules.json"]
+    assert isinstance(modules, list)
+    modules[1] = {**modules[1], "path": "../../outside"}
+    inspection = _inspect(_layout(tmp_path, layout))
+    assert (list(inspection.adapters), inspection.executable) == ([], False)
+    [refusal] = [f for f in inspection.findings if f.reason]
+    assert (refusal.reason, refusal.path) == ("ARTIFACT_PATH_INVALID", "modules.json")
+    assert "names module path '../../outside', which climbs out with '..'" in refusal.message
 
 
 def test_a_custom_runner_manifest_is_reported_and_refused(tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ OpenAI request bodies, and server-sent events folded into deltas and a result.""
 from __future__ import annotations
 
 import ipaddress
+import json
 from pathlib import Path
 from typing import NamedTuple
 
@@ -12,6 +13,7 @@ import psutil
 import pytest
 
 from gantry.common.errors import GantryError
+from gantry.controlplane.nodes.wire_bounds import CHARS_PER_TOKEN
 from gantry.v1 import common_pb2
 from gantry.v1 import worker_gateway_pb2 as wg
 from gantry.worker.artifact_copies import reader_of_copy
@@ -32,6 +34,10 @@ from gantry.worker.managed_server.loopback import (
 from gantry.worker.managed_server.openai_protocol import (
     CHAT_COMPLETIONS,
     COMPLETIONS,
+    EXTRA_STREAM_EVENTS,
+    MAX_EVENT_BYTES,
+    RELAY_CHARS_PER_TOKEN,
+    ServerFailed,
     SseDecoder,
     StreamAccumulator,
     completion_request,
@@ -255,9 +261,84 @@ def test_a_streamed_chat_with_usage_reports_the_servers_counts() -> None:
     result = accumulated.result()
     assert (result.text, result.finish_reason) == ("ok", common_pb2.FINISH_REASON_STOP)
     assert (result.prompt_tokens, result.completion_tokens) == (7, 1)
-    with pytest.raises(GantryError) as failed:
+    with pytest.raises(ServerFailed) as failed:
         accumulated.event('{"error": {"message": "boom"}}')
-    assert failed.value.reason == "INVOKE_FAILED" and "boom" in failed.value.message
+    # The server's words are kept apart: the caller decides who may read them.
+    assert (failed.value.status, failed.value.said) == (0, "boom")
+
+
+def _text_event(text: str, **extra: object) -> str:
+    return json.dumps({"choices": [{"text": text, "finish_reason": None}], **extra})
+
+
+def test_a_stream_past_max_tokens_chunks_is_cut_with_a_length_finish() -> None:
+    accumulated = StreamAccumulator(chat=False, max_tokens=3)
+    deltas = [accumulated.event(_text_event("a")) for _ in range(3)]
+    assert [d.completion_tokens for d in deltas if d is not None] == [1, 2, 3]
+    assert not accumulated.done
+    assert accumulated.event(_text_event("b")) is None  # a fourth chunk: never relayed
+    assert accumulated.done and accumulated.cut
+    assert accumulated.event(_text_event("c")) is None  # nothing is read after the cut
+    assert accumulated.result() == wg.GenerateResult(
+        text="aaa", finish_reason=common_pb2.FINISH_REASON_LENGTH, completion_tokens=3
+    )
+
+
+def test_an_honest_stream_of_exactly_max_tokens_is_not_cut() -> None:
+    accumulated = StreamAccumulator(chat=True, max_tokens=2)
+    accumulated.event('{"choices": [{"delta": {"role": "assistant"}}]}')
+    accumulated.event('{"choices": [{"delta": {"content": "a"}}]}')
+    accumulated.event('{"choices": [{"delta": {"content": "b"}, "finish_reason": "length"}]}')
+    accumulated.event('{"choices": [], "usage": {"prompt_tokens": 4, "completion_tokens": 2}}')
+    accumulated.event("[DONE]")
+    assert accumulated.done and not accumulated.cut
+    assert accumulated.result() == wg.GenerateResult(
+        text="ab",
+        finish_reason=common_pb2.FINISH_REASON_LENGTH,
+        prompt_tokens=4,
+        completion_tokens=2,
+    )
+
+
+@pytest.mark.parametrize(
+    "past",
+    [
+        # The server's own count past the bound: that event is dropped.
+        _text_event("b", usage={"prompt_tokens": 1, "completion_tokens": 9}),
+        # More text than the bound relays (RELAY_CHARS_PER_TOKEN a token).
+        _text_event("x" * (4 * RELAY_CHARS_PER_TOKEN)),
+    ],
+)
+def test_a_stream_past_its_token_count_or_text_bound_is_cut(past: str) -> None:
+    accumulated = StreamAccumulator(chat=False, max_tokens=4)
+    accumulated.event(_text_event("a"))
+    assert accumulated.event(past) is None
+    assert accumulated.cut
+    result = accumulated.result()
+    assert (result.text, result.completion_tokens) == ("a", 1)
+    assert result.finish_reason == common_pb2.FINISH_REASON_LENGTH
+
+
+def test_a_stream_of_events_without_text_is_cut_after_a_few_beyond_max_tokens() -> None:
+    accumulated = StreamAccumulator(chat=True, max_tokens=2)
+    empty = '{"choices": [{"delta": {}}]}'
+    for _ in range(2 + EXTRA_STREAM_EVENTS):
+        accumulated.event(empty)
+    assert not accumulated.done
+    accumulated.event(empty)
+    assert accumulated.cut and accumulated.result().completion_tokens == 0
+
+
+def test_a_server_sent_line_without_end_is_refused_not_held() -> None:
+    decoder = SseDecoder()
+    decoder.feed(b"data: " + b"x" * (MAX_EVENT_BYTES // 2))
+    with pytest.raises(GantryError) as refused:
+        decoder.feed(b"x" * (MAX_EVENT_BYTES // 2 + 16))
+    assert refused.value.reason == "INVOKE_FAILED"
+
+
+def test_the_relayed_text_bound_is_the_control_planes_wire_bound() -> None:
+    assert RELAY_CHARS_PER_TOKEN == CHARS_PER_TOKEN
 
 
 def test_environment_facts_list_a_server_kind_only_where_the_script_found_it() -> None:

@@ -28,6 +28,9 @@ from gantry.common.manifest import (
     verify_artifact,
 )
 
+# A safetensors file of 3000 bytes (the gate judges the bytes): its length, the header "{}", data.
+WEIGHTS = (2).to_bytes(8, "little") + b"{}" + b"\x00" * 2990
+
 
 @pytest.fixture
 def artifact(tmp_path: Path) -> tuple[Path, list[ManifestEntry]]:
@@ -35,7 +38,7 @@ def artifact(tmp_path: Path) -> tuple[Path, list[ManifestEntry]]:
     model = root / "model"
     (model / "sub").mkdir(parents=True)
     (model / "config.json").write_text('{"a": 1}')
-    (model / "sub" / "weights.safetensors").write_bytes(b"\x00" * 3000)
+    (model / "sub" / "weights.safetensors").write_bytes(WEIGHTS)
     return root, build_manifest(model)
 
 
@@ -188,7 +191,7 @@ def test_verification_returns_a_private_copy_of_the_bytes_it_hashed(artifact, tm
     original.write_text('{"a": 2}')
     os.unlink(root / "model" / "sub" / "weights.safetensors")
     assert (copy / "config.json").read_text() == '{"a": 1}'
-    assert (copy / "sub" / "weights.safetensors").read_bytes() == b"\x00" * 3000
+    assert (copy / "sub" / "weights.safetensors").read_bytes() == WEIGHTS
     remove_verified_copy(copy)
     assert not copy.exists()
     remove_verified_copy(copy)  # already gone is fine

@@ -158,6 +158,7 @@ def _record() -> LoadRecord:
     unmeasured = common_pb2.Measurement(unavailable="device is cpu", source="torch.cuda")
     return LoadRecord(
         isolation=Isolation(level=IsolationLevel.NONE, reason="unit test"),
+        model_directory=Path("/unit-test/model"),
         cuda=CudaAllocator("cpu"),
         cuda_allocated_before_load=unmeasured,
         cuda_allocated_after_load=unmeasured,

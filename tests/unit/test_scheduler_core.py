@@ -91,6 +91,7 @@ def work(
     cost: int = 1,
     priority: Priority | int = 0,
     timeout: float = 0.0,
+    inputs: int = 1,
 ) -> WorkRequest:
     return WorkRequest(
         work_id=work_id,
@@ -99,6 +100,7 @@ def work(
         priority=int(priority),
         cost=cost,
         timeout_seconds=timeout,
+        inputs=inputs,
     )
 
 
@@ -339,6 +341,25 @@ def test_an_unclaimed_placement_hold_expires() -> None:
     assert isinstance(core.place(PlacementRequest("p3", "d2", 1, claims), 31.0), PlacementMade)
 
 
+def test_a_released_placement_frees_its_node_for_the_same_deployment_at_once() -> None:
+    # The control plane placed on two nodes but recorded one residency (fewer were missing by
+    # the time it wrote): the unused node is released, and the deployment's next placement may
+    # choose it, long before the hold would lapse.
+    core = SchedulerCore(CoreSettings(placement_hold_seconds=60.0))
+    cluster(core, residencies=[], nodes=[node("n1", ram_gib=5), node("n2", ram_gib=5)])
+    claims = (Claim(ResourceKind.RAM, GIB),)
+    placed = core.place(PlacementRequest("p1", "d1", 2, claims), 0.0)
+    assert isinstance(placed, PlacementMade) and set(placed.node_ids) == {"n1", "n2"}
+    core.upsert_residency(residency("r1", node_id="n1", ram_gib=1), 1.0)
+    held = core.place(PlacementRequest("p2", "d1", 1, claims), 2.0)
+    assert isinstance(held, PlacementRefused)
+    assert {r.message for r in held.node_refusals} == {"already holds a replica"}
+    assert core.release_holds("d1", ["n2", "n-unknown"]) == []
+    again = core.place(PlacementRequest("p3", "d1", 1, claims), 3.0)
+    assert isinstance(again, PlacementMade) and again.node_ids == ("n2",)
+    assert core.release_holds("d-unknown", ["n1"]) == []
+
+
 def test_an_uncertain_residency_keeps_its_claim_and_blocks_its_domain() -> None:
     core = SchedulerCore()
     cluster(
@@ -395,12 +416,18 @@ class CoreMachine(RuleBasedStateMachine):
                 self.answered.add(decision.work_id)
                 self.open.discard(decision.work_id)
 
-    @rule(tenant=st.sampled_from(["a", "b", "c"]), cost=st.integers(1, 50), timeout=st.floats(0, 3))
-    def submit(self, tenant: str, cost: int, timeout: float) -> None:
+    @rule(
+        tenant=st.sampled_from(["a", "b", "c"]),
+        cost=st.integers(1, 50),
+        timeout=st.floats(0, 3),
+        inputs=st.integers(0, 3),
+    )
+    def submit(self, tenant: str, cost: int, timeout: float, inputs: int) -> None:
         self.next_id += 1
         work_id = f"w{self.next_id}"
         self.open.add(work_id)
-        self._apply(self.core.submit(work(work_id, tenant, cost=cost, timeout=timeout), self.now))
+        request = work(work_id, tenant, cost=cost, timeout=timeout, inputs=inputs)
+        self._apply(self.core.submit(request, self.now))
 
     @rule(data=st.data(), outcome=st.sampled_from(list(Outcome)))
     def finish(self, data: st.DataObject, outcome: Outcome) -> None:
@@ -443,6 +470,8 @@ class CoreMachine(RuleBasedStateMachine):
         loads = self.core.snapshot(self.now).tenants
         assert sum(t.queued for t in loads) == len(waiting)
         assert sum(t.in_flight for t in loads) == len(self.running)
+        # Calls of several inputs hold several slots, never more than a residency has.
+        assert all(r.in_flight <= r.slots for r in self.core.snapshot(self.now).residencies)
 
 
 TestCoreMachine = CoreMachine.TestCase

@@ -76,9 +76,9 @@ def test_a_tenant_passed_over_keeps_its_place_in_the_fair_queue() -> None:
     for i in range(3):
         queue.push(_queued(f"a{i}", "a"), weight=1)
         queue.push(_queued(f"b{i}", "b"), weight=1)
-    served = [queue.pop(0.0, lambda tenant: tenant == "b") for _ in range(2)]
+    served = [queue.pop(0.0, lambda w: w.tenant_id == "b") for _ in range(2)]
     assert [w.work_id for w in served if w] == ["b0", "b1"]
-    assert queue.pop(0.0, lambda tenant: False) is None
+    assert queue.pop(0.0, lambda w: False) is None
     # Allowed again, "a" goes first: it was passed over, not sent to the back, and it catches up
     # to b's tags (a2 and b2 tie; a2 came first).
     assert [w.work_id for w in (queue.pop(0.0) for _ in range(4)) if w] == ["a0", "a1", "a2", "b2"]

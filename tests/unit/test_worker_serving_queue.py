@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -46,6 +47,7 @@ def _server(
         adapter=adapter,
         record=LoadRecord(
             isolation=Isolation(level=IsolationLevel.NONE, reason="unit test"),
+            model_directory=Path("/unit-test/model"),
             cuda=cpu,
             cuda_allocated_before_load=unmeasured,
             cuda_allocated_after_load=unmeasured,

@@ -118,3 +118,16 @@ def test_the_receive_limit_fits_the_widest_legal_embed_result():
     assert widest.ByteSize() <= limit
     assert limit == 1024 * 1024 + 1024 * 8192 * 4  # 33 MiB with the default limits
     assert worker_receive_limit_bytes(InferenceLimits(max_inputs=2048)) > limit
+
+
+def test_a_heartbeats_gpu_reading_is_bounded_in_gpus_and_processes_per_gpu():
+    gpu = wg.GpuUsage(device=0, processes=[wg.GpuProcess(pid=pid) for pid in range(256)])
+    check_worker_message(wg.WorkerMessage(heartbeat=wg.Heartbeat(gpus=[gpu] * 64)))
+    crowded = wg.GpuUsage(device=0, processes=[wg.GpuProcess(pid=pid) for pid in range(257)])
+    error = refused(wg.WorkerMessage(heartbeat=wg.Heartbeat(gpus=[crowded])))
+    assert error.metadata["field"] == "WorkerMessage.heartbeat.gpus[0].processes"
+    error = refused(wg.WorkerMessage(heartbeat=wg.Heartbeat(gpus=[gpu] * 65)))
+    assert (error.metadata["field"], error.metadata["limit"]) == (
+        "WorkerMessage.heartbeat.gpus",
+        "64",
+    )

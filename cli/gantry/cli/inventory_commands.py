@@ -1,8 +1,9 @@
 """`gantry inventory NODE`: what a node last reported it holds (GetInventory, operator token).
 
-Model hosts managed for a residency recorded there, those no residency accounts for, its runtime
-environments and resource domains. NODE is an id or a name (resolved as `gantry jobs --node`
-does). Rendering is pure: an inventory in, text out.
+Model hosts managed for a residency recorded there, those no residency accounts for, its GPUs and
+every process on them (managed: its worker started it; external: placement charges its memory on
+its own), its runtime environments and resource domains. NODE is an id or a name (resolved as
+`gantry jobs --node` does). Rendering is pure: an inventory in, text out.
 """
 
 from __future__ import annotations
@@ -60,6 +61,44 @@ def _section(title: str, headers: Sequence[str], rows: Sequence[Sequence[str]]) 
     return ["", title, render_table(headers, rows) if rows else "none"]
 
 
+def _measured(measurement: common_pb2.Measurement) -> str:
+    if measurement.WhichOneof("value") == "bytes":
+        return format_bytes(measurement.bytes)
+    return f"unavailable ({measurement.unavailable})" if measurement.unavailable else "-"
+
+
+def _gpu_lines(reading: control_plane_pb2.NodeGpus, unavailable: str) -> list[str]:
+    """The node's GPUs and their processes, or why there is no reading (never an empty table
+    standing for "no GPU processes"); `unavailable`: what an older control plane said instead."""
+    if reading.unavailable or not reading.gpus:
+        return ["", f"GPUS: {reading.unavailable or unavailable or 'none reported'}"]
+    external = {claim.device: claim.bytes for claim in reading.external_usage}
+    gpus = [
+        [
+            f"cuda:{gpu.device}",
+            _measured(gpu.used),
+            _measured(gpu.total),
+            format_bytes(external.get(gpu.device, 0)),
+            gpu.processes_unavailable or str(len(gpu.processes)),
+        ]
+        for gpu in reading.gpus
+    ]
+    processes = [
+        [
+            f"cuda:{gpu.device}",
+            str(process.pid),
+            _measured(process.used),
+            "managed" if process.managed else "external",
+        ]
+        for gpu in reading.gpus
+        for process in gpu.processes
+    ]
+    title = f"GPUS (as of {format_timestamp(reading.reported_at)})"
+    headers = ("DEVICE", "USED", "TOTAL", "EXTERNAL", "PROCESSES")
+    lines = _section(title, headers, gpus)
+    return lines + _section("GPU PROCESSES", ("DEVICE", "PID", "USED", "OWNER"), processes)
+
+
 def render_inventory(inventory: control_plane_pb2.NodeInventory, *, node_name: str = "") -> str:
     named = f" ({node_name})" if node_name and node_name != inventory.node_id else ""
     lines = [
@@ -75,8 +114,7 @@ def render_inventory(inventory: control_plane_pb2.NodeInventory, *, node_name: s
         host_headers,
         _host_rows(inventory.unmanaged),
     )
-    if inventory.unmanaged_gpu_processes_unavailable:
-        lines += ["", f"other GPU processes: {inventory.unmanaged_gpu_processes_unavailable}"]
+    lines += _gpu_lines(inventory.gpus, inventory.unmanaged_gpu_processes_unavailable)
     lines += _section(
         "ENVIRONMENTS",
         ("ENVIRONMENT", "DEVICE", "ADAPTERS", "AVAILABLE"),

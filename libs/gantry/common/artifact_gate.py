@@ -2,10 +2,12 @@
 
 Refused before any load, and before registration where the caller can see it: executable code
 (by name or by executable bit), `auto_map`/`auto_mapping` (remote-code hooks) in any config file,
-sentence-transformers module classes outside an allow-list, activation classes outside `torch.nn`,
-pickle weights (by extension or by magic) unless `allow_pickle`, and every entry that is not a
-plain file or directory (symlinks, fifos, devices, sockets) or whose name holds a control character
-or a backslash.
+sentence-transformers module classes outside an allow-list, module paths (modules.json, a Router's
+routes) that leave the artifact set, activation classes outside `torch.nn`, pickle weights unless
+`allow_pickle` (by extension, or by their bytes whatever the name: pickle magic, or a zip archive,
+which is how `torch.save` writes a pickle), a `*.safetensors` name over bytes that are not
+safetensors, and every entry that is not a plain file or directory (symlinks, fifos, devices,
+sockets) or whose name holds a control character or a backslash.
 
 The rules are pure: they look at a listing (path and `lstat` mode) and at the bytes a `read`
 callable hands them. They import no ML library and never execute what they inspect; the directory
@@ -94,8 +96,14 @@ EXECUTABLE_SUFFIXES = (
 _VERSIONED_SHARED_OBJECT = re.compile(r"\.so(\.\d+)+$")
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt", ".joblib")
 _PICKLE_PROTOCOLS = range(2, 6)  # protocol 2+ opens with PROTO (0x80) and the protocol number
+# A zip's local file header. `torch.save` has written zip archives (data.pkl inside) since torch
+# 1.6, and `torch.load` opens one by its bytes whatever the file is called.
+ZIP_MAGIC = b"PK\x03\x04"
 MAX_CONFIG_BYTES = 16 * 1024 * 1024
 HEAD_BYTES = 16
+SAFETENSORS_SUFFIX = ".safetensors"
+_SAFETENSORS_LENGTH_BYTES = 8  # a little-endian u64: how many bytes of JSON header follow
+_SAFETENSORS_MIN_HEADER = 2  # "{}"
 
 ReadFile = Callable[[str, int], bytes]  # (relative path, at most this many bytes) -> bytes
 
@@ -190,22 +198,86 @@ def _is_config_json(name: str) -> bool:
     return name == "modules.json" or (name.endswith(".json") and "config" in name)
 
 
-def looks_like_pickle(head: bytes, *, name: str) -> bool:
-    """Pickle magic (PROTO + protocol 2-5), unless the head is a safetensors header."""
-    if len(head) < 2 or head[0] != 0x80 or head[1] not in _PICKLE_PROTOCOLS:
-        return False
-    # safetensors opens with a little-endian u64 header length (which may well be 0x80 0x0N ...)
-    # and then the JSON header's '{'. Only the safetensors loader opens a *.safetensors file and it
-    # never unpickles, so a file that parses as one by name and header is not a pickle risk.
-    return not (name.endswith(".safetensors") and len(head) > 8 and head[8:9] == b"{")
+def safetensors_header_length(head: bytes) -> int | None:
+    """The header length the first 8 bytes of a safetensors file claim; None when shorter."""
+    if len(head) < _SAFETENSORS_LENGTH_BYTES:
+        return None
+    return int.from_bytes(head[:_SAFETENSORS_LENGTH_BYTES], "little")
+
+
+def safetensors_problem(head: bytes, header: bytes) -> str | None:
+    """Why a file is not safetensors, from its first bytes (`head`) and the bytes after its length
+    prefix as read (`header`: at most the claimed length of them); None when it is one.
+
+    The bounds come first, so the caller reads a header only when its claimed length is sane:
+    2 bytes ("{}") to `MAX_CONFIG_BYTES` (what inspection reads), all of them present, UTF-8 JSON
+    making one object, as the safetensors loader itself requires."""
+    length = safetensors_header_length(head)
+    if length is None:
+        return f"is {len(head)} bytes, shorter than a safetensors length prefix"
+    if not _SAFETENSORS_MIN_HEADER <= length <= MAX_CONFIG_BYTES:
+        return (
+            f"claims a {length}-byte safetensors header (a sane one is "
+            f"{_SAFETENSORS_MIN_HEADER} to {MAX_CONFIG_BYTES} bytes)"
+        )
+    if len(header) < length:
+        return f"claims a {length}-byte safetensors header but only {len(header)} bytes follow"
+    try:
+        document = json.loads(header[:length].decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        return "has a safetensors header that is not UTF-8 JSON"
+    if not isinstance(document, dict):
+        return "has a safetensors header that is not a JSON object"
+    return None
+
+
+def pickle_content(head: bytes, *, safetensors: bool) -> str | None:
+    """Why bytes opening with `head` are a pickle checkpoint, whatever the file is called; None
+    when they are not. `safetensors`: the whole file parsed as safetensors, whose length prefix
+    may well open with 0x80 0x02-0x05 (pickle magic at a glance) but never unpickles."""
+    if head.startswith(ZIP_MAGIC):
+        return "is a zip archive, the format torch.save writes a pickle in"
+    if len(head) >= 2 and head[0] == 0x80 and head[1] in _PICKLE_PROTOCOLS and not safetensors:
+        return "starts with pickle magic"
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class WeightBytes:
+    """What a file's bytes are, whatever its name says."""
+
+    pickled: str | None  # why the file unpickles when loaded (refused unless pickle is allowed)
+    not_safetensors: str | None  # a *.safetensors name over other bytes: why (always refused)
+
+
+def judge_weight_bytes(path: str, read: ReadFile) -> WeightBytes:
+    """Read the head of `path` (and, for a *.safetensors name, its header when the claimed length
+    is sane) and judge the bytes: only a file named *.safetensors is loaded by the safetensors
+    loader, so only that name, over a real safetensors header, excuses pickle magic."""
+    head = read(path, HEAD_BYTES)
+    if not path.lower().endswith(SAFETENSORS_SUFFIX):
+        return WeightBytes(pickled=pickle_content(head, safetensors=False), not_safetensors=None)
+    length = safetensors_header_length(head)
+    header = b""
+    if length is not None and _SAFETENSORS_MIN_HEADER <= length <= MAX_CONFIG_BYTES:
+        header = read(path, _SAFETENSORS_LENGTH_BYTES + length)[_SAFETENSORS_LENGTH_BYTES:]
+    problem = safetensors_problem(head, header)
+    return WeightBytes(
+        pickled=pickle_content(head, safetensors=problem is None), not_safetensors=problem
+    )
 
 
 def check_contents(paths: Sequence[str], read: ReadFile, *, allow_pickle: bool = False) -> None:
-    """Config files (remote-code hooks, module and activation classes) and pickle magic."""
+    """Weight bytes (pickle and zip magic, fake safetensors) and config files (remote-code hooks,
+    module classes and paths, activation classes)."""
     for path in sorted(paths):
         name = path.rsplit("/", 1)[-1].lower()
-        if not allow_pickle and looks_like_pickle(read(path, HEAD_BYTES), name=name):
-            raise _incompatible(path, "starts with pickle magic (unpickling runs code)")
+        weights = judge_weight_bytes(path, read)
+        if weights.pickled is not None and not allow_pickle:
+            raise _incompatible(path, f"{weights.pickled} (unpickling runs code)")
+        if weights.not_safetensors is not None:
+            why = weights.pickled or weights.not_safetensors
+            raise _incompatible(path, f"is named {SAFETENSORS_SUFFIX} but {why}")
         if _is_config_json(name):
             _check_config(path, read(path, MAX_CONFIG_BYTES + 1), is_modules=name == "modules.json")
 
@@ -259,20 +331,57 @@ def _checked_object(path: str, pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return dict(pairs)
 
 
+_DRIVE = re.compile(r"^[A-Za-z]:")  # "C:..." roots a path on Windows
+
+
+def module_path_problem(module_path: object) -> str | None:
+    """Why a module's directory, as modules.json (`path`) or a Router's config (a `types` key)
+    names it, would leave the artifact set; None when it stays inside. sentence-transformers joins
+    it to the model directory and loads what it finds there, so it must be relative: "" (the set
+    itself) or '/'-separated names, none of them '..', without a leading '/', a drive or a
+    backslash (how Windows roots or climbs), a control character or a NUL. A name that is a
+    symlink is the listing's to refuse: an artifact set holds no links."""
+    if not isinstance(module_path, str):
+        return "is not a string"
+    unsafe = unsafe_character(module_path)
+    if unsafe is not None:
+        return f"holds a {unsafe}"
+    if module_path.startswith("/") or _DRIVE.match(module_path):
+        return "is absolute"
+    if ".." in module_path.split("/"):
+        return "climbs out with '..'"
+    return None
+
+
+def _check_module_path(path: str, module_path: object) -> None:
+    problem = module_path_problem(module_path)
+    if problem is not None:
+        raise GantryError(
+            "ARTIFACT_PATH_INVALID",
+            f"artifact file {path!r} names module path {module_path!r}, which {problem}; a "
+            "module's directory must be inside the artifact set",
+            file=shown(path),
+            module_path=shown(str(module_path))[:256],
+        )
+
+
 def _check_modules(path: str, document: object) -> None:
     if not isinstance(document, list):
         raise _incompatible(path, "is not a list of modules")
     for module in document:
         _check_module_class(path, module.get("type") if isinstance(module, dict) else None)
+        _check_module_path(path, module.get("path") if isinstance(module, dict) else None)
 
 
 def _check_router_types(path: str, document: dict[str, Any]) -> None:
-    # A Router's config maps route names to module classes it imports, like modules.json does.
+    # A Router's config maps route names to module classes it imports, like modules.json does;
+    # each route's name is also the directory, under the Router's own, that its module loads from.
     types = document.get("types")
     if not (isinstance(types, dict) and "structure" in document):
         return
-    for module_type in types.values():
+    for route, module_type in types.items():
         _check_module_class(path, module_type)
+        _check_module_path(path, route)
 
 
 def _check_module_class(path: str, module_type: object) -> None:

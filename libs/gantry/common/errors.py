@@ -12,6 +12,19 @@ from gantry.v1 import common_pb2
 
 ERROR_DOMAIN = "gantry.dev"
 CLIENT_MESSAGE_LIMIT = 300
+# What of a caller's text (a model name, a field's value) an error echoes: enough to recognise it.
+# A status travels in gRPC trailers (8 KiB at most by default): a 1 MiB name echoed whole made the
+# trailer too large, and the client got RESOURCE_EXHAUSTED without the ErrorInfo.
+EXCERPT_CHARS = 120
+# Every ErrorInfo metadata value is bounded (ids, limits and names are far shorter).
+METADATA_VALUE_CHARS = 256
+
+
+def excerpt(text: str, limit: int = EXCERPT_CHARS) -> str:
+    """`text` when it is at most `limit` characters, else its first `limit` and its length."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}… ({len(text)} characters)"
 
 
 class FailureClass(enum.Enum):
@@ -45,6 +58,13 @@ REASONS: Mapping[str, ReasonSpec] = {
     "RUNTIME_CRASHED": ReasonSpec(grpc.StatusCode.UNAVAILABLE, FailureClass.INFRA),
     "RUNTIME_CRASH_LOOP": ReasonSpec(grpc.StatusCode.UNAVAILABLE, FailureClass.INFRA),
     "RUNTIME_OOM_KILLED": ReasonSpec(grpc.StatusCode.UNAVAILABLE, FailureClass.INFRA),
+    # CUDA out of memory in the model host (torch.cuda.OutOfMemoryError), never the kernel's
+    # OOM killer. At load: the envelope was wrong for this model (CONFIG: a retry cannot fit).
+    # At invoke: the request's size against the envelope; the host released its cache and
+    # serves on, so no breaker counts it (it answered), while the degradation signal does
+    # (CONFIG: the deployment, not the client, has to change for such calls to succeed).
+    "RUNTIME_OOM": ReasonSpec(grpc.StatusCode.RESOURCE_EXHAUSTED, FailureClass.CONFIG),
+    "INVOKE_OOM": ReasonSpec(grpc.StatusCode.RESOURCE_EXHAUSTED, FailureClass.CONFIG),
     "RUNTIME_UNRESPONSIVE": ReasonSpec(grpc.StatusCode.UNAVAILABLE, FailureClass.INFRA),
     "LEASE_EXPIRED": ReasonSpec(grpc.StatusCode.FAILED_PRECONDITION, FailureClass.INFRA),
     "LEASE_TOKEN_INVALID": ReasonSpec(grpc.StatusCode.PERMISSION_DENIED, FailureClass.INFRA),
@@ -87,6 +107,9 @@ REASONS: Mapping[str, ReasonSpec] = {
     "PERMISSION_DENIED": ReasonSpec(grpc.StatusCode.PERMISSION_DENIED, FailureClass.REQUEST),
     "SCHEDULER_UNAVAILABLE": ReasonSpec(grpc.StatusCode.UNAVAILABLE, FailureClass.INFRA),
     "WORKER_UNAVAILABLE": ReasonSpec(grpc.StatusCode.UNAVAILABLE, FailureClass.INFRA),
+    # The control plane's database refused or could not take the transaction in time (locked,
+    # read-only, unreachable, out of disk): nothing was written, and the same call may succeed.
+    "STORE_UNAVAILABLE": ReasonSpec(grpc.StatusCode.UNAVAILABLE, FailureClass.INFRA),
     "DEADLINE_EXCEEDED": ReasonSpec(grpc.StatusCode.DEADLINE_EXCEEDED, FailureClass.INFRA),
     "RESULT_CONFLICT": ReasonSpec(grpc.StatusCode.ABORTED, FailureClass.INFRA),
     "INTERNAL": ReasonSpec(grpc.StatusCode.INTERNAL, FailureClass.INFRA),
@@ -102,7 +125,10 @@ class GantryError(Exception):
         super().__init__(message)
         self.reason = reason
         self.message = message
-        self.metadata: dict[str, str] = dict(metadata)
+        # Bounded here, once: metadata often carries what the caller sent (a name, an id).
+        self.metadata: dict[str, str] = {
+            key: excerpt(value, METADATA_VALUE_CHARS) for key, value in metadata.items()
+        }
 
     @property
     def code(self) -> grpc.StatusCode:
@@ -148,4 +174,4 @@ def invalid_argument(message: str, **metadata: str) -> GantryError:
 
 
 def not_found(kind: str, ident: str) -> GantryError:
-    return GantryError("NOT_FOUND", f"{kind} {ident!r} not found", kind=kind, id=ident)
+    return GantryError("NOT_FOUND", f"{kind} {excerpt(ident)!r} not found", kind=kind, id=ident)

@@ -176,11 +176,13 @@ class GantryServerInterceptor(grpc.aio.ServerInterceptor):
     def _wrap(self, handler: grpc.RpcMethodHandler, method: str, principal: Any) -> Any:
         found = self._in_flight.limit_of(method)
         request_limit = found[1].max_request_bytes if found else None
-        # A single request is bounded and parsed before the handler; a stream's messages are not.
+        # A single request is bounded and parsed before the handler. A stream's messages are
+        # parsed as they come (bounded by the handler: the worker stream's wire_bounds): one that
+        # does not parse ends the stream with its typed refusal (`_parsed_stream`).
         if handler.unary_unary is not None or handler.unary_stream is not None:
             deserializer = _guarded(handler.request_deserializer, request_limit, method)
         else:
-            deserializer = handler.request_deserializer
+            deserializer = _guarded(handler.request_deserializer, None, method)
         serving = functools.partial(self._serving, method, principal)
         if handler.unary_unary is not None or handler.stream_unary is not None:
             return _unary_response(handler, serving, deserializer)
@@ -225,6 +227,8 @@ def _unary_response(
 
     async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
         async with serving(request, context):
+            if handler.stream_unary is not None:
+                request = _parsed_stream(request)
             return await inner(request, context)
 
     factory = (
@@ -246,6 +250,8 @@ def _stream_response(
 
     async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
         async with serving(request, context):
+            if handler.stream_stream is not None:
+                request = _parsed_stream(request)
             result = inner(request, context)
             if inspect.isasyncgen(result):
                 async for response in result:
@@ -261,6 +267,15 @@ def _stream_response(
     return factory(
         stream, request_deserializer=deserializer, response_serializer=handler.response_serializer
     )
+
+
+async def _parsed_stream(requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    """A request stream whose first message that did not parse is raised as its refusal
+    (INVALID_ARGUMENT): the handler ends the stream with it, as it ends on any GantryError."""
+    async for request in requests:
+        if isinstance(request, _Unparsed):
+            raise request.refusal
+        yield request
 
 
 def _refusal(handler: grpc.RpcMethodHandler, error: GantryError) -> Any:

@@ -19,6 +19,7 @@ from gantry.controlplane.deployments.autoscaler import ScaleAdviceInbox
 from gantry.controlplane.deployments.lifecycle import DEFAULT_LEASE_SECONDS, DeploymentLifecycle
 from gantry.controlplane.deployments.reconciler import Reconciler, ReconcilerSettings
 from gantry.controlplane.deployments.settle import settle_node_deployments
+from gantry.controlplane.endpoints.adoption import own_listeners
 from gantry.controlplane.endpoints.sealing import CredentialSealer
 from gantry.controlplane.evidence.pipeline import EvidencePipeline
 from gantry.controlplane.nodes import store as nodes
@@ -436,6 +437,15 @@ async def _start_http_api(
     )
 
 
+def _refuse_adopting_ourselves(
+    service: ControlPlaneService, server: RunningServer, http_api: HttpApi | None
+) -> None:
+    """AdoptEndpoint refuses our own bound ports: a worker calling our front door is a loop."""
+    service.listening_on(
+        own_listeners(server.port, server.health_port, http_api.port if http_api else None)
+    )
+
+
 async def start_control_plane(
     settings: ControlPlaneSettings, *, clock: Clock | None = None
 ) -> ControlPlane:
@@ -479,6 +489,7 @@ async def start_control_plane(
         await server.stop(grace=0)
         await database.close()
         raise
+    _refuse_adopting_ourselves(control_plane_service, server, http_api)
     core.scheduler.start()
     if settings.run_reconciler:
         core.reconciler.start()

@@ -212,6 +212,9 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
             return core.upsert_residency(wire.residency(message.residency_update.residency), now)
         if kind == "place_deployment":
             return [core.place(wire.placement(message.place_deployment), now)]
+        if kind == "placement_released":
+            released = message.placement_released
+            return core.release_holds(released.deployment_id, released.node_ids)
         if kind == "tenant_policies":
             core.set_policies(wire.tenant_policy(p) for p in message.tenant_policies.policies)
             return core.tick(now)  # a raised quota or weight may let waiting work go now

@@ -47,6 +47,7 @@ def node(message: scheduler_pb2.SchedulerNode) -> events.NodeInfo:
         ),
         adapters=adapters,
         max_residencies=message.max_residencies,
+        external=claims(list(message.external_usage)),
     )
 
 
@@ -100,6 +101,7 @@ def work(message: scheduler_pb2.WorkSubmitted) -> events.WorkRequest:
         priority=message.priority,
         cost=max(1, message.cost),
         timeout_seconds=max(0.0, message.timeout_seconds),
+        inputs=max(1, message.inputs),  # 0 (an older control plane): one slot, as before
     )
 
 
@@ -222,6 +224,10 @@ def _node_view(n: events.NodeInfo) -> scheduler_pb2.SchedulerNode:
         labels=sorted(n.labels),
         domains=[_domain(d) for d in n.domains],
         max_residencies=n.max_residencies,
+        external_usage=[
+            common_pb2.ResourceClaim(kind=_enum(c.kind), bytes=c.bytes, device=c.device)
+            for c in n.external
+        ],
     )
 
 

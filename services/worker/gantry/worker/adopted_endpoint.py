@@ -9,6 +9,13 @@ Invariants:
   never scans for servers or adopts one on its own.
 - Its credential lives only in the HTTP client's Authorization header: never logged, never in
   inventory or evidence.
+- Its words never reach a client: a refusal, an error event or a broken connection is answered
+  with a fixed message naming the HTTP status (or the failure's kind), and what the server said
+  goes, cut short, only to this worker's log (`_server_failed`, `_failure`). The server is not
+  Gantry's: its text may carry its paths, other callers' prompts, its stack traces.
+- A server that answers as a Gantry control plane (its GET /v1/models lists models with
+  Gantry's own `gantry` member) is never adopted or kept: calling it would route the call back
+  through Gantry to itself.
 
 The calls themselves (completions and chat with SSE streaming, embeddings, the one-token deep
 check) are the managed server's (`managed_server.server_calls.ServerCalls`), reused as they are.
@@ -27,7 +34,7 @@ from gantry.common.errors import GantryError
 from gantry.v1 import common_pb2, model_host_pb2
 from gantry.v1 import worker_gateway_pb2 as wg
 from gantry.worker.managed_server.kinds import ServerCommand, ServerInputs, ServerKind
-from gantry.worker.managed_server.openai_protocol import MODELS
+from gantry.worker.managed_server.openai_protocol import MODELS, ServerFailed
 from gantry.worker.managed_server.server_calls import OK, ServerCalls
 from gantry.worker.residents import ResidentFacts
 
@@ -45,6 +52,8 @@ MEMORY_UNAVAILABLE = (
     "UNAVAILABLE: an adopted server is not a process of this worker, so its memory is not read"
 )
 _CONNECT_TIMEOUT_S = 5.0
+# What of a transport error's text the log keeps (it may quote the server's bytes).
+_LOGGED_CHARS = 300
 
 
 def _never_launched(inputs: ServerInputs) -> ServerCommand:
@@ -135,6 +144,42 @@ class AdoptedEndpoint(ServerCalls):
     def _crashed_error(self) -> GantryError | None:
         return None  # there is no process of ours to have crashed
 
+    def _server_failed(self, what: str, failed: ServerFailed) -> GantryError:
+        """A fixed message naming the status; the server's own words go to this log only."""
+        reason = "INVALID_PAYLOAD" if 400 <= failed.status < 500 else "INVOKE_FAILED"
+        answered = f"HTTP {failed.status}" if failed.status else "an error event mid-stream"
+        log.warning(
+            "adopted endpoint %s of %s answered %s with %s: %r",
+            self.url,
+            self._deployment_id,
+            what,
+            answered,
+            failed.said,  # already cut to SERVER_TEXT_CHARS; %r keeps it on one line
+        )
+        return GantryError(
+            reason,
+            f"the adopted server answered {what} with {answered} (its message is in the "
+            "worker's log)",
+            deployment_id=self._deployment_id,
+            **({"upstream_status": str(failed.status)} if failed.status else {}),
+        )
+
+    def _failure(self, what: str, exc: httpx.HTTPError) -> GantryError:
+        """The transport's error by its kind only: an HTTP parser's message quotes the bytes the
+        server sent (a bad status line, a header), which are the server's words too."""
+        log.warning(
+            "adopted endpoint %s of %s failed %s: %r",
+            self.url,
+            self._deployment_id,
+            what,
+            str(exc)[:_LOGGED_CHARS],
+        )
+        return GantryError(
+            "INVOKE_FAILED",
+            f"the adopted server failed {what}: {type(exc).__name__}",
+            deployment_id=self._deployment_id,
+        )
+
     # -- liveness and health ------------------------------------------------------------------
 
     async def ping(self, *, timeout_s: float) -> model_host_pb2.Pong:
@@ -157,6 +202,13 @@ class AdoptedEndpoint(ServerCalls):
                 "RUNTIME_UNRESPONSIVE",
                 f"adopted endpoint {self.url} answered GET {MODELS} with HTTP "
                 f"{response.status_code}",
+                deployment_id=self._deployment_id,
+            )
+        if _answers_as_gantry(response):
+            raise GantryError(
+                "RUNTIME_UNRESPONSIVE",
+                f"adopted endpoint {self.url} answers as a Gantry control plane (its {MODELS} "
+                "names Gantry deployments): Gantry does not route calls back to itself",
                 deployment_id=self._deployment_id,
             )
         listed = _model_ids(response)
@@ -188,12 +240,26 @@ class AdoptedEndpoint(ServerCalls):
         return await self.stop(grace_s=grace_s)
 
 
-def _model_ids(response: httpx.Response) -> set[str]:
+def _listed(response: httpx.Response) -> list[dict[str, object]]:
     try:
         data = response.json().get("data", [])
-        return {str(item.get("id")) for item in data if isinstance(item, dict)}
     except (ValueError, AttributeError):
-        return set()
+        return []
+    return [item for item in data if isinstance(item, dict)] if isinstance(data, list) else []
+
+
+def _model_ids(response: httpx.Response) -> set[str]:
+    return {str(item.get("id")) for item in _listed(response)}
+
+
+def _answers_as_gantry(response: httpx.Response) -> bool:
+    """Whether a model list is a Gantry HTTP door's: each of its models carries a `gantry`
+    object naming the deployment behind it (serving/openai_http/responses.py `model_body`)."""
+    for item in _listed(response):
+        marker = item.get("gantry")
+        if isinstance(marker, dict) and "deployment_id" in marker:
+            return True
+    return False
 
 
 def adopted_facts(spec: wg.LoadSpec) -> ResidentFacts:

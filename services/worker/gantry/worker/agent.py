@@ -51,6 +51,7 @@ from gantry.worker.environment_facts import (
     RuntimeEnvironments,
     normalized_environment_id,
 )
+from gantry.worker.gpu_usage import GpuUsageReader
 from gantry.worker.heartbeat_file import HeartbeatFile
 from gantry.worker.inspect_job import run_inspect
 from gantry.worker.invocations import DEFAULT_MAX_IN_FLIGHT, Invocations
@@ -65,6 +66,7 @@ from gantry.worker.model_host.process import (
 )
 from gantry.worker.model_host.sandbox import IsolationRequirement
 from gantry.worker.model_host.warm_pool import WarmPool
+from gantry.worker.nvml_readings import Nvml, visible_devices
 from gantry.worker.probe_job import ProbeRunner, ProbeSettings
 from gantry.worker.residents import DEFAULT_MAX_RESIDENTS, ResidentFacts
 from gantry.worker.resource_domains import DeclaredDomain, measure_node_domains
@@ -207,10 +209,14 @@ class WorkerAgent:
         clock: Clock | None = None,
         host_factory: ProbeHostFactory | None = None,
         warm_pool: WarmPool | None = None,
+        open_nvml: Callable[[], Nvml] | None = None,
     ) -> None:
         """`warm_pool`: one shared with other agents (tests), left running at shutdown; without
         it an agent whose settings ask for a warm pool owns one and stops it at shutdown.
-        `host_factory`: how model-host adapters start residents' children (a test's)."""
+        `host_factory`: how model-host adapters start residents' children (a test's).
+        `open_nvml`: the NVML the heartbeats and probes read (a test's named fake); None:
+        `Nvml.open`, looked up now."""
+        open_nvml = open_nvml or Nvml.open
         self.settings = settings
         self.node_id = _node_id(settings.credential)
         self.generation = generation  # the next Hello presents it; each Welcome issues one
@@ -249,7 +255,14 @@ class WorkerAgent:
         }
         # Probe hosts are the probe jobs' own: never residents, never routed, never counted.
         self.probes = ProbeRunner(
-            _probe_settings(settings), environments=self.environments, host_factory=pooled
+            _probe_settings(settings),
+            environments=self.environments,
+            host_factory=pooled,
+            open_nvml=open_nvml,
+        )
+        # Each heartbeat's GPU reading (gpu_usage.py): external processes are charged by it.
+        self._gpus = GpuUsageReader(
+            visible_devices=visible_devices(settings.env), open_nvml=open_nvml
         )
         self.resource_domains = _node_domains(settings)
         self._tasks: set[asyncio.Task[None]] = set()
@@ -326,6 +339,7 @@ class WorkerAgent:
         # child, never theirs, so neither waits for the other.
         await asyncio.gather(self.supervisor.shutdown(plan), self._close_warm_pool(plan))
         await self.environments.close()
+        await asyncio.to_thread(self._gpus.close)
 
     async def _close_warm_pool(self, plan: StopPlan) -> None:
         if self.warm_pool is not None and self._owns_warm_pool:
@@ -409,19 +423,29 @@ class WorkerAgent:
     async def _heartbeats(self) -> None:
         while True:
             await asyncio.sleep(self._heartbeat_seconds)
-            sent_at = timestamp_pb2.Timestamp()
-            sent_at.GetCurrentTime()
-            self._send(
-                wg.WorkerMessage(
-                    heartbeat=wg.Heartbeat(
-                        sent_at=sent_at,
-                        active_job_ids=self.active_job_ids(),
-                        resident_count=len(self.residents),
-                    )
-                )
-            )
+            await self._beat()
             # Every tick, welcomed or still waiting for the Welcome: the loop is alive.
             self._record_heartbeat()
+
+    async def _beat(self) -> None:
+        """One heartbeat: the leases to renew, and the GPUs as NVML reads them now (on the
+        reader's own thread, within its deadline)."""
+        roots = [r.host.pid for r in self.residents if r.host is not None]
+        roots += self.probes.running_pids
+        gpus, gpus_unavailable = await self._gpus.read_within(roots)
+        sent_at = timestamp_pb2.Timestamp()
+        sent_at.GetCurrentTime()
+        self._send(
+            wg.WorkerMessage(
+                heartbeat=wg.Heartbeat(
+                    sent_at=sent_at,
+                    active_job_ids=self.active_job_ids(),
+                    resident_count=len(self.residents),
+                    gpus=gpus,
+                    gpus_unavailable=gpus_unavailable,
+                )
+            )
+        )
 
     def _handle(self, message: wg.ControlMessage) -> None:
         kind = message.WhichOneof("kind")
@@ -454,6 +478,8 @@ class WorkerAgent:
         self._welcomed_before = True
         self.connected.set()
         self._record_heartbeat()  # live from the Welcome, not only from the first beat after it
+        # The GPUs' reading at once: placement must not wait a beat to see external memory.
+        self._spawn(self._beat(), "first-heartbeat")
         log.info("welcomed as node %s generation %d", self.node_id, self.generation)
         for deployment_id in welcome.unload_deployment_ids:
             self._spawn(self._unload_untracked(deployment_id), f"unload-{deployment_id}")

@@ -31,6 +31,15 @@ def _unavailable(reason: str, source: str = SOURCE) -> common_pb2.Measurement:
 
 
 @dataclass(frozen=True)
+class ListedProcess:
+    """A process NVML lists on one GPU: `used` is None where the driver does not account per
+    process (MIG, some virtualised GPUs)."""
+
+    pid: int
+    used: int | None
+
+
+@dataclass(frozen=True)
 class ProcessUsage:
     """One reading of a pid's device memory: `listed` is None when NVML could not say."""
 
@@ -122,6 +131,20 @@ class Nvml:
             return ProcessUsage(_unavailable(reason, source), True)
         return ProcessUsage(_measured(sum(v for v in used if v is not None), source), True)
 
+    def device_processes(
+        self, device: str, visible_devices: str | None
+    ) -> tuple[list[ListedProcess], str]:
+        """(every compute process NVML lists on the GPU a torch device string names, "") or
+        ([], why it cannot list them)."""
+        if self._nvml is None:
+            return [], self.unavailable_reason
+        try:
+            handle = self._handle(device, visible_devices)
+            listed = self._nvml.nvmlDeviceGetComputeRunningProcesses(handle)
+            return [ListedProcess(int(p.pid), _optional_int(p.usedGpuMemory)) for p in listed], ""
+        except Exception as exc:
+            return [], f"{type(exc).__name__}: {exc}"
+
     def _handle(self, device: str, visible_devices: str | None) -> Any:
         assert self._nvml is not None
         index = int(device.partition(":")[2] or 0)
@@ -134,6 +157,10 @@ class Nvml:
         if entry.isdigit():
             return self._nvml.nvmlDeviceGetHandleByIndex(int(entry))
         return self._nvml.nvmlDeviceGetHandleByUUID(entry)
+
+
+def _optional_int(value: Any) -> int | None:
+    return None if value is None else int(value)
 
 
 def visible_devices(env: Mapping[str, str]) -> str | None:

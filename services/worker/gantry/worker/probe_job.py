@@ -19,7 +19,8 @@ HostUnloaded if it sends one, its exit, reaping, NVML again). Invariants:
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping
+import contextlib
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -87,6 +88,8 @@ class ProbeRunner:
         # A test's host factory replaces how model-host adapters start their children.
         self._host_factory = host_factory
         self._open_nvml = open_nvml
+        # The pids of the probes' hosts now running: GPU processes this worker started.
+        self.running_pids: set[int] = set()
 
     def _adapter(self, name: str) -> RuntimeAdapter:
         return runtime_adapter_for(name, host_factory=self._host_factory)
@@ -127,13 +130,15 @@ class ProbeRunner:
             enter(common_pb2.PROBE_STATE_LOADING, f"model host with {prepared.python_executable}")
             # A failed or cancelled start leaves no process of it behind before it raises.
             running = await adapter.start(prepared, self._start_request(spec))
-            try:
-                await self._check(adapter, running, spec.adapter.device, nvml, evidence, enter)
-            except BaseException:
-                await adapter.stop(running, grace_s=0)
-                raise
-            enter(common_pb2.PROBE_STATE_UNLOADING, f"stopping pid {running.pid}")
-            unloaded = await adapter.unload(running, grace_s=self._settings.stop_grace_s, nvml=nvml)
+            with self._running(running.pid):
+                try:
+                    await self._check(adapter, running, spec.adapter.device, nvml, evidence, enter)
+                except BaseException:
+                    await adapter.stop(running, grace_s=0)
+                    raise
+                enter(common_pb2.PROBE_STATE_UNLOADING, f"stopping pid {running.pid}")
+                grace_s = self._settings.stop_grace_s
+                unloaded = await adapter.unload(running, grace_s=grace_s, nvml=nvml)
             evidence.memory.cuda_allocated_after_unload.CopyFrom(
                 unloaded.cuda_allocated_after_unload
             )
@@ -147,6 +152,15 @@ class ProbeRunner:
         finally:
             nvml.close()
             discard_copy(prepared.directory)
+
+    @contextlib.contextmanager
+    def _running(self, pid: int) -> Iterator[None]:
+        """`pid` is one of `running_pids` while the probe's host runs (until it is unloaded)."""
+        self.running_pids.add(pid)
+        try:
+            yield
+        finally:
+            self.running_pids.discard(pid)
 
     def _prepare_request(self, spec: wg.ProbeSpec) -> PrepareRequest:
         return PrepareRequest(

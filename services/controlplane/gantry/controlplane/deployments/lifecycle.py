@@ -224,6 +224,14 @@ class DeploymentLifecycle:
         )
         payload.pop("lease_token", None)
         async with self._database.transaction() as session:
+            # The deployment's row is locked first (as a restart, scale or unload locks it before
+            # its jobs): two results of one deployment are then decided one after the other, each
+            # on its siblings as committed. Unlocked, two UNLOADs finishing together each saw the
+            # other still UNLOADING, and the deployment never became UNLOADED (PostgreSQL).
+            deployment_id = await jobs.deployment_of_job(session, result.job_id)
+            locked = (
+                await deployments.lock_deployment(session, deployment_id) if deployment_id else None
+            )
             job, commit = await jobs.record_result(
                 session,
                 job_id=result.job_id,
@@ -247,11 +255,7 @@ class DeploymentLifecycle:
                 generation=generation,
                 now=now,
                 # Evidence-pipeline jobs (INSPECT, PROBE) have neither.
-                deployment_row=(
-                    await deployments.get_deployment(session, job.deployment_id)
-                    if job.deployment_id
-                    else None
-                ),
+                deployment_row=locked,
                 residency_row=(
                     await deployments.get_residency(session, job.residency_id)
                     if job.residency_id

@@ -23,6 +23,7 @@ from gantry.common.errors import GantryError
 from gantry.controlplane.deployments import store as deployments
 from gantry.controlplane.deployments.health_rules import LIVE_STATES
 from gantry.controlplane.deployments.requirements import (
+    ResidencyCharge,
     placement_policy,
     refusal_message,
     required_labels,
@@ -132,10 +133,29 @@ class Placer:
         except GantryError as error:
             await self._refused(deployment_id, error, error.message)
             return []
+        used: list[str] = []
+        try:
+            used = await self._record_placed(deployment_id, node_ids, charges)
+        finally:
+            # The scheduler holds each placed node for this deployment until its residency is
+            # announced; one that got none (fewer were missing by now, the deployment was
+            # unloaded, or the write failed) is released at once, else it would refuse this
+            # deployment on that node until the hold lapses.
+            unused = [node_id for node_id in node_ids if node_id not in used]
+            if unused:
+                self._scheduler.placement_released(deployment_id, unused)
+        return used
+
+    async def _record_placed(
+        self, deployment_id: str, node_ids: list[str], charges: dict[str, ResidencyCharge]
+    ) -> list[str]:
+        """Residencies and LOAD jobs on the placed nodes, as many as are still missing."""
         now = self._clock.now()
         changed: list[Residency] = []
         async with self._database.transaction() as session:
-            row = await deployments.get_deployment(session, deployment_id)
+            # Locked, and read fresh: a LOAD result settling the deployment meanwhile is waited
+            # for rather than failing this write's state transition.
+            row = await deployments.lock_deployment(session, deployment_id)
             if row.state not in LIVE_STATES:
                 return []  # unloaded while the scheduler answered
             node_ids = node_ids[: await missing_replicas(session, row)]

@@ -4,7 +4,8 @@ One adoption is one transaction: a new deployment (origin "adopted", no artifact
 replica, min = max = 1 so no autoscale) bound to its capability as CreateDeployment binds, the
 endpoint with its sealed credential, and one residency pinned to the endpoint's node with a LOAD
 job that names the server instead of an artifact. Committed first and announced after, as
-everywhere in the lifecycle. A refusal (bad URL, unknown or disabled node) stores nothing.
+everywhere in the lifecycle. A refusal (bad URL, one of this control plane's own listeners,
+unknown or disabled node) stores nothing.
 
 Gantry never starts, stops or signals the server: the worker only calls it, and an unload or a
 delete forgets it. Nothing is ever adopted unasked: only this RPC creates an adopted residency.
@@ -13,6 +14,7 @@ delete forgets it. Nothing is ever adopted unasked: only this RPC creates an ado
 from __future__ import annotations
 
 import datetime as dt
+import socket
 from dataclasses import dataclass
 
 import grpc
@@ -30,9 +32,11 @@ from gantry.controlplane.deployments.residency_charges import read_charges
 from gantry.controlplane.deployments.settle import settle_deployment
 from gantry.controlplane.endpoints import store as endpoints
 from gantry.controlplane.endpoints.url_rules import (
+    OwnListeners,
     check_credential,
     check_endpoint_url,
     check_model_name,
+    check_not_own_listener,
 )
 from gantry.controlplane.observability import audit
 from gantry.controlplane.platform import convert
@@ -76,6 +80,7 @@ class _Adoption:
     sealed: str
     adapter: common_pb2.AdapterSettings
     actor: str
+    own: OwnListeners  # what the URL must not name
 
 
 def _check_request(request: cp.AdoptEndpointRequest) -> tuple[str, str]:
@@ -117,6 +122,7 @@ async def _store_adoption(
     node = await endpoints.find_node(session, request.node)
     _check_node_enabled(node)
     url = check_endpoint_url(request.url, node_hostname=node.hostname)
+    check_not_own_listener(url, node_hostname=node.hostname, own=adoption.own)
     row = await deployments.create_deployment(
         session,
         capability=request.capability,
@@ -195,6 +201,8 @@ class EndpointAdoption:
         self._database = database
         self._lifecycle = lifecycle
         self._clock = clock
+        # Told once the listeners are bound (`AdoptedEndpointRpcs.listening_on`, app.py).
+        self.own_listeners = OwnListeners()
 
     async def adopt(
         self, request: cp.AdoptEndpointRequest, *, actor: str
@@ -209,6 +217,7 @@ class EndpointAdoption:
             sealed=sealed,
             adapter=_adopted_adapter(request),
             actor=actor,
+            own=self.own_listeners,
         )
 
         async def attempt() -> _Adopted:
@@ -259,6 +268,14 @@ class EndpointAdoption:
         return cp.ListEndpointsResponse(endpoints=messages, next_page_token=next_token)
 
 
+def own_listeners(*ports: int | None) -> OwnListeners:
+    """This control plane's bound ports (None or 0: a listener not opened) on this machine, named
+    as a worker here names it in Hello (socket.gethostname())."""
+    return OwnListeners(
+        ports=frozenset(port for port in ports if port), hostname=socket.gethostname()
+    )
+
+
 def endpoint_message(
     row: AdoptedEndpoint, deployment: Deployment, residency: Residency | None
 ) -> common_pb2.AdoptedEndpoint:
@@ -283,6 +300,10 @@ class AdoptedEndpointRpcs:
     """Mixed into ControlPlaneService."""
 
     _endpoint_adoption: EndpointAdoption
+
+    def listening_on(self, own: OwnListeners) -> None:
+        """Where this control plane listens, once bound: AdoptEndpoint refuses those."""
+        self._endpoint_adoption.own_listeners = own
 
     async def AdoptEndpoint(
         self, request: cp.AdoptEndpointRequest, context: grpc.aio.ServicerContext

@@ -5,6 +5,8 @@ from itself: a loopback address (127.0.0.0/8, ::1, "localhost") or the node's ow
 worker reported it in Hello. Anything else would make a worker a proxy to an arbitrary machine.
 No user or password in the URL (a credential travels apart, sealed), no query or fragment, and
 no path beyond an optional "/v1": the OpenAI paths (/v1/models, ...) are appended by the worker.
+Nor one of this control plane's own listeners (`check_not_own_listener`): a worker calling
+Gantry's front door for a deployment Gantry routes back to that worker is a loop.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ MAX_MODEL_CHARS = 256
 MAX_CREDENTIAL_CHARS = 4096
 _SCHEMES = ("http", "https")
 _BASE_PATHS = ("", "/", "/v1", "/v1/")
+_DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -35,6 +38,20 @@ class EndpointUrl:
         host = f"[{self.host}]" if ":" in self.host else self.host
         port = f":{self.port}" if self.port is not None else ""
         return f"{self.scheme}://{host}{port}"
+
+    @property
+    def effective_port(self) -> int:
+        return self.port if self.port is not None else _DEFAULT_PORTS[self.scheme]
+
+
+@dataclass(frozen=True, kw_only=True)
+class OwnListeners:
+    """Where this control plane listens: the ports it bound (gRPC with the Open Inference
+    Protocol, its health port, the OpenAI HTTP door) and its machine's hostname, as a worker
+    there reports its own (socket.gethostname())."""
+
+    ports: frozenset[int] = frozenset()
+    hostname: str = ""
 
 
 def _refused(message: str, field: str = "url", **metadata: str) -> GantryError:
@@ -57,7 +74,7 @@ def check_endpoint_url(url: str, *, node_hostname: str) -> EndpointUrl:
     """The URL as a base the worker may call, or INVALID_ARGUMENT naming what is wrong (the
     message never repeats a password the URL carried)."""
     if not url:
-        raise _refused("url is required: the server's base URL, e.g. http://127.0.0.1:8080")
+        raise _refused("url is required: the server's base URL, e.g. http://127.0.0.1:8000")
     if len(url) > MAX_URL_CHARS or any(ch.isspace() or ord(ch) < 0x20 for ch in url):
         raise _refused(f"url must be at most {MAX_URL_CHARS} characters without whitespace")
     try:
@@ -107,3 +124,23 @@ def check_credential(credential: str) -> str:
     if any(not (0x21 <= ord(ch) <= 0x7E) for ch in credential):
         raise _refused("credential must be printable ASCII without spaces", "credential")
     return credential
+
+
+def check_not_own_listener(url: EndpointUrl, *, node_hostname: str, own: OwnListeners) -> None:
+    """INVALID_ARGUMENT when `url` (already checked: loopback or the node's own hostname) names
+    one of this control plane's listeners. The URL reaches the node's machine; that machine is
+    this control plane's unless the node reported a hostname and it is another one, so a node
+    that has not reported one yet is taken as here. Any address the listener is bound to counts
+    (a port on another of this machine's interfaces is refused too): refusing an unusual but
+    honest setup costs a port change, adopting ourselves costs a loop."""
+    port = url.effective_port
+    if port not in own.ports:
+        return
+    elsewhere = bool(node_hostname) and bool(own.hostname)
+    if elsewhere and node_hostname.lower() != own.hostname.lower():
+        return
+    raise _refused(
+        f"url {url.base} is this control plane's own listener (port {port}) on the node's "
+        "machine: Gantry does not adopt its own front doors",
+        port=str(port),
+    )

@@ -1,9 +1,11 @@
 """Whether a probe's evidence makes a LAB_READY candidate, and if not, every reason why. Pure.
 
 LAB_READY only when the process, runtime and model health layers are OK, the output is finite and
-non-empty, the child was kept to local bytes (local_files_only, no remote code) and its reclaim
-succeeded (it exited, was reaped, and left no device memory behind). Anything else is REJECTED
-with one line per failed check, so an operator reads what to fix rather than a bare verdict.
+non-empty, the child was kept to local bytes (local_files_only, no remote code declared, and
+none observed: no module imported from outside its interpreter, no weight file read from outside
+its verified copy) and its reclaim succeeded (it exited, was reaped, and left no device memory
+behind). Anything else is REJECTED with one line per failed check, so an operator reads what to
+fix rather than a bare verdict.
 """
 
 from __future__ import annotations
@@ -22,6 +24,31 @@ def _layer_problem(name: str, layer: wg.HealthLayer) -> str | None:
     return f"{name} health is {status}{detail}"
 
 
+def _listed(names: list[str]) -> str:
+    shown = ", ".join(names[:5])
+    return shown if len(names) <= 5 else f"{shown} and {len(names) - 5} more"
+
+
+def _offline_problems(offline: wg.OfflineEvidence) -> list[str]:
+    """What the adapter declared, then what the child observed of itself."""
+    problems = []
+    if not offline.local_files_only:
+        problems.append("the model was not loaded with local_files_only")
+    if offline.trust_remote_code:
+        problems.append("the model was loaded with trust_remote_code")
+    if offline.remote_code_modules:
+        problems.append(
+            "the child imported code from outside its interpreter: "
+            + _listed(list(offline.remote_code_modules))
+        )
+    if offline.weight_files_outside_copy:
+        problems.append(
+            "the child read weight files outside its verified copy: "
+            + _listed(list(offline.weight_files_outside_copy))
+        )
+    return problems
+
+
 def judge_evidence(evidence: wg.ProbeEvidence) -> tuple[CandidateStatus, list[str]]:
     """(LAB_READY, []) or (REJECTED, reasons in words), from the evidence alone."""
     reasons: list[str] = []
@@ -34,11 +61,7 @@ def judge_evidence(evidence: wg.ProbeEvidence) -> tuple[CandidateStatus, list[st
         reasons.append(f"the output is empty (shape {shape})")
     if not evidence.output_finite:
         reasons.append("the output is not finite (NaN or infinity)")
-    offline = evidence.offline
-    if not offline.local_files_only:
-        reasons.append("the model was not loaded with local_files_only")
-    if offline.trust_remote_code:
-        reasons.append("the model was loaded with trust_remote_code")
+    reasons += _offline_problems(evidence.offline)
     reclaim = evidence.reclaim
     if not reclaim.reclaimed:
         detail = f": {reclaim.detail}" if reclaim.detail else ""

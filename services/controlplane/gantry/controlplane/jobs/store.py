@@ -79,6 +79,12 @@ async def get_job(session: AsyncSession, job_id: str) -> ServingJob:
     return await get_row(session, ServingJob, job_id, "serving job")
 
 
+async def deployment_of_job(session: AsyncSession, job_id: str) -> str | None:
+    """The job's deployment id (None for an evidence job or an unknown job), read without
+    loading the row, so a later `get_job` in the same session reads it fresh."""
+    return await session.scalar(select(ServingJob.deployment_id).where(ServingJob.job_id == job_id))
+
+
 async def queued_jobs_for_node(session: AsyncSession, node_id: str) -> Sequence[ServingJob]:
     query = (
         select(ServingJob)

@@ -1,7 +1,8 @@
 """WorkerGateway.Connect: the control plane's end of each worker's outbound stream.
 
 Every message is first checked against the protocol's size bounds (wire_bounds.py): one past them
-closes the stream, and nothing of it is logged, stored or kept; what is logged of a worker's text
+ends the stream INVALID_ARGUMENT (as does one that does not parse or has no kind the stream takes),
+and nothing of it is logged, stored or kept; what is logged of a worker's text
 is an excerpt, rate-limited per node (worker_log.py). Hello binds the stream to one node
 generation, issued here, never chosen by the worker: the generation the Hello presents is kept
 only when it is the node's current one (the same process reconnecting), else the next is issued
@@ -15,7 +16,8 @@ job results, inventory) goes through a bounded per-stream queue to one writer ta
 sent, so a slow write never delays an invoke result behind it. Results are committed
 idempotently and acknowledged. A heartbeat refreshes the stream's liveness in memory (liveness.py;
 the reconciler flushes `last_seen_at` in batches) and writes the database only to renew the leases
-of the jobs it names.
+of the jobs it names, or to keep its GPU reading when that changed enough to matter (gpu_rules.py:
+the node is then announced to the scheduler, which charges its external GPU processes).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from gantry.controlplane.deployments.lifecycle import DeploymentLifecycle
 from gantry.controlplane.deployments.settle import settle_node_deployments
 from gantry.controlplane.jobs import store as jobs
 from gantry.controlplane.jobs.handlers import jobs_requeued
+from gantry.controlplane.nodes import gpu_rules
 from gantry.controlplane.nodes import store as nodes
 from gantry.controlplane.nodes.capabilities import domains_to_json
 from gantry.controlplane.nodes.inventory import Reconciled
@@ -47,6 +50,7 @@ from gantry.controlplane.nodes.worker_log import WorkerLog
 from gantry.controlplane.platform import metrics
 from gantry.controlplane.platform.database import Database
 from gantry.controlplane.platform.events import (
+    CapacityFreed,
     NodeChanged,
     ReconcileWanted,
     ResidenciesChanged,
@@ -133,6 +137,8 @@ class WorkerGatewayService(worker_gateway_pb2_grpc.WorkerGatewayServicer):
         self._clock = clock
         self._settings = settings
         self._endings: set[asyncio.Task[None]] = set()
+        # node id -> the heartbeat whose GPU reading its row holds (gpu_rules.worth_writing).
+        self._gpus_written: dict[str, wg.Heartbeat] = {}
 
     async def Connect(
         self,
@@ -150,6 +156,9 @@ class WorkerGatewayService(worker_gateway_pb2_grpc.WorkerGatewayServicer):
         served = self._serve(stream, welcome, first.generation, request_iterator)
         async for message in served:
             yield message
+        if stream.refusal is not None:
+            # The worker broke the protocol: the status says how (the interceptor maps it).
+            raise stream.refusal
         if (holder := self._hub.get(node_id)) is not None and holder is not stream:
             # Another Hello with this node's credential took the node over (the newest wins):
             # said as the stream's status, so this worker knows it was not a network fault.
@@ -262,6 +271,7 @@ class WorkerGatewayService(worker_gateway_pb2_grpc.WorkerGatewayServicer):
                 ReconcileWanted(),
             )
         stream = self._hub.open_stream(node_id=node_id, generation=generation)
+        self._gpus_written.pop(node_id, None)  # the Hello's inventory holds no GPU reading
         # Right after the commit, which wrote `last_seen_at = now`: until this line the row alone
         # is fresh, from here on the reconciler judges the stream by what it hears (its wake
         # above only lets its next pass run once this task waits).
@@ -320,16 +330,16 @@ class WorkerGatewayService(worker_gateway_pb2_grpc.WorkerGatewayServicer):
                         return
                     writes.put_nowait(message)
                 else:
-                    stream.send(
-                        _reject(
-                            "",
-                            GantryError("INVALID_ARGUMENT", f"unexpected worker message {kind!r}"),
-                        )
-                    )
+                    raise _unexpected_kind(kind)
         except grpc.aio.AioRpcError:
             pass
         except GantryError as error:
-            worker_log.warning(stream.node_id, "worker stream: %s", str(error))
+            # A message that does not parse (the interceptor's refusal) or has no kind this
+            # stream takes: one bounded line, no traceback, and the refusal is the stream's status.
+            worker_log.warning(
+                stream.node_id, "worker stream refused, closing: %s %s", error.reason, error.message
+            )
+            stream.refuse(error)
         except Exception:
             worker_log.exception(stream.node_id, "worker stream failed")
         finally:
@@ -348,6 +358,7 @@ class WorkerGatewayService(worker_gateway_pb2_grpc.WorkerGatewayServicer):
             worker_log.warning(stream.node_id, "%s refused, stream closed: %s", kind, error.message)
             with contextlib.suppress(GantryError):
                 stream.send(_reject("", error))
+            stream.refuse(error)
             return False
         return True
 
@@ -362,6 +373,8 @@ class WorkerGatewayService(worker_gateway_pb2_grpc.WorkerGatewayServicer):
         these; the queue hop cost a task switch each (fleet bench, issue 9). With writes pending,
         it waits its turn behind them as `_heartbeat` says."""
         if message.heartbeat.active_job_ids or not writes.empty():
+            return False
+        if gpu_rules.worth_writing(self._gpus_written.get(stream.node_id), message.heartbeat):
             return False
         self._liveness.heard(stream.node_id, stream.generation, self._clock.now())
         return True
@@ -400,20 +413,37 @@ class WorkerGatewayService(worker_gateway_pb2_grpc.WorkerGatewayServicer):
         On the writer, so it counts only once the messages sent before it were handled. Only the
         generation that holds the node refreshes its liveness, and only the one that holds a job
         renews it (`renew_leases` matches node and generation): a late heartbeat of an old
-        generation changes nothing.
+        generation changes nothing. Its GPU reading is written after the leases, so a failed
+        write of it never costs a lease its renewal.
         """
-        self._liveness.heard(stream.node_id, stream.generation, self._clock.now())
-        if not heartbeat.active_job_ids:
-            return  # no transaction: liveness alone is kept in memory
+        holds = self._liveness.heard(stream.node_id, stream.generation, self._clock.now())
+        if heartbeat.active_job_ids:
+            async with self._database.transaction() as db:
+                await jobs.renew_leases(
+                    db,
+                    node_id=stream.node_id,
+                    generation=stream.generation,
+                    job_ids=list(heartbeat.active_job_ids),
+                    lease_seconds=self._lifecycle.pump.lease_seconds,
+                    now=self._clock.now(),
+                )
+        # Otherwise no transaction: liveness alone is kept in memory.
+        if holds and gpu_rules.worth_writing(self._gpus_written.get(stream.node_id), heartbeat):
+            await retry_on_conflict(lambda: self._write_gpus(stream, heartbeat))
+
+    async def _write_gpus(self, stream: WorkerStream, heartbeat: wg.Heartbeat) -> None:
+        """Keep the heartbeat's GPU reading in the node's inventory and announce the node (the
+        scheduler charges its external GPU processes), if this stream's generation holds it."""
         async with self._database.transaction() as db:
-            await jobs.renew_leases(
-                db,
-                node_id=stream.node_id,
-                generation=stream.generation,
-                job_ids=list(heartbeat.active_job_ids),
-                lease_seconds=self._lifecycle.pump.lease_seconds,
-                now=self._clock.now(),
-            )
+            node = await nodes.get_node(db, stream.node_id)
+            if node.generation != stream.generation:
+                return
+            freed = gpu_rules.frees_capacity(node.inventory, heartbeat)
+            node.inventory = gpu_rules.with_reading(node.inventory, heartbeat, self._clock.now())
+            record(db, NodeChanged(node, (stream.node_id,)))
+            if freed:
+                record(db, CapacityFreed())  # after the node: the scheduler hears it first
+        self._gpus_written[stream.node_id] = heartbeat
 
     async def _job_result(self, stream: WorkerStream, result: wg.JobResult) -> None:
         try:
@@ -510,6 +540,17 @@ def _refuse_stamp(stream: WorkerStream, message: wg.WorkerMessage) -> None:
         f"message from generation {message.generation}, stream holds {stream.generation}",
     )
     stream.send(_reject("", error))
+
+
+def _unexpected_kind(kind: str | None) -> GantryError:
+    """A message after Hello whose kind this stream does not take: none set (empty, or only a
+    field this version does not know), or one only a stream's first message may be."""
+    said = "no known kind (empty, or a field this control plane does not know)"
+    return GantryError(
+        "INVALID_ARGUMENT",
+        f"a worker message with {said if kind is None else f'kind {kind!r}'} after Hello",
+        field="WorkerMessage.kind",
+    )
 
 
 def _reject(job_id: str, error: GantryError) -> wg.ControlMessage:

@@ -112,6 +112,9 @@ class WorkerStream:
     outbox: asyncio.Queue[wg.ControlMessage | None] = field(init=False)
     pending_invokes: dict[str, PendingInvoke] = field(init=False, default_factory=dict)
     closed: bool = False
+    # Why the control plane ended the stream, when its worker broke the protocol (a message that
+    # does not parse, has no known kind, or breaks a bound): the stream's status, once drained.
+    refusal: GantryError | None = None
 
     def __post_init__(self) -> None:
         # The queue's own bound is a backstop: admission below keeps `send` within outbox_limit
@@ -222,6 +225,16 @@ class WorkerStream:
             ),
         )
         return False
+
+    def refuse(self, refusal: GantryError) -> None:
+        """Close the stream because its worker broke the protocol: `refusal` becomes the status
+        the worker reads (the first one, if several), and whatever waits on the stream fails
+        WORKER_UNAVAILABLE, as when a stream is lost."""
+        if self.refusal is None:
+            self.refusal = refusal
+        self.close(
+            GantryError("WORKER_UNAVAILABLE", f"the stream to node {self.node_id} was refused")
+        )
 
     def close(self, error: GantryError) -> None:
         if self.closed:

@@ -67,6 +67,11 @@ FIELD_BOUNDS: Mapping[str, Bound] = {
     _P + "JobResult.job_id": Bound(size=ID_CHARS),
     _P + "JobResult.lease_token": Bound(size=TOKEN_CHARS),
     _P + "Heartbeat.active_job_ids": Bound(size=ID_CHARS, items=4096),
+    # GPUs: a node has a few; a worker lists at most 256 processes a GPU (gpu_usage.py).
+    _P + "Heartbeat.gpus": Bound(items=64),
+    _P + "Heartbeat.gpus_unavailable": Bound(size=4096),
+    _P + "GpuUsage.processes": Bound(items=256),
+    _P + "GpuUsage.processes_unavailable": Bound(size=4096),
     _P + "Failure.reason": Bound(size=128),
     _P + "Failure.message": Bound(size=FAILURE_CHARS),
     _P + "Failure.metadata": Bound(size=4096, items=64),

@@ -23,6 +23,7 @@ from gantry.controlplane.deployments.residency_charges import read_charges
 from gantry.controlplane.jobs import store as jobs
 from gantry.controlplane.nodes import store as nodes
 from gantry.controlplane.nodes.capabilities import domains_from_json
+from gantry.controlplane.nodes.gpu_rules import stored_reading
 from gantry.controlplane.observability import audit
 from gantry.controlplane.platform import convert
 from gantry.controlplane.platform.models import Deployment, Residency, ServingJob
@@ -36,9 +37,6 @@ from gantry.v1 import worker_gateway_pb2 as wg
 SNAPSHOT_ROW_LIMIT = 100_000
 DEFAULT_RECENT_FAILURES = 20
 MAX_RECENT_FAILURES = 200
-UNMANAGED_GPU_PROCESSES_UNAVAILABLE = (
-    "the worker protocol reports only the model hosts a worker runs, not other GPU processes"
-)
 
 
 async def consistent_read(session: AsyncSession) -> None:
@@ -101,6 +99,8 @@ async def registry_snapshot(
         residencies=records,
         capabilities=[health for health in capabilities if health.capability in existing],
         last_event_id=await audit.last_event_id(session),
+        # Each node's GPUs as its heartbeat last read them, external processes marked.
+        node_gpus=[stored_reading(n.node_id, n.inventory) for n in node_rows],
     )
 
 
@@ -211,17 +211,19 @@ async def node_inventory(session: AsyncSession, node_id: str) -> cp.NodeInventor
         m for m in inventory.residents if m.deployment_id in accounted
     ]
     unmanaged = [m for m in inventory.residents if m.deployment_id not in accounted]
+    gpus = stored_reading(node.node_id, stored)
     return cp.NodeInventory(
         node_id=node.node_id,
         generation=inventory.generation or node.generation,
         last_seen_at=convert.timestamp(node.last_seen_at),
         managed=managed,
         unmanaged=unmanaged,
-        unmanaged_gpu_processes_unavailable=UNMANAGED_GPU_PROCESSES_UNAVAILABLE,
+        unmanaged_gpu_processes_unavailable=gpus.unavailable,
         environments=[
             json_format.ParseDict(e, wg.RuntimeEnvironment(), ignore_unknown_fields=True)
             for e in stored.get("environments", [])
         ],
         resource_domains=domains_from_json(stored.get("domains", [])),
         adapters=list(stored.get("adapters", [])),
+        gpus=gpus,
     )

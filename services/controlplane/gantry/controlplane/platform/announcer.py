@@ -13,6 +13,7 @@ from gantry.controlplane.deployments.autoscale_rules import ReplicaBounds
 from gantry.controlplane.deployments.requirements import NOTHING_CHARGED, ResidencyCharge
 from gantry.controlplane.deployments.residency_charges import ChargeBook
 from gantry.controlplane.nodes.capabilities import domains_from_json, node_labels
+from gantry.controlplane.nodes.gpu_rules import stored_external_usage
 from gantry.controlplane.platform import convert
 from gantry.controlplane.platform.models import Deployment, Node, Residency
 from gantry.controlplane.platform.scheduler_link import SchedulerLink
@@ -71,6 +72,8 @@ def scheduler_node(
         labels=node_labels(inventory),
         domains=domains_from_json(inventory.get("domains", [])),
         max_residencies=int(inventory.get("max_residents", 0)),
+        # GPU memory of processes the worker did not start, as its heartbeat last read it.
+        external_usage=stored_external_usage(inventory),
     )
 
 

@@ -3,6 +3,10 @@
 Only `gantry migrate` creates or upgrades the schema (`migrate_database`: the Alembic head, then
 the installation record). A starting control plane only checks (`require_initialised`) and
 refuses a missing SQLite file, an empty database or an old schema rather than repairing it.
+
+A transaction the database cannot take (locked past the wait below, read-only, unreachable, out of
+disk) is answered STORE_UNAVAILABLE here, the one place a driver's failure becomes a reason
+(`store_outage` decides which ones): typed and retryable, never INTERNAL with a traceback.
 """
 
 from __future__ import annotations
@@ -10,7 +14,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import functools
+import logging
 import os
+import socket
+import sqlite3
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +29,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from alembic.util.exc import CommandError
 from sqlalchemy import event
+from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import URL, Connection, make_url
 from sqlalchemy.ext.asyncio import (
     AsyncEngine,
@@ -29,12 +38,30 @@ from sqlalchemy.ext.asyncio import (
     create_async_engine,
 )
 
+from gantry.common.errors import GantryError, excerpt
 from gantry.controlplane.observability import audit
 from gantry.controlplane.platform import events, installation
 from gantry.controlplane.platform.events import EventBus
 from gantry.controlplane.platform.models import Installation
 
 MIGRATIONS_DIR = Path(__file__).with_name("migrations")
+log = logging.getLogger(__name__)
+
+# How long one transaction waits for the database before it is answered STORE_UNAVAILABLE: for
+# its turn as SQLite's one writer (SqliteTurns), for SQLite's write lock (busy_timeout), for a
+# PostgreSQL lock (lock_timeout), a pooled connection or a new one. Well under a client's usual
+# deadline: a locked or stalled database is answered, typed and retryable, not at the deadline.
+# Read when a Database connects (tests lower it to keep a lock wait short).
+STORE_WAIT_S = 5.0
+# SQLite's primary result codes that mean the store cannot take work now, not a bug:
+# BUSY, LOCKED, READONLY, IOERR, FULL, CANTOPEN, PROTOCOL (sqlite.org/rescode.html).
+_SQLITE_OUTAGE_CODES = frozenset({5, 6, 8, 10, 13, 14, 15})
+# PostgreSQL SQLSTATEs (and classes) that mean the same: connection exceptions (08), no
+# resources (53: disk full, out of memory, too many connections), operator intervention
+# (57P01-57P04: shut down, cannot connect now), system errors (58: I/O), a read-only
+# transaction (25006: a standby, or default_transaction_read_only) and lock_timeout (55P03).
+_POSTGRES_OUTAGE_CLASSES = ("08", "53", "58")
+_POSTGRES_OUTAGE_STATES = frozenset({"25006", "55P03", "57P01", "57P02", "57P03", "57P04"})
 
 
 class DatabaseNotInitialised(Exception):
@@ -44,14 +71,49 @@ class DatabaseNotInitialised(Exception):
     """
 
 
-def _sqlite_pragmas(dbapi_connection: object, _record: object) -> None:
+def store_outage(error: BaseException) -> tuple[str, str] | None:
+    """(code, cause) when `error` means the database cannot take work now: locked past the
+    wait, read-only, unreachable or out of resources. None for any other failure (a bug, a
+    constraint), which stays what it is. Pure: reads the exception only."""
+    if isinstance(error, sa_exc.TimeoutError):  # the pool had no connection free in time
+        return "POOL_TIMEOUT", "no database connection came free in time"
+    if isinstance(error, ConnectionError | socket.gaierror):  # a connect refused or reset
+        return "UNREACHABLE", f"the database is unreachable ({type(error).__name__})"
+    if not isinstance(error, sa_exc.DBAPIError):
+        return None
+    original = error.orig
+    cause = (str(original).strip().splitlines() or [type(original).__name__])[0]
+    if isinstance(original, sqlite3.Error):
+        code = getattr(original, "sqlite_errorcode", 0) & 0xFF
+        if code in _SQLITE_OUTAGE_CODES:
+            return getattr(original, "sqlite_errorname", str(code)), cause
+    state = str(getattr(original, "sqlstate", None) or "")
+    if state in _POSTGRES_OUTAGE_STATES or state[:2] in _POSTGRES_OUTAGE_CLASSES:
+        return state, cause
+    if error.connection_invalidated or isinstance(error, sa_exc.InterfaceError):
+        return state or "DISCONNECTED", cause
+    return None
+
+
+def _store_unavailable(code: str, cause: str, backend: str) -> GantryError:
+    return GantryError(
+        "STORE_UNAVAILABLE",
+        f"the database cannot take this call now ({excerpt(cause)}); try again",
+        store=backend,
+        store_code=code,
+    )
+
+
+def _sqlite_pragmas(busy_timeout_ms: int, dbapi_connection: object, _record: object) -> None:
     # The driver's own implicit BEGIN is off: `_sqlite_begin_immediate` emits each BEGIN.
     dbapi_connection.isolation_level = None  # type: ignore[attr-defined]
     cursor = dbapi_connection.cursor()  # type: ignore[attr-defined]
     # WAL lets readers run beside the one writer; foreign keys are off by default in SQLite.
     cursor.execute("PRAGMA journal_mode=WAL")
     cursor.execute("PRAGMA foreign_keys=ON")
-    cursor.execute("PRAGMA busy_timeout=5000")
+    # A lock held elsewhere (another process) is waited for this long, then "database is
+    # locked", answered STORE_UNAVAILABLE.
+    cursor.execute(f"PRAGMA busy_timeout={busy_timeout_ms}")
     cursor.close()
 
 
@@ -63,6 +125,14 @@ def _sqlite_begin_immediate(connection: Connection) -> None:
     # transactions take it too and so wait for a writer's commit; the control plane's reads on
     # hot paths are cached (routes, keys), so that costs little.
     connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def _postgres_waits(wait_s: float) -> dict[str, object]:
+    """asyncpg's connect arguments: a connect and every lock wait bounded by `wait_s`."""
+    return {
+        "timeout": wait_s,
+        "server_settings": {"lock_timeout": str(int(wait_s * 1000))},
+    }
 
 
 def sqlite_file(url: str | URL) -> Path | None:
@@ -87,11 +157,15 @@ def migrate_hint(url: str | URL) -> str:
 class SqliteTurns:
     """SQLite has one writer at a time: this process's transactions take turns here, first come
     first served. Left to SQLite's busy handler, which sleeps and retries, a burst of writers (1,000
-    worker Hellos) starved some of them past busy_timeout and they failed "database is locked"."""
+    worker Hellos) starved some of them past busy_timeout and they failed "database is locked".
 
-    def __init__(self) -> None:
+    A turn is waited for at most `wait_s`: behind a holder stalled on a lock held by another
+    process, each waiter would otherwise wait for every holder before it in turn."""
+
+    def __init__(self, wait_s: float = STORE_WAIT_S) -> None:
         self._lock = asyncio.Lock()
         self._holder: asyncio.Task[object] | None = None
+        self._wait_s = wait_s
 
     @contextlib.asynccontextmanager
     async def turn(self) -> AsyncIterator[None]:
@@ -99,12 +173,21 @@ class SqliteTurns:
         if task is not None and task is self._holder:
             # Waiting here would wait for ourselves forever: say so instead of hanging.
             raise RuntimeError("a SQLite transaction was opened inside another in the same task")
-        async with self._lock:
+        try:
+            async with asyncio.timeout(self._wait_s):
+                await self._lock.acquire()
+        except TimeoutError:
+            raise _store_unavailable(
+                "TURN_TIMEOUT",
+                f"no write turn came within {self._wait_s:g}s: another transaction holds it",
+                "sqlite",
+            ) from None
+        try:
             self._holder = task
-            try:
-                yield
-            finally:
-                self._holder = None
+            yield
+        finally:
+            self._holder = None
+            self._lock.release()
 
 
 @dataclass(slots=True)
@@ -117,26 +200,45 @@ class Database:
 
     @classmethod
     def connect(cls, url: str) -> Database:
-        """An engine for url; nothing is opened (or, for SQLite, created) until first use."""
-        engine = create_async_engine(url, pool_pre_ping=True)
+        """An engine for url; nothing is opened (or, for SQLite, created) until first use. Every
+        wait for the database is bounded by STORE_WAIT_S (see there)."""
+        wait_s = STORE_WAIT_S
+        if make_url(url).get_backend_name() == "postgresql":
+            engine = create_async_engine(
+                url, pool_pre_ping=True, pool_timeout=wait_s, connect_args=_postgres_waits(wait_s)
+            )
+        else:
+            engine = create_async_engine(url, pool_pre_ping=True)
         turns = None
         if engine.dialect.name == "sqlite":
-            event.listen(engine.sync_engine, "connect", _sqlite_pragmas)
+            pragmas = functools.partial(_sqlite_pragmas, int(wait_s * 1000))
+            event.listen(engine.sync_engine, "connect", pragmas)
             event.listen(engine.sync_engine, "begin", _sqlite_begin_immediate)
-            turns = SqliteTurns()
+            turns = SqliteTurns(wait_s)
         sessions = async_sessionmaker(engine, expire_on_commit=False)
         return cls(engine=engine, sessions=sessions, sqlite_turns=turns)
 
     @contextlib.asynccontextmanager
     async def transaction(self) -> AsyncIterator[AsyncSession]:
         """One unit of work: repository functions flush, this commits (or rolls back on error),
-        then publishes the events recorded on the session (`events.record`) to `self.events`."""
-        if self.sqlite_turns is None:
-            async with self._transaction() as session:
-                yield session
-        else:
-            async with self.sqlite_turns.turn(), self._transaction() as session:
-                yield session
+        then publishes the events recorded on the session (`events.record`) to `self.events`.
+
+        A failure that means the database cannot take work now is raised STORE_UNAVAILABLE
+        (`store_outage`), logged as one line; nothing of the transaction was committed."""
+        try:
+            if self.sqlite_turns is None:
+                async with self._transaction() as session:
+                    yield session
+            else:
+                async with self.sqlite_turns.turn(), self._transaction() as session:
+                    yield session
+        except Exception as error:
+            outage = store_outage(error)
+            if outage is None:
+                raise
+            refusal = _store_unavailable(*outage, self.engine.dialect.name)
+            log.warning("%s: %s", refusal.reason, refusal.message)
+            raise refusal from None
 
     @contextlib.asynccontextmanager
     async def _transaction(self) -> AsyncIterator[AsyncSession]:

@@ -215,6 +215,16 @@ class SchedulerLink:
         output = await self._request(request_id, message, timeout=timeout)
         return list(output.placement.node_ids)
 
+    def placement_released(self, deployment_id: str, node_ids: Sequence[str]) -> None:
+        """Placed nodes that got no residency: the scheduler drops their holds now."""
+        self._send(
+            scheduler_pb2.SchedulerInput(
+                placement_released=scheduler_pb2.PlacementReleased(
+                    deployment_id=deployment_id, node_ids=node_ids
+                )
+            )
+        )
+
     def node_changed(self, node: scheduler_pb2.SchedulerNode) -> None:
         self._send(scheduler_pb2.SchedulerInput(node_update=scheduler_pb2.NodeUpdate(node=node)))
 

@@ -4,8 +4,10 @@ The inference path records each finished invocation's outcome per capability; th
 pass (the one time-driven loop) calls `evaluate`, which returns the capabilities whose condition
 changed, for it to audit. A capability is DEGRADED when, over the window, enough outcomes were
 seen and too few succeeded, or when its deployment crash-loops. Only outcomes that say something
-about the runtime count: a success or an INFRA failure (a bad request or a client that left says
-nothing about the model). This policy only observes: it never decides anything for a worker.
+about the runtime or its configuration count (`inference_calls.degradation_outcome`): a success,
+an INFRA failure, or a CONFIG one (INVOKE_OOM: the deployment's envelope fails calls its limits
+admit); a bad request or a client that left says nothing about the model. This policy only
+observes: it never decides anything for a worker.
 """
 
 from __future__ import annotations

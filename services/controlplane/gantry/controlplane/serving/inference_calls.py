@@ -20,10 +20,20 @@ from gantry.v1 import common_pb2, scheduler_pb2
 _Answer = TypeVar("_Answer")
 
 DEFAULT_MAX_INVOKE_SECONDS = 300.0
+# How a failed call counts, by its reason's class in the errors table (the one declaration):
+# the scheduler's outcome (its breakers open on INFRA alone: a host that answered, however it
+# failed the call, is not broken) and whether the capability's degradation signal counts it. A
+# CONFIG failure at invoke (INVOKE_OOM: the envelope too small for a call the deployment's
+# limits admit) opens no breaker, yet says the capability fails what it accepts: it degrades.
 _OUTCOME_BY_CLASS = {
     common_pb2.FAILURE_CLASS_INFRA: scheduler_pb2.WORK_OUTCOME_INFRA_FAILURE,
     common_pb2.FAILURE_CLASS_REQUEST: scheduler_pb2.WORK_OUTCOME_REQUEST_FAILURE,
     common_pb2.FAILURE_CLASS_CONFIG: scheduler_pb2.WORK_OUTCOME_REQUEST_FAILURE,
+}
+_DEGRADES_BY_CLASS = {
+    common_pb2.FAILURE_CLASS_INFRA: True,
+    common_pb2.FAILURE_CLASS_REQUEST: False,
+    common_pb2.FAILURE_CLASS_CONFIG: True,
 }
 # Outcomes that say something about the runtime (a bad request or a client that left does not).
 RUNTIME_OUTCOMES = (scheduler_pb2.WORK_OUTCOME_SUCCESS, scheduler_pb2.WORK_OUTCOME_INFRA_FAILURE)
@@ -84,6 +94,19 @@ def work_outcome(error: BaseException | None, budget: CallBudget) -> scheduler_p
             return scheduler_pb2.WORK_OUTCOME_CANCELLED
         return _OUTCOME_BY_CLASS[error.failure_class.value]
     return scheduler_pb2.WORK_OUTCOME_INFRA_FAILURE
+
+
+def degradation_outcome(error: BaseException | None, budget: CallBudget) -> bool | None:
+    """How finished work counts for its capability's degradation signal: True a success, False a
+    failure, None not at all (a bad request, a client gone or out of its own time)."""
+    outcome = work_outcome(error, budget)
+    if outcome == scheduler_pb2.WORK_OUTCOME_SUCCESS:
+        return True
+    if outcome == scheduler_pb2.WORK_OUTCOME_CANCELLED:
+        return None
+    if isinstance(error, GantryError):
+        return False if _DEGRADES_BY_CLASS[error.failure_class.value] else None
+    return False
 
 
 async def counted(operation: str, answer: Awaitable[_Answer]) -> _Answer:

@@ -24,9 +24,9 @@ from gantry.controlplane.platform import metrics
 from gantry.controlplane.platform.scheduler_link import SchedulerLink
 from gantry.controlplane.serving.capability_degradation import CapabilityDegradation
 from gantry.controlplane.serving.inference_calls import (
-    RUNTIME_OUTCOMES,
     CallBudget,
     InferenceSettings,
+    degradation_outcome,
     operation_of,
     work_outcome,
 )
@@ -56,6 +56,23 @@ def _cost_of(payload: InvokePayload, cost: int | None) -> int:
     return work_cost(payload)
 
 
+def work_inputs(payload: InvokePayload) -> int:
+    """The scheduler's slots a call takes: the inputs its model host works on at once (a
+    residency's slots are its batch size in inputs). An Embed's texts, a Rerank's documents, a
+    media call's images; a generation, a transcription or anything else is one."""
+    if isinstance(payload, wg.EmbedPayload):
+        count = len(payload.inputs)
+    elif isinstance(payload, wg.RerankPayload):
+        count = len(payload.documents)
+    elif isinstance(
+        payload, wg.EmbedImagePayload | wg.RecognizeTextPayload | wg.ClassifyImagePayload
+    ):
+        count = len(payload.images)
+    else:
+        count = 1
+    return max(1, count)
+
+
 def _work_submitted(
     work_id: str,
     tenant_id: str,
@@ -63,6 +80,7 @@ def _work_submitted(
     request: TargetedRequest,
     *,
     cost: int,
+    inputs: int,
     budget: CallBudget,
 ) -> scheduler_pb2.WorkSubmitted:
     return scheduler_pb2.WorkSubmitted(
@@ -74,6 +92,7 @@ def _work_submitted(
         cost=cost,
         # Work still queued past the call's budget has no one to answer.
         timeout_seconds=budget.seconds,
+        inputs=inputs,
     )
 
 
@@ -135,7 +154,13 @@ class Invocation:
         error: BaseException | None = None
         refused = False
         work = _work_submitted(
-            new_id(), tenant_id, deployment_id, request, cost=_cost_of(payload, cost), budget=budget
+            new_id(),
+            tenant_id,
+            deployment_id,
+            request,
+            cost=_cost_of(payload, cost),
+            inputs=work_inputs(payload),
+            budget=budget,
         )
         try:
             async with asyncio.timeout_at(deadline_at):
@@ -209,7 +234,6 @@ class Invocation:
         self._scheduler.work_finished(
             work_id, outcome, reason=error.reason if isinstance(error, GantryError) else ""
         )
-        if self._degradation is not None and outcome in RUNTIME_OUTCOMES:
-            self._degradation.record(
-                capability, succeeded=outcome == scheduler_pb2.WORK_OUTCOME_SUCCESS
-            )
+        counted = degradation_outcome(error, budget)
+        if self._degradation is not None and counted is not None:
+            self._degradation.record(capability, succeeded=counted)

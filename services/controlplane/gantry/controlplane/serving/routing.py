@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-from gantry.common.errors import GantryError, invalid_argument
+from gantry.common.errors import GantryError, excerpt, invalid_argument
 from gantry.common.ids import parse_id
 from gantry.controlplane.deployments import bindings
 from gantry.controlplane.deployments import store as deployments
@@ -124,7 +124,7 @@ class DeploymentResolver:
                 del self._reads[capability]
 
     async def _read_binding(self, capability: str, epoch: int) -> str:
-        name = f"capability {capability!r}"
+        name = f"capability {excerpt(capability)!r}"  # a caller's text: echoed bounded
         async with self._database.transaction() as session:
             binding = await bindings.get_binding(session, capability)
             if binding is None:

@@ -8,10 +8,16 @@ a decision only when the control plane says its caller has gone.
 
 Work is queued per deployment, so a deployment whose slots are all busy never holds up another
 deployment's work (no head-of-line blocking), and fairness is weighed where the contention is.
-It is weighed twice there: the fair queue orders what waits, and each tenant takes a slot only
-while its calls in flight are under its weighted share of the deployment's slots
+It is weighed twice there: the fair queue orders what waits, and each tenant takes slots only
+while the slots its calls in flight hold are under its weighted share of the deployment's slots
 (`slot_shares`), because a model host serves what it holds in arrival order, so the tenants'
-shares of the calls in flight are their shares of what is served.
+shares of the slots in flight are their shares of what is served.
+
+Slots are counted in inputs, as a residency announces them (its model host's batch size): a call
+takes as many slots as it has inputs (an Embed of 8 texts takes 8 of 32), at most all of its
+residency's, so a call bigger than a residency runs there alone. Counted per call, 32 slots let
+32 calls of 8 inputs out at once, 256 inputs for a host that works on 32: the rest waited in the
+host, beyond a tenant's max_queue_depth, which counts only the calls waiting here.
 """
 
 from __future__ import annotations
@@ -70,7 +76,7 @@ class CoreSettings:
 @dataclass(slots=True)
 class _Residency:
     info: ResidencyInfo
-    in_flight: int = 0
+    in_flight: int = 0  # slots held by its calls in flight: their inputs, not their count
     infra_failures: int = 0
 
 
@@ -80,6 +86,7 @@ class _Assignment:
     node_id: str
     deployment_id: str
     tenant_id: str
+    slots: int  # what it holds of its residency's slots: its inputs, at most all of them
 
 
 @dataclass(slots=True)
@@ -172,7 +179,9 @@ class SchedulerCore:
         self._nodes[node.node_id] = node
         self._routes.clear()
         self._candidates = None
-        self._ledger.set_node(node.node_id, node.domains, max_holders=node.max_residencies)
+        self._ledger.set_node(
+            node.node_id, node.domains, max_holders=node.max_residencies, external=node.external
+        )
         if previous is not None and previous.connected == node.connected:
             return []
         return self._settle_many(self._deployments_on(node.node_id), now)
@@ -287,6 +296,7 @@ class SchedulerCore:
             cost=max(1, work.cost),
             enqueued_at=now,
             deadline_at=deadline_at,
+            inputs=work.inputs if work.inputs > 0 else 1,
         )
         self._work_of(work.deployment_id).queue.push(
             queued, weight=max(1, self._book.policy(work.tenant_id).weight)
@@ -325,10 +335,10 @@ class SchedulerCore:
         self._book.finished(assignment.tenant_id)
         work = self._work.get(assignment.deployment_id)
         if work is not None:
-            work.released(assignment.tenant_id)
+            work.released(assignment.tenant_id, assignment.slots)
         residency = self._residencies.get(assignment.residency_id)
         if residency is not None:
-            residency.in_flight = max(0, residency.in_flight - 1)
+            residency.in_flight = max(0, residency.in_flight - assignment.slots)
             if outcome == Outcome.INFRA_FAILURE:
                 residency.infra_failures += 1
         # A residency already forgotten (COLD, its deployment removed, its node deleted) keeps
@@ -391,6 +401,17 @@ class SchedulerCore:
             deployment_id=request.deployment_id,
             node_ids=tuple(result.node_ids),
         )
+
+    def release_holds(self, deployment_id: str, node_ids: Iterable[str]) -> list[Decision]:
+        """Placed nodes the control plane did not use: their holds lapse now (a hold already
+        turned into a residency, or lapsed, is not there to release)."""
+        held = self._holds.get(deployment_id, {})
+        for node_id in node_ids:
+            if held.pop(node_id, None) is not None:
+                self._ledger.release(_hold_id(deployment_id, node_id))
+        if not held:
+            self._holds.pop(deployment_id, None)
+        return []
 
     def tick(self, now: float) -> list[Decision]:
         """Every time-driven rule: deadlines, breaker cooldowns, placement holds, advice."""
@@ -456,60 +477,63 @@ class SchedulerCore:
     # ---- the rules that move work -------------------------------------------------------------
 
     def _pump(self, deployment_id: str, now: float) -> list[Decision]:
-        """Serve the deployment's queue while a residency has a free slot, each call to a tenant
-        still under its share of the deployment's slots (slot_shares)."""
+        """Serve the deployment's queue while a residency has room, each call to a tenant still
+        under its share of the deployment's slots (slot_shares) and to a residency it fits."""
         work = self._work.get(deployment_id)
         if work is None or not len(work.queue):
             return []
         decisions: list[Decision] = []
         weighed = False
-        eligible: Callable[[str], bool] | None = None
+        share: Callable[[QueuedWork], bool] | None = None
         while len(work.queue) and len(self._in_flight) < self._settings.max_in_flight:
-            residency = self._choose(deployment_id, now)
-            if residency is None:
+            open_ = self._with_room(deployment_id, now)
+            if not open_:
                 break
             if not weighed:  # weighed once a slot is free: most pumps under load find none
-                eligible = work.under_share(
+                share = work.under_share(
                     lambda tenant: self._book.policy(tenant).weight,
-                    lambda: sum(r.info.slots for r in self._route(deployment_id).routable),
+                    lambda: self._slots_of(deployment_id),
                 )
                 weighed = True
-            queued = work.queue.pop(now, eligible)
+            queue = work.queue
+            eligible = share if queue.all_single_input else _eligibility(share, open_, queue)
+            queued = queue.pop(now, eligible)
             if queued is None:
                 break
             del self._queued_where[queued.work_id]
-            decisions.append(self._start(queued, residency, work, now))
+            decisions.append(self._start(queued, _fitting(open_, queued.inputs), work, now))
         return decisions
 
-    def _choose(self, deployment_id: str, now: float) -> _Residency | None:
-        """Least outstanding work among residencies with a free slot whose breakers let a call
-        through; ties by node id, then residency id, so the same state gives the same answer."""
-        best: _Residency | None = None
-        best_key: tuple[int, str, str] | None = None
-        for residency in self._route(deployment_id).routable:
-            info = residency.info
-            if residency.in_flight >= info.slots:
-                continue
-            if not self._breakers.allows(info.node_id, deployment_id, now):
-                continue
-            key = (residency.in_flight, info.node_id, info.residency_id)
-            if best_key is None or key < best_key:
-                best, best_key = residency, key
-        return best
+    def _with_room(self, deployment_id: str, now: float) -> list[_Residency]:
+        """The routable residencies with a free slot whose breakers let a call through, by node
+        id, then residency id."""
+        return [
+            residency
+            for residency in self._route(deployment_id).routable
+            if residency.in_flight < residency.info.slots
+            and self._breakers.allows(residency.info.node_id, deployment_id, now)
+        ]
+
+    def _slots_of(self, deployment_id: str) -> tuple[int, int]:
+        """The deployment's routable slots, and the most one of its residencies has."""
+        slots = [r.info.slots for r in self._route(deployment_id).routable]
+        return sum(slots), max(slots, default=1)
 
     def _start(
         self, queued: QueuedWork, residency: _Residency, work: DeploymentWork, now: float
     ) -> Dispatched:
         info = residency.info
-        residency.in_flight += 1
+        taken = queued.inputs if queued.inputs <= info.slots else info.slots
+        residency.in_flight += taken
         self._in_flight[queued.work_id] = _Assignment(
             residency_id=info.residency_id,
             node_id=info.node_id,
             deployment_id=info.deployment_id,
             tenant_id=queued.tenant_id,
+            slots=taken,
         )
         self._book.dispatched(queued.tenant_id, queued.cost)
-        work.took(queued.tenant_id)
+        work.took(queued.tenant_id, taken)
         self._breakers.started(info.node_id, info.deployment_id, now)
         work.waits.append(now - queued.enqueued_at)
         if len(work.waits) > self._settings.recent_waits:
@@ -639,7 +663,7 @@ class SchedulerCore:
                     replicas=deployment.replicas,
                     min_replicas=deployment.min_replicas,
                     max_replicas=deployment.max_replicas,
-                    queued=len(work.queue) if work else 0,
+                    queued=sum(work.queue.waiting_inputs().values()) if work else 0,
                     in_flight=sum(r.in_flight for r in residencies),
                     slots_per_replica=max([max(1, r.info.slots) for r in residencies] or [1]),
                     queue_wait_p50=statistics.median(waits) if waits else 0.0,
@@ -682,3 +706,48 @@ class SchedulerCore:
                 queue=FairQueue(aging_seconds=self._settings.aging_seconds)
             )
         return work
+
+
+def _eligibility(
+    share: Callable[[QueuedWork], bool] | None, open_: list[_Residency], queue: FairQueue
+) -> Callable[[QueuedWork], bool] | None:
+    """Which of the tenants' next calls the queue may serve now, asked in fair order: one whose
+    tenant is under its share (`share`; None: every tenant is) and that fits a residency with
+    room. A call takes its inputs' slots, at most a residency's all, so it fits where that many
+    are free or where nothing runs (a call bigger than a residency runs there alone).
+
+    The first call under its share that fits nowhere stops the pop: the calls behind it in fair
+    order wait too, so smaller calls never slip past a big one for ever; it goes once its room
+    frees. While nothing runs somewhere, every call fits (and while every call waiting has one
+    input, which the caller knows without asking).
+    """
+    if any(not r.in_flight for r in open_):
+        return share
+    room = max(r.info.slots - r.in_flight for r in open_)
+    blocked = False
+
+    def eligible(queued: QueuedWork) -> bool:
+        nonlocal blocked
+        if blocked or (share is not None and not share(queued)):
+            return False
+        if queued.inputs <= room:
+            return True
+        blocked = True
+        return False
+
+    return eligible
+
+
+def _fitting(open_: list[_Residency], inputs: int) -> _Residency:
+    """The residency a call goes to: least slots held among those it fits, ties by node id, then
+    residency id (the order of `open_`), so the same state gives the same answer. The caller
+    allowed only a call that fits one."""
+    best: _Residency | None = None
+    for residency in open_:
+        held, slots = residency.in_flight, residency.info.slots
+        if held + min(inputs, slots) > slots:
+            continue
+        if best is None or held < best.in_flight:
+            best = residency
+    assert best is not None, "a call was allowed that fits no residency"
+    return best

@@ -22,6 +22,8 @@ class NodeInfo:
     domains: tuple[Domain, ...] = ()
     adapters: frozenset[str] = frozenset()
     max_residencies: int = 0  # the worker's bound on model hosts; 0: none
+    # Memory held by processes its worker did not start (VRAM, per device): the ledger charges it.
+    external: tuple[Claim, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +53,9 @@ class WorkRequest:
     priority: int  # 0 = the tenant's default
     cost: int
     timeout_seconds: float = 0.0  # 0 = no deadline while queued
+    # The slots it takes on a residency: its input count (an Embed's texts), at most the
+    # residency's slots, so a call bigger than a residency runs there alone; 0 counts as 1.
+    inputs: int = 1
 
 
 @dataclass(frozen=True, slots=True)

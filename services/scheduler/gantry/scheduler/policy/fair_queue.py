@@ -38,6 +38,7 @@ class QueuedWork:
     cost: int  # >= 1
     enqueued_at: float  # monotonic seconds
     deadline_at: float | None  # None = no deadline (the core expires work, not the queue)
+    inputs: int = 1  # >= 1: the slots it asks of a residency (the core caps it at the residency's)
 
 
 @dataclass(slots=True, eq=False)
@@ -81,8 +82,8 @@ class _Lane:
         else:
             line.append(entry)
 
-    def pop(self, eligible: Callable[[str], bool] | None = None) -> _Entry | None:
-        """The line front with the smallest finish tag, among the tenants `eligible` allows."""
+    def pop(self, eligible: Callable[[QueuedWork], bool] | None = None) -> _Entry | None:
+        """The line front with the smallest finish tag, among the fronts `eligible` allows."""
         fronts = self.fronts
         lines = self.lines
         passed: list[tuple[float, int, str]] = []
@@ -92,7 +93,7 @@ class _Lane:
                 line = lines.get(front[2])
                 if line is None or line[0].seq != front[1]:
                     continue  # a stale front: that item was removed or promoted
-                if eligible is not None and not eligible(front[2]):
+                if eligible is not None and not eligible(line[0].work):
                     passed.append(front)  # it keeps its tag and its place
                     continue
                 return self._serve(front[2], line)
@@ -174,6 +175,8 @@ class FairQueue:
         self._batch = _Lane()
         self._entries: dict[str, _Entry] = {}
         self._depth_by_tenant: dict[str, int] = {}
+        self._inputs_by_tenant: dict[str, int] = {}
+        self._multi_input = 0  # entries of more than one input: while none, any free slot fits
         # BATCH entries in push order; enqueued_at comes from one monotonic clock, so the oldest
         # is at the front and aging only ever looks there.
         self._batch_arrivals: deque[_Entry] = deque()
@@ -184,11 +187,11 @@ class FairQueue:
             raise GantryError(
                 "INVALID_ARGUMENT", f"work {work.work_id} is already queued", work_id=work.work_id
             )
-        if work.cost < 1 or weight < 1:
+        if work.cost < 1 or weight < 1 or work.inputs < 1:
             raise GantryError(
                 "INVALID_ARGUMENT",
-                f"work {work.work_id}: cost and weight must be >= 1 (cost {work.cost}, "
-                f"weight {weight})",
+                f"work {work.work_id}: cost, weight and inputs must be >= 1 (cost {work.cost}, "
+                f"weight {weight}, inputs {work.inputs})",
                 work_id=work.work_id,
             )
         entry = _Entry(work=work, weight=weight, seq=self._next_seq)
@@ -196,15 +199,21 @@ class FairQueue:
         self._entries[work.work_id] = entry
         tenant_id = work.tenant_id
         self._depth_by_tenant[tenant_id] = self._depth_by_tenant.get(tenant_id, 0) + 1
+        inputs = work.inputs
+        self._inputs_by_tenant[tenant_id] = self._inputs_by_tenant.get(tenant_id, 0) + inputs
+        if inputs > 1:
+            self._multi_input += 1
         if work.priority is Priority.BATCH:
             self._batch.push(entry)
             self._batch_arrivals.append(entry)
         else:
             self._interactive.push(entry)
 
-    def pop(self, now: float, eligible: Callable[[str], bool] | None = None) -> QueuedWork | None:
-        """The next work to serve, of a tenant `eligible` allows (None: any tenant); a tenant
-        passed over keeps its place and its tags."""
+    def pop(
+        self, now: float, eligible: Callable[[QueuedWork], bool] | None = None
+    ) -> QueuedWork | None:
+        """The next work to serve among the tenants' next items that `eligible` allows (None:
+        any), asked in fair order; a tenant passed over keeps its place and its tags."""
         if self._batch_arrivals:
             self._promote_aged(now)
         entry = self._interactive.pop(eligible)
@@ -228,6 +237,8 @@ class FairQueue:
         served = self._interactive.drain() + self._batch.drain()
         self._entries.clear()
         self._depth_by_tenant.clear()
+        self._inputs_by_tenant.clear()
+        self._multi_input = 0
         self._batch_arrivals.clear()
         return [entry.work for entry in served]
 
@@ -243,6 +254,15 @@ class FairQueue:
     def depths(self) -> dict[str, int]:
         """Each tenant with work waiting here, and how many of its calls wait."""
         return dict(self._depth_by_tenant)
+
+    def waiting_inputs(self) -> dict[str, int]:
+        """Each tenant with work waiting here, and the inputs of its calls waiting."""
+        return dict(self._inputs_by_tenant)
+
+    @property
+    def all_single_input(self) -> bool:
+        """Every call waiting has one input, so any free slot fits whichever comes next."""
+        return not self._multi_input
 
     def _promote_aged(self, now: float) -> None:
         arrivals = self._batch_arrivals
@@ -263,10 +283,15 @@ class FairQueue:
         del self._entries[entry.work.work_id]
         tenant_id = entry.work.tenant_id
         depth = self._depth_by_tenant[tenant_id] - 1
+        inputs = entry.work.inputs
+        if inputs > 1:
+            self._multi_input -= 1
         if depth:
             self._depth_by_tenant[tenant_id] = depth
+            self._inputs_by_tenant[tenant_id] -= inputs
         else:
             del self._depth_by_tenant[tenant_id]
+            del self._inputs_by_tenant[tenant_id]
 
 
 def bench_fair_queue(tenants: int, operations: int) -> float:

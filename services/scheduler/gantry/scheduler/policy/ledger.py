@@ -13,10 +13,13 @@ Domain resolution (which domain of its node a claim charges):
   reconciled, and a new request with one is refused on every node.
 
 Holders are residencies or provisional placements. Charging is a fact reported by the control
-plane, so it is recorded even past capacity (the domain is then simply full). A replacement pair
-(B charged with ``replaces=A`` on A's node) holds the componentwise maximum of both until one is
-released. Totals are kept incrementally; ``recomputed_reserved`` rebuilds them from scratch so
-tests can hold the two against each other.
+plane, so it is recorded even past capacity (the domain is then simply full). A node's external
+usage (memory its worker's heartbeat saw held by processes Gantry did not start) is charged too,
+resolved like a holder's claims but held by no holder: it lowers what the domain has available
+(``available``, ``fits``) and is never part of ``reserved``, which stays the holders' total.
+A replacement pair (B charged with ``replaces=A`` on A's node) holds the componentwise maximum of
+both until one is released. Totals are kept incrementally; ``recomputed_reserved`` rebuilds
+them from scratch so tests can hold the two against each other.
 """
 
 from __future__ import annotations
@@ -68,13 +71,15 @@ class _NodeBook:
     domains: dict[str, Domain]  # sorted by name
     layout: Layout
     usable: dict[str, int]  # capacity - margin, never below 0
+    external: dict[str, int]  # held by processes Gantry did not start; only domains with some
     # The most holders the node's worker takes (its model-host bound); 0: no bound. A holder
     # needs a host whatever its bytes, so a full node refuses even a claim of nothing.
     max_holders: int = 0
     holders: int = 0
     requested: dict[str, int] = field(default_factory=dict)
     reserved: dict[str, int] = field(default_factory=dict)
-    headroom: dict[str, int] = field(default_factory=dict)  # usable - reserved; may be < 0
+    # usable - external - reserved; may be < 0
+    headroom: dict[str, int] = field(default_factory=dict)
     uncertain_holders: dict[str, set[str]] = field(default_factory=dict)  # domain -> holders
     unknown_kind_holders: dict[str, int] = field(default_factory=dict)  # holder -> a kind
     # Resolution.memo_key -> free fraction, or _DOES_NOT_FIT. Cleared on every change to the
@@ -113,10 +118,17 @@ class Ledger:
 
     # -- nodes -------------------------------------------------------------------------------
 
-    def set_node(self, node_id: str, domains: Sequence[Domain], *, max_holders: int = 0) -> None:
-        """Declare or re-declare a node's domains and its bound on holders (0: none). Its holders'
-        charges stay and are resolved again against the new domains; a domain declared twice
-        keeps its last declaration."""
+    def set_node(
+        self,
+        node_id: str,
+        domains: Sequence[Domain],
+        *,
+        max_holders: int = 0,
+        external: Sequence[Claim] = (),
+    ) -> None:
+        """Declare or re-declare a node's domains, its bound on holders (0: none) and its external
+        usage (replacing the last). Its holders' charges stay and are resolved again against the
+        new domains; a domain declared twice keeps its last declaration."""
         by_name = {domain.name: domain for domain in domains}
         key = layout_key(by_name.values())
         layout = self._layouts.get(key)
@@ -124,14 +136,17 @@ class Ledger:
             layout = self._layouts[key] = Layout.of(key, self._memo_keys)
         usable = {name: max(0, by_name[name].capacity - by_name[name].margin) for name in by_name}
         names = sorted(by_name)
+        # Resolved as a holder's claims are; external usage of a device with no domain is moot.
+        taken = layout.charges_of(external)
         self._books[node_id] = _NodeBook(
             node_id=node_id,
             domains={name: by_name[name] for name in names},
             layout=layout,
             usable={name: usable[name] for name in names},
+            external=taken,
             requested=dict.fromkeys(names, 0),
             reserved=dict.fromkeys(names, 0),
-            headroom={name: usable[name] for name in names},
+            headroom={name: usable[name] - taken.get(name, 0) for name in names},
             max_holders=max(0, max_holders),
         )
         holder_ids = self._holders_by_node.get(node_id, set())
@@ -222,9 +237,7 @@ class Ledger:
             if book.uncertain_holders.get(name):
                 return Fit(False, "NO_CAPACITY", _uncertain_message(name, book))
             if need > book.headroom[name]:
-                available = max(0, book.headroom[name])
-                message = f"{name} needs {format_bytes(need)}, {format_bytes(available)} available"
-                return Fit(False, "NO_CAPACITY", message)
+                return Fit(False, "NO_CAPACITY", _short_message(book, name, need))
         return _fraction_after(book, resolution.needs)
 
     def free_fractions(self, node_ids: Iterable[str], demand: Demand) -> dict[str, float]:
@@ -436,6 +449,15 @@ def _fraction_after(book: _NodeBook, needs: tuple[tuple[str, int], ...]) -> floa
         max(0, book.headroom[name] - need) / book.usable[name] if book.usable[name] > 0 else 0.0
         for name, need in needs
     )
+
+
+def _short_message(book: _NodeBook, name: str, need: int) -> str:
+    available = max(0, book.headroom[name])
+    message = f"{name} needs {format_bytes(need)}, {format_bytes(available)} available"
+    taken = book.external.get(name, 0)
+    if taken:
+        message += f" ({format_bytes(taken)} held by GPU processes Gantry did not start)"
+    return message
 
 
 def _unknown_kind_message(book: _NodeBook) -> str:

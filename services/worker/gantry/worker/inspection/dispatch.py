@@ -1,7 +1,8 @@
 """Pick the inspector from the file listing and finish its draft into an Inspection.
 
 The dispatcher adds what holds whatever the layout: the weight format, the static artifact
-gate's refusals as findings (executable code, `auto_map`, foreign module or activation classes;
+gate's refusals as findings (executable code, `auto_map`, foreign module or activation classes,
+module paths out of the set, a `*.safetensors` file that is not one;
 `gantry.common.artifact_gate`, the same rules a load enforces), and which adapters can run it in
 the inspected environment: each registered runtime adapter's `inspect_support` says whether it
 runs the layout, the environment's facts whether it can be imported there. An Inspection is
@@ -91,7 +92,9 @@ def inspect_artifact(
     ]
     if not supporting:
         findings.append(finding(INCOMPATIBLE, _no_adapter_message(draft, weights), draft.key_path))
-    refused = any(f.reason == INCOMPATIBLE for f in findings)
+    # Every reason refuses but a note's: the gate's ARTIFACT_PATH_INVALID (a module path out of
+    # the set) as much as RUNTIME_INCOMPATIBLE.
+    refused = any(f.reason not in (NOTE, ENVIRONMENT_UNAVAILABLE) for f in findings)
     adapters: list[str] = []
     if not refused:
         for adapter in supporting:

@@ -1,8 +1,9 @@
-"""The weight format of an artifact set, from file names and the pickle magic."""
+"""The weight format of an artifact set, from file names and what the bytes are (pickle magic, a
+torch.save zip, a real safetensors header: `gantry.common.artifact_gate.judge_weight_bytes`)."""
 
 from __future__ import annotations
 
-from gantry.common.artifact_gate import HEAD_BYTES, PICKLE_SUFFIXES, looks_like_pickle
+from gantry.common.artifact_gate import PICKLE_SUFFIXES, judge_weight_bytes
 from gantry.v1 import worker_gateway_pb2 as wg
 from gantry.worker.inspection.artifact_files import NOTE, ArtifactFiles, finding
 
@@ -18,15 +19,14 @@ _FORMATS = (
 
 
 def pickle_files(files: ArtifactFiles) -> list[str]:
-    """Files that unpickle when loaded: by name, or by the magic whatever their name."""
-    found = []
-    for path in files.paths():
-        name = path.rsplit("/", 1)[-1].lower()
-        if name.endswith(PICKLE_SUFFIXES) or (
-            files.sizes[path] >= 2 and looks_like_pickle(files.read(path, HEAD_BYTES), name=name)
-        ):
-            found.append(path)
-    return found
+    """Files that unpickle when loaded: by name, or by their bytes whatever their name (pickle
+    magic, or a zip archive as torch.save writes one, a `model.safetensors` included)."""
+    return [
+        path
+        for path in files.paths()
+        if path.lower().endswith(PICKLE_SUFFIXES)
+        or judge_weight_bytes(path, files.read).pickled is not None
+    ]
 
 
 def weight_format(files: ArtifactFiles) -> tuple[str, list[wg.InspectionFinding]]:

@@ -27,6 +27,18 @@ SSE_DONE = "[DONE]"
 # Without a per-deployment limit (max_new_tokens 0): the bound the control plane resolves calls by.
 DEFAULT_MAX_NEW_TOKENS = DEPLOYMENT_MAX_NEW_TOKENS
 DEFAULT_MAX_TOKENS = 256
+# Characters relayed per allowed token: the control plane's own bound on a generation's text
+# (nodes/wire_bounds.py CHARS_PER_TOKEN; a unit test keeps the two equal). Past it, a result
+# would be refused as a worker's protocol fault, so a server's text is cut here first.
+RELAY_CHARS_PER_TOKEN = 32
+# Events a stream may carry that bring no text (a role chunk, the finish, the usage), beyond one
+# per allowed token: an honest server sends a handful; a stream of empty events is cut after.
+EXTRA_STREAM_EVENTS = 8
+# The longest server-sent event line kept while waiting for its end: an honest event is one
+# token's JSON; a line that never ends must not grow the worker's memory without bound.
+MAX_EVENT_BYTES = 1024 * 1024
+# What of a server's own error text is kept (for the worker's log, or a managed server's caller).
+SERVER_TEXT_CHARS = 300
 
 _FINISH_REASONS = {
     "stop": common_pb2.FINISH_REASON_STOP,
@@ -40,6 +52,18 @@ class CompletionRequest:
     path: str
     body: dict[str, Any]
     chat: bool
+
+
+class ServerFailed(Exception):
+    """A server refused a call (`status`, its HTTP status) or failed it mid-stream (`status` 0),
+    with `said`: its own words, cut to SERVER_TEXT_CHARS. Not a GantryError on purpose: whether
+    those words may reach a client is the caller's to decide (`ServerCalls._server_failed`), so
+    nothing here can hand them on by accident."""
+
+    def __init__(self, status: int, said: str) -> None:
+        super().__init__(f"HTTP {status}" if status else "an error event in the stream")
+        self.status = status
+        self.said = said
 
 
 def _payload_error(message: str, field: str, **metadata: str) -> GantryError:
@@ -154,28 +178,44 @@ def generate_result(answer: Mapping[str, Any], *, chat: bool) -> wg.GenerateResu
 class SseDecoder:
     """Server-sent events from a byte stream, split however it arrives: each event's joined
     `data:` lines, in order. Comments and other fields (event:, id:, retry:) carry nothing we use.
+    What waits for its end (a line, an event's lines) is bounded by MAX_EVENT_BYTES: past it the
+    stream is INVOKE_FAILED, never held in memory without end.
     """
 
     def __init__(self) -> None:
-        self._buffer = b""
+        # The unfinished line's pieces, joined only once its newline comes: a line dripped a
+        # byte at a time costs its length, not its length squared.
+        self._pending: list[bytes] = []
+        self._pending_bytes = 0
         self._data: list[str] = []
+        self._held = 0  # characters of `_data`
 
     def feed(self, chunk: bytes) -> list[str]:
-        self._buffer += chunk
-        events = []
-        while True:
-            line, newline, rest = self._buffer.partition(b"\n")
-            if not newline:
-                break
-            self._buffer = rest
-            text = line.rstrip(b"\r").decode("utf-8", errors="replace")
-            if not text:
-                if self._data:
-                    events.append("\n".join(self._data))
-                    self._data = []
-            elif text.startswith("data:"):
-                self._data.append(text[5:].removeprefix(" "))
+        events: list[str] = []
+        *lines, rest = chunk.split(b"\n")
+        if lines:
+            lines[0] = b"".join([*self._pending, lines[0]])
+            self._pending, self._pending_bytes = [], 0
+        for line in lines:
+            self._line(line.rstrip(b"\r").decode("utf-8", errors="replace"), events)
+        if rest:
+            self._pending.append(rest)
+            self._pending_bytes += len(rest)
+        if self._pending_bytes + self._held > MAX_EVENT_BYTES:
+            raise GantryError(
+                "INVOKE_FAILED",
+                f"the server streamed an event longer than {MAX_EVENT_BYTES} bytes",
+            )
         return events
+
+    def _line(self, text: str, events: list[str]) -> None:
+        if not text:
+            if self._data:
+                events.append("\n".join(self._data))
+                self._data, self._held = [], 0
+        elif text.startswith("data:"):
+            self._data.append(text[5:].removeprefix(" "))
+            self._held += len(text)
 
 
 class StreamAccumulator:
@@ -186,45 +226,71 @@ class StreamAccumulator:
     llama.cpp's server (it may hold back a token that ends inside a UTF-8 character, so the
     count can be low by those), and prompt tokens stay 0 here: the caller asks the server for
     them (`ServerCalls._prompt_tokens`), never guesses.
+
+    With `max_tokens`, a server that streams past it is cut, never followed: the stream is over
+    (`done`, `cut`) with finish LENGTH at the first event that would pass one of the bounds, and
+    that event is dropped. The bounds are on what is relayed: at most `max_tokens` chunks of text
+    (an honest server sends no more, as each carries at least one token), a reported usage of at
+    most `max_tokens`, at most RELAY_CHARS_PER_TOKEN characters of text per allowed token, and at
+    most EXTRA_STREAM_EVENTS events beyond one per token. So the completion tokens it reports
+    never pass `max_tokens`, however the server counts.
     """
 
-    def __init__(self, *, chat: bool) -> None:
+    def __init__(self, *, chat: bool, max_tokens: int = 0) -> None:
         self._chat = chat
         self._parts: list[str] = []
+        self._chars = 0
         self._chunks = 0
+        self._events = 0
+        self._max_tokens = max_tokens
         self._finish: common_pb2.FinishReason = common_pb2.FINISH_REASON_UNSPECIFIED
         self._usage: tuple[int, int] | None = None
         self.done = False
+        self.cut = False  # ended by Gantry's bound, not by the server
 
     def event(self, data: str) -> wg.GenerateDelta | None:
-        """One event's data; the delta to send on, if it carried text."""
+        """One event's data; the delta to send on, if it carried text. Nothing once `done`."""
+        if self.done:
+            return None
         if data.strip() == SSE_DONE:
             self.done = True
             return None
-        try:
-            answer = json.loads(data)
-        except json.JSONDecodeError as exc:
-            raise GantryError(
-                "INVOKE_FAILED", f"the server streamed an unreadable event: {exc}"
-            ) from exc
-        if not isinstance(answer, dict):
-            raise GantryError("INVOKE_FAILED", "the server streamed an event that is no object")
-        if isinstance(answer.get("error"), dict):
-            message = answer["error"].get("message", "an error")
-            raise GantryError("INVOKE_FAILED", f"the server failed the generation: {message}")
-        self._usage = _usage(answer) or self._usage
+        answer = _event_object(data)
+        usage = _usage(answer)
         choices = answer.get("choices")
-        if not choices:
+        choice = _choice(answer) if choices else None
+        text = _choice_text(choice, chat=self._chat, streamed=True) if choice else ""
+        if self._past_bounds(usage, text):
+            self._cut()
+            return None
+        self._usage = usage or self._usage
+        if choice is None:
             return None  # the usage-only chunk
-        choice = _choice(answer)
         if choice.get("finish_reason") is not None:
             self._finish = finish_reason(choice.get("finish_reason"))
-        text = _choice_text(choice, chat=self._chat, streamed=True)
         if not text:
             return None
         self._parts.append(text)
+        self._chars += len(text)
         self._chunks += 1
         return wg.GenerateDelta(text=text, completion_tokens=self.completion_tokens)
+
+    def _past_bounds(self, usage: tuple[int, int] | None, text: str) -> bool:
+        """Whether this event would take the stream past `max_tokens` (see the class)."""
+        self._events += 1
+        limit = self._max_tokens
+        if not limit:
+            return False
+        return (
+            (bool(text) and self._chunks >= limit)
+            or (usage is not None and usage[1] > limit)
+            or self._chars + len(text) > limit * RELAY_CHARS_PER_TOKEN
+            or self._events > limit + EXTRA_STREAM_EVENTS
+        )
+
+    def _cut(self) -> None:
+        self.done = self.cut = True
+        self._finish = common_pb2.FINISH_REASON_LENGTH
 
     @property
     def completion_tokens(self) -> int:
@@ -239,18 +305,34 @@ class StreamAccumulator:
         )
 
 
-def error_message(status: int, body: bytes) -> str:
+def _event_object(data: str) -> dict[str, Any]:
+    """One event's JSON object; a server's error event is ServerFailed (its words kept apart)."""
+    try:
+        answer = json.loads(data)
+    except json.JSONDecodeError as exc:
+        raise GantryError(
+            "INVOKE_FAILED", f"the server streamed an unreadable event: {exc}"
+        ) from exc
+    if not isinstance(answer, dict):
+        raise GantryError("INVOKE_FAILED", "the server streamed an event that is no object")
+    if isinstance(answer.get("error"), dict):
+        message = answer["error"].get("message", "an error")
+        raise ServerFailed(0, str(message)[:SERVER_TEXT_CHARS])
+    return answer
+
+
+def server_words(body: bytes) -> str:
     """What a server said when it refused a request (OpenAI's {"error": {"message"}} or its
-    own detail), cut short."""
+    own detail), cut to SERVER_TEXT_CHARS."""
     text = body.decode("utf-8", errors="replace")
     try:
         parsed = json.loads(text)
     except json.JSONDecodeError:
-        return f"HTTP {status}: {text[:300]}"
+        return text[:SERVER_TEXT_CHARS]
     if isinstance(parsed, dict):
         error = parsed.get("error")
         if isinstance(error, dict) and isinstance(error.get("message"), str):
-            return f"HTTP {status}: {error['message'][:300]}"
+            return error["message"][:SERVER_TEXT_CHARS]
         if "detail" in parsed:
-            return f"HTTP {status}: {str(parsed['detail'])[:300]}"
-    return f"HTTP {status}: {text[:300]}"
+            return str(parsed["detail"])[:SERVER_TEXT_CHARS]
+    return text[:SERVER_TEXT_CHARS]

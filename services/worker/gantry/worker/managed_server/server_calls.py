@@ -5,7 +5,10 @@ other inference operation is answered "not served" by `invoke`, whatever it is.
 Every call is bounded (`timeout_s`, and at most `max_pending` at once: QUEUE_FULL beyond). A
 caller that is cancelled leaves its `async with` and httpx closes the connection, which is how
 an OpenAI-compatible server learns to stop generating (llama.cpp's checks for the disconnect
-between tokens). Errors are mapped once, in `_failure`.
+between tokens). A stream is also left, and so closed, once it passes the call's max_tokens
+(`StreamAccumulator`): it ends as a LENGTH finish, whatever the server does. Errors are mapped
+once: a transport's in `_failure`, a server's refusal (its status and words) in `_server_failed`,
+which an adopted server (`adopted_endpoint.py`) overrides so its words never reach a client.
 """
 
 from __future__ import annotations
@@ -29,11 +32,13 @@ from gantry.worker.managed_server.kinds import ServerKind
 from gantry.worker.managed_server.openai_protocol import (
     EMBEDDINGS,
     MODELS,
+    RELAY_CHARS_PER_TOKEN,
+    ServerFailed,
     SseDecoder,
     StreamAccumulator,
     completion_request,
-    error_message,
     generate_result,
+    server_words,
 )
 from gantry.worker.model_host.environments import OFFLINE_ENVIRONMENT
 from gantry.worker.model_host.host_calls import InvokeOptions
@@ -95,15 +100,18 @@ class ServerCalls(abc.ABC):
             top_k_off=self._kind.top_k_off,
             neutral_sampling=self._kind.neutral_sampling,
         )
+        max_tokens = int(request.body["max_tokens"])
         async with self._call("generate", timeout_s):
             if not payload.stream:
                 answer = await self._post_json(request.path, request.body)
-                return generate_result(answer, chat=request.chat)
-            accumulated = StreamAccumulator(chat=request.chat)
+                return _bounded(generate_result(answer, chat=request.chat), max_tokens)
+            accumulated = StreamAccumulator(chat=request.chat, max_tokens=max_tokens)
             decoder = SseDecoder()
+            # Leaving this block closes the response, and with it the connection when the
+            # stream is not over: how a server cut at max_tokens is told to stop.
             async with self._client.stream("POST", request.path, json=request.body) as response:
                 if response.status_code != 200:
-                    raise _refused(response.status_code, await response.aread())
+                    raise ServerFailed(response.status_code, server_words(await _head(response)))
                 async for chunk in response.aiter_bytes():
                     for data in decoder.feed(chunk):
                         delta = accumulated.event(data)
@@ -111,6 +119,12 @@ class ServerCalls(abc.ABC):
                             _deliver(on_delta, delta, self.deployment_id)
                     if accumulated.done:
                         break
+            if accumulated.cut:
+                logger.warning(
+                    "the server of %s streamed past max_tokens %d; cut and closed",
+                    self.deployment_id,
+                    max_tokens,
+                )
             result = accumulated.result()
             if not result.prompt_tokens:
                 result.prompt_tokens = await self._prompt_tokens(request.path, request.body)
@@ -178,7 +192,7 @@ class ServerCalls(abc.ABC):
         async with self._call("ping", timeout_s, bounded=False):
             response = await self._client.get(MODELS)
             if response.status_code != 200:
-                raise _refused(response.status_code, response.content)
+                raise ServerFailed(response.status_code, server_words(response.content))
         return model_host_pb2.Pong(rss_bytes=self.rss_bytes())
 
     async def one_token(self, *, timeout_s: float) -> tuple[wg.GenerateResult, float]:
@@ -281,17 +295,33 @@ class ServerCalls(abc.ABC):
                 yield
         except httpx.HTTPError as exc:
             raise self._failure(what, exc) from exc
+        except ServerFailed as failed:
+            raise self._server_failed(what, failed) from None
         finally:
             self._in_flight -= bounded
 
     async def _post_json(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         response = await self._client.post(path, json=body)
         if response.status_code != 200:
-            raise _refused(response.status_code, response.content)
-        answer = response.json()
+            raise ServerFailed(response.status_code, server_words(response.content))
+        try:
+            answer = response.json()
+        except ValueError:
+            answer = None  # not JSON (or not UTF-8): refused as no object, below
         if not isinstance(answer, dict):
             raise GantryError("INVOKE_FAILED", f"the server answered {path} with no object")
         return answer
+
+    def _server_failed(self, what: str, failed: ServerFailed) -> GantryError:
+        """The caller's error for a server that refused `what` (or failed it mid-stream). A
+        managed server is Gantry's own child, run from a verified copy: its words (a prompt past
+        the context, ...) are the client's to read. A 4xx is about the request: the client's."""
+        reason = "INVALID_PAYLOAD" if 400 <= failed.status < 500 else "INVOKE_FAILED"
+        if not failed.status:
+            return GantryError(reason, f"the server failed the generation: {failed.said}")
+        return GantryError(
+            reason, f"the server refused the call: HTTP {failed.status}: {failed.said}"
+        )
 
     def _failure(self, what: str, exc: httpx.HTTPError) -> GantryError:
         crashed = self._crashed_error()
@@ -333,10 +363,32 @@ async def _deadline(what: str, timeout_s: float, deployment_id: str) -> AsyncIte
         ) from exc
 
 
-def _refused(status: int, body: bytes) -> GantryError:
-    # A 4xx is about the request (a prompt past the context, an unknown field): the client's.
-    reason = "INVALID_PAYLOAD" if 400 <= status < 500 else "INVOKE_FAILED"
-    return GantryError(reason, f"the server refused the call: {error_message(status, body)}")
+async def _head(response: httpx.Response) -> bytes:
+    """The start of a refusal's body, read no further: its words are cut short anyway, and a
+    server answering an error without end must not hold the call until its deadline."""
+    head = b""
+    async for chunk in response.aiter_bytes():
+        head += chunk
+        if len(head) >= _REFUSAL_HEAD_BYTES:
+            break
+    return head[:_REFUSAL_HEAD_BYTES]
+
+
+# Enough of a refusal's body for its JSON's message (SERVER_TEXT_CHARS) in any encoding.
+_REFUSAL_HEAD_BYTES = 16 * 1024
+
+
+def _bounded(result: wg.GenerateResult, max_tokens: int) -> wg.GenerateResult:
+    """A whole answer's text within what `max_tokens` allows relaying (as a stream is cut), so
+    the control plane never reads it as a worker's protocol fault."""
+    limit = max_tokens * RELAY_CHARS_PER_TOKEN
+    if len(result.text) > limit:
+        raise GantryError(
+            "INVOKE_FAILED",
+            f"the server answered {len(result.text)} characters for {max_tokens} tokens "
+            f"(at most {limit} are relayed)",
+        )
+    return result
 
 
 def _deliver(
@@ -362,11 +414,16 @@ def _embed_result(answer: dict[str, Any]) -> wg.EmbedResult:
     data = answer.get("data")
     if not isinstance(data, list):
         raise GantryError("INVOKE_FAILED", "the server's embeddings answer has no data")
-    rows: list[Sequence[float]] = [
-        item["embedding"] for item in sorted(data, key=lambda item: item.get("index", 0))
-    ]
-    dim = len(rows[0]) if rows else 0
-    if any(len(row) != dim for row in rows):
-        raise GantryError("INVOKE_FAILED", "the server's embeddings differ in width")
-    packed = b"".join(struct.pack(f"<{dim}f", *row) for row in rows)
+    try:
+        rows: list[Sequence[float]] = [
+            item["embedding"] for item in sorted(data, key=lambda item: item.get("index", 0))
+        ]
+        dim = len(rows[0]) if rows else 0
+        if any(len(row) != dim for row in rows):
+            raise GantryError("INVOKE_FAILED", "the server's embeddings differ in width")
+        packed = b"".join(struct.pack(f"<{dim}f", *row) for row in rows)
+    except (KeyError, TypeError, AttributeError, struct.error):
+        # Not OpenAI's shape (an item without `embedding`, a vector of non-numbers): typed,
+        # never a traceback, and naming nothing the server sent.
+        raise GantryError("INVOKE_FAILED", "the server's embeddings are malformed") from None
     return wg.EmbedResult(count=len(rows), dim=dim, float32_le=packed)

@@ -32,8 +32,9 @@ from gantry.common.errors import GantryError
 from gantry.common.json_logs import JSON, json_handler, log_format_of
 from gantry.common.telemetry import extract_context, flush_tracing, setup_tracing, tracer
 from gantry.v1 import model_host_pb2
-from gantry.worker.model_host import hardening, sandbox
+from gantry.worker.model_host import cuda_oom, hardening, observed, sandbox, testing_hooks
 from gantry.worker.model_host.adapters import ForwardCheck, ModelAdapter, adapter_for
+from gantry.worker.model_host.adapters.base import RuntimeFacts
 from gantry.worker.model_host.environments import OFFLINE_ENVIRONMENT
 from gantry.worker.model_host.framing import FrameError, read_frame
 from gantry.worker.model_host.inbox import (
@@ -85,7 +86,8 @@ def _rss_bytes() -> int:
 
 def _first_forward_pass(adapter: ModelAdapter) -> ForwardCheck:
     """The load's health check: a real forward pass must give finite output of the right shape."""
-    check = run_check(adapter)
+    # A CUDA OOM here is raised: the envelope cannot run even the probe input (RUNTIME_OOM).
+    check = run_check(adapter, oom_raises=True)
     if not check.ok:
         raise GantryError("HEALTH_FAILED", f"health probe at load: {check.problem}")
     return check
@@ -109,12 +111,32 @@ def _enter_sandbox(load: model_host_pb2.HostLoad, private_dir: Path) -> Isolatio
     return isolation
 
 
+def _load_model(adapter: ModelAdapter, load: model_host_pb2.HostLoad) -> RuntimeFacts:
+    facts = adapter.load(Path(load.model_directory), load.adapter)
+    if testing_hooks.enabled() and load.deployment_id == testing_hooks.CUDA_OOM_AT_LOAD_DEPLOYMENT:
+        # The fake at the torch.cuda boundary, raised where a real one would be: the model's
+        # memory is taken when the allocator gives up.
+        raise testing_hooks.fake_cuda_oom()
+    return facts
+
+
+def _load_failure(exc: Exception, cuda: CudaAllocator | None, device: str) -> GantryError:
+    """A failed load's typed error: a CUDA allocator that could not fit the model (its load or
+    its first forward pass) is RUNTIME_OOM, with the figures it measured."""
+    if isinstance(exc, GantryError):
+        return exc
+    if cuda_oom.is_cuda_oom(exc):
+        return cuda_oom.load_oom(exc, cuda or CudaAllocator(device))
+    return GantryError("LOAD_FAILED", f"loading the model failed: {exc!r}")
+
+
 def _load_and_report(
     request: model_host_pb2.HostRequest, writer: ResponseWriter, private_dir: Path
 ) -> tuple[ModelAdapter, LoadRecord, model_host_pb2.HostReady] | None:
     """Sandbox, load, health-check and answer the load request; None after answering a failure."""
     load = request.load
     started = time.monotonic()
+    cuda: CudaAllocator | None = None
     with tracer("gantry.model_host").start_as_current_span(
         "model_host.load",
         context=extract_context(request.trace_context),
@@ -122,15 +144,18 @@ def _load_and_report(
     ):
         try:
             adapter = adapter_for(load.adapter.adapter)
+            # From here on the weight files this process opens are seen (observed.py).
+            observed.install(Path(load.model_directory))
             isolation = _enter_sandbox(load, private_dir)
             # Read before the model exists (torch, for a CUDA device, is imported only now).
             cuda = CudaAllocator(load.adapter.device or "cpu")
             cuda_before = cuda.allocated()
-            facts = adapter.load(Path(load.model_directory), load.adapter)
+            facts = _load_model(adapter, load)
             cuda_after, cuda_reserved = cuda.allocated(), cuda.reserved()
             check = _first_forward_pass(adapter)
             record = LoadRecord(
                 isolation=isolation,
+                model_directory=Path(load.model_directory),
                 cuda=cuda,
                 cuda_allocated_before_load=cuda_before,
                 cuda_allocated_after_load=cuda_after,
@@ -147,11 +172,7 @@ def _load_and_report(
                 isolation_reason=isolation.reason,
             )
         except Exception as exc:
-            error = (
-                exc
-                if isinstance(exc, GantryError)
-                else GantryError("LOAD_FAILED", f"loading the model failed: {exc!r}")
-            )
+            error = _load_failure(exc, cuda, load.adapter.device or "cpu")
             logger.exception("model load failed")
             writer.fail(request, error)
             return None

@@ -11,12 +11,13 @@ import os
 import socket
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from google.protobuf import timestamp_pb2
 
 from gantry.v1 import common_pb2, model_host_pb2
 from gantry.v1 import worker_gateway_pb2 as wg
-from gantry.worker.model_host import hardening
+from gantry.worker.model_host import cuda_oom, hardening, observed
 from gantry.worker.model_host.adapters import ForwardCheck, ModelAdapter
 from gantry.worker.model_host.landlock import Isolation
 from gantry.worker.model_host.memory_readings import CudaAllocator, rss_current, rss_peak
@@ -32,6 +33,8 @@ class LoadRecord:
     """Facts only the load path can take, kept for a later ProbeCheck and Shutdown."""
 
     isolation: Isolation
+    # The verified artifact copy the model was read from: the weight files' expected origin.
+    model_directory: Path
     cuda: CudaAllocator
     cuda_allocated_before_load: common_pb2.Measurement
     # Read right after the model is constructed, before its first forward pass.
@@ -48,7 +51,12 @@ def network_guard_installed() -> bool:
     )
 
 
-def offline_evidence(adapter: ModelAdapter, isolation: Isolation) -> wg.OfflineEvidence:
+def offline_evidence(
+    adapter: ModelAdapter, isolation: Isolation, model_directory: Path
+) -> wg.OfflineEvidence:
+    """The adapter's declared library settings, then what this process observes of itself now:
+    its environment, its network guard, the code it imported and the weight files it read."""
+    seen = observed.observe(model_directory)
     return wg.OfflineEvidence(
         local_files_only=adapter.local_files_only,
         trust_remote_code=adapter.trust_remote_code,
@@ -60,6 +68,10 @@ def offline_evidence(adapter: ModelAdapter, isolation: Isolation) -> wg.OfflineE
         isolation=isolation.wire,
         isolation_reason=isolation.reason,
         network_guard=network_guard_installed(),
+        remote_code_modules=seen.remote_code_modules,
+        weight_files=seen.weight_files,
+        weight_files_outside_copy=seen.weight_files_outside_copy,
+        opens_observed=seen.opens_observed,
     )
 
 
@@ -73,12 +85,18 @@ def model_layer(check: ForwardCheck) -> wg.HealthLayer:
     return _layer(wg.HEALTH_STATUS_FAILED, check.problem or check.detail)
 
 
-def run_check(adapter: ModelAdapter) -> ForwardCheck:
-    """The adapter's health check; a forward pass that raises is a failed check, not a crash."""
+def run_check(adapter: ModelAdapter, *, oom_raises: bool = False) -> ForwardCheck:
+    """The adapter's health check; a forward pass that raises is a failed check, not a crash. A
+    CUDA out-of-memory hands the failed pass's memory back first, or with `oom_raises` (the
+    load's own check) is raised for the load to fail with."""
     started = time.monotonic()
     try:
         return adapter.health_check()
     except Exception as exc:
+        if cuda_oom.is_cuda_oom(exc):
+            if oom_raises:
+                raise
+            cuda_oom.release_after(exc)
         problem = f"forward pass failed: {type(exc).__name__}: {exc}"
         return ForwardCheck(
             shape=(),
@@ -118,7 +136,7 @@ def probe_result(adapter: ModelAdapter, record: LoadRecord) -> model_host_pb2.Pr
         output_finite=check.finite,
         first_invoke_seconds=record.first_invoke_seconds,
         memory=memory,
-        offline=offline_evidence(adapter, record.isolation),
+        offline=offline_evidence(adapter, record.isolation, record.model_directory),
     )
 
 

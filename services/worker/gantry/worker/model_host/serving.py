@@ -37,7 +37,7 @@ from gantry.common import operations
 from gantry.common.errors import GantryError
 from gantry.common.telemetry import extract_context, flush_tracing, tracer
 from gantry.v1 import model_host_pb2, worker_gateway_pb2
-from gantry.worker.model_host import probe_evidence
+from gantry.worker.model_host import cuda_oom, probe_evidence, testing_hooks
 from gantry.worker.model_host.adapters import ModelAdapter
 from gantry.worker.model_host.adapters.base import DEFAULT_MAX_BATCH_INPUTS
 from gantry.worker.model_host.environments import TEST_HOOKS_VARIABLE as TEST_HOOKS_ENV
@@ -55,7 +55,8 @@ SERVED_KINDS = operations.KINDS
 
 # Test hooks, on only in hosts a test starts with `HostLaunchSpec(test_hooks=True)` (which sets
 # TEST_HOOKS_ENV in that child alone): an input equal to one of these makes the forward pass hang
-# (so a test can kill the child mid-request), take a while, or fail.
+# (so a test can kill the child mid-request), take a while, or fail. Those of the GPU and evidence
+# paths (a fake CUDA OOM, ...) are in `testing_hooks`.
 TEST_HOOK_HANG_INPUT = "__gantry_test_hook__:hang"
 TEST_HOOK_FAIL_INPUT = "__gantry_test_hook__:fail"
 TEST_HOOK_SLOW_INPUT = "__gantry_test_hook__:slow"
@@ -412,8 +413,11 @@ class ModelServer:
             )
         except Exception as exc:
             if len(parts) > 1:
-                # One bad request must not fail its batch-mates: retry each on its own.
+                # One bad request must not fail its batch-mates: retry each on its own (after a
+                # CUDA OOM, with the failed pass's memory handed back: each alone may fit).
                 logger.warning("batched forward pass failed (%s); retrying one by one", exc)
+                if cuda_oom.is_cuda_oom(exc):
+                    cuda_oom.release_after(exc)
                 for job, count in parts:
                     self._run_chunk([(job, count)])
                 return
@@ -501,6 +505,7 @@ class ModelServer:
             time.sleep(TEST_HOOK_SLOW_S)
         if TEST_HOOK_FAIL_INPUT in inputs:
             raise RuntimeError("test hook: forced forward pass failure")
+        testing_hooks.apply(inputs)
         for text in inputs:
             if text.startswith(TEST_HOOK_PROBE_SANDBOX_PREFIX):
                 path, _, port = text.removeprefix(TEST_HOOK_PROBE_SANDBOX_PREFIX).rpartition(":")
@@ -512,11 +517,17 @@ class ModelServer:
         span.record_exception(exc)
         span.set_status(trace.Status(trace.StatusCode.ERROR, str(exc)))
         span.end()
-        error = (
-            exc
-            if isinstance(exc, GantryError)
-            else GantryError("INVOKE_FAILED", f"forward pass failed: {type(exc).__name__}: {exc}")
-        )
+        if isinstance(exc, GantryError):
+            error = exc
+        elif cuda_oom.is_cuda_oom(exc):
+            # The request did not fit the envelope; the host did not break. Read the allocator
+            # as the failure left it, hand the memory back, and serve the next call.
+            error = cuda_oom.invoke_oom(exc, self._record.cuda)
+            cuda_oom.release_after(exc)
+        else:
+            error = GantryError(
+                "INVOKE_FAILED", f"forward pass failed: {type(exc).__name__}: {exc}"
+            )
         self._answer_failure(request, error)
 
     def _answer_failure(self, request: model_host_pb2.HostRequest, error: GantryError) -> None:

@@ -19,7 +19,7 @@ from typing import TypeVar
 import grpc
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from gantry.common.errors import GantryError, invalid_argument
+from gantry.common.errors import GantryError, excerpt, invalid_argument
 from gantry.common.telemetry import extract_context, tracer
 from gantry.controlplane.deployments import bindings
 from gantry.controlplane.deployments import store as deployments
@@ -192,7 +192,7 @@ class KServeInference(grpc_service_pb2_grpc.GRPCInferenceServiceServicer):
             if binding is None:
                 raise GantryError(
                     "NOT_FOUND",
-                    f"no deployment is bound to capability {request.name!r}",
+                    f"no deployment is bound to capability {excerpt(request.name)!r}",
                     capability=request.name,
                 )
             deployment_id = binding.deployment_id or binding.pending_deployment_id or ""

@@ -1,0 +1,127 @@
+"""What a heartbeat's GPU reading means: what the node's row keeps of it, when it is worth a write,
+and what placement charges for it. Pure: no IO, the time comes in as an argument.
+
+A worker reports each GPU's used and total memory and every process NVML lists on it, marked
+managed (it started it; a residency's envelope charges it) or external. The scheduler charges the
+external processes' memory against the device's VRAM domain, beside the residencies' envelopes.
+
+Liveness is kept in memory at every beat; the reading is written to the node's inventory (and the
+node announced to the scheduler) only when it changed in a way placement or an operator would
+notice: the processes or their marks, why there is no reading, or a device's used or external
+memory moving by `WRITE_STEP_BYTES` or more since the last write. So the row lags the worker by
+less than that step, and a fleet whose GPU memory wobbles costs no transaction per heartbeat.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from google.protobuf import json_format
+
+from gantry.controlplane.platform import convert
+from gantry.v1 import common_pb2
+from gantry.v1 import control_plane_pb2 as cp
+from gantry.v1 import worker_gateway_pb2 as wg
+
+# How far a device's used or external memory moves before the row is written again.
+WRITE_STEP_BYTES = 256 << 20
+# Said where no reading is kept: the worker never sent one (an older worker, or not yet).
+NOT_REPORTED = "no heartbeat of this node has reported its GPUs yet"
+_INVENTORY_KEY = "gpus"
+
+
+def external_bytes(gpu: wg.GpuUsage) -> int:
+    """The memory of the processes on `gpu` its worker did not start (those NVML lists without a
+    per-process reading count nothing: there is no number to charge)."""
+    return sum(
+        process.used.bytes
+        for process in gpu.processes
+        if not process.managed and process.used.WhichOneof("value") == "bytes"
+    )
+
+
+def external_usage(gpus: Sequence[wg.GpuUsage]) -> list[common_pb2.ResourceClaim]:
+    """One VRAM claim per device with external memory on it, by device."""
+    return [
+        common_pb2.ResourceClaim(kind=common_pb2.RESOURCE_KIND_VRAM, bytes=used, device=gpu.device)
+        for gpu in sorted(gpus, key=lambda g: g.device)
+        if (used := external_bytes(gpu)) > 0
+    ]
+
+
+def worth_writing(written: wg.Heartbeat | None, heard: wg.Heartbeat) -> bool:
+    """Whether `heard`'s GPU reading differs from the one last written (None: none yet) in a way
+    worth a write (see the module's docstring)."""
+    if written is None:
+        return True
+    if _shape(written) != _shape(heard):
+        return True
+    for before, now in zip(written.gpus, heard.gpus, strict=True):
+        for a, b in ((_used(before), _used(now)), (external_bytes(before), external_bytes(now))):
+            if abs(a - b) >= WRITE_STEP_BYTES:
+                return True
+    return False
+
+
+def _shape(heartbeat: wg.Heartbeat) -> tuple[object, ...]:
+    """Everything of a reading but its byte counts."""
+    return (
+        heartbeat.gpus_unavailable,
+        tuple(
+            (
+                gpu.device,
+                gpu.total.bytes,
+                gpu.total.unavailable,
+                gpu.used.unavailable,
+                gpu.processes_unavailable,
+                tuple(sorted((p.pid, p.managed, p.used.unavailable) for p in gpu.processes)),
+            )
+            for gpu in heartbeat.gpus
+        ),
+    )
+
+
+def _used(gpu: wg.GpuUsage) -> int:
+    return gpu.used.bytes if gpu.used.WhichOneof("value") == "bytes" else 0
+
+
+def with_reading(
+    inventory: Mapping[str, Any] | None, heard: wg.Heartbeat, now: dt.datetime
+) -> dict[str, Any]:
+    """The node's inventory JSON with `heard`'s GPU reading in place of the one it held."""
+    unavailable = heard.gpus_unavailable
+    if not heard.gpus and not unavailable:
+        unavailable = "the worker's heartbeat carries no GPU reading (an older worker)"
+    reading = cp.NodeGpus(
+        gpus=heard.gpus,
+        unavailable=unavailable,
+        reported_at=convert.timestamp(now),
+        external_usage=external_usage(heard.gpus),
+    )
+    return {**(inventory or {}), _INVENTORY_KEY: json_format.MessageToDict(reading)}
+
+
+def stored_reading(node_id: str, inventory: Mapping[str, Any] | None) -> cp.NodeGpus:
+    """The reading a node's inventory JSON keeps, or one saying there is none."""
+    stored = (inventory or {}).get(_INVENTORY_KEY)
+    if not stored:
+        return cp.NodeGpus(node_id=node_id, unavailable=NOT_REPORTED)
+    reading = json_format.ParseDict(stored, cp.NodeGpus(), ignore_unknown_fields=True)
+    reading.node_id = node_id
+    return reading
+
+
+def frees_capacity(inventory: Mapping[str, Any] | None, heard: wg.Heartbeat) -> bool:
+    """Whether `heard` has less external memory on some device than the node's row holds:
+    placements refused for it are worth trying again at once."""
+    after = {claim.device: claim.bytes for claim in external_usage(heard.gpus)}
+    return any(
+        claim.bytes > after.get(claim.device, 0) for claim in stored_external_usage(inventory)
+    )
+
+
+def stored_external_usage(inventory: Mapping[str, Any] | None) -> list[common_pb2.ResourceClaim]:
+    """What placement charges for the node's external GPU processes, from its inventory JSON."""
+    return list(stored_reading("", inventory).external_usage)
