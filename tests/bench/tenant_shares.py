@@ -7,12 +7,17 @@ two). Two measurements, each against a fresh `gantry up` in a temporary state di
   key, saturate the bundled deployment from CALLERS concurrent callers each, every call an Embed
   of 8 sentences, for SECONDS after a warm-up; it prints each tenant's served calls and the
   heavy : light ratio (the issue's bound: within 10% of 3, i.e. >= 2.70).
+- `--abandoned`: tenant `heavy` sends four legal maximum-size Embeds (1,024 inputs of ~8,000
+  characters, truncated) with 10 s deadlines and gives up at 10 s; tenant `light` sends a
+  one-sentence Embed 0.5 s after them. It prints when light's answer came, from its send and from
+  the abandonment (the issue's bound: within 5 s of it).
 - `--queue-depth`: tenant `bounded` with max_queue_depth 2 sends 40 Embeds of 8 sentences at
   once; it prints how many were served and how many refused, by ErrorInfo reason. The bundled
   deployment's 32 slots are 32 inputs: 4 calls run, 2 wait, 34 are refused QUEUE_FULL.
 
     .venv/bin/python -m tests.bench.tenant_shares [--seconds 30] [--callers 24]
     .venv/bin/python -m tests.bench.tenant_shares --queue-depth
+    .venv/bin/python -m tests.bench.tenant_shares --abandoned
 
 A busy machine moves the figures: say how busy it was when quoting them.
 """
@@ -134,9 +139,50 @@ async def queue_depth(served: Served) -> int:
     return 0 if outcomes["QUEUE_FULL"] >= FLOOD - 8 else 1
 
 
+async def abandoned(served: Served) -> int:
+    keys = {
+        tenant: await _tenant_key(served, common_pb2.TenantPolicy(tenant_id=tenant))
+        for tenant in ("heavy", "light")
+    }
+    for md in keys.values():
+        await _embed(served, md)()  # both policies reached the scheduler; the model is warm
+    big = inference_pb2.EmbedRequest(
+        capability=CAPABILITY,
+        inputs=[f"{i} " + "abandoned work " * 533 for i in range(1024)],  # ~8,000 characters
+        truncate=True,
+    )
+    small = inference_pb2.EmbedRequest(capability=CAPABILITY, inputs=["one sentence"])
+    deadline_s = 10.0
+    began = time.monotonic()
+    heavy = [
+        asyncio.ensure_future(
+            served.inference.Embed(big, metadata=keys["heavy"], timeout=deadline_s)
+        )
+        for _ in range(4)
+    ]
+    await asyncio.sleep(0.5)  # the bench's own pacing: light comes after the four
+    sent = time.monotonic()
+    await served.inference.Embed(small, metadata=keys["light"], timeout=CALL_TIMEOUT_S)
+    answered = time.monotonic()
+    outcomes: Counter[str] = Counter()
+    for call in heavy:
+        try:
+            await call
+            outcomes["answered"] += 1
+        except grpc.aio.AioRpcError as error:
+            outcomes[error_reason(error) or error.code().name] += 1
+    abandoned_at = began + deadline_s
+    say(f"abandoned: heavy's four Embeds of 1,024 x ~8,000 characters: {dict(outcomes)}")
+    after_send, after_abandonment = answered - sent, answered - abandoned_at
+    say(f"  light's one-sentence Embed answered {after_send:.2f} s after its send, "
+        f"{after_abandonment:+.2f} s from the abandonment (bound: within 5 s of it)")  # fmt: skip
+    return 0 if after_abandonment <= 5.0 else 1
+
+
 async def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--queue-depth", action="store_true", help="the max_queue_depth flood")
+    parser.add_argument("--abandoned", action="store_true", help="four abandoned maximum Embeds")
     parser.add_argument("--seconds", type=float, default=30.0, help="counted window (shares)")
     parser.add_argument("--callers", type=int, default=24, help="callers per tenant (shares)")
     args = parser.parse_args(argv)
@@ -148,6 +194,8 @@ async def main(argv: list[str]) -> int:
         ) as served:
             if args.queue_depth:
                 return await queue_depth(served)
+            if args.abandoned:
+                return await abandoned(served)
             return await shares(served, seconds=args.seconds, callers=args.callers)
 
 
