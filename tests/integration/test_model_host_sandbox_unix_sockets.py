@@ -2,8 +2,9 @@
 
 The real host (`child.main`) runs with one change: right after it enters its sandbox, and before
 it reads the model, it tries to reach two listeners this test holds outside the sandbox - a stream
-socket through a fresh `socket(2)` + `connect(2)`, and a datagram socket by re-connecting one end
-of a socketpair (which needs no `socket(2)`, so only the `connect` rule stops it) - and fails the
+socket through a fresh `socket(2)` + `connect(2)`, and a datagram socket through one end of a
+socketpair, re-connected or addressed in `sendto` (no `socket(2)`, no `connect(2)`: the socketpair
+rule stops it) - and fails the
 load with what the kernel answered. Landlock does not govern connecting to a pathname socket on
 this kernel, so the seccomp filter is what refuses both.
 """
@@ -48,6 +49,15 @@ def dgram_connect():
         end.close()
         other.close()
 
+def dgram_sendto():
+    # No connect at all: a datagram pair end addresses the listener in the send itself.
+    end, other = _socket.socketpair(_socket.AF_UNIX, _socket.SOCK_DGRAM)
+    try:
+        end.sendto(b"exfiltrated", {dgram_path!r})
+    finally:
+        end.close()
+        other.close()
+
 real_enter = child._enter_sandbox
 
 def enter_then_probe(load, private_dir):
@@ -56,6 +66,7 @@ def enter_then_probe(load, private_dir):
         "isolation": isolation.wire,
         "stream_connect": attempt(stream_connect),
         "dgram_connect": attempt(dgram_connect),
+        "dgram_sendto": attempt(dgram_sendto),
     }}
     raise GantryError("LOAD_FAILED", {marker!r} + json.dumps(report))
 
@@ -100,6 +111,7 @@ async def test_sandboxed_cpu_host_cannot_connect_to_a_pathname_unix_socket_outsi
     assert report["isolation"].endswith("+SECCOMP_NET")
     assert report["stream_connect"] == "PermissionError EACCES"
     assert report["dgram_connect"] == "PermissionError EACCES"
+    assert report["dgram_sendto"] == "PermissionError EACCES"
     # Both listeners are up: nothing arrived at either.
     with pytest.raises(BlockingIOError):
         stream.accept()

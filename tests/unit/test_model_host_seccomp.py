@@ -92,9 +92,12 @@ def test_sockets_of_every_family_but_netlink_are_refused_and_unix_only_kept_for_
 ) -> None:
     for unix, expected in ((UnixSockets.DENIED, without_cuda), (UnixSockets.CUDA, with_cuda)):
         program = seccomp.socket_filter(arch, unix)
-        assert verdict(program, arch=arch.audit_arch, nr=arch.socket_nr, args=(family, 2, 0)) == (
-            expected
-        ), unix
+        # socketpair(2) takes the family first too: a datagram pair end could `sendto` any
+        # pathname socket without `connect`.
+        for nr in (arch.socket_nr, arch.socketpair_nr):
+            assert verdict(program, arch=arch.audit_arch, nr=nr, args=(family, 2, 0)) == (
+                expected
+            ), (unix, nr)
 
 
 @pytest.mark.parametrize("arch", [X86_64, AARCH64], ids=lambda arch: arch.name)

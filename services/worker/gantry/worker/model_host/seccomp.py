@@ -2,7 +2,8 @@
 
 Landlock refuses TCP bind and connect but knows nothing of UDP, raw or packet sockets: a model host
 could still resolve names and `sendto` anywhere. This filter makes `socket(2)` answer EACCES for
-every address family but AF_NETLINK (interface lookups some libraries make), and
+every address family but AF_NETLINK (interface lookups some libraries make), `socketpair(2)` the
+same (a datagram pair end may `sendto` any pathname socket without `connect`), and
 `io_uring_setup(2)` EPERM, since an io_uring `IORING_OP_SOCKET` creates sockets without the
 `socket` syscall.
 
@@ -90,6 +91,7 @@ class Arch:
     name: str
     audit_arch: int
     socket_nr: int
+    socketpair_nr: int
     connect_nr: int
     io_uring_setup_nr: int
     seccomp_nr: int
@@ -101,6 +103,7 @@ X86_64 = Arch(
     name="x86_64",
     audit_arch=0xC000003E,
     socket_nr=41,
+    socketpair_nr=53,
     connect_nr=42,
     io_uring_setup_nr=425,
     seccomp_nr=317,
@@ -110,6 +113,7 @@ AARCH64 = Arch(
     name="aarch64",
     audit_arch=0xC00000B7,
     socket_nr=198,
+    socketpair_nr=199,
     connect_nr=203,
     io_uring_setup_nr=425,
     seccomp_nr=277,
@@ -142,8 +146,9 @@ def _ret(verdict: int) -> Instruction:
 
 
 def socket_filter(arch: Arch, unix: UnixSockets) -> tuple[Instruction, ...]:
-    """The filter for `arch`: foreign ABIs killed, other families EACCES, io_uring EPERM, and
-    (unless `unix` keeps them for CUDA) connect EACCES."""
+    """The filter for `arch`: foreign ABIs killed, other families EACCES (socket and socketpair
+    alike: both take the family first), io_uring EPERM, and (unless `unix` keeps them for CUDA)
+    connect EACCES."""
     head = [
         _load(_ARCH_OFFSET),
         Instruction(_JEQ_K, 1, 0, arch.audit_arch),
@@ -171,7 +176,8 @@ def socket_filter(arch: Arch, unix: UnixSockets) -> tuple[Instruction, ...]:
     ]
     dispatch = [
         # Over the denied calls and the final allow, into socket_rule.
-        Instruction(_JEQ_K, len(whole_calls) + 1, 0, arch.socket_nr),
+        Instruction(_JEQ_K, len(whole_calls) + 2, 0, arch.socket_nr),
+        Instruction(_JEQ_K, len(whole_calls) + 1, 0, arch.socketpair_nr),
         *whole_calls,
         _ret(RET_ALLOW),
     ]
