@@ -9,6 +9,8 @@ reads TABLE_JSON at every call, so a test changes what the GPUs hold while the w
 
     [{"uuid": "GPU-0", "total": 25769803776, "used": 19327352832,
       "processes": [[4242, 19327352832]]}]
+
+A device's "name" and "compute_capability" ("8.6") are optional ("Fake GPU", "8.0").
 """
 
 from __future__ import annotations
@@ -53,6 +55,13 @@ class FileBackedFakeNvml:
         return SimpleNamespace(
             total=device["total"], used=device["used"], free=device["total"] - device["used"]
         )
+
+    def nvmlDeviceGetName(self, handle: int) -> str:
+        return str(self._devices()[handle].get("name", "Fake GPU"))
+
+    def nvmlDeviceGetCudaComputeCapability(self, handle: int) -> tuple[int, int]:
+        major, minor = str(self._devices()[handle].get("compute_capability", "8.0")).split(".")
+        return int(major), int(minor)
 
     def nvmlDeviceGetComputeRunningProcesses(self, handle: int) -> list[Any]:
         return [

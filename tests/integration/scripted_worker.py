@@ -137,6 +137,7 @@ class ScriptedWorker:
     ) -> None:
         self.generation = generation
         self.resource_domains = list(resource_domains)  # what its Hello offers placement
+        self.gpus: list[common_pb2.GpuDevice] = []  # its GPUs as NVML would name them
         self.outgoing: asyncio.Queue[wg.WorkerMessage | None] = asyncio.Queue()
         self.invokes: asyncio.Queue[wg.Invoke] = asyncio.Queue()
         self.cancels: asyncio.Queue[wg.CancelInvoke] = asyncio.Queue()
@@ -177,6 +178,7 @@ class ScriptedWorker:
             environments=[ENVIRONMENT],
             inventory=self.inventory(),
             resource_domains=self.resource_domains,
+            gpus=self.gpus,
         )
         self.send(wg.WorkerMessage(hello=hello))
         call = stub.Connect(self._messages(), metadata=auth_metadata(credential))

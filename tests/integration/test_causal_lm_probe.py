@@ -74,6 +74,13 @@ async def test_the_causal_lm_probe_passes_with_a_real_generation_and_reaps_its_c
     batch, tokens, vocabulary = evidence.output_shape
     assert (batch, vocabulary) == (1, config["vocab_size"]) and tokens > 1
     assert evidence.output_finite
+    # The memory was read after the worst case: one prompt filling the tiny model's context
+    # (256 tokens) but for the 8 tokens it then generated, so its KV cache reached the context.
+    worst = evidence.worst_case
+    assert worst.ran, worst.detail
+    assert (worst.batch_inputs, worst.input_tokens, worst.generated_tokens) == (1, 248, 8)
+    assert worst.context_tokens == 256
+    assert "the context of 256 tokens" in worst.detail
     # Observed by the child: its weights read from the verified copy alone, no model code.
     assert list(evidence.offline.weight_files) == ["model.safetensors"]
     assert not evidence.offline.weight_files_outside_copy

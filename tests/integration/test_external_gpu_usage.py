@@ -82,8 +82,11 @@ async def inventory_of(gantry: Pipeline, node_id: str) -> cp.NodeInventory:
 async def cuda_approval(gantry: Pipeline) -> cp.ProductionApproval:
     """Every gate for a profile that runs on cuda:0 and charges 8 GiB of VRAM (scripted node)."""
     await gantry.worker("lab")
+    # The scripted node assesses and probes (the probe follows the assessing node): the real GPU
+    # worker beside it would inspect the manifest-only artifact and find nothing it can run.
+    lab = await gantry.node("lab")
     artifact = await gantry.artifact()
-    assessment = await gantry.assess(artifact.artifact_set_id)
+    assessment = await gantry.assess(artifact.artifact_set_id, node_id=lab.node_id)
     profile = await gantry.op.CreateRuntimeProfile(
         cp.CreateRuntimeProfileRequest(
             assessment_id=assessment.assessment_id,
@@ -94,7 +97,8 @@ async def cuda_approval(gantry: Pipeline) -> cp.ProductionApproval:
         metadata=gantry.md,
     )
     started = await gantry.op.StartProbe(
-        cp.StartProbeRequest(profile_id=profile.profile_id), metadata=gantry.md
+        cp.StartProbeRequest(profile_id=profile.profile_id, node_id=lab.node_id),
+        metadata=gantry.md,
     )
     done = await gantry.wait_probe(started.probe_id, common_pb2.PROBE_STATE_COMPLETED)
     return await gantry.approve(done.candidate_id, reason="probed by a scripted node")

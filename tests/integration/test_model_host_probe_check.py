@@ -119,15 +119,23 @@ def spawn_child(tmp_path: Path) -> Iterator[object]:
         shutil.rmtree(private_dir, ignore_errors=True)
 
 
-def _load(adapter: str, model_directory: Path, deployment_id: str) -> model_host_pb2.HostRequest:
+def _load(
+    adapter: str, model_directory: Path, deployment_id: str, *, max_batch_size: int = 0
+) -> model_host_pb2.HostRequest:
     return model_host_pb2.HostRequest(
         request_id=0,
         load=model_host_pb2.HostLoad(
             deployment_id=deployment_id,
             model_directory=str(model_directory),
-            adapter=common_pb2.AdapterSettings(adapter=adapter, device="cpu"),
+            adapter=common_pb2.AdapterSettings(
+                adapter=adapter, device="cpu", max_batch_size=max_batch_size
+            ),
         ),
     )
+
+
+# The tiny models' declared limit (tests/fixtures/tiny_model.py): the worst case's input length.
+TINY_MAX_SEQ_LENGTH = 128
 
 
 @pytest.mark.parametrize(
@@ -147,7 +155,7 @@ def test_probe_check_reports_measured_evidence_then_shutdown_unloads_and_exits_z
 ) -> None:
     model_directory = request.getfixturevalue(model_fixture)
     child = spawn_child(f"probe-{adapter}")
-    child.send(_load(adapter, model_directory, f"probe-{adapter}"))
+    child.send(_load(adapter, model_directory, f"probe-{adapter}", max_batch_size=5))
     answer = child.receive()
     assert answer is not None and answer.WhichOneof("kind") == "ready", child.stderr()
     ready = answer.ready
@@ -172,6 +180,13 @@ def test_probe_check_reports_measured_evidence_then_shutdown_unloads_and_exits_z
     assert list(probe.output_shape) == output_shape
     assert probe.output_finite
     assert probe.first_invoke_seconds > 0
+    # The memory below is read after the profile's worst case: its batch size (5) of inputs,
+    # each as long as the model takes (longer ones are cut to it).
+    worst = probe.worst_case
+    assert worst.ran, worst.detail
+    assert (worst.batch_inputs, worst.input_tokens) == (5, TINY_MAX_SEQ_LENGTH), worst
+    assert (worst.generated_tokens, worst.context_tokens) == (0, 0)
+    assert worst.detail.startswith(f"5 inputs of {TINY_MAX_SEQ_LENGTH} tokens"), worst.detail
 
     memory = probe.memory
     assert memory.rss_current.source == "/proc/self/status VmRSS"

@@ -45,16 +45,33 @@ _INSTALL_AND_PROBE = textwrap.dedent(
         except OSError as exc:
             return f"{type(exc).__name__} {errno.errorcode[exc.errno]}"
         return "allowed"
-    def unix_connect():
-        # A socketpair needs neither socket(2) nor connect(2); re-connecting one end does.
-        end, other = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    def unix_pair():
+        # A datagram pair end could sendto any pathname socket with no connect: socketpair(2)
+        # takes socket(2)'s family rule.
         try:
-            end.connect("/nonexistent/gantry-probe.sock")
+            end, other = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+        except OSError as exc:
+            return f"{type(exc).__name__} {errno.errorcode[exc.errno]}"
+        end.close()
+        other.close()
+        return "allowed"
+    def unix_connect():
+        # Re-connecting a socketpair end (what the host inherits) needs connect(2). Where the
+        # pair itself is refused, a netlink socket (an allowed family) stands in: the filter
+        # refuses connect(2) whatever the socket.
+        try:
+            end, other = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+            target = "/nonexistent/gantry-probe.sock"
+        except PermissionError:
+            end, other, target = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW), None, (0, 0)
+        try:
+            end.connect(target)
         except OSError as exc:
             return f"{type(exc).__name__} {errno.errorcode[exc.errno]}"
         finally:
             end.close()
-            other.close()
+            if other is not None:
+                other.close()
         return "allowed"
     libc = ctypes.CDLL(None, use_errno=True)
     params = ctypes.create_string_buffer(120)  # struct io_uring_params
@@ -66,6 +83,7 @@ _INSTALL_AND_PROBE = textwrap.dedent(
         "inet6_stream": attempt(socket.AF_INET6, socket.SOCK_STREAM),
         "unix_stream": attempt(socket.AF_UNIX, socket.SOCK_STREAM),
         "netlink": attempt(socket.AF_NETLINK, socket.SOCK_RAW),
+        "unix_pair": unix_pair(),
         "unix_connect": unix_connect(),
         "io_uring": "allowed" if ring >= 0 else errno.errorcode[ctypes.get_errno()],
     }))
@@ -97,12 +115,14 @@ def _probe(unix: seccomp.UnixSockets) -> dict[str, object]:
 def test_a_filtered_process_opens_no_ip_socket_udp_included_nor_unix_socket_nor_connects() -> None:
     outcome = _probe(seccomp.UnixSockets.DENIED)
     assert outcome["unix_stream"] == "PermissionError EACCES"
+    assert outcome["unix_pair"] == "PermissionError EACCES"
     assert outcome["unix_connect"] == "PermissionError EACCES"
 
 
 def test_a_cuda_host_keeps_unix_sockets_and_connect_for_the_driver_but_no_ip_socket() -> None:
     outcome = _probe(seccomp.UnixSockets.CUDA)
     assert outcome["unix_stream"] == "allowed"
+    assert outcome["unix_pair"] == "allowed"
     # Past the filter: the kernel itself answers that the path does not exist.
     assert outcome["unix_connect"] == "FileNotFoundError ENOENT"
 

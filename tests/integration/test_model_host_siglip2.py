@@ -379,6 +379,13 @@ async def test_the_probe_passes_with_measured_memory_and_the_sandbox_holds_from_
     probe = await siglip_host.probe_check(timeout_s=60)
     assert probe.health.model.status == wg.HEALTH_STATUS_OK, probe.health.model.detail
     assert list(probe.output_shape) == [1, tiny_siglip2.HIDDEN] and probe.output_finite
+    # The memory is read after the worst case: the batch size's images, then as many texts,
+    # each padded to the text tower's positions.
+    worst = probe.worst_case
+    assert worst.ran and (worst.batch_inputs, worst.input_tokens) == (
+        32,
+        tiny_siglip2.TEXT_POSITIONS,
+    )
     memory = probe.memory
     assert memory.rss_peak.source == "/proc/self/status VmHWM"
     assert memory.rss_peak.bytes >= memory.rss_current.bytes > 0

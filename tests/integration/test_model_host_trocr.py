@@ -235,6 +235,11 @@ async def test_the_probe_check_passes_with_measured_memory_and_the_sandbox_holds
     assert "generated ids, all in the vocabulary" in probe.health.model.detail
     # The encoder's states for the rendered line: one sequence, 4x4 patches and the CLS token.
     assert list(probe.output_shape) == [1, 17, 16] and probe.output_finite
+    # The memory is read after the worst case: the batch size's images, each decoded to the
+    # generation config's bound (forced past any end token), after the decoder's start token.
+    worst = probe.worst_case
+    assert worst.ran and worst.batch_inputs == 32, worst
+    assert worst.generated_tokens > 0 and worst.context_tokens == worst.generated_tokens + 1
     memory = probe.memory
     assert memory.rss_current.source == "/proc/self/status VmRSS"
     assert memory.rss_peak.bytes >= memory.rss_current.bytes > 0

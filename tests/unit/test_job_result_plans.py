@@ -234,3 +234,42 @@ def test_an_uncertain_residency_uncertain_again_is_only_audited():
     )
     assert [type(action) for action in planned] == [act.Audit, act.Settle]
     assert planned[0].detail == (("reason", "RUNTIME_UNRESPONSIVE"),)  # type: ignore[union-attr]
+
+
+def test_an_exit_whose_reclaim_is_unverified_is_uncertain_with_the_workers_why():
+    # Reaped, but on a GPU NVML could not be read: not COLD, the envelope stays charged.
+    why = "pid 41 exited with code 0, reaped; unverified: NVML could not be read"
+    planned = plan_unload_result(unload_snapshot(process_exited=True, reclaim_unverified=why))
+    assert planned[0] == act.MarkResidency(
+        residency_id="r1", state=UNCERTAIN, reason="RECLAIM_UNVERIFIED", message=why
+    )
+    assert isinstance(planned[1], act.Audit)
+    assert planned[-1] == act.Settle(deployment_id="d1")  # not UNLOADED: still held
+
+
+def test_a_failed_load_whose_child_is_not_proven_gone_is_uncertain_not_cold():
+    planned = plan_load_result(
+        load_snapshot(node_id="n1", reclaim_unverified="pid 41 of a failed start: NVML ...")
+    )
+    assert planned[0] == act.MarkResidency(
+        residency_id="r1",
+        state=UNCERTAIN,
+        reason="RECLAIM_UNVERIFIED",
+        message="the load failed (LOAD_FAILED), its process not proven gone: "
+        "pid 41 of a failed start: NVML ...",
+    )
+    assert planned[1] == act.Audit(
+        actor="node:n1",
+        action="residency.uncertain",
+        subject_kind="residency",
+        subject_id="r1",
+        detail=(("reason", "RECLAIM_UNVERIFIED"), ("load_failure", "LOAD_FAILED")),
+    )
+    # The attempt still counts, as for any failed load.
+    assert act.SetLoadFailures(deployment_id="d1", count=1) in planned
+    assert not any(isinstance(a, act.MarkResidency) and a.state == COLD for a in planned)
+
+
+def test_a_failed_load_proven_gone_is_cold():
+    planned = plan_load_result(load_snapshot())
+    assert planned[0] == act.mark_cold("r1", reason="LOAD_FAILED", message="the host exited")

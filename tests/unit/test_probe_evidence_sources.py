@@ -18,6 +18,10 @@ class NVMLError_LibraryNotFound(Exception):  # named as pynvml names it
     pass
 
 
+class NVMLError_NotSupported(Exception):  # named as pynvml names it
+    pass
+
+
 Device = tuple[str, int, int, list[tuple[int, int | None]]]
 
 
@@ -28,6 +32,8 @@ class FakeNvml:
     devices: list[Device]
     init_error: Exception | None = None
     shut_down: list[bool] = field(default_factory=list)
+    # Each device's (name, compute capability), by index; a device past the list is unnamed.
+    names: list[tuple[str | bytes, tuple[int, int]]] = field(default_factory=list)
 
     def nvmlInit(self) -> None:
         if self.init_error is not None:
@@ -51,6 +57,16 @@ class FakeNvml:
 
     def nvmlDeviceGetComputeRunningProcesses(self, handle: int) -> list[Any]:
         return [SimpleNamespace(pid=p, usedGpuMemory=m) for p, m in self.devices[handle][3]]
+
+    def nvmlDeviceGetName(self, handle: int) -> str | bytes:
+        if handle >= len(self.names):
+            raise NVMLError_NotSupported("Not Supported")
+        return self.names[handle][0]
+
+    def nvmlDeviceGetCudaComputeCapability(self, handle: int) -> tuple[int, int]:
+        if handle >= len(self.names):
+            raise NVMLError_NotSupported("Not Supported")
+        return self.names[handle][1]
 
 
 TWO_GPUS: list[Device] = [
@@ -78,7 +94,7 @@ def test_device_memory_follows_cuda_visible_devices_by_index_or_uuid() -> None:
     missing, _ = nvml.device_memory("cuda:2", "0,1")
     assert "not among CUDA_VISIBLE_DEVICES" in missing.unavailable
     on_cpu, _ = nvml.device_memory("cpu", None)
-    assert on_cpu.unavailable == "the probe ran on cpu, not on a GPU"
+    assert on_cpu.unavailable == "the model runs on cpu, not on a GPU"
 
 
 def test_process_usage_sums_every_gpu_and_a_missing_pid_is_a_measured_zero() -> None:
@@ -114,10 +130,12 @@ class _StoppedHost:
     unloaded: model_host_pb2.HostUnloaded | None = None
 
 
-def _reclaim(host: _StoppedHost, nvml: Nvml, *, exited: bool) -> wg.ProbeEvidence:
+def _reclaim(
+    host: _StoppedHost, nvml: Nvml, *, exited: bool, on_gpu: bool = False
+) -> wg.ProbeEvidence:
     evidence = wg.ProbeEvidence()
     stopped = exit_evidence(host.pid, host.returncode, exited=exited)
-    record_unload(host, stopped, nvml, evidence)  # type: ignore[arg-type]
+    record_unload(host, stopped, nvml, evidence, on_gpu=on_gpu)  # type: ignore[arg-type]
     return evidence
 
 
@@ -140,11 +158,20 @@ def test_reclaim_needs_the_exit_the_reaping_and_no_device_memory_left() -> None:
 
     no_nvml = Nvml.open(FakeNvml([], init_error=NVMLError_LibraryNotFound("not found")))
     killed = _reclaim(_StoppedHost(4242, -signal.SIGKILL), no_nvml, exited=True)
-    assert killed.reclaim.reclaimed  # nothing to check the device with: exit and reaping decide
+    # On a CPU nothing is left to check the device for: the exit and the reaping decide.
+    assert killed.reclaim.reclaimed
     assert (killed.reclaim.has_exit_code, killed.reclaim.exit_signal) == (False, signal.SIGKILL)
     assert "device memory not checked (NVMLError_LibraryNotFound: not found)" in (
         killed.reclaim.detail
     )
+    # On a GPU an NVML that cannot be read proves nothing: unverified, and said why.
+    on_gpu = _reclaim(_StoppedHost(4242, 0), no_nvml, exited=True, on_gpu=True)
+    assert (on_gpu.reclaim.reclaimed, on_gpu.reclaim.on_gpu) == (False, True)
+    assert on_gpu.reclaim.detail.endswith(
+        "unverified: it ran on a GPU and NVML could not be read to prove it released"
+    )
+    # NVML still listing the pid marks it a GPU process whatever its profile said.
+    assert still_listed.reclaim.on_gpu
 
 
 def test_readings_the_child_did_not_send_are_unavailable_never_zero() -> None:

@@ -8,6 +8,7 @@ stderr; a failure prints its reason and message and exits 1, and so does a timeo
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 
 from gantry.cli.click_parser import CommandSpec
@@ -16,6 +17,9 @@ from gantry.cli.delete_commands import add_delete_kind
 from gantry.cli.deployment_wait import Goal, deployment_state, wait_for_deployment
 from gantry.cli.output import add_output_argument, print_json, wants_json
 from gantry.common.arg_types import non_negative, positive_seconds
+from gantry.common.node_labels import FORMAT as LABEL_FORMAT
+from gantry.common.node_labels import is_node_label
+from gantry.common.resource_declaration import parse_size
 from gantry.v1 import common_pb2, control_plane_pb2, control_plane_pb2_grpc
 
 DEFAULT_WAIT_S = 600.0
@@ -153,6 +157,72 @@ def add_scale_arguments(parser: CommandSpec) -> None:
     add_autoscale_bounds_arguments(parser)
     add_wait_arguments(parser)
     add_output_argument(parser)
+
+
+_COMPUTE_CAPABILITY = re.compile(r"\d{1,2}\.\d{1,2}")
+
+
+def byte_size(text: str) -> int:
+    """Bytes from "8GiB", "512MiB", "1.5GB" or plain bytes."""
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def compute_capability(text: str) -> str:
+    if not _COMPUTE_CAPABILITY.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not major.minor (e.g. 8.0)")
+    return text
+
+
+def node_label(text: str) -> str:
+    if not is_node_label(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not {LABEL_FORMAT}")
+    return text
+
+
+def add_placement_constraint_arguments(parser: CommandSpec) -> None:
+    """What a node must offer a replica beyond its adapter's needs (`gantry deploy`): none met by
+    any node, the deployment waits PENDING with each node's reason."""
+    parser.add_argument(
+        "--gpu-model",
+        metavar="NAME",
+        default="",
+        help="a part of the GPU's name as NVML gives it, any case (H100, A10G)",
+    )
+    parser.add_argument(
+        "--min-compute-capability",
+        type=compute_capability,
+        default=None,
+        metavar="MAJOR.MINOR",
+        help="the GPU's CUDA compute capability is at least this (8.0)",
+    )
+    parser.add_argument(
+        "--min-free-vram",
+        type=byte_size,
+        default=0,
+        metavar="SIZE",
+        help="the GPU has at least this much VRAM that placement has not given away (8GiB)",
+    )
+    parser.add_argument(
+        "--node-label",
+        dest="node_labels",
+        action="append",
+        type=node_label,
+        default=[],
+        metavar="KEY=VALUE",
+        help="a label the node's worker was started with (--label), repeatable",
+    )
+
+
+def placement_constraints(args: argparse.Namespace) -> common_pb2.PlacementConstraints:
+    return common_pb2.PlacementConstraints(
+        gpu_model=args.gpu_model,
+        min_compute_capability=args.min_compute_capability or "",
+        min_free_vram_bytes=args.min_free_vram,
+        node_labels=list(args.node_labels or ()),
+    )
 
 
 def add_autoscale_bounds_arguments(parser: CommandSpec) -> None:

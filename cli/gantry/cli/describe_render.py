@@ -103,9 +103,23 @@ def _deployment_fields(record: Any) -> Fields:
         ("replicas", f"{record.replicas} (min {record.min_replicas}, max {record.max_replicas})"),
         ("artifact set", record.artifact_set_id),
         ("adapter", f"{record.adapter.adapter} on {record.adapter.device or 'cpu'}"),
+        ("constraints", constraints_text(record.constraints)),
         ("created", format_timestamp(record.created_at)),
         ("updated", format_timestamp(record.updated_at)),
     ]
+
+
+def constraints_text(constraints: common_pb2.PlacementConstraints) -> str:
+    """What an operator aimed a deployment at, in `gantry deploy`'s words; "-" for nothing."""
+    parts = []
+    if constraints.gpu_model:
+        parts.append(f"gpu model {constraints.gpu_model}")
+    if constraints.min_compute_capability:
+        parts.append(f"compute capability >= {constraints.min_compute_capability}")
+    if constraints.min_free_vram_bytes:
+        parts.append(f"free VRAM >= {format_bytes(constraints.min_free_vram_bytes)}")
+    parts += [f"label {label}" for label in constraints.node_labels]
+    return ", ".join(parts) or "-"
 
 
 def _node_fields(record: Any) -> Fields:

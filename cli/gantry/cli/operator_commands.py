@@ -92,6 +92,7 @@ def add_deploy_command(command: AddCommand) -> None:
         default="bin-pack",
         help="bin-pack: fill the fullest node that fits; spread: the least loaded node",
     )
+    deployment_commands.add_placement_constraint_arguments(parser)
     deployment_commands.add_wait_arguments(parser)
     add_output_argument(parser)
 
@@ -218,6 +219,7 @@ def deploy(context: CommandContext, args: argparse.Namespace) -> int:
         min_replicas=args.min_replicas,
         max_replicas=args.max_replicas,
         placement_policy=PLACEMENT_POLICIES[args.placement],
+        constraints=deployment_commands.placement_constraints(args),
     )
     with context.open_channel() as channel:
         stub = control_plane_pb2_grpc.ControlPlaneStub(channel)

@@ -75,6 +75,9 @@ REASONS: Mapping[str, ReasonSpec] = {
     # Unloaded, unloading or FAILED: it will not come back by itself, so retrying cannot help.
     "DEPLOYMENT_NOT_SERVING": ReasonSpec(grpc.StatusCode.FAILED_PRECONDITION, FailureClass.CONFIG),
     "NO_ELIGIBLE_NODE": ReasonSpec(grpc.StatusCode.FAILED_PRECONDITION, FailureClass.CONFIG),
+    # A CUDA profile with neither a VRAM estimate nor a measured peak: placing it would charge
+    # its GPU nothing, so it is not placed until one is known.
+    "VRAM_UNMEASURED": ReasonSpec(grpc.StatusCode.FAILED_PRECONDITION, FailureClass.CONFIG),
     "NO_CAPACITY": ReasonSpec(grpc.StatusCode.RESOURCE_EXHAUSTED, FailureClass.INFRA),
     "QUEUE_FULL": ReasonSpec(grpc.StatusCode.RESOURCE_EXHAUSTED, FailureClass.INFRA),
     "TENANT_QUOTA_EXCEEDED": ReasonSpec(grpc.StatusCode.RESOURCE_EXHAUSTED, FailureClass.REQUEST),

@@ -10,6 +10,7 @@ from gantry.scheduler.policy.admission import TenantLoadView
 from gantry.scheduler.policy.autoscale import ScaleAdviceValue
 from gantry.scheduler.policy.breakers import BreakerChange, BreakerView
 from gantry.scheduler.policy.ledger import DomainView
+from gantry.scheduler.policy.placement import GpuConstraints, GpuFacts, parse_compute_capability
 from gantry.scheduler.policy.types import (
     ALL_PRIORITIES,
     DEFAULT_BUDGET_WINDOW_SECONDS,
@@ -48,6 +49,10 @@ def node(message: scheduler_pb2.SchedulerNode) -> events.NodeInfo:
         adapters=adapters,
         max_residencies=message.max_residencies,
         external=claims(list(message.external_usage)),
+        gpus=tuple(
+            GpuFacts(device=g.device, name=g.name, compute_capability=g.compute_capability)
+            for g in message.gpus
+        ),
     )
 
 
@@ -106,7 +111,7 @@ def work(message: scheduler_pb2.WorkSubmitted) -> events.WorkRequest:
 
 
 def placement(message: scheduler_pb2.PlaceDeployment) -> events.PlacementRequest:
-    labels = set(message.required_labels)
+    labels = set(message.required_labels) | set(message.constraints.node_labels)
     if message.required_adapter:
         labels.add(f"adapter:{message.required_adapter}")
     return events.PlacementRequest(
@@ -120,6 +125,17 @@ def placement(message: scheduler_pb2.PlaceDeployment) -> events.PlacementRequest
             if message.policy == common_pb2.PLACEMENT_POLICY_SPREAD
             else PlacementPolicy.BIN_PACK
         ),
+        gpu=gpu_constraints(message.constraints),
+    )
+
+
+def gpu_constraints(message: common_pb2.PlacementConstraints) -> GpuConstraints:
+    """The GPU fields of an operator's constraints (the control plane checked their form; a
+    capability it could not have sent is read as no requirement rather than as 0.0)."""
+    return GpuConstraints(
+        model=message.gpu_model.strip(),
+        min_compute_capability=parse_compute_capability(message.min_compute_capability),
+        min_free_vram=message.min_free_vram_bytes,
     )
 
 
@@ -227,6 +243,12 @@ def _node_view(n: events.NodeInfo) -> scheduler_pb2.SchedulerNode:
         external_usage=[
             common_pb2.ResourceClaim(kind=_enum(c.kind), bytes=c.bytes, device=c.device)
             for c in n.external
+        ],
+        gpus=[
+            common_pb2.GpuDevice(
+                device=g.device, name=g.name, compute_capability=g.compute_capability
+            )
+            for g in n.gpus
         ],
     )
 

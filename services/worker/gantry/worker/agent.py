@@ -41,8 +41,8 @@ from gantry.common.grpc_server import channel
 from gantry.common.status import error_from_rpc
 from gantry.common.telemetry import inject_context, tracer
 from gantry.common.tls import ClientTls
+from gantry.v1 import common_pb2, worker_gateway_pb2_grpc
 from gantry.v1 import worker_gateway_pb2 as wg
-from gantry.v1 import worker_gateway_pb2_grpc
 from gantry.worker import metrics
 from gantry.worker.adopted_endpoint import adopt_endpoint
 from gantry.worker.crash_policy import RestartPolicy
@@ -69,7 +69,7 @@ from gantry.worker.model_host.warm_pool import WarmPool
 from gantry.worker.nvml_readings import Nvml, visible_devices
 from gantry.worker.probe_job import ProbeRunner, ProbeSettings
 from gantry.worker.residents import DEFAULT_MAX_RESIDENTS, ResidentFacts
-from gantry.worker.resource_domains import DeclaredDomain, measure_node_domains
+from gantry.worker.resource_domains import DeclaredDomain, gpu_devices, measure_node_domains
 from gantry.worker.runtime_adapters.base import PrepareRequest, StartRequest
 from gantry.worker.runtime_adapters.model_host_runtime import ProbeHostFactory
 from gantry.worker.runtime_adapters.registry import runtime_adapter_for
@@ -196,6 +196,17 @@ def _node_domains(settings: WorkerSettings) -> tuple[DeclaredDomain, ...]:
     return domains
 
 
+def _gpu_devices(
+    settings: WorkerSettings, open_nvml: Callable[[], Nvml]
+) -> tuple[common_pb2.GpuDevice, ...]:
+    """The GPUs this worker's CUDA processes see, named by NVML (none without it)."""
+    nvml = open_nvml()
+    try:
+        return gpu_devices(nvml, visible_devices(settings.env))
+    finally:
+        nvml.close()
+
+
 # What runs one job kind: its assignment in, its result filled in.
 JobHandler = Callable[[wg.JobAssignment, wg.JobResult], Awaitable[None]]
 
@@ -214,7 +225,7 @@ class WorkerAgent:
         """`warm_pool`: one shared with other agents (tests), left running at shutdown; without
         it an agent whose settings ask for a warm pool owns one and stops it at shutdown.
         `host_factory`: how model-host adapters start residents' children (a test's).
-        `open_nvml`: the NVML the heartbeats and probes read (a test's named fake); None:
+        `open_nvml`: the NVML the heartbeats, probes and serving read (a test's named fake); None:
         `Nvml.open`, looked up now."""
         open_nvml = open_nvml or Nvml.open
         self.settings = settings
@@ -233,6 +244,8 @@ class WorkerAgent:
             # Model-host adapters fork from the warm pool; a managed server kind starts its own.
             host_factory=host_factory or pooled,
             environments=self.environments,
+            # Serving's LOAD, HEALTH and UNLOAD read the same NVML a probe does.
+            open_nvml=open_nvml,
         )
         self.residents = self.supervisor.residents
         self.connected = asyncio.Event()
@@ -265,6 +278,8 @@ class WorkerAgent:
             visible_devices=visible_devices(settings.env), open_nvml=open_nvml
         )
         self.resource_domains = _node_domains(settings)
+        # Named once at start (a GPU's model does not change under a running worker).
+        self.gpu_devices = _gpu_devices(settings, open_nvml)
         self._tasks: set[asyncio.Task[None]] = set()
         self._liveness: asyncio.Task[None] | None = None
         self._heartbeat_seconds = 3.0  # until the Welcome names the interval
@@ -418,6 +433,7 @@ class WorkerAgent:
             hostname=socket.gethostname(),
             resource_domains=[domain.to_proto() for domain in self.resource_domains],
             max_residents=self.settings.max_residents,
+            gpus=self.gpu_devices,
         )
 
     async def _heartbeats(self) -> None:

@@ -98,7 +98,7 @@ class Nvml:
             reason = self.unavailable_reason
             return _unavailable(reason, source), _unavailable(reason, source)
         if not (device == "cuda" or device.startswith("cuda:")):
-            reason = f"the probe ran on {device or 'cpu'}, not on a GPU"
+            reason = f"the model runs on {device or 'cpu'}, not on a GPU"
             return _unavailable(reason, source), _unavailable(reason, source)
         try:
             handle = self._handle(device, visible_devices)
@@ -130,6 +130,21 @@ class Nvml:
             reason = f"NVML lists pid {pid} but reports no per-process usage"
             return ProcessUsage(_unavailable(reason, source), True)
         return ProcessUsage(_measured(sum(v for v in used if v is not None), source), True)
+
+    def device_identity(self, index: int, visible_devices: str | None) -> tuple[str, str, str]:
+        """(name, compute capability as "major.minor", "") of the GPU CUDA numbers `index`
+        through CUDA_VISIBLE_DEVICES, or ("", "", why NVML cannot say)."""
+        if self._nvml is None:
+            return "", "", self.unavailable_reason
+        try:
+            handle = self._handle(f"cuda:{index}", visible_devices)
+            name = self._nvml.nvmlDeviceGetName(handle)
+            major, minor = self._nvml.nvmlDeviceGetCudaComputeCapability(handle)
+        except Exception as exc:
+            return "", "", f"{type(exc).__name__}: {exc}"
+        # Older nvidia-ml-py returns the name as bytes.
+        text = name.decode(errors="replace") if isinstance(name, bytes) else str(name)
+        return text.strip(), f"{int(major)}.{int(minor)}", ""
 
     def device_processes(
         self, device: str, visible_devices: str | None

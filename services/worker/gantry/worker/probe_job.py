@@ -4,7 +4,8 @@ The job drives one runtime adapter (`runtime_adapters`, chosen by name: an unkno
 RUNTIME_INCOMPATIBLE) through prepare, start, probe and unload. Stages, each announced in a
 JobUpdate as it is entered: PREPARING (adapter known, environment available, bytes verified),
 LOADING (the child starts exactly as a LOAD's host does, same sandbox and environment),
-HEALTHCHECKING (ProbeCheck: a real forward pass and the child's memory),
+HEALTHCHECKING (ProbeCheck: a real forward pass, then the profile's worst case, and the child's
+memory after them),
 READY (evidence taken, NVML read while the child lives), UNLOADING (Shutdown, the child's
 HostUnloaded if it sends one, its exit, reaping, NVML again). Invariants:
 - A probe host is the job's alone: never in the residents map, never routed, not counted against
@@ -12,8 +13,9 @@ HostUnloaded if it sends one, its exit, reaping, NVML again). Invariants:
 - The child is reaped before the job reports, whatever happened: a failure, or a CancelJob (the
   child is killed and reaped, a CANCELLED update is sent, and no result, as for every cancelled
   job).
-- Every reading is measured or `unavailable` with the reason; reclaim is true only for a child
-  that exited, was reaped, and (where NVML reads) holds no device memory any more.
+- Every reading is measured or `unavailable` with the reason; reclaim is judged by the one rule
+  serving's unloads are (`runtime_adapters/reclaim_verdict.py`): a child that exited and was
+  reaped and, where it ran on a GPU, that NVML was read and no longer lists.
 """
 
 from __future__ import annotations
@@ -203,8 +205,13 @@ class ProbeRunner:
         evidence.health.capability.CopyFrom(
             wg.HealthLayer(status=wg.HEALTH_STATUS_NOT_CHECKED, detail=NOT_ROUTED)
         )
+        evidence.worst_case.CopyFrom(result.worst_case)
+        if not result.HasField("worst_case"):  # a managed server's probe runs none
+            evidence.worst_case.detail = f"the {adapter.name} runtime ran no worst-case pass"
         evidence.memory.CopyFrom(result.memory)
         memory = evidence.memory
+        # Read right after the worst-case pass: the caching allocator keeps what that pass
+        # reserved, so the process's figure is its peak (the CUDA context included).
         total, used = nvml.device_memory(device, visible_devices(self._settings.env))
         memory.nvml_device_total.CopyFrom(total)
         memory.nvml_device_used.CopyFrom(used)

@@ -34,6 +34,7 @@ from gantry.common.resource_declaration import (
     parse_size,
     validate_declaration,
 )
+from gantry.v1 import common_pb2
 from gantry.worker.nvml_readings import Nvml, visible_devices
 
 __all__ = [
@@ -45,6 +46,7 @@ __all__ = [
     "DomainKind",
     "ResourceDomainError",
     "gpu_count",
+    "gpu_devices",
     "human_bytes",
     "machine_memory_bytes",
     "measure_node_domains",
@@ -99,6 +101,23 @@ def measure_node_domains(env: Mapping[str, str]) -> tuple[DeclaredDomain, ...]:
         )
     finally:
         nvml.close()
+
+
+def gpu_devices(
+    nvml: Nvml, visible_devices: str | None, warn: Callable[[str], None] = log.warning
+) -> tuple[common_pb2.GpuDevice, ...]:
+    """Each GPU a CUDA process started here sees, with the name and compute capability NVML
+    gives it (the Hello's `gpus`: placement constraints match them). A GPU NVML cannot name is
+    left out and `warn` says why: a constraint on its model then refuses it, never guesses."""
+    count, _ = gpu_count(nvml, visible_devices)
+    devices = []
+    for index in range(count):
+        name, capability, why = nvml.device_identity(index, visible_devices)
+        if why:
+            warn(f"GPU {index} is not named in the Hello: {why}")
+            continue
+        devices.append(common_pb2.GpuDevice(device=index, name=name, compute_capability=capability))
+    return tuple(devices)
 
 
 def gpu_count(nvml: Nvml, visible_devices: str | None) -> tuple[int, str]:

@@ -9,8 +9,11 @@ No path in the worker starts, checks or stops a serving host otherwise; an adopt
 process of ours) is checked and forgotten through the same `health` and `stop`.
 
 Invariants this module keeps:
-- A resident stays in the map until its child is reaped and reclaim is verified; a stop that
-  cannot confirm that leaves it UNCERTAIN (still holding its pid), never silently forgotten.
+- A resident stays in the map until its child is reaped and reclaim is verified (the probe's
+  rule, `reclaim_verdict`: on a GPU, NVML read and no longer listing the pid); a stop, or a
+  failed start, that cannot prove that leaves it UNCERTAIN (still holding its pid), never
+  silently forgotten. LOAD and HEALTH evidence read its memory as a probe's is (NVML per
+  process, RSS), and an UNLOAD's carries the reclaim (NVML before and after).
 - A host that exits on its own is restarted in place (same verified directory, adapter and
   interpreter) after the backoff `CrashHistory` decides; while down it is LOADING with
   `last_failure`, `restart_count` and `next_restart_at`. A crash loop keeps restarting, slowly.
@@ -26,6 +29,7 @@ import asyncio
 import contextlib
 import datetime as dt
 import logging
+import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Protocol, cast
@@ -66,6 +70,11 @@ from gantry.worker.runtime_adapters.model_host_runtime import (
     running_host,
 )
 from gantry.worker.runtime_adapters.registry import DEFAULT_ADAPTER, runtime_adapter_for
+from gantry.worker.runtime_adapters.serving_evidence import (
+    child_gone,
+    memory_now,
+    reclaim_of_gone,
+)
 from gantry.worker.stop_plan import StopPlan
 
 if TYPE_CHECKING:
@@ -95,6 +104,10 @@ class SupervisionSettings:
     deep_health_timeout_s: float = 30.0
     stop_grace_s: float = 10.0
     max_residents: int = DEFAULT_MAX_RESIDENTS
+    # Which GPUs a torch device index means, for NVML's device readings (as a probe reads them).
+    visible_devices: str | None = field(
+        default_factory=lambda: os.environ.get("CUDA_VISIBLE_DEVICES")
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -115,6 +128,9 @@ class _Runtime:
     start: StartRequest | None = None  # None: adopted, never started here
     prepared: Prepared | None = None
     running: RunningRuntime | None = None
+    # The pid of a start that failed without its reclaim proven: custody stays (UNCERTAIN)
+    # until an UNLOAD finds it gone (`_recheck_failed_start`).
+    failed_pid: int = 0
 
 
 class _NoEnvironments:
@@ -229,7 +245,26 @@ class Supervisor:
             environment_fingerprint=resident.facts.environment_fingerprint,
             isolation=host.ready.isolation,
             isolation_reason=host.ready.isolation_reason,
+            memory=self._memory_now(runtime, host),
         )
+
+    def _memory_now(self, runtime: _Runtime, host: SupervisedHost) -> wg.MemoryEvidence | None:
+        """A started host's memory now, in the probe's evidence type: its RSS, NVML's readings
+        of its device and of its pid (a pid NVML lists marks it as holding device memory, so
+        its reclaim needs NVML too). None for an adopted endpoint: no process of ours."""
+        running = runtime.running
+        if runtime.start is None or running is None:
+            return None
+        nvml = self._open_nvml()
+        try:
+            return memory_now(
+                running,
+                rss_bytes=host.rss_bytes(),
+                nvml=nvml,
+                visible_devices=self.settings.visible_devices,
+            )
+        finally:
+            nvml.close()
 
     async def _release(self, resident: Resident, task: asyncio.Task[SupervisedHost | None]) -> None:
         """End custody of a load that did not return. A cancellation can land after the start
@@ -240,7 +275,36 @@ class Supervisor:
             with contextlib.suppress(GantryError):  # unverified: it stays, UNCERTAIN
                 await self._stop(resident)
             return
+        failed = task.exception() if task.done() and not task.cancelled() else None
+        if isinstance(failed, GantryError) and "pid" in failed.metadata:
+            if not self._failed_start_reclaimed(resident, failed):
+                return  # custody stays, UNCERTAIN, until an UNLOAD proves the child gone
         self._forget(resident)
+
+    def _failed_start_reclaimed(self, resident: Resident, error: GantryError) -> bool:
+        """Judge a failed start's child as an unload's (`reclaim_verdict`), on whether the start
+        reaped it and on NVML, never on the time its start waited; said in the error's metadata
+        (`reclaim`: verified or unverified, and why), which the LOAD's failure carries."""
+        runtime = self._runtimes[resident]
+        pid = int(error.metadata["pid"])
+        reaped = error.metadata.get("reaped") == "true"
+        reclaim = self._reclaim_of_gone(pid, runtime, reaped=reaped)
+        error.metadata["reclaim"] = "verified" if reclaim.reclaimed else "unverified"
+        if reclaim.reclaimed:
+            return True
+        error.metadata["reclaim_detail"] = reclaim.detail
+        runtime.failed_pid = pid
+        self._uncertain(resident, _unverified(resident, reclaim))
+        return False
+
+    def _reclaim_of_gone(self, pid: int, runtime: _Runtime, *, reaped: bool) -> wg.ReclaimEvidence:
+        """The reclaim of a child no runtime holds any more (its start failed)."""
+        device = runtime.prepared.settings.device if runtime.prepared is not None else ""
+        nvml = self._open_nvml()
+        try:
+            return reclaim_of_gone(pid, device, nvml, reaped=reaped)
+        finally:
+            nvml.close()
 
     def adopt(
         self, deployment_id: str, facts: ResidentFacts, host: SupervisedHost, *, endpoint_url: str
@@ -359,7 +423,12 @@ class Supervisor:
             return wg.HealthEvidence(pid=host.pid if host else 0, report=report)
         report = await self._probe(resident, host, deep=deep)
         self._record_health(resident, report, force=True)
-        return wg.HealthEvidence(pid=host.pid, report=report)
+        evidence = wg.HealthEvidence(pid=host.pid, report=report)
+        runtime = self._runtimes.get(resident)
+        memory = self._memory_now(runtime, host) if runtime is not None else None
+        if memory is not None:
+            evidence.memory.CopyFrom(memory)
+        return evidence
 
     # ---- internals ----------------------------------------------------------------------------
 
@@ -513,7 +582,10 @@ class Supervisor:
         finally:
             nvml.close()
         log.info("%s runtime unloaded: %s", runtime.adapter.name, unloaded.reclaim.detail)
-        return unloaded.stopped
+        evidence = wg.UnloadEvidence()
+        evidence.CopyFrom(unloaded.stopped)
+        evidence.reclaim.CopyFrom(unloaded.reclaim)
+        return evidence
 
     async def _terminate(self, resident: Resident, plan: StopPlan) -> wg.UnloadEvidence:
         def terminate(runtime: _Runtime, running: RunningRuntime) -> Awaitable[wg.UnloadEvidence]:
@@ -533,12 +605,22 @@ class Supervisor:
         running = runtime.running if runtime is not None else None
         resident.state = UNLOADING
         self._changed()
+        if runtime is not None and running is None and runtime.failed_pid:
+            return self._recheck_failed_start(resident, runtime)
         if runtime is None or running is None:
             self._forget(resident)
             return wg.UnloadEvidence(pid=0, process_exited=True)
         evidence = await stopping(runtime, running)
-        if evidence.process_exited:
+        if evidence.process_exited and (
+            not evidence.HasField("reclaim") or evidence.reclaim.reclaimed
+        ):
             self._forget(resident)
+            return evidence
+        if evidence.process_exited:
+            # Reaped, but its device memory is not proven back (NVML unreadable, or still
+            # listing it): custody stays, UNCERTAIN, and the result carries the reclaim that
+            # says why; a later UNLOAD reads NVML again (`reclaim_verdict`).
+            self._uncertain(resident, _unverified(resident, evidence.reclaim))
             return evidence
         error = GantryError(
             "RECLAIM_UNVERIFIED",
@@ -546,10 +628,26 @@ class Supervisor:
             deployment_id=resident.deployment_id,
             pid=str(running.pid),
         )
+        self._uncertain(resident, error)
+        raise error
+
+    def _recheck_failed_start(self, resident: Resident, runtime: _Runtime) -> wg.UnloadEvidence:
+        """An UNLOAD of a start whose child was not proven gone: gone now (no process of ours at
+        its pid) and, on a GPU, NVML no longer listing it, or UNCERTAIN still."""
+        pid = runtime.failed_pid
+        gone = child_gone(pid)
+        reclaim = self._reclaim_of_gone(pid, runtime, reaped=gone)
+        evidence = wg.UnloadEvidence(pid=pid, process_exited=gone, reclaim=reclaim)
+        if reclaim.reclaimed:
+            self._forget(resident)
+        else:
+            self._uncertain(resident, _unverified(resident, reclaim))
+        return evidence
+
+    def _uncertain(self, resident: Resident, error: GantryError) -> None:
         resident.state = UNCERTAIN
         resident.last_failure = error.to_failure()
         self._changed()
-        raise error
 
     def _forget(self, resident: Resident) -> None:
         """Custody ended (the child is reaped, or never started): drop the resident and the
@@ -601,6 +699,15 @@ class Supervisor:
             self._on_change()
         except Exception:
             log.exception("announcing a resident change failed")
+
+
+def _unverified(resident: Resident, reclaim: wg.ReclaimEvidence) -> GantryError:
+    return GantryError(
+        "RECLAIM_UNVERIFIED",
+        f"the reclaim of {resident.deployment_id} is unverified: {reclaim.detail}",
+        deployment_id=resident.deployment_id,
+        pid=str(reclaim.pid),
+    )
 
 
 def _cancelling(task: asyncio.Task[object] | None) -> bool:

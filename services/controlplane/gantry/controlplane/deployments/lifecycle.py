@@ -322,6 +322,7 @@ class DeploymentLifecycle:
                     n.inventory,
                     connected if n.state == NodeState.CONNECTED else (),
                     disabled=n.state == NodeState.DISABLED,
+                    labels=n.labels,
                 )
                 for n in node_rows
             ],

@@ -1,9 +1,12 @@
 """Placement: ask the scheduler where replicas go, then record residencies and LOAD jobs.
 
 The scheduler is asked with what each replica charges (its profile's envelope: the larger of the
-operator's estimate and the probe's measured peak, for RAM and VRAM), the labels a node must carry
-(`adapter:<name>`, `modality:<input>`, `environment:<id>` for a profile's named environment, and
-`device:cuda` for a model on a GPU) and the deployment's placement policy.
+operator's estimate and the probe's measured peak, a VRAM peak with its margin), the labels a node
+must carry (`adapter:<name>`, `modality:<input>`, `environment:<id>` for a profile's named
+environment, and `device:cuda` for a model on a GPU) and the deployment's placement policy.
+
+A CUDA deployment whose VRAM is unknown (no estimate, nothing measured) is not asked for at all:
+it is refused VRAM_UNMEASURED, recorded the same way.
 
 A refusal (no eligible node, no capacity) is recorded on the deployment with each node's reason;
 it stays PENDING and the reconciler asks again with backoff; a node connecting or a residency
@@ -24,9 +27,11 @@ from gantry.controlplane.deployments import store as deployments
 from gantry.controlplane.deployments.health_rules import LIVE_STATES
 from gantry.controlplane.deployments.requirements import (
     ResidencyCharge,
+    constraints_from_json,
     placement_policy,
     refusal_message,
     required_labels,
+    unmeasured_vram,
 )
 from gantry.controlplane.deployments.residency_charges import read_charges
 from gantry.controlplane.deployments.settle import settle_deployment
@@ -115,6 +120,10 @@ class Placer:
         if deployment.state not in LIVE_STATES or replicas <= 0:
             return []
         charge = charges[deployment_id]
+        unknown = unmeasured_vram(charge)
+        if unknown is not None:  # refused before the scheduler is asked: nothing to charge
+            await self._refused(deployment_id, unknown, unknown.message)
+            return []
         adapter = convert.adapter_from_json(deployment.adapter)
         try:
             node_ids = await self._scheduler.place(
@@ -124,6 +133,7 @@ class Placer:
                 claims=charge.claims(),
                 required_labels=required_labels(adapter, environment_id=deployment.environment_id),
                 policy=placement_policy(deployment.placement_policy),
+                constraints=constraints_from_json(deployment.placement_constraints),
             )
         except PlacementRefused as refusal:
             await self._refused(

@@ -127,7 +127,12 @@ async def reclaim_outcome(
             job.result["unload"], wg.UnloadEvidence(), ignore_unknown_fields=True
         )
         response.evidence.CopyFrom(evidence)
-        response.reclaim_verified = job.state == JobState.SUCCEEDED and evidence.process_exited
+        # As the UNLOAD's plan decides COLD: exited, and the worker's reclaim check (if it made
+        # one) verified (on a GPU, NVML read and no longer listing the pid).
+        reclaimed = not evidence.HasField("reclaim") or evidence.reclaim.reclaimed
+        response.reclaim_verified = (
+            job.state == JobState.SUCCEEDED and evidence.process_exited and reclaimed
+        )
     # The job's end settles it too: by the time this reads, the reconciler may already have
     # placed the replica again (the same row, LOADING).
     return response, state in SETTLED or job.state in TERMINAL_JOB_STATES

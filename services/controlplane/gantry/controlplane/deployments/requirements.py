@@ -4,14 +4,21 @@ envelope and its slots), and the policy that picks among the nodes that fit. Pur
 
 Every replica of a deployment charges the same: RAM always (the profile's envelope, which may be
 0 bytes for a deployment made before profiles and then charges nothing), and VRAM on the GPU its
-adapter names when it runs on CUDA and the envelope holds any.
+adapter names when it runs on CUDA. A CUDA deployment whose envelope holds no VRAM is not placed
+at all (`unmeasured_vram`): unknown is not zero.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
+from google.protobuf import json_format
+
+from gantry.common.errors import GantryError, invalid_argument
+from gantry.common.node_labels import label_problem
 from gantry.controlplane.evidence.adapter_modalities import modality_of
 from gantry.controlplane.nodes.capabilities import (
     DEFAULT_ENVIRONMENT_ID,
@@ -79,6 +86,21 @@ def residency_charge(
     )
 
 
+def unmeasured_vram(charge: ResidencyCharge) -> GantryError | None:
+    """VRAM_UNMEASURED for a charge on a GPU that holds no VRAM: its profile has no estimate and
+    no probe measured it (`profile_envelope` is 0 only then), so placing it would charge the GPU
+    nothing and let it in wherever anything is free. None when the charge can be placed."""
+    if charge.vram_device is None or charge.vram_bytes > 0:
+        return None
+    return GantryError(
+        "VRAM_UNMEASURED",
+        f"the profile runs on cuda:{charge.vram_device} but its VRAM is unknown (no "
+        "vram_estimate_bytes, and no probe measured its peak): probe it on a GPU node, or give "
+        "a profile an estimate",
+        device=f"cuda:{charge.vram_device}",
+    )
+
+
 def required_labels(adapter: common_pb2.AdapterSettings, *, environment_id: str = "") -> list[str]:
     """A node must support the adapter and the input it takes (`modality:image` for an image
     adapter), offer the environment the profile names when it names one besides the default,
@@ -114,3 +136,48 @@ def refusal_message(
     if len(ordered) > listed:
         parts.append(f"and {len(ordered) - listed} more")
     return f"none of {len(ordered)} nodes can take it: {'; '.join(parts)}"
+
+
+# A compute capability as NVML gives it: major.minor ("8.0", "12.1").
+_COMPUTE_CAPABILITY = re.compile(r"\d{1,2}\.\d{1,2}")
+_GPU_MODEL_CHARS = 128
+
+
+def checked_constraints(message: common_pb2.PlacementConstraints) -> dict[str, Any]:
+    """An operator's placement constraints as a deployment stores them, refused INVALID_ARGUMENT
+    (naming the field) when one could never be compared: a model name that is blank or too long,
+    a compute capability not "major.minor", a node label outside the label rule."""
+    model = message.gpu_model.strip()
+    if (message.gpu_model and not model) or len(model) > _GPU_MODEL_CHARS:
+        raise invalid_argument(
+            f"constraints.gpu_model must be 1 to {_GPU_MODEL_CHARS} characters of a GPU's name",
+            field="constraints.gpu_model",
+        )
+    if message.min_compute_capability and not _COMPUTE_CAPABILITY.fullmatch(
+        message.min_compute_capability
+    ):
+        raise invalid_argument(
+            f"constraints.min_compute_capability {message.min_compute_capability[:32]!r} is not "
+            'major.minor (e.g. "8.0")',
+            field="constraints.min_compute_capability",
+        )
+    problem = label_problem(list(message.node_labels))
+    if problem:
+        raise invalid_argument(
+            f"constraints.node_labels: {problem}", field="constraints.node_labels"
+        )
+    checked = common_pb2.PlacementConstraints()
+    checked.CopyFrom(message)
+    checked.gpu_model = model
+    return constraints_to_json(checked)
+
+
+def constraints_to_json(message: common_pb2.PlacementConstraints) -> dict[str, Any]:
+    return json_format.MessageToDict(message)
+
+
+def constraints_from_json(stored: Mapping[str, Any] | None) -> common_pb2.PlacementConstraints:
+    """A deployment's stored constraints ({} or NULL: none)."""
+    return json_format.ParseDict(
+        dict(stored or {}), common_pb2.PlacementConstraints(), ignore_unknown_fields=True
+    )

@@ -38,6 +38,7 @@ async def create_deployment(
     min_replicas: int | None = None,
     max_replicas: int | None = None,
     placement_policy: str = "BIN_PACK",
+    placement_constraints: dict[str, Any] | None = None,
     origin: str = "pipeline",
 ) -> Deployment:
     """A PENDING deployment; the gate it passed (approval, profile, candidate) when it has one.
@@ -55,6 +56,7 @@ async def create_deployment(
         min_replicas=replicas if min_replicas is None else min_replicas,
         max_replicas=replicas if max_replicas is None else max_replicas,
         placement_policy=placement_policy,
+        placement_constraints=placement_constraints or {},
         last_failure_reason="",
         last_failure_message="",
         created_at=now,

@@ -45,6 +45,19 @@ def _measured(measurement: common_pb2.Measurement) -> int | None:
     return measurement.bytes if measurement.WhichOneof("value") == "bytes" else None
 
 
+def measured_vram_peak(memory: wg.MemoryEvidence) -> int | None:
+    """A probe's device-memory peak: the larger of NVML's figure for the host's process (read
+    after the worst-case pass; it holds the CUDA context and what the caching allocator reserved)
+    and the allocator's own peak (what tensors held at most, which NVML may have missed); None
+    when neither was measured."""
+    readings = [
+        reading
+        for reading in (_measured(memory.nvml_process_used), _measured(memory.cuda_peak_allocated))
+        if reading is not None
+    ]
+    return max(readings) if readings else None
+
+
 def _failure(result: wg.JobResult, *, answered: str) -> tuple[str, str]:
     """(reason, message) of a result that carries no evidence: the worker's typed failure, or
     INTERNAL saying what it `answered` instead."""
@@ -127,7 +140,7 @@ def plan_probe_result(snapshot: ProbeResultSnapshot) -> tuple[act.Action, ...]:
             reasons=tuple(reasons),
             evidence=as_json(evidence),
             ram_peak_bytes=_measured(evidence.memory.rss_peak),
-            vram_peak_bytes=_measured(evidence.memory.cuda_peak_allocated),
+            vram_peak_bytes=measured_vram_peak(evidence.memory),
             actor=f"node:{snapshot.node_id}",
         ),
     )

@@ -107,7 +107,18 @@ async def read_load_result(context: ResultContext) -> LoadResultSnapshot:
         node_id=residency.node_id,
         reported=reported,
         expected=_expected_load(artifact),
+        reclaim_unverified=_failed_start_unverified(result),
     )
+
+
+def _failed_start_unverified(result: wg.JobResult) -> str:
+    """Why a failed LOAD's child is not proven gone, as the worker says ("" when it is)."""
+    if result.WhichOneof("outcome") != "failure":
+        return ""
+    metadata = result.failure.metadata
+    if metadata.get("reclaim") != "unverified":
+        return ""
+    return metadata.get("reclaim_detail") or "the worker could not prove the process gone"
 
 
 async def _artifact_set(session: AsyncSession, deployment: Deployment) -> ArtifactSet | None:
@@ -183,6 +194,10 @@ async def read_unload_result(context: ResultContext) -> UnloadResultSnapshot:
     residency, deployment, result = context.residency, context.deployment, context.result
     outcome = result.WhichOneof("outcome")
     siblings = await deployments.residencies_of(context.session, deployment.deployment_id)
+    # A reclaim the worker checked and could not verify: the process exited, its memory is not
+    # proven back (no reclaim: nothing of the worker's ran, or a worker that checks none).
+    reclaim = result.unload.reclaim if result.unload.HasField("reclaim") else None
+    unverified = outcome == "unload" and reclaim is not None and not reclaim.reclaimed
     return UnloadResultSnapshot(
         residency_id=residency.residency_id,
         residency_state=ResidencyState(residency.state),
@@ -193,6 +208,7 @@ async def read_unload_result(context: ResultContext) -> UnloadResultSnapshot:
         process_exited=outcome == "unload" and result.unload.process_exited,
         failure_reason=result.failure.reason if outcome == "failure" else None,
         failure_message=result.failure.message if outcome == "failure" else "",
+        reclaim_unverified=(reclaim.detail or "unverified") if reclaim and unverified else "",
     )
 
 

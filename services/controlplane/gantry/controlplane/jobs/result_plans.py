@@ -9,9 +9,14 @@ Each `plan_*` takes the snapshot its handler read (jobs/handlers.py) and returns
   (LOAD_EVIDENCE_MISMATCH), audited. An adopted endpoint has no artifact: nothing to compare;
 - a LOAD that failed makes a LOADING residency COLD with the worker's reason, counts one more
   attempt (not for a worker that was full), and, for a deployment still before its first load,
-  either FAILS it (a non-INFRA failure, or the INFRA attempts are spent) or records why it waits;
-- an UNLOAD that the worker confirms exited makes the residency COLD; one it could not confirm
-  makes it UNCERTAIN (custody is not over, its envelope stays charged) and is audited. Either
+  either FAILS it (a non-INFRA failure, or the INFRA attempts are spent) or records why it waits.
+  A failed start whose child the worker could not prove gone (its failure's `reclaim` metadata:
+  unverified) makes it UNCERTAIN instead (RECLAIM_UNVERIFIED, charged, audited) until an UNLOAD
+  proves it;
+- an UNLOAD that the worker confirms exited, with its reclaim verified (reaped, and on a GPU
+  NVML read and no longer listing the pid: the worker's `reclaim_verdict`), makes the residency
+  COLD; one it could not confirm, or whose reclaim is unverified, makes it UNCERTAIN
+  (RECLAIM_UNVERIFIED: custody is not over, its envelope stays charged) and is audited. Either
   way the deployment is UNLOADED once nothing of it is left, else settled.
 """
 
@@ -132,6 +137,9 @@ class LoadResultSnapshot:
     # endpoint, no artifact to compare).
     reported: ReportedLoad | None = None
     expected: ExpectedLoad | None = None
+    # A failed start whose child the worker could not prove gone: why ("" when proven, or when
+    # no process was started).
+    reclaim_unverified: str = ""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -146,6 +154,9 @@ class UnloadResultSnapshot:
     process_exited: bool  # the worker confirmed the process was reaped
     failure_reason: str | None = None  # the worker's typed failure, when it answered with one
     failure_message: str = ""
+    # The worker's reclaim check said unverified (the reclaim's detail says why): the process
+    # is gone but its device memory is not proven back. "" when verified, or none was needed.
+    reclaim_unverified: str = ""
 
 
 def load_gives_up(failure_reason: str, *, load_failure_count: int, origin: str) -> bool:
@@ -216,7 +227,7 @@ def _plan_load_failed(snapshot: LoadResultSnapshot) -> tuple[act.Action, ...]:
     reason, message = snapshot.failure_reason, snapshot.failure_message
     planned: list[act.Action] = []
     if snapshot.residency_state == ResidencyState.LOADING:
-        planned.append(act.mark_cold(snapshot.residency_id, reason=reason, message=message))
+        planned.extend(_release_failed_load(snapshot))
     count = snapshot.load_failure_count
     # Refused for room: not counted as an attempt (load_gives_up says why).
     if reason != NO_ROOM_ON_WORKER:
@@ -247,10 +258,34 @@ def _plan_load_failed(snapshot: LoadResultSnapshot) -> tuple[act.Action, ...]:
     return tuple(planned)
 
 
+def _release_failed_load(snapshot: LoadResultSnapshot) -> tuple[act.Action, ...]:
+    """COLD once the worker proved the failed start's child gone; UNCERTAIN, still charged,
+    while it could not (the reconciler's UNLOADs ask again, with backoff)."""
+    reason, message = snapshot.failure_reason, snapshot.failure_message
+    if not snapshot.reclaim_unverified:
+        return (act.mark_cold(snapshot.residency_id, reason=reason, message=message),)
+    return (
+        act.MarkResidency(
+            residency_id=snapshot.residency_id,
+            state=ResidencyState.UNCERTAIN,
+            reason="RECLAIM_UNVERIFIED",
+            message=f"the load failed ({reason}), its process not proven gone: "
+            f"{snapshot.reclaim_unverified}",
+        ),
+        act.Audit(
+            actor=f"node:{snapshot.node_id}",
+            action="residency.uncertain",
+            subject_kind="residency",
+            subject_id=snapshot.residency_id,
+            detail=(("reason", "RECLAIM_UNVERIFIED"), ("load_failure", reason)),
+        ),
+    )
+
+
 def plan_unload_result(snapshot: UnloadResultSnapshot) -> tuple[act.Action, ...]:
     planned: list[act.Action] = []
     now_state = snapshot.residency_state
-    if snapshot.process_exited:
+    if snapshot.process_exited and not snapshot.reclaim_unverified:
         if now_state != ResidencyState.COLD:
             now_state = ResidencyState.COLD
             planned.append(
@@ -261,6 +296,8 @@ def plan_unload_result(snapshot: UnloadResultSnapshot) -> tuple[act.Action, ...]
         # reconciler tries the unload again.
         if snapshot.failure_reason is not None:
             reason, message = snapshot.failure_reason, snapshot.failure_message
+        elif snapshot.reclaim_unverified:
+            reason, message = "RECLAIM_UNVERIFIED", snapshot.reclaim_unverified
         else:
             reason, message = "RECLAIM_UNVERIFIED", "the worker could not confirm the exit"
         if now_state != ResidencyState.UNCERTAIN:

@@ -6,8 +6,11 @@ adapter its environments support, `modality:<m>` per input those adapters take (
 environments declared, and what the control plane's table says of each adapter: an inventory
 stored before environments declared modalities still offers them), `environment:<id>` per
 environment its worker reported available, `device:cpu` always, `device:cuda` when it declares a
-VRAM or unified domain, and `gpu.model:<name>` for each GPU model its environments reported. A
-label is a hint for placement, never a security property.
+VRAM or unified domain, and `gpu.model:<name>` for each GPU model its environments reported.
+Beside them placement sees `key=value` for each label the operator registered the node with
+(`registered_labels`, from the node's row, not its Hello). A label is a hint for placement, never a
+security property. The GPUs its worker's NVML named (model, compute capability) travel beside the
+labels: a placement constraint compares them, not a label.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from gantry.common.node_labels import placement_label
 from gantry.controlplane.evidence.adapter_modalities import modality_of
 from gantry.v1 import common_pb2
 
@@ -90,6 +94,32 @@ def node_labels(inventory: Mapping[str, Any]) -> list[str]:
             labels.add(f"{GPU_MODEL_PREFIX}{model}")
     labels.update(modality_label(m) for m in modalities if m)
     return sorted(labels)
+
+
+def registered_labels(labels: Mapping[str, str]) -> list[str]:
+    """The labels a node was registered with, as placement compares them (`zone=a`)."""
+    return [placement_label(key, value) for key, value in labels.items()]
+
+
+def gpus_to_json(gpus: Iterable[common_pb2.GpuDevice]) -> list[dict[str, Any]]:
+    """The inventory's "gpu_devices" (its "gpus" is the last heartbeat's reading): each GPU its
+    worker's NVML named at start, as a plain dict."""
+    return [
+        {"device": g.device, "name": g.name, "compute_capability": g.compute_capability}
+        for g in gpus
+    ]
+
+
+def gpus_from_json(stored: Sequence[Mapping[str, Any]]) -> list[common_pb2.GpuDevice]:
+    """What `gpus_to_json` stored (nothing for an inventory stored before GPUs were named)."""
+    return [
+        common_pb2.GpuDevice(
+            device=int(entry.get("device", 0)),
+            name=str(entry.get("name", "")),
+            compute_capability=str(entry.get("compute_capability", "")),
+        )
+        for entry in stored
+    ]
 
 
 def _kind_name(kind: int) -> str | int:

@@ -41,7 +41,7 @@ from gantry.controlplane.jobs import store as jobs
 from gantry.controlplane.jobs.handlers import jobs_requeued
 from gantry.controlplane.nodes import gpu_rules
 from gantry.controlplane.nodes import store as nodes
-from gantry.controlplane.nodes.capabilities import domains_to_json
+from gantry.controlplane.nodes.capabilities import domains_to_json, gpus_to_json
 from gantry.controlplane.nodes.inventory import Reconciled
 from gantry.controlplane.nodes.liveness import Liveness
 from gantry.controlplane.nodes.sessions import WorkerHub, WorkerStream
@@ -101,6 +101,8 @@ def node_inventory(hello: wg.Hello) -> dict[str, Any]:
         "max_residents": hello.max_residents,
         "inventory": json_format.MessageToDict(hello.inventory),
         "environments": [json_format.MessageToDict(e) for e in hello.environments],
+        # What an operator's GPU constraints match: its GPUs by model and compute capability.
+        "gpu_devices": gpus_to_json(hello.gpus),
     }
 
 

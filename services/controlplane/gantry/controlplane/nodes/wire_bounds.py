@@ -80,6 +80,10 @@ FIELD_BOUNDS: Mapping[str, Bound] = {
     _P + "Hello.environments": Bound(items=64),
     _P + "Hello.resource_domains": Bound(items=256),
     _P + "Hello.hostname": Bound(size=255),
+    # Its GPUs, as NVML names them.
+    _P + "Hello.gpus": Bound(items=64),
+    _P + "GpuDevice.name": Bound(size=256),
+    _P + "GpuDevice.compute_capability": Bound(size=16),
     _P + "RuntimeEnvironment.versions": Bound(size=256, items=1024),
     _P + "RuntimeEnvironment.adapters": Bound(size=128, items=256),
     _P + "ResidentModel.deployment_id": Bound(size=ID_CHARS),

@@ -12,7 +12,12 @@ from typing import Any
 from gantry.controlplane.deployments.autoscale_rules import ReplicaBounds
 from gantry.controlplane.deployments.requirements import NOTHING_CHARGED, ResidencyCharge
 from gantry.controlplane.deployments.residency_charges import ChargeBook
-from gantry.controlplane.nodes.capabilities import domains_from_json, node_labels
+from gantry.controlplane.nodes.capabilities import (
+    domains_from_json,
+    gpus_from_json,
+    node_labels,
+    registered_labels,
+)
 from gantry.controlplane.nodes.gpu_rules import stored_external_usage
 from gantry.controlplane.platform import convert
 from gantry.controlplane.platform.models import Deployment, Node, Residency
@@ -56,8 +61,10 @@ def scheduler_node(
     connected: Collection[str],
     *,
     disabled: bool = False,
+    labels: Mapping[str, str] | None = None,
 ) -> scheduler_pb2.SchedulerNode:
-    """A node is CONNECTED for the scheduler only while its stream is open and it is enabled."""
+    """A node is CONNECTED for the scheduler only while its stream is open and it is enabled.
+    `labels`: those it was registered with, offered as `key=value` beside the derived ones."""
     if disabled:
         state = common_pb2.NODE_STATE_DISABLED
     elif node_id in connected:
@@ -69,11 +76,12 @@ def scheduler_node(
         state=state,
         generation=generation,
         adapters=sorted(inventory.get("adapters", [])),
-        labels=node_labels(inventory),
+        labels=sorted({*node_labels(inventory), *registered_labels(labels or {})}),
         domains=domains_from_json(inventory.get("domains", [])),
         max_residencies=int(inventory.get("max_residents", 0)),
         # GPU memory of processes the worker did not start, as its heartbeat last read it.
         external_usage=stored_external_usage(inventory),
+        gpus=gpus_from_json(inventory.get("gpu_devices", [])),
     )
 
 
@@ -114,6 +122,7 @@ class Announcer:
                 row.inventory,
                 connected if row.state == NodeState.CONNECTED else (),
                 disabled=row.state == NodeState.DISABLED,
+                labels=row.labels,
             )
         )
 

@@ -11,6 +11,7 @@ from google.protobuf import json_format, timestamp_pb2
 from gantry.common.errors import REASONS
 from gantry.common.manifest import ManifestEntry
 from gantry.controlplane.deployments.autoscale_rules import ReplicaBounds
+from gantry.controlplane.deployments.requirements import constraints_from_json
 from gantry.controlplane.evidence.envelope import profile_envelope
 from gantry.controlplane.platform import models
 from gantry.v1 import common_pb2, control_plane_pb2, worker_gateway_pb2
@@ -130,6 +131,7 @@ def deployment(
         ),
         deleted_at=timestamp(row.deleted_at),
         adopted=row.origin == "adopted",
+        constraints=constraints_from_json(row.placement_constraints),
     )
     for placed in message.residencies:
         placed.adopted = message.adopted  # an adopted deployment's residency is its endpoint
@@ -165,6 +167,8 @@ def serving_job(row: models.ServingJob) -> control_plane_pb2.ServingJob:
             row.result["health"], worker_gateway_pb2.HealthEvidence(), ignore_unknown_fields=True
         )
         message.health.CopyFrom(evidence.report)
+        if evidence.HasField("memory"):
+            message.health_memory.CopyFrom(evidence.memory)
     # LOAD and UNLOAD results are their residency's evidence: shown as the worker sent them.
     if "load" in row.result:
         json_format.ParseDict(row.result["load"], message.load, ignore_unknown_fields=True)

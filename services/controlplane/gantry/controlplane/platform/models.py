@@ -163,6 +163,10 @@ class Deployment(Base):
     min_replicas: Mapped[int] = mapped_column(Integer, default=0)
     max_replicas: Mapped[int] = mapped_column(Integer, default=0)
     placement_policy: Mapped[str] = mapped_column(String(16), default="BIN_PACK")
+    # The operator's PlacementConstraints (MessageToDict, checked at create); {}: none.
+    placement_constraints: Mapped[dict[str, Any]] = mapped_column(
+        JSON, default=dict, server_default="{}"
+    )
     last_failure_reason: Mapped[str] = mapped_column(String(64), default="")
     last_failure_message: Mapped[str] = mapped_column(Text, default="")
     # Consecutive INFRA-class load failures: past a bound the deployment FAILS instead of retrying.

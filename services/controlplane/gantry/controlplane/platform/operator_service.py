@@ -7,6 +7,8 @@ tenant policies and the scheduler's queue snapshot from tenant_service.py.
 from __future__ import annotations
 
 import datetime as dt
+import json
+from typing import Any
 
 import grpc
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -23,6 +25,7 @@ from gantry.controlplane.deployments import store as deployments
 from gantry.controlplane.deployments.admin import DeploymentAdmin
 from gantry.controlplane.deployments.lifecycle import DeploymentLifecycle
 from gantry.controlplane.deployments.lifecycle_rpcs import DeploymentLifecycleRpcs
+from gantry.controlplane.deployments.requirements import checked_constraints
 from gantry.controlplane.endpoints.adoption import AdoptedEndpointRpcs, EndpointAdoption
 from gantry.controlplane.evidence.pipeline import EvidencePipeline, approved_source
 from gantry.controlplane.evidence.rpcs import EvidencePipelineRpcs
@@ -297,6 +300,7 @@ class ControlPlaneService(
             max_replicas=request.max_replicas,
         )
         placement_policy = check_placement_policy(request.placement_policy)
+        constraints = checked_constraints(request.constraints)
         if not request.approval_id:
             raise GantryError(
                 "NOT_APPROVED",
@@ -305,7 +309,11 @@ class ControlPlaneService(
             )
         approval_id = parse_id(request.approval_id, field="approval_id")
         row = await self._create_approved_deployment(
-            request, approval_id, replicas, placement_policy=placement_policy
+            request,
+            approval_id,
+            replicas,
+            placement_policy=placement_policy,
+            constraints=constraints,
         )
         # A refusal leaves it PENDING with the reason; the reconciler places it when it can.
         await self._lifecycle.place(row)
@@ -318,6 +326,7 @@ class ControlPlaneService(
         replicas: ReplicaRequest,
         *,
         placement_policy: str,
+        constraints: dict[str, Any],
     ) -> Deployment:
         async def attempt() -> Deployment:
             now = self._clock.now()
@@ -335,6 +344,7 @@ class ControlPlaneService(
                     min_replicas=replicas.min_replicas,
                     max_replicas=replicas.max_replicas,
                     placement_policy=placement_policy,
+                    placement_constraints=constraints,
                     now=now,
                     approval_id=source.approval.approval_id,
                     profile_id=profile.profile_id,
@@ -354,6 +364,7 @@ class ControlPlaneService(
                     min_replicas=row.min_replicas,
                     max_replicas=row.max_replicas,
                     placement_policy=row.placement_policy,
+                    placement_constraints=json.dumps(row.placement_constraints, sort_keys=True),
                 )
                 record(session, DeploymentChanged(row))
                 return row

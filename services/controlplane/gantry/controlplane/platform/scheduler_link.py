@@ -197,6 +197,7 @@ class SchedulerLink:
         claims: Sequence[common_pb2.ResourceClaim] = (),
         required_labels: Sequence[str] = (),
         policy: common_pb2.PlacementPolicy = common_pb2.PLACEMENT_POLICY_BIN_PACK,
+        constraints: common_pb2.PlacementConstraints | None = None,
         timeout: float = 10.0,
     ) -> list[str]:
         """The nodes for up to `replicas` new replicas; a refusal raises `PlacementRefused`."""
@@ -210,6 +211,7 @@ class SchedulerLink:
                 claims=claims,
                 required_labels=required_labels,
                 policy=policy,
+                constraints=constraints,
             )
         )
         output = await self._request(request_id, message, timeout=timeout)

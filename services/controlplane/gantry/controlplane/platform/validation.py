@@ -11,6 +11,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from gantry.common import node_labels
 from gantry.common.errors import GantryError, invalid_argument
 from gantry.common.inference_limits import MAX_TOKENS_CEILING
 from gantry.controlplane.deployments.autoscale_rules import PlacementPolicyName
@@ -36,9 +37,10 @@ _GENERATION_ADAPTER_NAMES = ", ".join(sorted(GENERATION_ADAPTERS))
 MAX_IMAGE_SIZE = 8192  # pixels per side; image encoders take a few hundred
 _CHANNEL_COUNTS = (1, 3)  # one value for every channel, or one per RGB channel
 
-MAX_LABELS = 64
-_LABEL_KEY = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._/-]{0,62})$")
-MAX_LABEL_VALUE_CHARS = 256
+# A node's labels: the one rule, shared with what a deployment's placement constraints require.
+MAX_LABELS = node_labels.MAX_LABELS
+_LABEL_KEY = node_labels.LABEL_KEY
+MAX_LABEL_VALUE_CHARS = node_labels.MAX_LABEL_VALUE_CHARS
 MAX_API_KEY_NAME_CHARS = 200
 MAX_ENVIRONMENT_ID_CHARS = 200
 MAX_BATCH_SIZE = 4096

@@ -48,7 +48,7 @@ from gantry.scheduler.policy.events import (
 )
 from gantry.scheduler.policy.fair_queue import FairQueue, QueuedWork
 from gantry.scheduler.policy.ledger import Ledger
-from gantry.scheduler.policy.placement import NodeCandidate, NotPlaced, place
+from gantry.scheduler.policy.placement import NodeCandidate, NotPlaced, gpu_facts, place
 from gantry.scheduler.policy.types import (
     BreakerState,
     Outcome,
@@ -372,7 +372,12 @@ class SchedulerCore:
         } | set(self._holds.get(request.deployment_id, ()))
         if self._candidates is None:
             self._candidates = [
-                NodeCandidate(node_id=n.node_id, connected=n.connected, labels=n.labels)
+                NodeCandidate(
+                    node_id=n.node_id,
+                    connected=n.connected,
+                    labels=n.labels,
+                    gpus=gpu_facts(n.gpus, n.domains),
+                )
                 for n in self._nodes.values()
             ]
         result = place(
@@ -383,6 +388,7 @@ class SchedulerCore:
             replicas=max(1, request.replicas),
             exclude=holding,
             policy=request.policy,
+            gpu=request.gpu,
         )
         if isinstance(result, NotPlaced):
             return PlacementRefused(

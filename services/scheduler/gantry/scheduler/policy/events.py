@@ -8,7 +8,12 @@ from gantry.scheduler.policy.admission import TenantLoadView
 from gantry.scheduler.policy.autoscale import ScaleAdviceValue
 from gantry.scheduler.policy.breakers import BreakerChange, BreakerView
 from gantry.scheduler.policy.ledger import DomainView
-from gantry.scheduler.policy.placement import NodeRefusal
+from gantry.scheduler.policy.placement import (
+    NO_GPU_CONSTRAINTS,
+    GpuConstraints,
+    GpuFacts,
+    NodeRefusal,
+)
 from gantry.scheduler.policy.types import BreakerState, Claim, Domain, PlacementPolicy
 
 # ---- inputs -------------------------------------------------------------------------------------
@@ -24,6 +29,7 @@ class NodeInfo:
     max_residencies: int = 0  # the worker's bound on model hosts; 0: none
     # Memory held by processes its worker did not start (VRAM, per device): the ledger charges it.
     external: tuple[Claim, ...] = ()
+    gpus: tuple[GpuFacts, ...] = ()  # as its worker's NVML named them
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +72,7 @@ class PlacementRequest:
     claims: tuple[Claim, ...] = ()
     required_labels: frozenset[str] = frozenset()
     policy: PlacementPolicy = PlacementPolicy.BIN_PACK
+    gpu: GpuConstraints = NO_GPU_CONSTRAINTS  # the operator's, on the GPU a replica runs on
 
 
 # ---- decisions ----------------------------------------------------------------------------------

@@ -29,6 +29,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from gantry.scheduler.policy.domains import (
+    VRAM,
     Demand,
     Layout,
     LayoutKey,
@@ -301,6 +302,15 @@ class Ledger:
                     )
                 )
         return result
+
+    def gpu_headroom(self, node_id: str, device: int) -> int | None:
+        """What a new claim could still take of the GPU memory domain of ``device`` (its VRAM
+        domain, or the unified pool), never below 0; None when the node declares neither."""
+        book = self._books.get(node_id)
+        name = book.layout.domain_for(VRAM, device) if book is not None else None
+        if book is None or name is None:
+            return None
+        return max(0, book.headroom[name])
 
     def reserved(self, node_id: str, domain_name: str) -> int:
         """What the domain holds now; 0 for a node or domain not declared."""

@@ -1,10 +1,15 @@
 """Placement: which nodes take a deployment's replicas. Pure and deterministic: the same nodes,
 ledger and claims give the same answer whatever the order of the node list.
 
-Every node passes four gates in order (connected, not already holding a replica, labels cover the
-requirement, the ledger fits the claims); among those that pass, BIN_PACK takes the fullest by its
-scarcest dimension and SPREAD the emptiest, ties by node id. Placing charges nothing: the caller
-charges the ledger with what it decided.
+Every node passes five gates in order (connected, not already holding a replica, labels cover the
+requirement, a GPU meets the operator's GPU constraints, the ledger fits the claims); among those
+that pass, BIN_PACK takes the fullest by its scarcest dimension and SPREAD the emptiest, ties by
+node id. Placing charges nothing: the caller charges the ledger with what it decided.
+
+The GPU constraints (a model, a minimum compute capability, a minimum of free VRAM) hold together
+on one GPU: the one the deployment's VRAM claim names, else any GPU of the node. Free VRAM is what
+the ledger leaves the GPU's memory domain (its margin, the residencies' charges and the memory of
+processes Gantry did not start taken off), so it is NO_CAPACITY; the others are NO_ELIGIBLE_NODE.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import time
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
-from gantry.scheduler.policy.domains import Demand, demand_of
+from gantry.scheduler.policy.domains import VRAM, Demand, demand_of, format_bytes
 from gantry.scheduler.policy.ledger import Fit, Ledger
 from gantry.scheduler.policy.types import Claim, Domain, PlacementPolicy, ResourceKind
 
@@ -25,10 +30,35 @@ _REFUSALS_IN_MESSAGE = 5
 
 
 @dataclass(frozen=True, slots=True)
+class GpuFacts:
+    """One GPU of a node as its worker's NVML named it ("" where it did not say)."""
+
+    device: int
+    name: str = ""
+    compute_capability: str = ""  # "major.minor"
+
+
+@dataclass(frozen=True, slots=True)
+class GpuConstraints:
+    """What an operator requires of the GPU a replica runs on; the defaults require nothing."""
+
+    model: str = ""  # a part of the GPU's name, compared case-insensitively
+    min_compute_capability: tuple[int, int] | None = None
+    min_free_vram: int = 0
+
+    def __bool__(self) -> bool:
+        return bool(self.model or self.min_compute_capability or self.min_free_vram)
+
+
+NO_GPU_CONSTRAINTS = GpuConstraints()
+
+
+@dataclass(frozen=True, slots=True)
 class NodeCandidate:
     node_id: str
     connected: bool
     labels: frozenset[str]
+    gpus: tuple[GpuFacts, ...] = ()  # by device; one per GPU NVML named or VRAM domain declared
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +89,7 @@ def place(
     replicas: int,
     exclude: Collection[str],
     policy: PlacementPolicy,
+    gpu: GpuConstraints = NO_GPU_CONSTRAINTS,
 ) -> Placed | NotPlaced:
     """Up to ``replicas`` distinct nodes for the claims, best first (fewer if fewer fit)."""
     if replicas < 1:
@@ -72,9 +103,12 @@ def place(
         for node in nodes
         if node.connected and node.node_id not in excluded and required_labels <= node.labels
     ]
+    if gpu:
+        by_id = {node.node_id: node for node in nodes}
+        eligible = [n for n in eligible if _gpu_refusal(by_id[n], ledger, demand, gpu) is None]
     best = ledger.free_fractions(eligible, demand)
     if not best:
-        return _not_placed(nodes, ledger, demand, required_labels, excluded)
+        return _not_placed(nodes, ledger, demand, required_labels, excluded, gpu)
     # BIN_PACK: the least free first; SPREAD: the most free first. Ties by node id either way.
     scores = map(operator.neg, best.values()) if spread else iter(best.values())
     ranked = zip(scores, best.keys(), strict=True)
@@ -89,6 +123,7 @@ def refusal_of(
     demand: Demand,
     required_labels: frozenset[str],
     exclude: Collection[str],
+    gpu: GpuConstraints = NO_GPU_CONSTRAINTS,
 ) -> NodeRefusal | None:
     """The first gate the node fails, or None when it can take the demand."""
     if not node.connected:
@@ -100,6 +135,8 @@ def refusal_of(
         return NodeRefusal(
             node.node_id, "NO_ELIGIBLE_NODE", f"missing labels: {', '.join(sorted(missing))}"
         )
+    if gpu and (refusal := _gpu_refusal(node, ledger, demand, gpu)) is not None:
+        return refusal
     outcome = ledger.measure(node.node_id, demand)
     if isinstance(outcome, Fit):
         return NodeRefusal(node.node_id, outcome.reason, outcome.message)
@@ -112,12 +149,14 @@ def _not_placed(
     demand: Demand,
     required_labels: frozenset[str],
     exclude: Collection[str],
+    gpu: GpuConstraints,
 ) -> NotPlaced:
     refusals = sorted(
         (
             refusal
             for node in nodes
-            if (refusal := refusal_of(node, ledger, demand, required_labels, exclude)) is not None
+            if (refusal := refusal_of(node, ledger, demand, required_labels, exclude, gpu))
+            is not None
         ),
         key=lambda refusal: (refusal.node_id, refusal.reason, refusal.message),
     )
@@ -136,6 +175,73 @@ def _not_placed(
     if more > 0:
         named += f", and {more} more"
     return NotPlaced(reason, f"0 of {len(refusals)} nodes can take it: {named}", refusals)
+
+
+def _gpu_refusal(
+    node: NodeCandidate, ledger: Ledger, demand: Demand, gpu: GpuConstraints
+) -> NodeRefusal | None:
+    """None when one GPU the replica may run on meets every GPU constraint; else why not, for
+    each such GPU (NO_CAPACITY only when free VRAM is all that every one of them lacks)."""
+    claimed = {device for kind, device, _ in demand.parts if kind == VRAM}
+    gpus = [g for g in node.gpus if not claimed or g.device in claimed]
+    if not gpus:
+        where = f"GPU {min(claimed)}" if claimed else "GPU"
+        return NodeRefusal(node.node_id, "NO_ELIGIBLE_NODE", f"no {where} reported")
+    failures: list[tuple[int, str, str]] = []
+    for facts in gpus:
+        failure = _gpu_failure(facts, ledger.gpu_headroom(node.node_id, facts.device), gpu)
+        if failure is None:
+            return None
+        failures.append((facts.device, *failure))
+    reason = (
+        "NO_CAPACITY"
+        if all(reason == "NO_CAPACITY" for _, reason, _ in failures)
+        else "NO_ELIGIBLE_NODE"
+    )
+    if len(failures) == 1:
+        return NodeRefusal(node.node_id, reason, failures[0][2])
+    message = "; ".join(f"GPU {device}: {text}" for device, _, text in failures)
+    return NodeRefusal(node.node_id, reason, message)
+
+
+def _gpu_failure(
+    facts: GpuFacts, headroom: int | None, gpu: GpuConstraints
+) -> tuple[str, str] | None:
+    """The first GPU constraint this GPU fails, as (reason, message), or None."""
+    if gpu.model and gpu.model.casefold() not in facts.name.casefold():
+        return "NO_ELIGIBLE_NODE", f"gpu model {facts.name or 'unknown'} is not {gpu.model}"
+    if gpu.min_compute_capability is not None:
+        wanted = ".".join(map(str, gpu.min_compute_capability))
+        have = parse_compute_capability(facts.compute_capability)
+        if have is None or have < gpu.min_compute_capability:
+            shown = facts.compute_capability or "unknown"
+            return "NO_ELIGIBLE_NODE", f"compute capability {shown} < {wanted}"
+    if gpu.min_free_vram and (headroom or 0) < gpu.min_free_vram:
+        if headroom is None:
+            return "NO_ELIGIBLE_NODE", f"GPU {facts.device} has no VRAM domain"
+        return (
+            "NO_CAPACITY",
+            f"free VRAM {format_bytes(headroom)} < {format_bytes(gpu.min_free_vram)}",
+        )
+    return None
+
+
+def parse_compute_capability(text: str) -> tuple[int, int] | None:
+    """ "8.0" as (8, 0); None for anything else (a GPU whose worker did not say)."""
+    major, dot, minor = text.strip().partition(".")
+    if not (dot and major.isdigit() and minor.isdigit()):
+        return None
+    return int(major), int(minor)
+
+
+def gpu_facts(gpus: Sequence[GpuFacts], domains: Sequence[Domain]) -> tuple[GpuFacts, ...]:
+    """A node's GPUs by device: those its worker named, and one without a name for each VRAM
+    (or unified) domain it declares that no named GPU covers (free VRAM is still known there)."""
+    named = {facts.device: facts for facts in gpus}
+    for domain in domains:
+        if domain.kind in (ResourceKind.VRAM, ResourceKind.UNIFIED):
+            named.setdefault(domain.device, GpuFacts(domain.device))
+    return tuple(named[device] for device in sorted(named))
 
 
 def bench_placement(nodes: int, placements: int) -> float:

@@ -107,10 +107,46 @@ def run_check(adapter: ModelAdapter, *, oom_raises: bool = False) -> ForwardChec
         )
 
 
+def run_worst_case(
+    adapter: ModelAdapter, check: ForwardCheck
+) -> tuple[ForwardCheck, wg.WorstCasePass]:
+    """After a passing health check, the adapter's worst-case pass: what it ran, and the check
+    failed when it fails (a profile whose own worst case fails, CUDA out of memory included, is
+    not one to approve)."""
+    if not check.ok:
+        return check, wg.WorstCasePass(detail="not run: the health check failed")
+    try:
+        ran = adapter.worst_case_check()
+    except Exception as exc:
+        if cuda_oom.is_cuda_oom(exc):
+            cuda_oom.release_after(exc)
+        problem = f"worst-case pass failed: {type(exc).__name__}: {exc}"
+        return check.failed(problem), wg.WorstCasePass(detail=problem)
+    if ran is None:
+        detail = (
+            f"adapter {adapter.name!r} has no worst-case pass: the peaks are those of its "
+            "health check's one input"
+        )
+        return check, wg.WorstCasePass(detail=detail)
+    worst, case = ran
+    wire = wg.WorstCasePass(
+        ran=True,
+        batch_inputs=case.batch_inputs,
+        input_tokens=case.input_tokens,
+        generated_tokens=case.generated_tokens,
+        context_tokens=case.context_tokens,
+        detail=case.detail,
+    )
+    if not worst.ok:
+        return check.failed(f"worst-case pass ({case.detail}): {worst.problem}"), wire
+    return check, wire
+
+
 def probe_result(adapter: ModelAdapter, record: LoadRecord) -> model_host_pb2.ProbeResult:
-    """One real forward pass now, then the memory as it stands after it."""
+    """One real forward pass now, then the profile's worst case, then the memory as it stands
+    after them: the allocator's peak covers both, and the worker reads NVML right after."""
     started = time.monotonic()
-    check = run_check(adapter)
+    check, worst_case = run_worst_case(adapter, run_check(adapter))
     checked_at = timestamp_pb2.Timestamp()
     checked_at.GetCurrentTime()
     health = wg.HealthReport(
@@ -137,6 +173,7 @@ def probe_result(adapter: ModelAdapter, record: LoadRecord) -> model_host_pb2.Pr
         first_invoke_seconds=record.first_invoke_seconds,
         memory=memory,
         offline=offline_evidence(adapter, record.isolation, record.model_directory),
+        worst_case=worst_case,
     )
 
 

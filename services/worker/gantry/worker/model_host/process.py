@@ -176,11 +176,22 @@ class ModelHost(ChildCustody[HostProcess], HostCalls):
         except BaseException as exc:
             await self._abandon()
             if isinstance(exc, TimeoutError):
-                raise self._load_error(
-                    f"model host for {spec.deployment_id!r} was not ready within "
-                    f"{spec.load_timeout_s:g}s"
+                raise self._with_exit(
+                    self._load_error(
+                        f"model host for {spec.deployment_id!r} was not ready within "
+                        f"{spec.load_timeout_s:g}s"
+                    )
                 ) from exc
+            if isinstance(exc, GantryError):
+                self._with_exit(exc)
             raise
+
+    def _with_exit(self, error: GantryError) -> GantryError:
+        """A failed start's error names its child and whether it was reaped: whoever holds the
+        residency judges its reclaim on that (`reclaim_verdict`), not on the time waited."""
+        error.metadata["pid"] = str(self.pid)
+        error.metadata["reaped"] = "true" if self._process.returncode is not None else "false"
+        return error
 
     async def _enforce_isolation(self) -> None:
         refusal = sandbox.shortfall(

@@ -26,6 +26,7 @@ from gantry.v1 import worker_gateway_pb2 as wg
 from gantry.v1.model_host_pb2 import ProbeResult
 from gantry.worker.model_host.sandbox import IsolationRequirement
 from gantry.worker.nvml_readings import Nvml
+from gantry.worker.runtime_adapters.reclaim_verdict import is_gpu_device
 
 if TYPE_CHECKING:
     from gantry.worker.environment_facts import RuntimeFacts
@@ -111,6 +112,14 @@ class RunningRuntime:
     pid: int
     load_seconds: float
     runtime_versions: Mapping[str, str]
+    device: str = ""  # the profile's torch device ("cpu", "cuda:0"); "" where none (adopted)
+    # NVML listed the pid at some reading (load, health, before the unload): it holds device
+    # memory whatever its device says, so its reclaim needs NVML too (`reclaim_verdict`).
+    gpu_seen: bool = False
+
+    @property
+    def on_gpu(self) -> bool:
+        return is_gpu_device(self.device) or self.gpu_seen
 
 
 class HealthCheck(TypedDict):
@@ -207,9 +216,10 @@ class RuntimeAdapter(abc.ABC):
 
     @abc.abstractmethod
     async def unload(self, running: RunningRuntime, *, grace_s: float, nvml: Nvml) -> Unloaded:
-        """Release the model, stop the process and check reclaim: it exited, was reaped, and
-        (where NVML reads) holds no device memory any more. A cancelled unload kills the process
-        before it re-raises."""
+        """Release the model, stop the process and check reclaim (`reclaim_verdict`): it exited,
+        was reaped, and, where it ran on a GPU, NVML was read and no longer lists it. NVML is
+        read for the pid before the stop and after. A cancelled unload kills the process before
+        it re-raises."""
 
 
 def health_report(

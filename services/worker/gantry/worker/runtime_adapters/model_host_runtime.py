@@ -25,7 +25,7 @@ from gantry.v1 import common_pb2, model_host_pb2
 from gantry.v1 import worker_gateway_pb2 as wg
 from gantry.worker.artifact_copies import manifest_of, verified_copy
 from gantry.worker.model_host.process import HostLaunchSpec, ModelHost
-from gantry.worker.nvml_readings import Nvml
+from gantry.worker.nvml_readings import Nvml, ProcessUsage
 from gantry.worker.runtime_adapters.base import (
     AdapterFacts,
     EnvironmentResolver,
@@ -40,6 +40,7 @@ from gantry.worker.runtime_adapters.base import (
     health_report,
 )
 from gantry.worker.runtime_adapters.layouts import LayoutMatch
+from gantry.worker.runtime_adapters.reclaim_verdict import reclaim_verdict
 
 if TYPE_CHECKING:
     from gantry.worker.runtime_adapters.base import Support
@@ -197,6 +198,7 @@ class ModelHostRuntime(RuntimeAdapter):
             pid=host.pid,
             load_seconds=host.ready.load_seconds,
             runtime_versions=dict(host.ready.runtime_versions),
+            device=prepared.settings.device,
             host=host,
         )
 
@@ -284,6 +286,9 @@ class ModelHostRuntime(RuntimeAdapter):
         _serving_host(running).kill_unresponsive(why)
 
     async def unload(self, running: RunningRuntime, *, grace_s: float, nvml: Nvml) -> Unloaded:
+        # NVML's reading of the pid before the stop: the "before" of the reclaim, and proof
+        # that it held device memory (then its reclaim must see NVML let go of it).
+        before = read_process_usage(running, nvml)
         # The child releases the model as it handles Shutdown (answering HostUnloaded first).
         try:
             stopped = await self.stop(running, grace_s=grace_s)
@@ -292,7 +297,8 @@ class ModelHostRuntime(RuntimeAdapter):
             raise
         host = _host(running)
         evidence = wg.ProbeEvidence()
-        record_unload(host, stopped, nvml, evidence)
+        evidence.reclaim.nvml_process_used_before.CopyFrom(before.measurement)
+        record_unload(host, stopped, nvml, evidence, on_gpu=running.on_gpu)
         return Unloaded(
             stopped=stopped,
             reclaim=evidence.reclaim,
@@ -341,11 +347,26 @@ def _unchecked(deep: bool) -> tuple[wg.HealthStatus, str]:
     return (NOT_CHECKED, "a liveness ping does not run the model")
 
 
+def read_process_usage(running: RunningRuntime, nvml: Nvml) -> ProcessUsage:
+    """NVML's reading of a running runtime's pid; a pid NVML lists marks the runtime as one
+    that held device memory (`RunningRuntime.gpu_seen`), whatever its device says."""
+    usage = nvml.process_usage(running.pid)
+    if usage.listed:
+        running.gpu_seen = True
+    return usage
+
+
 def record_unload(
-    host: ProbeHost, stopped: wg.UnloadEvidence, nvml: Nvml, evidence: wg.ProbeEvidence
+    host: ProbeHost,
+    stopped: wg.UnloadEvidence,
+    nvml: Nvml,
+    evidence: wg.ProbeEvidence,
+    *,
+    on_gpu: bool,
 ) -> None:
-    """The after-unload CUDA reading and the reclaim verdict of a stopped child, into
-    `evidence` (its memory readings left unset are said to be unreported, never zero)."""
+    """The after-unload CUDA reading and the reclaim verdict (`reclaim_verdict`) of a stopped
+    child, into `evidence` (its memory readings left unset are said to be unreported, never
+    zero). `on_gpu`: it ran on a GPU, or NVML listed it (`RunningRuntime.on_gpu`)."""
     memory = evidence.memory
     unloaded = host.unloaded
     if unloaded is not None and unloaded.HasField("cuda_allocated_after_unload"):
@@ -368,8 +389,14 @@ def record_unload(
     reclaim.exit_code = stopped.exit_code
     reclaim.exit_signal = stopped.exit_signal
     reclaim.nvml_process_used_after.CopyFrom(after.measurement)
-    device_released = after.listed is not True and (after.listed is False or not nvml.available)
-    reclaim.reclaimed = stopped.process_exited and reaped and device_released
+    reclaim.on_gpu = on_gpu or after.listed is True
+    verdict = reclaim_verdict(
+        process_exited=stopped.process_exited,
+        reaped=reaped,
+        on_gpu=reclaim.on_gpu,
+        nvml_listed=after.listed,
+    )
+    reclaim.reclaimed = verdict.verified
     if not stopped.process_exited:
         ended = "was NOT confirmed gone"
     elif stopped.has_exit_code:
@@ -382,7 +409,9 @@ def record_unload(
         device = "NVML lists no device memory for it"
     else:
         device = f"device memory not checked ({after.measurement.unavailable})"
-    reclaim.detail = f"pid {stopped.pid} {ended}, {'reaped' if reaped else 'NOT reaped'}; {device}"
+    reaping = "reaped" if reaped else "NOT reaped"
+    verdict_said = "" if verdict.verified else f"; unverified: {verdict.why}"
+    reclaim.detail = f"pid {stopped.pid} {ended}, {reaping}; {device}{verdict_said}"
 
 
 def fill_unreported(memory: wg.MemoryEvidence) -> None:

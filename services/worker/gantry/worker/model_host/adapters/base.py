@@ -49,6 +49,29 @@ class ForwardCheck:
         return replace(self, problem=problem, detail=problem)
 
 
+# A model that declares no input or context length is probed at this many tokens (and says so):
+# its worst case has no bound to run at.
+UNDECLARED_LENGTH_PROBED = 512
+# The words a worst-case input is made of: long enough inputs are cut to the limit by the library.
+WORST_CASE_WORD = "gantry"
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorstCase:
+    """What a worst-case pass ran (`worker_gateway.WorstCasePass`): peak memory is read after it."""
+
+    batch_inputs: int
+    input_tokens: int
+    generated_tokens: int = 0
+    context_tokens: int = 0
+    detail: str = ""
+
+
+def worst_case_text(tokens: int) -> str:
+    """A text of at least `tokens` tokens for any tokenizer (each word is one or more tokens)."""
+    return " ".join([WORST_CASE_WORD] * max(1, tokens))
+
+
 @dataclass(frozen=True, kw_only=True)
 class RuntimeFacts:
     """What a load established: the output width (0 for a cross-encoder) and the runtime."""
@@ -100,6 +123,12 @@ class ModelAdapter(abc.ABC):
     @abc.abstractmethod
     def health_check(self) -> ForwardCheck:
         """A real forward pass on a fixed input: finite, non-empty, of the expected shape."""
+
+    def worst_case_check(self) -> tuple[ForwardCheck, WorstCase] | None:
+        """One forward pass at the profile's worst case (its largest batch of its longest inputs),
+        judged as `health_check` judges its own; None for an adapter that has none (its probe's
+        peaks are then those of the health check's one input, and the evidence says so)."""
+        return None
 
     def release(self) -> None:
         """Drop the model and hand its memory back (CUDA's cached blocks included)."""

@@ -32,8 +32,11 @@ from gantry.common.inference_limits import DEPLOYMENT_MAX_NEW_TOKENS
 from gantry.v1 import common_pb2, worker_gateway_pb2
 from gantry.worker.model_host.adapters.base import (
     HEALTH_PROBE_TEXT,
+    UNDECLARED_LENGTH_PROBED,
+    WORST_CASE_WORD,
     ForwardCheck,
     ModelAdapter,
+    WorstCase,
     check_output,
     declared_token_limit,
 )
@@ -46,6 +49,14 @@ DEFAULT_MAX_TOKENS = 256
 # (SentencePiece decoders strip the first token's).
 _DECODE_CONTEXT_TOKENS = 4
 PROBE_NEW_TOKENS = 4
+# The worst case's prompt fills the context but for this many tokens, which it then generates: its
+# KV cache ends at the context's length, the most it holds, and the prefill of the longest prompt
+# is the largest activation. More generated tokens would cost the probe time, not memory.
+WORST_CASE_NEW_TOKENS = 8
+# On the CPU, where no VRAM is charged, the worst case's context is bounded by this: prefilling a
+# long context there takes minutes (past the probe's check timeout) to measure RAM, whose charge
+# keeps the operator's estimate as its floor.
+CPU_WORST_CASE_CONTEXT = 2048
 # config.json keys that name a causal LM's context length, most common first.
 _CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "n_ctx", "max_sequence_length")
 
@@ -345,6 +356,50 @@ class TransformersCausalLM(ModelAdapter):
         if check.ok and problem:
             return check.failed(problem)
         return check
+
+    def worst_case_check(self) -> tuple[ForwardCheck, WorstCase]:
+        """One generation (the host runs each alone) whose prompt fills the context but for the
+        tokens it then generates, every one of them forced (no early end token)."""
+        import torch
+
+        model = self._require_loaded()
+        context = self._context_length or UNDECLARED_LENGTH_PROBED
+        why = (
+            f"the context of {context} tokens"
+            if self._context_length
+            else "no declared context length"
+        )
+        if not self.uses_cuda and context > CPU_WORST_CASE_CONTEXT:
+            why = f"{why}, bounded to {CPU_WORST_CASE_CONTEXT} on the CPU"
+            context = CPU_WORST_CASE_CONTEXT
+        generated = max(1, min(self._max_new_tokens, WORST_CASE_NEW_TOKENS, context - 1))
+        prompt = context - generated
+        [token, *_] = self._tokenizer(WORST_CASE_WORD, add_special_tokens=False)["input_ids"]
+        input_ids = torch.full((1, prompt), int(token), dtype=torch.long, device=model.device)
+        started = time.monotonic()
+        with torch.inference_mode():
+            output = model.generate(
+                input_ids=input_ids,
+                attention_mask=torch.ones_like(input_ids),
+                max_new_tokens=generated,
+                min_new_tokens=generated,
+                do_sample=False,
+            )
+        ids = output.float().cpu().numpy()
+        check = check_output(
+            ids,
+            expected_shape=(1, context),
+            seconds=time.monotonic() - started,
+            healthy=f"{generated} tokens generated after a prompt of {prompt}",
+        )
+        worst = WorstCase(
+            batch_inputs=1,
+            input_tokens=prompt,
+            generated_tokens=generated,
+            context_tokens=int(output.shape[1]),
+            detail=f"one prompt of {prompt} tokens generating {generated}: {why}",
+        )
+        return check, worst
 
 
 def _on_device(encoded: Any, device: Any) -> dict[str, Any]:

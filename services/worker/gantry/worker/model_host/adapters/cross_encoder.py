@@ -17,7 +17,9 @@ from gantry.worker.model_host.adapters.base import (
     HEALTH_PROBE_DOCUMENT,
     HEALTH_PROBE_QUERY,
     ForwardCheck,
+    WorstCase,
     check_output,
+    worst_case_text,
 )
 from gantry.worker.model_host.adapters.sentence_transformers_model import (
     SentenceTransformersAdapter,
@@ -80,3 +82,23 @@ class SentenceTransformersCrossEncoder(SentenceTransformersAdapter):
             seconds=time.monotonic() - started,
             healthy="one finite score for the probe pair",
         )
+
+    def worst_case_check(self) -> tuple[ForwardCheck, WorstCase]:
+        """One batch of the batch size's pairs, each as long as the model takes (the query and
+        the document together past the limit, cut to it): the largest forward pass it runs."""
+        batch = self.max_batch_inputs
+        length, why = self.worst_case_length()
+        query, document = worst_case_text(length // 2), worst_case_text(length)
+        tokens = self.worst_case_tokens(
+            lambda: self.rerank_token_counts(query, [document])[0], length
+        )
+        started = time.monotonic()
+        scores = self.rerank(query, [document] * batch)
+        check = check_output(
+            scores,
+            expected_shape=(batch,),
+            seconds=time.monotonic() - started,
+            healthy=f"{batch} finite scores",
+        )
+        detail = self.worst_case_detail(batch, tokens, why)
+        return check, WorstCase(batch_inputs=batch, input_tokens=tokens, detail=detail)

@@ -8,7 +8,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gantry.v1 import common_pb2
-from gantry.worker.model_host.adapters.base import HEALTH_PROBE_TEXT, ForwardCheck, check_output
+from gantry.worker.model_host.adapters.base import (
+    HEALTH_PROBE_TEXT,
+    ForwardCheck,
+    WorstCase,
+    check_output,
+    worst_case_text,
+)
 from gantry.worker.model_host.adapters.sentence_transformers_model import (
     SentenceTransformersAdapter,
 )
@@ -83,3 +89,21 @@ class SentenceTransformersEmbedding(SentenceTransformersAdapter):
         if check.ok and not self._dim:
             self._dim = check.shape[1]
         return check
+
+    def worst_case_check(self) -> tuple[ForwardCheck, WorstCase]:
+        """One batch of the batch size's inputs, each as long as the model takes: the largest
+        forward pass the host runs for this profile (a request's batch is cut to that size)."""
+        batch = self.max_batch_inputs
+        length, why = self.worst_case_length()
+        text = worst_case_text(length)
+        tokens = self.worst_case_tokens(lambda: self.embed_token_counts([text])[0], length)
+        started = time.monotonic()
+        vectors = self.embed([text] * batch)
+        check = check_output(
+            vectors,
+            expected_shape=(batch, self._dim),
+            seconds=time.monotonic() - started,
+            healthy=f"{batch} finite rows of width {vectors.shape[-1]}",
+        )
+        detail = self.worst_case_detail(batch, tokens, why)
+        return check, WorstCase(batch_inputs=batch, input_tokens=tokens, detail=detail)

@@ -25,8 +25,10 @@ from gantry.v1 import common_pb2
 from gantry.worker.model_host.adapters.base import (
     ForwardCheck,
     ModelAdapter,
+    WorstCase,
     check_output,
     token_counts,
+    worst_case_text,
 )
 from gantry.worker.model_host.adapters.image_inputs import check_preprocessing, gradient
 
@@ -210,3 +212,27 @@ class TransformersSiglip2(ModelAdapter):
             seconds=time.monotonic() - started,
             healthy=f"one finite image vector of width {vectors.shape[-1]}",
         )
+
+    def worst_case_check(self) -> tuple[ForwardCheck, WorstCase]:
+        """A batch of the batch size's images through the image tower (the processor brings every
+        image to its patch budget, so only their number varies), then as many texts through the
+        text tower (each padded to its positions, so only their number varies there too)."""
+        batch = self.max_batch_inputs
+        started = time.monotonic()
+        images = self.embed_image([gradient()] * batch)
+        texts = self.embed([worst_case_text(self._token_limit)] * batch)
+        checks = [
+            check_output(
+                vectors,
+                expected_shape=(batch, self._dim),
+                seconds=time.monotonic() - started,
+                healthy=f"{batch} finite image and text vectors of width {self._dim}",
+            )
+            for vectors in (images, texts)
+        ]
+        check = next((check for check in checks if not check.ok), checks[-1])
+        detail = (
+            f"{batch} images at the processor's size, then {batch} texts of {self._positions} "
+            f"positions (batch size {batch})"
+        )
+        return check, WorstCase(batch_inputs=batch, input_tokens=self._positions, detail=detail)

@@ -16,7 +16,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gantry.v1 import common_pb2
-from gantry.worker.model_host.adapters.base import ForwardCheck, ModelAdapter, check_output
+from gantry.worker.model_host.adapters.base import (
+    ForwardCheck,
+    ModelAdapter,
+    WorstCase,
+    check_output,
+)
 from gantry.worker.model_host.adapters.image_inputs import (
     check_preprocessing,
     rendered_text_line,
@@ -120,3 +125,39 @@ class TransformersTrOCR(ModelAdapter):
         if check.ok and problem:
             return check.failed(problem)
         return check
+
+    def worst_case_check(self) -> tuple[ForwardCheck, WorstCase]:
+        """A batch of the batch size's images (the processor resizes every image to one size, so
+        only their number varies), each decoded to the most new tokens allowed, forced (no early
+        end token), so the decoder's cache reaches its longest."""
+        import torch
+
+        model = self._require_loaded()
+        batch = self.max_batch_inputs
+        # Without the profile's bound, the generation config's max_length (the start token in it).
+        new_tokens = self._max_new_tokens or max(1, int(model.generation_config.max_length) - 1)
+        started = time.monotonic()
+        with torch.inference_mode():
+            ids = model.generate(
+                self.pixel_values([rendered_text_line()] * batch),
+                num_beams=1,
+                do_sample=False,
+                max_new_tokens=new_tokens,
+                min_new_tokens=new_tokens,
+            )
+        generated = int(ids.shape[1]) - 1  # the decoder's start token is not generated
+        check = check_output(
+            ids.float().cpu().numpy(),
+            expected_shape=(batch, 0),
+            seconds=time.monotonic() - started,
+            healthy=f"{batch} images decoded to {generated} tokens each",
+        )
+        worst = WorstCase(
+            batch_inputs=batch,
+            input_tokens=0,
+            generated_tokens=generated,
+            context_tokens=int(ids.shape[1]),
+            detail=f"{batch} images at the processor's size, each decoding {generated} tokens "
+            f"(batch size {batch})",
+        )
+        return check, worst
