@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import ssl
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from gantry.common.auth import Principal, Role
 from gantry.common.errors import GantryError
+from gantry.common.tls import ServerTls, create_local_ca, issue
 from gantry.controlplane.serving.openai_http import (
     DoorBounds,
     HttpApi,
@@ -38,12 +41,13 @@ class _Keys:
         return Principal(role=role, subject=f"tenant-{token}")
 
 
-async def _door(max_in_flight: int = 4, **bounds: Any) -> HttpApi:
+async def _door(max_in_flight: int = 4, *, tls: ServerTls | None = None, **bounds: Any) -> HttpApi:
     return await start_http_api(
         HttpApiSettings(
             listen="127.0.0.1:0",
             max_body_bytes=1024,
             max_in_flight=max_in_flight,
+            tls=tls,
             bounds=DoorBounds(**bounds),
         ),
         inference=Any,  # type: ignore[arg-type]  # never reached: every call here is refused
@@ -162,6 +166,37 @@ async def test_idle_and_trickling_connections_are_closed_at_the_header_timeout(
         assert answered.startswith(b"HTTP/1.1 401") and answered.count(b"HTTP/1.1") == 1
         assert api.counters.header_timeouts == 3
         assert api.open_connections() == 0
+    finally:
+        await api.stop()
+
+
+async def test_a_tls_connection_that_never_says_hello_is_closed_at_the_header_timeout(
+    held: list[socket.socket], tmp_path: Path
+) -> None:
+    # The door's own timers start once a handshake is done; until then only the handshake's
+    # bound holds the connection (asyncio's default: 60 s, past this test's guard).
+    create_local_ca(tmp_path)
+    server = issue(tmp_path, "door")
+    tls = ServerTls(cert_chain_file=server.cert_file, private_key_file=server.key_file)
+    api = await _door(header_timeout_s=0.3, tls=tls)
+    try:
+        silent = _connect(api.port)
+        held.append(silent)
+        assert await _read_to_end(silent) == b""
+        # A client that does say hello is served over TLS as before (in a thread: the door
+        # answers on this loop).
+        context = ssl.create_default_context(cafile=str(tmp_path / "ca.pem"))
+
+        def call() -> bytes:
+            with (
+                socket.create_connection(("127.0.0.1", api.port), timeout=HANG_GUARD_S) as raw,
+                context.wrap_socket(raw, server_hostname="127.0.0.1") as wrapped,
+            ):
+                wrapped.sendall(REQUEST)
+                return wrapped.recv(4096)
+
+        answered = await asyncio.to_thread(call)
+        assert answered.startswith(b"HTTP/1.1 401")
     finally:
         await api.stop()
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import socket
 import ssl
@@ -81,9 +82,33 @@ def _bind(listen: str) -> socket.socket:
 
 
 class _EmbeddedServer(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config, *, handshake_timeout_s: float) -> None:
+        super().__init__(config)
+        self._handshake_timeout_s = handshake_timeout_s
+
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         yield  # the control plane's signals are its own; it calls stop()
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        """uvicorn's startup, with a TLS handshake bounded like a request's headers.
+
+        The door's protocol (its cap, its header timer) first sees a TLS connection once the
+        handshake is done; until then asyncio alone holds it, for 60 s by default. A client that
+        opens connections and never says hello is closed within the header timeout instead.
+        uvicorn does not pass the handshake timeout on, so its `create_server` call gets it here.
+        """
+        if self.config.ssl is None:
+            await super().startup(sockets)
+            return
+        loop = asyncio.get_running_loop()
+        loop.create_server = functools.partial(  # type: ignore[method-assign]
+            loop.create_server, ssl_handshake_timeout=self._handshake_timeout_s
+        )
+        try:
+            await super().startup(sockets)
+        finally:
+            del loop.create_server  # the loop's own method again
 
 
 class HttpApi:
@@ -190,7 +215,7 @@ async def start_http_api(
         raise HttpListenError(f"the OpenAI HTTP API cannot load its TLS files: {exc}") from None
     sock = _bind(settings.listen)
     api = HttpApi(
-        _EmbeddedServer(config),
+        _EmbeddedServer(config, handshake_timeout_s=settings.bounds.header_timeout_s),
         sock,
         max_connections=max_connections,
         counters=counters,
