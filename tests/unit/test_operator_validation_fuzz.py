@@ -79,3 +79,12 @@ def test_lengths_are_checked_against_their_limit(limit: int):
     with pytest.raises(GantryError) as caught:
         _check_length("a" * (limit + 1), field="f", limit=limit)
     assert caught.value.metadata["limit"] == str(limit)
+
+
+def test_a_huge_name_is_refused_with_an_excerpt_not_an_echo():
+    value = "x" * (1 << 20) + "!"  # 1 MiB and one illegal character
+    with pytest.raises(GantryError) as refused:
+        _check_name(value, field="name")
+    assert refused.value.reason == "INVALID_ARGUMENT"
+    assert len(refused.value.message) < 1_000
+    assert f"({len(repr(value))} characters)" in refused.value.message

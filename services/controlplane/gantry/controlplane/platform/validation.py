@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gantry.common import node_labels
-from gantry.common.errors import GantryError, invalid_argument
+from gantry.common.errors import GantryError, excerpt, invalid_argument
 from gantry.common.inference_limits import MAX_TOKENS_CEILING
 from gantry.controlplane.deployments.autoscale_rules import PlacementPolicyName
 from gantry.controlplane.evidence.adapter_modalities import (
@@ -88,7 +88,8 @@ def _check_length(value: str, *, field: str, limit: int) -> str:
 def _check_name(value: str, *, field: str) -> str:
     if not _NAME.fullmatch(value):
         raise invalid_argument(
-            f"{field} must be 1-128 letters, digits, '.', '_' or '-', got {value!r}", field=field
+            f"{field} must be 1-128 letters, digits, '.', '_' or '-', got {excerpt(repr(value))}",
+            field=field,
         )
     return value
 

@@ -163,7 +163,7 @@ class KServeInference(grpc_service_pb2_grpc.GRPCInferenceServiceServicer):
         with _tracer.start_as_current_span(
             "kserve.ModelInfer",
             context=extract_context(_trace_carrier(context)),
-            attributes={"gantry.capability": request.model_name},
+            attributes={"gantry.capability": excerpt(request.model_name)},
         ):
             return await _counted("ModelInfer", self._model_infer(request, context))
 
