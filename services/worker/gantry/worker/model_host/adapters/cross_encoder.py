@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from gantry.common.errors import GantryError
 from gantry.v1 import common_pb2
+from gantry.worker.model_host.adapters import sentence_transformers_model
 from gantry.worker.model_host.adapters.base import (
     HEALTH_PROBE_DOCUMENT,
     HEALTH_PROBE_QUERY,
@@ -21,15 +22,12 @@ from gantry.worker.model_host.adapters.base import (
     check_output,
     worst_case_text,
 )
-from gantry.worker.model_host.adapters.sentence_transformers_model import (
-    SentenceTransformersAdapter,
-)
 
 if TYPE_CHECKING:
     import numpy as np
 
 
-class SentenceTransformersCrossEncoder(SentenceTransformersAdapter):
+class SentenceTransformersCrossEncoder(sentence_transformers_model.SentenceTransformersAdapter):
     name = "sentence_transformers_cross_encoder"
     task = "reranking"
     serves = frozenset({"rerank"})
