@@ -261,6 +261,60 @@ async def test_a_server_that_exits_before_answering_fails_its_load_with_its_outp
         await ManagedServer.launch(launch)
     assert failed.value.reason == "LOAD_FAILED"
     assert "exit code 3" in failed.value.message and "cannot bind: boom" in failed.value.message
+    # Named and judged as a model host's failed start is (`reclaim_verdict`): reaped, so a CPU
+    # residency is released and a GPU one waits for NVML.
+    assert failed.value.metadata["reaped"] == "true"
+    assert process_identity(int(failed.value.metadata["pid"])) is None
+
+
+# A stdlib OpenAI-ish server on loopback that re-executes itself (same pid) without
+# HF_HUB_OFFLINE first: the flag its evidence must then report unset.
+_DROPS_AN_OFFLINE_FLAG = """
+import http.server, json, os, sys
+if "HF_HUB_OFFLINE" in os.environ:
+    env = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}
+    os.execve(sys.executable, [sys.executable, *sys.argv], env)
+class Served(http.server.BaseHTTPRequestHandler):
+    def _answer(self, answer):
+        body = json.dumps(answer).encode()
+        self.send_response(200)
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def do_GET(self):
+        self._answer({"object": "list", "data": [{"id": "flags", "object": "model"}]})
+    def do_POST(self):
+        self.rfile.read(int(self.headers["content-length"]))
+        self._answer({"choices": [{"index": 0, "text": " x", "finish_reason": "length"}],
+                      "usage": {"prompt_tokens": 2, "completion_tokens": 1}})
+    def log_message(self, *args):
+        pass
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Served).serve_forever()
+"""
+
+
+async def test_a_servers_offline_evidence_is_what_its_process_was_started_with(
+    tmp_path: Path,
+) -> None:
+    script = tmp_path / "drops_a_flag.py"
+    script.write_text(_DROPS_AN_OFFLINE_FLAG)
+    port = _free_port()
+    launch = ServerLaunch(
+        deployment_id="flags",
+        kind=SERVER_KINDS[LLAMA_CPP_SERVER],
+        argv=(sys.executable, "-I", str(script), str(port)),
+        executable=sys.executable,
+        port=port,
+        served_name="flags",
+        load_timeout_s=30.0,
+    )
+    server = await ManagedServer.launch(launch)
+    try:
+        evidence = (await server.probe_check(timeout_s=10.0)).offline
+    finally:
+        await server.stop(grace_s=5.0)
+    assert evidence.offline_env["HF_HUB_OFFLINE"] == "unset"  # not the worker's constant
+    assert evidence.offline_env["TRANSFORMERS_OFFLINE"] == "1"
 
 
 def _free_port() -> int:

@@ -42,6 +42,8 @@ from gantry.worker.managed_server.openai_protocol import (
     StreamAccumulator,
     completion_request,
 )
+from gantry.worker.managed_server.server_calls import offline_env_seen
+from gantry.worker.model_host.environments import OFFLINE_ENVIRONMENT
 from gantry.worker.runtime_adapters import runtime_adapter_for
 from tests.fixtures.tiny_gguf import write_tiny_gguf
 
@@ -371,3 +373,13 @@ def test_a_gguf_is_executable_where_the_environment_runs_the_llama_cpp_server(
     )
     assert list(inspection.adapters) == [LLAMA_CPP_SERVER] and inspection.executable
     assert not any("does not run" in f.message for f in inspection.findings)
+
+
+def test_a_servers_offline_flags_are_read_from_its_environment_block() -> None:
+    block = b"PATH=/bin\0HF_HUB_OFFLINE=1\0TRANSFORMERS_OFFLINE=0\0"
+    seen = offline_env_seen(block, unreadable="")
+    assert set(seen) == set(OFFLINE_ENVIRONMENT)
+    assert (seen["HF_HUB_OFFLINE"], seen["TRANSFORMERS_OFFLINE"]) == ("1", "0")
+    assert seen["HF_DATASETS_OFFLINE"] == "unset"  # what the child lacks, never the constant
+    unreadable = offline_env_seen(None, unreadable="/proc/7/environ: Permission denied")
+    assert set(unreadable.values()) == {"unavailable: /proc/7/environ: Permission denied"}

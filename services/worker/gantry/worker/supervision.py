@@ -42,6 +42,7 @@ from gantry.worker import metrics
 from gantry.worker.artifact_copies import discard_copy
 from gantry.worker.crash_policy import CrashHistory, RestartDecision, RestartPolicy
 from gantry.worker.exit_cause import OomCounter, classify_exit
+from gantry.worker.model_host.custody import cancelled_child
 from gantry.worker.nvml_readings import Nvml
 from gantry.worker.residents import (
     DEFAULT_MAX_RESIDENTS,
@@ -131,6 +132,9 @@ class _Runtime:
     # The pid of a start that failed without its reclaim proven: custody stays (UNCERTAIN)
     # until an UNLOAD finds it gone (`_recheck_failed_start`).
     failed_pid: int = 0
+    # The child of a start cancelled after it spawned one (`cancelled_child`): judged by
+    # `_release` as a failed start's.
+    cancelled_start: GantryError | None = None
 
 
 class _NoEnvironments:
@@ -201,7 +205,11 @@ class Supervisor:
             runtime.prepared = await adapter.prepare(
                 request.prepare, environments=self._environments
             )
-            host = await self._start(resident, runtime, trace_context)
+            try:
+                host = await self._start(resident, runtime, trace_context)
+            except asyncio.CancelledError as cancelled:
+                runtime.cancelled_start = cancelled_child(cancelled)
+                raise
             # In this task, with no await after the start: an unload that finds the task done
             # also finds the host to stop.
             self._now_resident(resident, host)
@@ -276,6 +284,9 @@ class Supervisor:
                 await self._stop(resident)
             return
         failed = task.exception() if task.done() and not task.cancelled() else None
+        runtime = self._runtimes.get(resident)
+        if task.cancelled() and runtime is not None:
+            failed = runtime.cancelled_start  # killed, but maybe not proven gone: judge it
         if isinstance(failed, GantryError) and "pid" in failed.metadata:
             if not self._failed_start_reclaimed(resident, failed):
                 return  # custody stays, UNCERTAIN, until an UNLOAD proves the child gone

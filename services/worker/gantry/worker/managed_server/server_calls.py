@@ -20,6 +20,7 @@ import logging
 import struct
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
+from pathlib import Path
 from typing import Any, Unpack, cast
 
 import httpx
@@ -246,7 +247,7 @@ class ServerCalls(abc.ABC):
             offline=wg.OfflineEvidence(
                 local_files_only=True,  # the argv names the verified copy, never a hub id
                 trust_remote_code=False,
-                offline_env=dict(OFFLINE_ENVIRONMENT),
+                offline_env=offline_env_of(self.pid),
                 isolation="NONE",
                 isolation_reason=ISOLATION_REASON,
                 network_guard=False,
@@ -399,6 +400,31 @@ def _deliver(
     except Exception:
         # The caller's own fault: it must not end the generation it asked for.
         logger.exception("a generation delta of %s was not taken", deployment_id)
+
+
+def offline_env_of(pid: int) -> dict[str, str]:
+    """The offline flags as the server process `pid` was started with (/proc/<pid>/environ: the
+    worker started it, as the same user), not as the worker meant to set them."""
+    source = f"/proc/{pid}/environ"
+    try:
+        environ = Path(source).read_bytes()
+    except OSError as exc:
+        return offline_env_seen(None, unreadable=f"{source}: {exc.strerror or exc}")
+    return offline_env_seen(environ, unreadable="")
+
+
+def offline_env_seen(environ: bytes | None, *, unreadable: str) -> dict[str, str]:
+    """Each offline flag `OFFLINE_ENVIRONMENT` names, read from a NUL-separated environment
+    block: its value, "unset" when the block lacks it, or "unavailable: why" for every flag when
+    the block could not be read (`environ` None). Pure."""
+    if environ is None:
+        return {name: f"unavailable: {unreadable}" for name in sorted(OFFLINE_ENVIRONMENT)}
+    seen: dict[str, str] = {}
+    for entry in environ.split(b"\0"):
+        name, sep, value = entry.partition(b"=")
+        if sep:
+            seen[name.decode(errors="replace")] = value.decode(errors="replace")
+    return {name: seen.get(name, "unset") for name in sorted(OFFLINE_ENVIRONMENT)}
 
 
 def _token_verdict(result: wg.GenerateResult, seconds: float) -> tuple[wg.HealthStatus, str]:

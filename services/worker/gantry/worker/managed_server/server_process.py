@@ -236,9 +236,12 @@ class ManagedServer(ChildCustody[asyncio.subprocess.Process], ServerCalls):
         except BaseException as exc:
             await self._abandon()
             if isinstance(exc, TimeoutError):
-                raise self._load_error(
-                    f"did not answer GET {MODELS} within {timeout_s:g}s"
+                raise self._with_exit(
+                    self._load_error(f"did not answer GET {MODELS} within {timeout_s:g}s")
                 ) from exc
+            if isinstance(exc, GantryError):
+                self._with_exit(exc)  # judged by the same reclaim rule as a model host's
+            self._note_cancelled(exc)
             raise
 
     def _serve(self, started: float) -> None:

@@ -9,6 +9,7 @@ only once reaped and its pid no longer names it (nor, for a server, anything of 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import shutil
 import tempfile
@@ -35,6 +36,16 @@ class ChildProcess(Protocol):
 
 
 Child = TypeVar("Child", bound=ChildProcess)
+
+# The attribute a cancelled start's CancelledError carries its child's exit in (`_note_cancelled`).
+_CANCELLED_CHILD = "gantry_cancelled_child"
+
+
+def cancelled_child(cancelled: BaseException) -> GantryError | None:
+    """The child a cancelled start had spawned, as its custody noted it on the CancelledError
+    (`pid`, `reaped`, as a failed start's error says them); None: no child was spawned."""
+    child = getattr(cancelled, _CANCELLED_CHILD, None)
+    return child if isinstance(child, GantryError) else None
 
 
 def private_workspace(
@@ -125,6 +136,27 @@ class ChildCustody(Generic[Child]):
         # Reaped by us, so /proc/<pid> is either absent or a different process that reused the pid.
         now = process_identity(self.pid)
         return now is None or now != self._started
+
+    def _with_exit(self, error: GantryError) -> GantryError:
+        """A failed start's error names its child and whether it is gone (reaped, and nothing
+        it started left): whoever holds the residency judges its reclaim on that
+        (`reclaim_verdict`), not on the time its start waited."""
+        gone = self._process.returncode is not None and not self._leftover_alive()
+        error.metadata["pid"] = str(self.pid)
+        error.metadata["reaped"] = "true" if gone else "false"
+        return error
+
+    def _note_cancelled(self, exc: BaseException) -> None:
+        """A cancelled start raises no error of its own (the cancellation must propagate): its
+        CancelledError carries the child's exit instead, so that whoever holds the residency
+        judges it as a failed start's (`cancelled_child`), not as released."""
+        if isinstance(exc, asyncio.CancelledError):
+            stopped = GantryError(
+                "LOAD_FAILED",
+                f"the start of {self.child_kind} {self.deployment_id!r} was cancelled",
+                deployment_id=self.deployment_id,
+            )
+            setattr(exc, _CANCELLED_CHILD, self._with_exit(stopped))
 
     def _remove_private_dir(self) -> None:
         # Only once reaped: a child still running may be writing there.

@@ -184,14 +184,8 @@ class ModelHost(ChildCustody[HostProcess], HostCalls):
                 ) from exc
             if isinstance(exc, GantryError):
                 self._with_exit(exc)
+            self._note_cancelled(exc)
             raise
-
-    def _with_exit(self, error: GantryError) -> GantryError:
-        """A failed start's error names its child and whether it was reaped: whoever holds the
-        residency judges its reclaim on that (`reclaim_verdict`), not on the time waited."""
-        error.metadata["pid"] = str(self.pid)
-        error.metadata["reaped"] = "true" if self._process.returncode is not None else "false"
-        return error
 
     async def _enforce_isolation(self) -> None:
         refusal = sandbox.shortfall(
