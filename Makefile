@@ -123,7 +123,7 @@ run: $(PROTO_STAMP)
 
 # What `make test` builds before the suite, said before any of it starts (`make -q`: up to date?).
 test-plan:
-	@echo "make test: first the runtime environments the suite needs, then pytest on two workers, longest files first (~9 min here)"
+	@echo "make test: first the runtime environments the suite needs, then pytest on two workers, longest files first (~11 min here)"
 	@$(MAKE) -s -q $(STAMP) && echo "  $(VENV)          built" || \
 		echo "  $(VENV)          to build: ~2-4 min fresh, ~1.5 min with a warm pip cache"
 	@$(MAKE) -s -q $(VISION_STAMP) && echo "  $(VISION_VENV)   built" || \
