@@ -10,7 +10,7 @@ import sqlite3
 import pytest
 from sqlalchemy import exc as sa_exc
 
-from gantry.controlplane.platform.database import store_outage
+from gantry.controlplane.platform.database import _lost_a_race, store_outage
 
 
 class FakeDriverError(Exception):
@@ -81,3 +81,13 @@ def test_connection_failures_and_pool_timeouts_are_outages() -> None:
 def test_other_failures_are_not_outages() -> None:
     assert store_outage(ValueError("a bug")) is None
     assert store_outage(_wrapped(sqlite3.IntegrityError("UNIQUE constraint failed"))) is None
+
+
+@pytest.mark.parametrize(("sqlstate", "lost"), [("40P01", True), ("40001", True), ("23505", False)])
+def test_a_deadlock_or_serialization_failure_is_a_race_lost_not_an_outage(
+    sqlstate: str, lost: bool
+) -> None:
+    # PostgreSQL aborted this transaction to break a deadlock: retried on fresh rows, typed.
+    error = _wrapped(FakeDriverError("deadlock detected", sqlstate))
+    assert _lost_a_race(error) is lost
+    assert store_outage(error) is None

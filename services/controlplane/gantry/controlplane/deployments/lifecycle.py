@@ -112,7 +112,9 @@ class DeploymentLifecycle:
     async def unload(self, deployment_id: str, *, actor: str) -> Deployment:
         now = self._clock.now()
         async with self._database.transaction() as session:
-            row = await deployments.get_live_deployment(session, deployment_id)
+            # Locked first, before its jobs, as a job result, a restart or a scale locks it: in
+            # the other order an unload and a result deadlocked (PostgreSQL).
+            row = deployments.check_live(await deployments.lock_deployment(session, deployment_id))
             if row.state in (DeploymentState.UNLOADING, DeploymentState.UNLOADED):
                 # The scheduler gives no more advice for it (told again, as each unload tells it).
                 record(session, DeploymentChanged(row, removed=True))

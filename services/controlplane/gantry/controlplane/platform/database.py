@@ -95,6 +95,13 @@ def store_outage(error: BaseException) -> tuple[str, str] | None:
     return None
 
 
+def _lost_a_race(error: BaseException) -> bool:
+    """A deadlock (40P01) or serialization failure (40001) the database broke by aborting us."""
+    if not isinstance(error, sa_exc.DBAPIError):
+        return False
+    return str(getattr(error.orig, "sqlstate", None) or "") in ("40P01", "40001")
+
+
 def _store_unavailable(code: str, cause: str, backend: str) -> GantryError:
     return GantryError(
         "STORE_UNAVAILABLE",
@@ -233,6 +240,15 @@ class Database:
                 async with self.sqlite_turns.turn(), self._transaction() as session:
                     yield session
         except Exception as error:
+            if _lost_a_race(error):
+                # PostgreSQL chose this transaction to break a deadlock or a serialization
+                # conflict: nothing of it was kept, and a rerun on fresh rows is what
+                # `retry_on_conflict` does for a compare-and-set another writer won.
+                raise GantryError(
+                    "INVALID_STATE_TRANSITION",
+                    "another writer changed these rows at the same time; try again",
+                    conflict="true",
+                ) from None
             outage = store_outage(error)
             if outage is None:
                 raise
