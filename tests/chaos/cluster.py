@@ -422,7 +422,11 @@ class Cluster:
     def op_md(self) -> tuple[tuple[str, str], ...]:
         return auth_metadata(self.operator_token)
 
-    async def register_and_deploy(self, source: Path, capability: str) -> str:
+    async def register_and_deploy(
+        self, source: Path, capability: str, *, max_batch_size: int = 0
+    ) -> str:
+        """The model at `source` through every gate as `capability` (a batch size of 0: the
+        adapter's default)."""
         target = self.artifact_root / capability
         if not target.exists():
             shutil.copytree(source, target)
@@ -443,7 +447,9 @@ class Cluster:
             self.op_md,
             artifact_set_id=artifact.artifact_set_id,
             capability=capability,
-            adapter=common_pb2.AdapterSettings(adapter="sentence_transformers", device="cpu"),
+            adapter=common_pb2.AdapterSettings(
+                adapter="sentence_transformers", device="cpu", max_batch_size=max_batch_size
+            ),
         )
         self.deployment_ids.append(deployment.deployment_id)
         return deployment.deployment_id

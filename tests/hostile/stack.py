@@ -10,7 +10,6 @@ import asyncio
 import contextlib
 import json
 import re
-import shutil
 import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -21,12 +20,10 @@ import grpc
 import httpx2
 
 from gantry.common.auth import auth_metadata
-from gantry.common.manifest import build_manifest
 from gantry.common.status import error_info_of
-from gantry.v1 import common_pb2, inference_pb2
 from gantry.v1 import control_plane_pb2 as cp
+from gantry.v1 import inference_pb2
 from tests.chaos.cluster import Cluster, Service, wait_until
-from tests.integration.harness import walk_the_gates
 from tests.ports import free_port
 
 CAPABILITY = "shared"
@@ -72,31 +69,7 @@ class HostileStack(Cluster):
 
     async def deploy_chunked(self, source: Path, capability: str) -> str:
         """The tiny embedder through every gate, its embeds run CHUNK_INPUTS inputs at a time."""
-        target = self.artifact_root / capability
-        shutil.copytree(source, target)
-        artifact = await self.operator.RegisterArtifactSet(
-            cp.RegisterArtifactSetRequest(
-                name=capability,
-                location=capability,
-                manifest=[
-                    common_pb2.ManifestEntry(path=e.path, size_bytes=e.size_bytes, sha256=e.sha256)
-                    for e in build_manifest(target)
-                ],
-            ),
-            metadata=self.op_md,
-            timeout=10,
-        )
-        deployment = await walk_the_gates(
-            self.operator,
-            self.op_md,
-            artifact_set_id=artifact.artifact_set_id,
-            capability=capability,
-            adapter=common_pb2.AdapterSettings(
-                adapter="sentence_transformers", device="cpu", max_batch_size=CHUNK_INPUTS
-            ),
-        )
-        self.deployment_ids.append(deployment.deployment_id)
-        return deployment.deployment_id
+        return await self.register_and_deploy(source, capability, max_batch_size=CHUNK_INPUTS)
 
     async def victim_embed(self, *, timeout_s: float = HANG_GUARD_S) -> None:
         """The other tenant's small Embed over gRPC, answered with its vector."""
