@@ -21,7 +21,6 @@ from gantry.common.manifest import build_manifest
 from gantry.controlplane.app import ControlPlane, ControlPlaneSettings, start_control_plane
 from gantry.controlplane.deployments.lifecycle import DEFAULT_LEASE_SECONDS
 from gantry.controlplane.deployments.reconciler import ReconcilerSettings
-from gantry.controlplane.platform.database import migrate_database
 from gantry.controlplane.serving.inference_service import InferenceSettings
 from gantry.scheduler.server import start_scheduler
 from gantry.v1 import (
@@ -32,6 +31,7 @@ from gantry.v1 import (
 )
 from gantry.worker.agent import WorkerAgent, WorkerSettings
 from gantry.worker.model_host.warm_pool import WarmPool
+from tests.fixtures.migrated_copy import migrate_fresh
 
 _shared_warm_pool: WarmPool | None = None
 
@@ -336,7 +336,8 @@ async def running_gantry(
     service_token = tokens.mint_token(tokens.SERVICE_TOKEN, "scheduler")
     operator_token = tokens.mint_token(tokens.OPERATOR_TOKEN, new_id())
     scheduler_server, _ = await start_scheduler(listen="127.0.0.1:0", service_token=service_token)
-    await migrate_database(database_url)  # what `gantry migrate` does; the start only checks
+    # What `gantry migrate` leaves (tests/fixtures/migrated_copy.py); the start only checks.
+    await migrate_fresh(database_url)
     control_plane = await start_control_plane(
         ControlPlaneSettings(
             listen="127.0.0.1:0",
