@@ -24,6 +24,7 @@ from google.protobuf import json_format
 from gantry.cli import queue_commands
 from gantry.cli.main import main
 from gantry.cli.queue_commands import CLEAR_SCREEN, render_queue_snapshot
+from gantry.common.client_config import RETRY_POLICY
 from gantry.v1 import common_pb2, control_plane_pb2, control_plane_pb2_grpc, scheduler_pb2
 from tests.unit.test_cli_tenants_queue import INTERACTIVE, OPERATOR_TOKEN, SNAPSHOT
 
@@ -199,7 +200,10 @@ def test_queue_watch_keeps_drawing_through_a_failed_fetch(
         naps.append(seconds)
         if len(naps) == 3:
             raise KeyboardInterrupt
-        running.fake.snapshot_failures = 1 if len(naps) == 1 else 0  # the second fetch fails
+        # The second fetch fails: every attempt of it (a read answered UNAVAILABLE is retried,
+        # gantry.common.client_config), so the watch has a failed fetch to draw through.
+        failing = int(RETRY_POLICY["maxAttempts"]) if len(naps) == 1 else 0
+        running.fake.snapshot_failures = failing
 
     monkeypatch.setattr(queue_commands, "time", SimpleNamespace(sleep=sleep))
     assert running.gantry("queue", "--watch", "0.25") == 0

@@ -2,7 +2,9 @@
 
 Every call carries generated texts that differ per call (so no cache can answer for the model), is
 made with the client key of a tenant, and counts as OK or as `CODE/REASON`: failed calls are part of
-the measurement, so a run that completes exits 0 whatever they were.
+the measurement, so a run that completes exits 0 whatever they were. `--address a,b` spreads the
+calls over control-plane replicas; a call lost with a replica that dies is retried on another, so
+it counts as OK (the retry is in its latency).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from gantry.cli.loadgen import (
 from gantry.cli.state import read_secret
 from gantry.cli.tables import render_table
 from gantry.cli.tenant_commands import PRIORITY_NAMES
+from gantry.common.client_config import client_channel, split_addresses
 
 # The control plane's bounds on one call: asking for more would only measure INVALID_PAYLOAD
 # refusals, so the flags refuse it up front.
@@ -352,18 +355,13 @@ def bench_document(args: argparse.Namespace, plan: LoadPlan, result: LoadResult)
     }
 
 
-def _open_channel(context: CommandContext) -> grpc.aio.Channel:
-    if context.tls is None:
-        return grpc.aio.insecure_channel(context.address)
-    return grpc.aio.secure_channel(
-        context.address, context.tls.credentials(), options=context.tls.channel_options()
-    )
-
-
 async def _measure(
     context: CommandContext, args: argparse.Namespace, metadata: Metadata, plan: LoadPlan
 ) -> LoadResult:
-    async with _open_channel(context) as channel:
+    # Several replicas (--address a,b): calls go round robin to those that answer, and a call
+    # in flight on one that dies is retried on another (gantry.common.client_config).
+    replicas = split_addresses(context.address)
+    async with client_channel(replicas, tls=context.tls, asynchronous=True) as channel:
         try:
             await asyncio.wait_for(channel.channel_ready(), timeout=args.connect_timeout)
         except TimeoutError:

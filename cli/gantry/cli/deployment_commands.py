@@ -1,5 +1,5 @@
-"""A deployment's lifecycle from the CLI: restart, scale, delete, and `--wait` for the ones that
-start work (deploy and unload live in operator_commands.py and wait with the same options).
+"""A deployment's lifecycle from the CLI: restart, scale, drain, delete, and `--wait` for the ones
+that start work (deploy and unload live in operator_commands.py and wait with the same options).
 
 Waiting follows the deployment until it settles (deployment_wait.py), saying each change on
 stderr; a failure prints its reason and message and exits 1, and so does a timeout.
@@ -16,7 +16,7 @@ from gantry.cli.connection import DEFAULT_TIMEOUT_S, CommandContext, Metadata
 from gantry.cli.delete_commands import add_delete_kind
 from gantry.cli.deployment_wait import Goal, deployment_state, wait_for_deployment
 from gantry.cli.output import add_output_argument, print_json, wants_json
-from gantry.common.arg_types import non_negative, positive_seconds
+from gantry.common.arg_types import non_negative, positive, positive_seconds
 from gantry.common.node_labels import FORMAT as LABEL_FORMAT
 from gantry.common.node_labels import is_node_label
 from gantry.common.resource_declaration import parse_size
@@ -125,6 +125,23 @@ def scale(context: CommandContext, args: argparse.Namespace) -> int:
         return _show(args, settle(stub, metadata, scaled, args, goal=Goal.READY))
 
 
+def drain(context: CommandContext, args: argparse.Namespace) -> int:
+    metadata = context.operator_metadata()
+    with context.open_channel() as channel:
+        stub = control_plane_pb2_grpc.ControlPlaneStub(channel)
+        drained = stub.DrainDeployment(
+            control_plane_pb2.DrainDeploymentRequest(
+                deployment_id=args.deployment_id, deadline_seconds=args.deadline or 0
+            ),
+            metadata=metadata,
+            timeout=DEFAULT_TIMEOUT_S,
+        )
+        _say(f"deployment {drained.deployment_id} draining: {deployment_state(drained)}")
+        # --wait (the default): until UNLOADED, every call finished (or cut at the deadline)
+        # and every model host's exit confirmed.
+        return _show(args, settle(stub, metadata, drained, args, goal=Goal.UNLOADED))
+
+
 def delete_deployment(context: CommandContext, args: argparse.Namespace) -> int:
     metadata = context.operator_metadata()
     with context.open_channel() as channel:
@@ -146,6 +163,20 @@ add_delete_kind(
 
 def add_restart_arguments(parser: CommandSpec) -> None:
     parser.add_argument("deployment_id", metavar="DEPLOYMENT_ID")
+    add_wait_arguments(parser)
+    add_output_argument(parser)
+
+
+def add_drain_arguments(parser: CommandSpec) -> None:
+    parser.add_argument("deployment_id", metavar="DEPLOYMENT_ID")
+    parser.add_argument(
+        "--deadline",
+        type=positive,
+        default=None,
+        metavar="SECONDS",
+        help="how long calls in flight may take to finish before they are cut (the server's"
+        " default 30, at most 3600)",
+    )
     add_wait_arguments(parser)
     add_output_argument(parser)
 

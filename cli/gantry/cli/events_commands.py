@@ -22,7 +22,7 @@ import grpc
 from google.protobuf import json_format
 
 from gantry.cli.click_parser import CommandSpec
-from gantry.cli.connection import DEFAULT_TIMEOUT_S, CommandContext, Metadata
+from gantry.cli.connection import DEFAULT_TIMEOUT_S, CommandContext, Metadata, open_channel
 from gantry.cli.errors import format_rpc_error
 from gantry.cli.output import add_output_argument, wants_json
 from gantry.common.arg_types import non_negative
@@ -278,13 +278,7 @@ def _channel(context: CommandContext) -> grpc.Channel:
         ("grpc.min_reconnect_backoff_ms", int(FIRST_RETRY_S * 1000)),
         ("grpc.max_reconnect_backoff_ms", int(MAX_RETRY_S * 1000)),
     )
-    if context.tls is None:
-        return grpc.insecure_channel(context.address, options=options)
-    return grpc.secure_channel(
-        context.address,
-        context.tls.credentials(),
-        options=(*context.tls.channel_options(), *options),
-    )
+    return open_channel(context.address, context.tls, options)
 
 
 def _emit_line(event: control_plane_pb2.AuditEvent) -> None:

@@ -43,6 +43,7 @@ from gantry.cli.connection import (
     AddCommand,
     CommandContext,
     Handler,
+    command_address,
     command_tls,
 )
 from gantry.cli.errors import CliError, format_gantry_error, format_rpc_error
@@ -67,6 +68,8 @@ _GLOBAL_OPTIONS = (
 def _up(context: CommandContext, args: argparse.Namespace) -> int:
     from gantry.cli.up import UpSettings, run_up  # only `up` needs the supervisor machinery
 
+    if "," in context.address:
+        raise CliError(f"gantry up listens on one --address, not a list: {context.address}")
     if args.resource_domains:
         # Refused before anything starts, in the worker's own words: the grammar is shared.
         from gantry.common.resource_declaration import ResourceDomainError, parse_declaration
@@ -100,7 +103,10 @@ def _global_options() -> CommandSpec:
     options.add_argument(
         "--address",
         default=argparse.SUPPRESS,
-        help=f"control plane HOST:PORT (env {ADDRESS_ENV}, default {DEFAULT_ADDRESS})",
+        help=(
+            f"control plane HOST:PORT, or its replicas HOST:PORT,HOST:PORT,... (env {ADDRESS_ENV};"
+            f" else <state>/control-planes, one per line; default {DEFAULT_ADDRESS})"
+        ),
     )
     options.add_argument(
         "--state-dir",
@@ -166,7 +172,7 @@ def _add_role_commands(commands: CommandSpec) -> None:
 def _add_up_command(command: AddCommand) -> None:
     up = command("up", _up, "start scheduler, control plane, worker and the bundled model")
     # `up` creates ./.gantry where it runs unless told otherwise; it never adopts a parent's.
-    up.set_defaults(walk_up_for_state=False)
+    up.set_defaults(walk_up_for_state=False, calls_control_planes=False)
     up.add_argument("--scheduler-address", default="127.0.0.1:50052", metavar="HOST:PORT")
     up.add_argument("--startup-timeout", type=float, default=60.0, metavar="SECONDS")
     up.add_argument("--ready-timeout", type=float, default=300.0, metavar="SECONDS")
@@ -339,6 +345,14 @@ def _add_pipeline_commands(
         )
     )
     operator_commands.add_unload_command(command)
+    deployment_commands.add_drain_arguments(
+        command(
+            "drain",
+            deployment_commands.drain,
+            "unload a deployment without losing a call: no new calls, those in flight finish"
+            " (until --deadline), then unload",
+        )
+    )
     deployment_commands.add_restart_arguments(
         command(
             "restart",
@@ -398,7 +412,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run_role(*role)
         parser = build_parser()
         args = parser.parse_args(arguments)
-        address = getattr(args, "address", None) or os.environ.get(ADDRESS_ENV) or DEFAULT_ADDRESS
         handler: Handler | None = getattr(args, "handler", None)
         if handler is None:  # a group named without its subcommand: its help
             print(args._context.get_help(), file=sys.stderr)
@@ -409,6 +422,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             cwd=Path.cwd(),
             walk_up=getattr(args, "walk_up_for_state", True),
         )
+        # `gantry up` is told where to listen, never which replicas to call.
+        replicas_file = paths if getattr(args, "calls_control_planes", True) else None
+        address = command_address(getattr(args, "address", None), os.environ, replicas_file)
         context = CommandContext(address=address, paths=paths, tls=command_tls(args, paths))
         return int(handler(context, args))
     except grpc.RpcError as exc:

@@ -45,6 +45,12 @@ class StatePaths:
         return self.root / "scheduler.token"
 
     @property
+    def control_planes(self) -> Path:
+        """The control-plane replicas client commands call, one HOST:PORT per line, when no
+        --address or $GANTRY_ADDRESS names them (docs/contracts.md, "Clients and replicas")."""
+        return self.root / "control-planes"
+
+    @property
     def artifacts(self) -> Path:
         return self.root / "artifacts"
 
