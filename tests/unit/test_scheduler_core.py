@@ -3,6 +3,7 @@ event sequences (every piece of work is in exactly one place)."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 
 from hypothesis import settings
@@ -388,8 +389,9 @@ def test_autoscale_advice_follows_the_queue() -> None:
 
 
 class CoreMachine(RuleBasedStateMachine):
-    """Random submits, finishes, ticks and residency moves: each work id is answered at most
-    once, and queued + in flight always equals what was accepted and not yet answered."""
+    """Random submits on two streams, finishes, ticks, residency moves, snapshots and streams
+    closing: each work id is answered at most once, and queued + in flight always equals what
+    was accepted and not yet answered."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -405,6 +407,8 @@ class CoreMachine(RuleBasedStateMachine):
         self.open: set[str] = set()  # accepted, no final answer yet
         self.running: set[str] = set()
         self.answered: set[str] = set()
+        self.origin_of: dict[str, str] = {}
+        self.r1_slots = 2
 
     def _apply(self, decisions: list[object]) -> None:
         for decision in decisions:
@@ -421,13 +425,15 @@ class CoreMachine(RuleBasedStateMachine):
         cost=st.integers(1, 50),
         timeout=st.floats(0, 3),
         inputs=st.integers(0, 3),
+        origin=st.sampled_from(["a", "b"]),
     )
-    def submit(self, tenant: str, cost: int, timeout: float, inputs: int) -> None:
+    def submit(self, tenant: str, cost: int, timeout: float, inputs: int, origin: str) -> None:
         self.next_id += 1
         work_id = f"w{self.next_id}"
         self.open.add(work_id)
+        self.origin_of[work_id] = origin
         request = work(work_id, tenant, cost=cost, timeout=timeout, inputs=inputs)
-        self._apply(self.core.submit(request, self.now))
+        self._apply(self.core.submit(dataclasses.replace(request, origin=origin), self.now))
 
     @rule(data=st.data(), outcome=st.sampled_from(list(Outcome)))
     def finish(self, data: st.DataObject, outcome: Outcome) -> None:
@@ -461,6 +467,30 @@ class CoreMachine(RuleBasedStateMachine):
     @rule()
     def remove_d1(self) -> None:
         self._apply(self.core.remove_deployment("d1", self.now))
+
+    # Slots only grow here: a residency shrunk under its calls in flight holds more than it has
+    # until they finish, which the last invariant does not allow for.
+    @rule(grown=st.integers(0, 1))
+    def another_streams_snapshot(self, grown: int) -> None:
+        self.r1_slots += grown
+        self._apply(
+            self.core.load_cluster(
+                nodes=[node("n1"), node("n2")],
+                residencies=[residency("r1", slots=self.r1_slots), residency("r2", node_id="n2")],
+                deployments=[],
+                policies=[],
+                now=self.now,
+            )
+        )
+
+    @rule(origin=st.sampled_from(["a", "b"]))
+    def stream_closes(self, origin: str) -> None:
+        # Its work leaves unanswered (its control plane failed those callers itself).
+        gone = {w for w in self.open if self.origin_of[w] == origin}
+        self.open -= gone
+        self.running -= gone
+        self.answered |= gone
+        self._apply(self.core.drop_origin(origin, self.now))
 
     @invariant()
     def every_open_work_is_in_exactly_one_place(self) -> None:

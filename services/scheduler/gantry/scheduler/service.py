@@ -1,12 +1,23 @@
-"""The scheduler's gRPC surface: one Connect stream from the control plane, and snapshots.
+"""The scheduler's gRPC surface: the control planes' Connect streams, and snapshots.
 
-The pump is a reader task, the pure core, a ticker and a bounded outbox. The reader feeds each
-input to the core and puts its decisions in the outbox; the ticker feeds the core the time (queued
-deadlines, breaker cooldowns, placement holds, autoscale advice); the response stream drains the
-outbox. Decisions for queued work come later than its input (when a slot frees), so they cannot be
-yielded inline. A full outbox makes the reader wait: the control plane's sends are then held back
-by gRPC flow control, never dropped. Nothing here survives a new stream: the control plane replays
-the cluster state, and every waiter of the old stream was already failed on its side.
+Every control-plane replica opens its own Connect stream, and all of them feed ONE core, so a
+tenant's weighted share holds across replicas (one tenant cannot double its share by spreading
+its calls over them). Each stream has an origin (its name here): work submitted on it carries
+it, and its Dispatch or Rejected goes back on that stream only; a placement's answer goes to the
+stream that asked, and what nobody waits for (breaker moves, scale advice) to every stream. The
+service keeps the map work id -> origin of work still queued (bounded by the core's queue depth),
+so the core stays pure.
+
+A stream's snapshot replaces the cluster's facts but not other streams' work
+(`SchedulerCore.load_cluster`). When a stream closes, its work leaves the core
+(`SchedulerCore.drop_origin`): its control plane failed those callers when the stream dropped.
+When the last one closes, everything is forgotten, and the next stream's snapshot rebuilds it.
+
+Per stream, a reader task feeds each input to the core and the response stream drains the
+stream's outbox (`outbox.py`: its bounds). One ticker, while any stream is open, feeds the core
+the time (queued deadlines, breaker cooldowns, placement holds, autoscale advice). Decisions for
+queued work come later than its input (when a slot frees, maybe on another stream's input), so
+they cannot be yielded inline.
 """
 
 from __future__ import annotations
@@ -24,7 +35,15 @@ from gantry.common.errors import GantryError
 from gantry.common.telemetry import extract_context, inject_context, tracer
 from gantry.scheduler import wire
 from gantry.scheduler.metrics import SchedulerMetrics
-from gantry.scheduler.policy.core import CoreSettings, Decision, Dispatched, SchedulerCore
+from gantry.scheduler.outbox import StreamOutbox
+from gantry.scheduler.policy.core import CoreSettings, SchedulerCore
+from gantry.scheduler.policy.events import (
+    Decision,
+    Dispatched,
+    PlacementMade,
+    PlacementRefused,
+    WorkRejected,
+)
 from gantry.scheduler.policy.types import Outcome
 from gantry.v1 import scheduler_pb2, scheduler_pb2_grpc
 
@@ -33,6 +52,7 @@ _tracer = tracer("gantry.scheduler")
 
 DEFAULT_OUTBOX_LIMIT = 4096
 DEFAULT_TICK_SECONDS = 0.1
+DEFAULT_MAX_STREAMS = 16  # control-plane replicas connected at once
 MAX_BATCH = 256  # outputs coalesced into one stream message at most
 GAUGE_SECONDS = 1.0  # how often the gauges' summary of the core is refreshed
 
@@ -42,9 +62,16 @@ class SchedulerSettings:
     core: CoreSettings = field(default_factory=CoreSettings)
     tick_seconds: float = DEFAULT_TICK_SECONDS  # how late a queued deadline may be noticed
     outbox_limit: int = DEFAULT_OUTBOX_LIMIT
+    max_streams: int = DEFAULT_MAX_STREAMS
 
 
-_END = object()
+@dataclass(eq=False)
+class _Stream:
+    """One control plane's Connect stream."""
+
+    origin: str
+    outbox: StreamOutbox[scheduler_pb2.SchedulerOutput]
+    failure: GantryError | None = None  # what the stream ends with, if not a plain close
 
 
 class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
@@ -54,8 +81,13 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
         self._settings = settings or SchedulerSettings()
         self._clock = clock or SystemClock()
         self._core = SchedulerCore(self._settings.core)
-        self._connected = False
-        self._stream_epoch = 0
+        self._streams: dict[str, _Stream] = {}  # by origin
+        self._opened = 0  # streams ever opened: names each origin
+        self._ticker: asyncio.Task[None] | None = None
+        # Work still queued -> the origin of the stream that submitted it, where its answer goes.
+        # An entry leaves with that answer, its caller's finish or its stream, so the map is
+        # bounded by the core's queue depth.
+        self._origins: dict[str, str] = {}
         # The caller's trace context of work that has no answer yet (bounded by the core's queue
         # depth plus its in-flight bound): a dispatch decided later still joins the caller's trace.
         self._traces: dict[str, dict[str, str]] = {}
@@ -66,95 +98,127 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
     def core(self) -> SchedulerCore:
         return self._core
 
+    @property
+    def streams(self) -> int:
+        """Control-plane streams open now."""
+        return len(self._streams)
+
     async def Connect(
         self,
         request_iterator: AsyncIterator[scheduler_pb2.SchedulerInput],
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[scheduler_pb2.SchedulerOutput]:
-        # A new control-plane stream replaces the old one: the core is rebuilt from its snapshot.
-        self._stream_epoch += 1
-        epoch = self._stream_epoch
-        self._core.reset()
-        self._traces.clear()
-        self._metrics.reset()
-        self._connected = True
-        outbox: asyncio.Queue[scheduler_pb2.SchedulerOutput | object] = asyncio.Queue(
-            maxsize=self._settings.outbox_limit
-        )
-        failure: list[BaseException] = []
-        reader = asyncio.create_task(self._read(request_iterator, outbox, epoch, failure))
-        ticker = asyncio.create_task(self._tick(outbox, epoch))
-        log.info("control plane connected (stream %d)", epoch)
+        stream = self._open()
+        reader = asyncio.create_task(self._read(request_iterator, stream))
+        log.info("control plane connected (%s, %d open)", stream.origin, len(self._streams))
         try:
-            ended = False
-            while not ended:
-                item = await outbox.get()
-                if item is _END:
-                    break
-                assert isinstance(item, scheduler_pb2.SchedulerOutput)
+            outbox = stream.outbox
+            while (item := await outbox.get()) is not None:
                 # What else is already decided goes in the same stream message (in order).
-                batch = [item]
-                while len(batch) < MAX_BATCH and not outbox.empty():
-                    more = outbox.get_nowait()
-                    if more is _END:
-                        ended = True
-                        break
-                    assert isinstance(more, scheduler_pb2.SchedulerOutput)
-                    batch.append(more)
+                batch = [item, *outbox.take_ready(MAX_BATCH - 1)]
                 if len(batch) == 1:
                     yield item
                 else:
                     yield scheduler_pb2.SchedulerOutput(
                         batch=scheduler_pb2.OutputBatch(outputs=batch)
                     )
-            if failure:
-                raise failure[0]
+            if stream.failure is not None:
+                raise stream.failure
         finally:
-            for task in (reader, ticker):
-                task.cancel()
-            for task in (reader, ticker):
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-            if epoch == self._stream_epoch:
-                self._connected = False
-            log.info("control plane stream %d closed", epoch)
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reader
+            self._close(stream)
+            if not self._streams:
+                await self._stop_ticker()
+            log.info("control plane stream %s closed (%d open)", stream.origin, len(self._streams))
+
+    def _open(self) -> _Stream:
+        limit = self._settings.max_streams
+        if len(self._streams) >= limit:
+            raise GantryError(
+                "QUEUE_FULL",
+                f"{limit} control-plane streams are open already, the scheduler's limit "
+                f"(--max-streams)",
+                limit=str(limit),
+            )
+        self._opened += 1
+        # A stream may be owed, past its own backlog, an answer for every call it could queue.
+        overflow = self._settings.outbox_limit + self._settings.core.global_queue_depth
+        stream = _Stream(
+            origin=f"stream-{self._opened}",
+            outbox=StreamOutbox(limit=self._settings.outbox_limit, overflow_limit=overflow),
+        )
+        self._streams[stream.origin] = stream
+        if self._ticker is None:
+            self._ticker = asyncio.create_task(self._tick(), name="scheduler-ticker")
+        return stream
+
+    def _close(self, stream: _Stream) -> None:
+        """The stream leaves: nothing more is routed to it, and its work leaves the core."""
+        if self._streams.pop(stream.origin, None) is None:
+            return  # closed already (its outbox overflowed)
+        stream.outbox.end()
+        if not self._streams:
+            # The last one: nobody waits on anything the core holds; the next snapshot rebuilds.
+            self._core.reset()
+            self._origins.clear()
+            self._traces.clear()
+            self._metrics.reset()
+            return
+        for work_id in [w for w, origin in self._origins.items() if origin == stream.origin]:
+            del self._origins[work_id]
+            self._traces.pop(work_id, None)
+            self._metrics.finished(work_id)
+        self._deliver(self._core.drop_origin(stream.origin, self._clock.monotonic()), None)
+
+    def _overflowed(self, stream: _Stream) -> None:
+        """A control plane that stopped reading: its stream ends (it reconnects with a fresh
+        snapshot, its link having failed its callers) rather than hold the others back."""
+        stream.failure = GantryError(
+            "CLIENT_TOO_SLOW",
+            f"the control plane on {stream.origin} left the scheduler's outputs unread past "
+            f"the outbox bound; the stream is ended",
+        )
+        stream.outbox.end(discard=True)
+        self._close(stream)
+
+    async def _stop_ticker(self) -> None:
+        ticker, self._ticker = self._ticker, None
+        if ticker is not None:
+            ticker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await ticker
 
     async def _read(
-        self,
-        request_iterator: AsyncIterator[scheduler_pb2.SchedulerInput],
-        outbox: asyncio.Queue[scheduler_pb2.SchedulerOutput | object],
-        epoch: int,
-        failure: list[BaseException],
+        self, request_iterator: AsyncIterator[scheduler_pb2.SchedulerInput], stream: _Stream
     ) -> None:
         try:
             async for message in request_iterator:
-                if epoch != self._stream_epoch:
-                    break  # a newer stream owns the core now
-                for output in self._apply(message):
-                    await outbox.put(output)
+                if stream.outbox.ended:
+                    break  # ended by an overflow: its work has left the core already
+                for output in self._apply(message, stream):
+                    await stream.outbox.put(output)
         except GantryError as error:
-            failure.append(error)
+            stream.failure = error
         except grpc.aio.AioRpcError:
             pass  # the control plane went away; the stream ends
-        # The end marker must get through even when the outbox is full: wait for room.
-        await outbox.put(_END)
+        stream.outbox.end()
 
-    async def _tick(
-        self, outbox: asyncio.Queue[scheduler_pb2.SchedulerOutput | object], epoch: int
-    ) -> None:
-        while epoch == self._stream_epoch:
+    async def _tick(self) -> None:
+        while True:
             await self._clock.sleep(self._settings.tick_seconds)
-            if epoch != self._stream_epoch:
-                return
             now = self._clock.monotonic()
-            for output in self._outputs(self._core.tick(now)):
-                await outbox.put(output)
+            self._deliver(self._core.tick(now), None)
             if now >= self._gauges_at and self._metrics.enabled:
                 self._gauges_at = now + GAUGE_SECONDS
                 self._metrics.summarise(self._core.snapshot(now))
 
-    def _apply(self, message: scheduler_pb2.SchedulerInput) -> list[scheduler_pb2.SchedulerOutput]:
-        """One input to the core; the outputs its decisions make, in order."""
+    def _apply(
+        self, message: scheduler_pb2.SchedulerInput, stream: _Stream
+    ) -> list[scheduler_pb2.SchedulerOutput]:
+        """One input to the core: the outputs its decisions make for this stream, in order (those
+        for other streams are offered to them)."""
         now = self._clock.monotonic()
         kind = message.WhichOneof("kind")
         if kind == "batch":
@@ -162,24 +226,33 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
             for inner in message.batch.inputs:
                 if inner.WhichOneof("kind") == "batch":
                     raise GantryError("INVALID_ARGUMENT", "scheduler input batches do not nest")
-                outputs.extend(self._apply(inner))
+                outputs.extend(self._apply(inner, stream))
             return outputs
         if kind == "work_submitted":
-            decisions = self._submit(message, now)
+            work_id = message.work_submitted.work_id
+            if work_id in self._origins:
+                # Queued already, maybe from another stream, whose answer must stay its own.
+                known = WorkRejected(work_id, "ALREADY_EXISTS", f"work {work_id} is known")
+                return [self._output(known, now)]
+            decisions = self._submit(message, stream.origin, now)
         elif kind == "work_finished":
             decisions = self._finish(message.work_finished, now)
         else:
             decisions = self._update_cluster(message, kind, now)
-        return self._outputs(decisions)
+        return self._deliver(decisions, stream)
 
-    def _submit(self, message: scheduler_pb2.SchedulerInput, now: float) -> list[Decision]:
+    def _submit(
+        self, message: scheduler_pb2.SchedulerInput, origin: str, now: float
+    ) -> list[Decision]:
         submitted = message.work_submitted
+        self._origins[submitted.work_id] = origin
         if message.trace_context:
             self._traces[submitted.work_id] = dict(message.trace_context)
         self._metrics.submitted(submitted.work_id, submitted.tenant_id, now)
-        return self._core.submit(wire.work(submitted), now)
+        return self._core.submit(wire.work(submitted, origin=origin), now)
 
     def _finish(self, finished: scheduler_pb2.WorkFinished, now: float) -> list[Decision]:
+        self._origins.pop(finished.work_id, None)
         self._traces.pop(finished.work_id, None)
         self._metrics.finished(finished.work_id)
         # An outcome this scheduler does not know says nothing about health.
@@ -226,34 +299,59 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
             return []
         raise GantryError("INVALID_ARGUMENT", f"unknown scheduler input {kind!r}")
 
-    def _outputs(self, decisions: list[Decision]) -> list[scheduler_pb2.SchedulerOutput]:
-        outputs = []
+    def _deliver(
+        self, decisions: list[Decision], asking: _Stream | None
+    ) -> list[scheduler_pb2.SchedulerOutput]:
+        """Each decision's output to the streams it is for: the asking stream's returned in order
+        (its reader waits for room), the others' offered at once."""
+        own = []
         now = self._clock.monotonic() if decisions else 0.0
         for decision in decisions:
-            self._metrics.decided(decision, now)
-            output = wire.output(decision)
-            work_id = getattr(decision, "work_id", None)
-            carrier = self._traces.pop(work_id, None) if work_id else None
-            if isinstance(decision, Dispatched):
-                with _tracer.start_as_current_span(
-                    "scheduler.dispatch",
-                    context=extract_context(carrier or {}),
-                    attributes={
-                        "gantry.work_id": decision.work_id,
-                        "gantry.deployment_id": decision.deployment_id,
-                        "gantry.node_id": decision.node_id,
-                    },
-                ):
-                    inject_context(output.trace_context)
-            outputs.append(output)
-        return outputs
+            output = self._output(decision, now)
+            for stream in self._targets(decision, asking):
+                if stream is asking:
+                    own.append(output)
+                elif not stream.outbox.offer(output):
+                    self._overflowed(stream)
+        return own
+
+    def _targets(self, decision: Decision, asking: _Stream | None) -> list[_Stream]:
+        if isinstance(decision, Dispatched | WorkRejected):
+            # Every call submitted has its entry until its answer (a call refused at submit as
+            # a duplicate of one in flight too: its entry was just made). None: its stream
+            # closed meanwhile, and nobody waits for the answer.
+            origin = self._origins.pop(decision.work_id, None)
+            stream = self._streams.get(origin) if origin is not None else None
+            return [stream] if stream is not None else []
+        if isinstance(decision, PlacementMade | PlacementRefused):
+            return [asking] if asking is not None else []
+        return list(self._streams.values())  # breaker moves and advice: every control plane's
+
+    def _output(self, decision: Decision, now: float) -> scheduler_pb2.SchedulerOutput:
+        self._metrics.decided(decision, now)
+        output = wire.output(decision)
+        if isinstance(decision, Dispatched):
+            carrier = self._traces.pop(decision.work_id, None)
+            with _tracer.start_as_current_span(
+                "scheduler.dispatch",
+                context=extract_context(carrier or {}),
+                attributes={
+                    "gantry.work_id": decision.work_id,
+                    "gantry.deployment_id": decision.deployment_id,
+                    "gantry.node_id": decision.node_id,
+                },
+            ):
+                inject_context(output.trace_context)
+        elif isinstance(decision, WorkRejected):
+            self._traces.pop(decision.work_id, None)
+        return output
 
     async def GetQueueSnapshot(
         self, request: scheduler_pb2.GetQueueSnapshotRequest, context: grpc.aio.ServicerContext
     ) -> scheduler_pb2.QueueSnapshot:
         await asyncio.sleep(0)
         return wire.snapshot(
-            self._core.snapshot(self._clock.monotonic()), connected=self._connected
+            self._core.snapshot(self._clock.monotonic()), connected=bool(self._streams)
         )
 
 

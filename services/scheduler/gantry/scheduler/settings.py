@@ -17,7 +17,7 @@ from gantry.common.service_settings import (
 )
 from gantry.common.tls import add_server_tls_arguments
 from gantry.scheduler.policy.core import CoreSettings
-from gantry.scheduler.service import SchedulerSettings
+from gantry.scheduler.service import DEFAULT_MAX_STREAMS, SchedulerSettings
 
 
 def _positive_int(text: str) -> int:
@@ -43,6 +43,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--health-listen",
         metavar="HOST:PORT",
         help="also serve grpc.health.v1 alone, plaintext, here (probes that cannot speak TLS)",
+    )
+    parser.add_argument(
+        "--max-streams",
+        type=_positive_int,
+        default=DEFAULT_MAX_STREAMS,
+        help="control-plane streams (replicas) connected at once; past it QUEUE_FULL "
+        "(default %(default)s)",
     )
     defaults = CoreSettings()
     _add_queueing_arguments(parser.add_argument_group("queueing and admission"), defaults)
@@ -98,6 +105,7 @@ class SchedulerConfig(ProcessSettings, ServerTlsSettings):
     listen: str
     service_token_file: Path
     health_listen: str | None = None
+    max_streams: int
     global_queue_depth: int
     tenant_queue_depth: int
     tenant_concurrency: int
@@ -114,7 +122,8 @@ class SchedulerConfig(ProcessSettings, ServerTlsSettings):
                 aging_seconds=self.aging_s,
                 breaker_threshold=self.breaker_threshold,
                 breaker_cooldown_seconds=self.breaker_cooldown_s,
-            )
+            ),
+            max_streams=self.max_streams,
         )
 
 

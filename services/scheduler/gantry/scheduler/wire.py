@@ -98,7 +98,7 @@ def tenant_policy(message: common_pb2.TenantPolicy) -> TenantPolicy:
     )
 
 
-def work(message: scheduler_pb2.WorkSubmitted) -> events.WorkRequest:
+def work(message: scheduler_pb2.WorkSubmitted, *, origin: str = "") -> events.WorkRequest:
     return events.WorkRequest(
         work_id=message.work_id,
         tenant_id=message.tenant_id,
@@ -107,6 +107,7 @@ def work(message: scheduler_pb2.WorkSubmitted) -> events.WorkRequest:
         cost=max(1, message.cost),
         timeout_seconds=max(0.0, message.timeout_seconds),
         inputs=max(1, message.inputs),  # 0 (an older control plane): one slot, as before
+        origin=origin,
     )
 
 

@@ -4,42 +4,35 @@ It composes the policies (fair queue, tenant admission, resource ledger, placeme
 breakers, autoscale advice) and keeps one invariant across them: every piece of submitted work is
 at any moment in exactly one place: waiting in its deployment's fair queue, in flight on one
 residency, or answered (a Dispatch, or a rejection with its reason). Work leaves the queue without
-a decision only when the control plane says its caller has gone.
+a decision only when the control plane says its caller has gone, or when the control-plane stream
+it came on (its origin) closes.
 
 Work is queued per deployment, so a deployment whose slots are all busy never holds up another
 deployment's work (no head-of-line blocking), and fairness is weighed where the contention is.
 It is weighed twice there: the fair queue orders what waits, and each tenant takes slots only
 while the slots its calls in flight hold are under its weighted share of the deployment's slots
 (`slot_shares`), because a model host serves what it holds in arrival order, so the tenants'
-shares of the slots in flight are their shares of what is served.
-
-Slots are counted in inputs, as a residency announces them (its model host's batch size): a call
-takes as many slots as it has inputs (an Embed of 8 texts takes 8 of 32), at most all of its
-residency's, so a call bigger than a residency runs there alone. Counted per call, 32 slots let
-32 calls of 8 inputs out at once, 256 inputs for a host that works on 32: the rest waited in the
-host, beyond a tenant's max_queue_depth, which counts only the calls waiting here.
+shares of the slots in flight are their shares of what is served. Slots are counted in inputs
+(`residency_slots`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import heapq
-import statistics
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from gantry.scheduler.policy.admission import TenantBook
-from gantry.scheduler.policy.autoscale import Autoscaler, ScaleAdviceValue, ScaleSignal
+from gantry.scheduler.policy.autoscale import Autoscaler, ScaleAdviceValue
 from gantry.scheduler.policy.breakers import NODE_BREAKER, BreakerBoard, BreakerChange
-from gantry.scheduler.policy.deployment_work import DeploymentWork
+from gantry.scheduler.policy.deadlines import Deadlines
+from gantry.scheduler.policy.deployment_work import DeploymentWork, scale_signal
 from gantry.scheduler.policy.events import (
     CoreSnapshot,
     Decision,
     DeploymentInfo,
     Dispatched,
     NodeInfo,
-    PlacementMade,
-    PlacementRefused,
     PlacementRequest,
     ResidencyInfo,
     ResidencyLoadView,
@@ -48,7 +41,13 @@ from gantry.scheduler.policy.events import (
 )
 from gantry.scheduler.policy.fair_queue import FairQueue, QueuedWork
 from gantry.scheduler.policy.ledger import Ledger
-from gantry.scheduler.policy.placement import NodeCandidate, NotPlaced, gpu_facts, place
+from gantry.scheduler.policy.placements import Placements
+from gantry.scheduler.policy.residency_slots import (
+    Assignment,
+    ResidencySlots,
+    eligibility,
+    fitting,
+)
 from gantry.scheduler.policy.types import (
     BreakerState,
     Outcome,
@@ -74,22 +73,6 @@ class CoreSettings:
 
 
 @dataclass(slots=True)
-class _Residency:
-    info: ResidencyInfo
-    in_flight: int = 0  # slots held by its calls in flight: their inputs, not their count
-    infra_failures: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class _Assignment:
-    residency_id: str
-    node_id: str
-    deployment_id: str
-    tenant_id: str
-    slots: int  # what it holds of its residency's slots: its inputs, at most all of them
-
-
-@dataclass(slots=True)
 class _Totals:
     dispatched: int = 0
     rejected: int = 0
@@ -107,12 +90,8 @@ NODE_REASONS = frozenset({"WORKER_UNAVAILABLE", "STALE_GENERATION"})
 
 @dataclass(frozen=True, slots=True)
 class _Route:
-    routable: list[_Residency]  # by node id, then residency id
+    routable: list[ResidencySlots]  # by node id, then residency id
     refusal: Refusal | None
-
-
-def _hold_id(deployment_id: str, node_id: str) -> str:
-    return f"placement:{deployment_id}:{node_id}"
 
 
 class SchedulerCore:
@@ -122,23 +101,20 @@ class SchedulerCore:
         self.reset()
 
     def reset(self) -> None:
-        """Forget the cluster and every queued and in-flight piece of work (a new stream)."""
+        """Forget the cluster and every queued and in-flight piece of work (no stream is left)."""
         s = self._settings
         self._nodes: dict[str, NodeInfo] = {}
-        self._residencies: dict[str, _Residency] = {}
+        self._residencies: dict[str, ResidencySlots] = {}
         self._by_deployment: dict[str, set[str]] = {}
         self._by_node: dict[str, set[str]] = {}
         self._deployments: dict[str, DeploymentInfo] = {}
         self._work: dict[str, DeploymentWork] = {}
         self._queued_where: dict[str, str] = {}  # work id -> deployment id
-        self._in_flight: dict[str, _Assignment] = {}
-        self._deadlines: list[tuple[float, int, str]] = []
-        self._sequence = 0
-        # Provisional placement charges: deployment -> node -> when the hold lapses.
-        self._holds: dict[str, dict[str, float]] = {}
-        self._candidates: list[NodeCandidate] | None = None  # the nodes placement weighs
+        self._in_flight: dict[str, Assignment] = {}
+        self._deadlines = Deadlines()
         self._routes: dict[str, _Route] = {}
         self._ledger = Ledger()
+        self._placements = Placements(self._nodes, self._ledger)
         self._book = TenantBook(
             default_queue_depth=s.tenant_queue_depth,
             default_concurrency=s.tenant_concurrency,
@@ -162,60 +138,99 @@ class SchedulerCore:
         policies: Iterable[TenantPolicy],
         now: float,
     ) -> list[Decision]:
-        """A full snapshot replaces everything: nothing queued survives a resynchronisation (the
-        control plane failed every waiter when the old stream dropped)."""
-        self.reset()
+        """The newest snapshot is the truth about the cluster (every control plane reads the same
+        database): its nodes, residencies, deployments and tenant policies replace those held,
+        and what it no longer lists leaves as a removal would. Work queued and in flight and the
+        placement holds stay: other control-plane streams' callers still wait on them (a stream's
+        own callers, on its reconnect, were failed by its control plane and leave with its
+        origin, `drop_origin`). Queued work is settled once, against the whole new picture, so no
+        deployment refuses its work halfway through the replacement (a residency whose id moved).
+        """
+        nodes, residencies, deployments = list(nodes), list(residencies), list(deployments)
         self._book.replace_policies(policies)
+        affected: set[str] = set()
         for node in nodes:
-            self.upsert_node(node, now)
+            affected |= self._put_node(node)
+        for residency in residencies:
+            affected |= self._put_residency(residency)
+        for rid in sorted(self._residencies.keys() - {r.residency_id for r in residencies}):
+            affected.add(self._drop_residency(self._residencies[rid]))
+        for node_id in sorted(self._nodes.keys() - {n.node_id for n in nodes}):
+            affected |= self._drop_node(node_id)
+        gone = sorted(self._deployments.keys() - {d.deployment_id for d in deployments})
+        for deployment_id in gone:
+            self._drop_deployment(deployment_id)
         for deployment in deployments:
             self.upsert_deployment(deployment)
-        for residency in residencies:
-            self.upsert_residency(residency, now)
-        return []
+        decisions = self._settle_many(affected | set(gone), now)
+        self._forget_idle(gone)
+        return decisions
 
     def upsert_node(self, node: NodeInfo, now: float) -> list[Decision]:
-        previous = self._nodes.get(node.node_id)
-        self._nodes[node.node_id] = node
-        self._routes.clear()
-        self._candidates = None
-        self._ledger.set_node(
-            node.node_id, node.domains, max_holders=node.max_residencies, external=node.external
-        )
-        if previous is not None and previous.connected == node.connected:
-            return []
-        return self._settle_many(self._deployments_on(node.node_id), now)
+        return self._settle_many(self._put_node(node), now)
 
     def remove_node(self, node_id: str, now: float) -> list[Decision]:
         """The node was deleted: it leaves every view (nodes, ledger, breakers, residencies), its
         placement holds lapse now, and work queued for what it served is settled without it."""
-        self._nodes.pop(node_id, None)
-        self._routes.clear()
-        self._candidates = None
-        affected = self._deployments_on(node_id)
-        for rid in sorted(self._by_node.get(node_id, ())):
-            self._ledger.release(rid)
-            self._forget_residency(self._residencies[rid])
-        self._by_node.pop(node_id, None)
-        for deployment_id in [d for d, held in self._holds.items() if node_id in held]:
-            held = self._holds[deployment_id]
-            del held[node_id]
-            if not held:
-                del self._holds[deployment_id]
-        self._ledger.remove_node(node_id)  # and with it the holds' charges
-        self._breakers.forget(node_id)
-        return self._settle_many(affected, now)
+        return self._settle_many(self._drop_node(node_id), now)
 
     def upsert_residency(self, residency: ResidencyInfo, now: float) -> list[Decision]:
+        return self._settle_many(self._put_residency(residency), now)
+
+    def upsert_deployment(self, deployment: DeploymentInfo) -> None:
+        self._deployments[deployment.deployment_id] = deployment
+
+    def remove_deployment(self, deployment_id: str, now: float) -> list[Decision]:
+        """Unloaded or deleted: no more advice, its breakers forgotten (their failures were
+        its model hosts', which are going). Its residencies leave as each goes COLD; work still
+        queued is served by one still resident or answered at once, and then its queue goes."""
+        self._drop_deployment(deployment_id)
+        decisions = self._settle(deployment_id, now)
+        self._forget_idle((deployment_id,))
+        return decisions
+
+    def set_policies(self, policies: Iterable[TenantPolicy]) -> None:
+        """Applied at once: the next admission and the next push read the new values."""
+        for policy in policies:
+            self._book.set_policy(policy)
+
+    # The cluster's facts changing, each returning the deployments whose queued work must be
+    # settled again; the public methods settle at once, a snapshot once at its end.
+
+    def _put_node(self, node: NodeInfo) -> set[str]:
+        previous = self._nodes.get(node.node_id)
+        self._nodes[node.node_id] = node
+        self._routes.clear()
+        self._placements.nodes_changed()
+        self._ledger.set_node(
+            node.node_id, node.domains, max_holders=node.max_residencies, external=node.external
+        )
+        if previous is not None and previous.connected == node.connected:
+            return set()
+        return self._deployments_on(node.node_id)
+
+    def _drop_node(self, node_id: str) -> set[str]:
+        self._nodes.pop(node_id, None)
+        self._routes.clear()
+        self._placements.nodes_changed()
+        affected = self._deployments_on(node_id)
+        for rid in sorted(self._by_node.get(node_id, ())):
+            self._drop_residency(self._residencies[rid])
+        self._by_node.pop(node_id, None)
+        self._placements.forget_node(node_id)
+        self._ledger.remove_node(node_id)
+        self._breakers.forget(node_id)
+        return affected
+
+    def _put_residency(self, residency: ResidencyInfo) -> set[str]:
         rid, deployment_id = residency.residency_id, residency.deployment_id
         previous = self._residencies.get(rid)
         self._routes.clear()
         if residency.phase in (ResidencyPhase.COLD, 0):
-            self._ledger.release(rid)
             if previous is None:
-                return []
-            self._forget_residency(previous)
-            return self._settle(deployment_id, now)
+                self._ledger.release(rid)
+                return set()
+            return {self._drop_residency(previous)}
         if previous is not None and previous.info.node_id != residency.node_id:
             self._forget_residency(previous)
             previous = None
@@ -229,7 +244,7 @@ class SchedulerCore:
             # Resident again after a restart: a new model host, whose health its predecessor's
             # failures say nothing about.
             self._breakers.forget(residency.node_id, deployment_id)
-        self._residencies[rid] = _Residency(
+        self._residencies[rid] = ResidencySlots(
             info=residency,
             in_flight=previous.in_flight if previous else 0,
             infra_failures=previous.infra_failures if previous else 0,
@@ -244,35 +259,28 @@ class SchedulerCore:
             uncertain=residency.phase == ResidencyPhase.UNCERTAIN,
         )
         # The residency now carries the charge its placement held provisionally.
-        held = self._holds.get(deployment_id)
-        if held is not None and held.pop(residency.node_id, None) is not None:
-            self._ledger.release(_hold_id(deployment_id, residency.node_id))
-            if not held:
-                del self._holds[deployment_id]
-        return self._settle(deployment_id, now)
+        self._placements.release(deployment_id, (residency.node_id,))
+        return {deployment_id}
 
-    def upsert_deployment(self, deployment: DeploymentInfo) -> None:
-        self._deployments[deployment.deployment_id] = deployment
+    def _drop_residency(self, residency: ResidencySlots) -> str:
+        """It went COLD or left the cluster: its charge and its breaker go; its deployment."""
+        self._ledger.release(residency.info.residency_id)
+        self._forget_residency(residency)
+        return residency.info.deployment_id
 
-    def remove_deployment(self, deployment_id: str, now: float) -> list[Decision]:
-        """Unloaded or deleted: no more advice, its breakers forgotten (their failures were
-        its model hosts', which are going). Its residencies leave as each goes COLD; work still
-        queued is served by one still resident or answered at once, and then its queue goes."""
+    def _drop_deployment(self, deployment_id: str) -> None:
         self._deployments.pop(deployment_id, None)
         self._advice.pop(deployment_id, None)
         self._autoscaler.forget(deployment_id)
         self._breakers.forget_deployment(deployment_id)
         self._routes.pop(deployment_id, None)
-        decisions = self._settle(deployment_id, now)
-        work = self._work.get(deployment_id)
-        if work is not None and work.idle:
-            del self._work[deployment_id]
-        return decisions
 
-    def set_policies(self, policies: Iterable[TenantPolicy]) -> None:
-        """Applied at once: the next admission and the next push read the new values."""
-        for policy in policies:
-            self._book.set_policy(policy)
+    def _forget_idle(self, deployment_ids: Iterable[str]) -> None:
+        """Removed deployments whose queue and slots are empty now: their entries go."""
+        for deployment_id in deployment_ids:
+            work = self._work.get(deployment_id)
+            if work is not None and work.idle:
+                del self._work[deployment_id]
 
     # ---- work -----------------------------------------------------------------------------------
 
@@ -297,14 +305,14 @@ class SchedulerCore:
             enqueued_at=now,
             deadline_at=deadline_at,
             inputs=work.inputs if work.inputs > 0 else 1,
+            origin=work.origin,
         )
         self._work_of(work.deployment_id).queue.push(
             queued, weight=max(1, self._book.policy(work.tenant_id).weight)
         )
         self._queued_where[work.work_id] = work.deployment_id
         if deadline_at is not None:
-            self._sequence += 1
-            heapq.heappush(self._deadlines, (deadline_at, self._sequence, work.work_id))
+            self._deadlines.add(work.work_id, deadline_at)
         return self._pump(work.deployment_id, now)
 
     def finish(
@@ -315,13 +323,9 @@ class SchedulerCore:
         `reason` is the failure's ErrorInfo reason: only a node's own failure (NODE_REASONS)
         counts on the node's breaker; a model host's fault counts on its pair's alone.
         """
-        deployment_id = self._queued_where.pop(work_id, None)
+        deployment_id = self._queued_where.get(work_id)
         if deployment_id is not None:
-            removed = self._work_of(deployment_id).queue.remove(work_id)
-            if removed is not None:
-                self._book.dropped(
-                    removed.tenant_id, removed.cost, now, charged_at=removed.enqueued_at
-                )
+            self._unqueue(work_id, deployment_id, now)
             self._totals.cancelled += 1
             # Its tenant asks less now, so another tenant's share of the slots may have grown.
             return self._pump(deployment_id, now)
@@ -332,15 +336,9 @@ class SchedulerCore:
             self._totals.cancelled += 1
         elif outcome == Outcome.INFRA_FAILURE:
             self._totals.infra_failures += 1
-        self._book.finished(assignment.tenant_id)
-        work = self._work.get(assignment.deployment_id)
-        if work is not None:
-            work.released(assignment.tenant_id, assignment.slots)
-        residency = self._residencies.get(assignment.residency_id)
-        if residency is not None:
-            residency.in_flight = max(0, residency.in_flight - assignment.slots)
-            if outcome == Outcome.INFRA_FAILURE:
-                residency.infra_failures += 1
+        residency = self._release(assignment)
+        if residency is not None and outcome == Outcome.INFRA_FAILURE:
+            residency.infra_failures += 1
         # A residency already forgotten (COLD, its deployment removed, its node deleted) keeps
         # no breaker: a late outcome would bring back a row for what no longer exists. Its
         # node's own breaker still counts while the node is known.
@@ -365,58 +363,40 @@ class SchedulerCore:
         decisions.extend(self._settle_many(affected, now))
         return decisions
 
+    def drop_origin(self, origin: str, now: float) -> list[Decision]:
+        """A control-plane stream closed. Its work still queued leaves without an answer (its
+        control plane failed those callers when the stream dropped); its work in flight gives its
+        slots back with no outcome (none will come, and a stream's end says nothing about a
+        model's health, so no breaker hears of it). Other streams' work stays as it is, and what
+        of it waits for the freed slots is served now."""
+        affected: set[str] = set()
+        for work_id, deployment_id in list(self._queued_where.items()):
+            queued = self._work[deployment_id].queue.find(work_id)
+            if queued is not None and queued.origin == origin:
+                self._unqueue(work_id, deployment_id, now)
+                self._totals.cancelled += 1
+                affected.add(deployment_id)
+        for work_id, assignment in list(self._in_flight.items()):
+            if assignment.origin == origin:
+                del self._in_flight[work_id]
+                self._release(assignment)
+                self._totals.cancelled += 1
+                affected.add(assignment.deployment_id)
+        return self._settle_many(affected, now)
+
     def place(self, request: PlacementRequest, now: float) -> Decision:
-        holding = {
+        serving = {
             self._residencies[rid].info.node_id
             for rid in self._by_deployment.get(request.deployment_id, ())
-        } | set(self._holds.get(request.deployment_id, ()))
-        if self._candidates is None:
-            self._candidates = [
-                NodeCandidate(
-                    node_id=n.node_id,
-                    connected=n.connected,
-                    labels=n.labels,
-                    gpus=gpu_facts(n.gpus, n.domains),
-                )
-                for n in self._nodes.values()
-            ]
-        result = place(
-            nodes=self._candidates,
-            ledger=self._ledger,
-            claims=request.claims,
-            required_labels=request.required_labels,
-            replicas=max(1, request.replicas),
-            exclude=holding,
-            policy=request.policy,
-            gpu=request.gpu,
-        )
-        if isinstance(result, NotPlaced):
-            return PlacementRefused(
-                request_id=request.request_id,
-                deployment_id=request.deployment_id,
-                reason=result.reason,
-                message=result.message,
-                node_refusals=tuple(result.node_refusals),
-            )
-        held = self._holds.setdefault(request.deployment_id, {})
-        for node_id in result.node_ids:
-            self._ledger.charge(_hold_id(request.deployment_id, node_id), node_id, request.claims)
-            held[node_id] = now + self._settings.placement_hold_seconds
-        return PlacementMade(
-            request_id=request.request_id,
-            deployment_id=request.deployment_id,
-            node_ids=tuple(result.node_ids),
+        }
+        return self._placements.place(
+            request, exclude=serving, hold_until=now + self._settings.placement_hold_seconds
         )
 
     def release_holds(self, deployment_id: str, node_ids: Iterable[str]) -> list[Decision]:
         """Placed nodes the control plane did not use: their holds lapse now (a hold already
         turned into a residency, or lapsed, is not there to release)."""
-        held = self._holds.get(deployment_id, {})
-        for node_id in node_ids:
-            if held.pop(node_id, None) is not None:
-                self._ledger.release(_hold_id(deployment_id, node_id))
-        if not held:
-            self._holds.pop(deployment_id, None)
+        self._placements.release(deployment_id, node_ids)
         return []
 
     def tick(self, now: float) -> list[Decision]:
@@ -426,13 +406,7 @@ class SchedulerCore:
         if changes:
             self._routes.clear()
         decisions.extend(changes)
-        for deployment_id, held in list(self._holds.items()):
-            for node_id, lapses_at in list(held.items()):
-                if lapses_at <= now:
-                    del held[node_id]
-                    self._ledger.release(_hold_id(deployment_id, node_id))
-            if not held:
-                del self._holds[deployment_id]
+        self._placements.lapse(now)
         # Aged BATCH work and freed slots are served here too, should no event have pumped them.
         waiting = {d for d, work in self._work.items() if len(work.queue)}
         decisions.extend(self._settle_many(waiting | self._affected_by(changes), now))
@@ -502,15 +476,15 @@ class SchedulerCore:
                 )
                 weighed = True
             queue = work.queue
-            eligible = share if queue.all_single_input else _eligibility(share, open_, queue)
+            eligible = share if queue.all_single_input else eligibility(share, open_, queue)
             queued = queue.pop(now, eligible)
             if queued is None:
                 break
             del self._queued_where[queued.work_id]
-            decisions.append(self._start(queued, _fitting(open_, queued.inputs), work, now))
+            decisions.append(self._start(queued, fitting(open_, queued.inputs), work, now))
         return decisions
 
-    def _with_room(self, deployment_id: str, now: float) -> list[_Residency]:
+    def _with_room(self, deployment_id: str, now: float) -> list[ResidencySlots]:
         """The routable residencies with a free slot whose breakers let a call through, by node
         id, then residency id."""
         return [
@@ -526,17 +500,18 @@ class SchedulerCore:
         return sum(slots), max(slots, default=1)
 
     def _start(
-        self, queued: QueuedWork, residency: _Residency, work: DeploymentWork, now: float
+        self, queued: QueuedWork, residency: ResidencySlots, work: DeploymentWork, now: float
     ) -> Dispatched:
         info = residency.info
         taken = queued.inputs if queued.inputs <= info.slots else info.slots
         residency.in_flight += taken
-        self._in_flight[queued.work_id] = _Assignment(
+        self._in_flight[queued.work_id] = Assignment(
             residency_id=info.residency_id,
             node_id=info.node_id,
             deployment_id=info.deployment_id,
             tenant_id=queued.tenant_id,
             slots=taken,
+            origin=queued.origin,
         )
         self._book.dispatched(queued.tenant_id, queued.cost)
         work.took(queued.tenant_id, taken)
@@ -623,15 +598,13 @@ class SchedulerCore:
 
     def _expire(self, now: float) -> list[Decision]:
         decisions: list[Decision] = []
-        while self._deadlines and self._deadlines[0][0] <= now:
-            _, _, work_id = heapq.heappop(self._deadlines)
-            deployment_id = self._queued_where.pop(work_id, None)
+        for work_id in self._deadlines.due(now):
+            deployment_id = self._queued_where.get(work_id)
             if deployment_id is None:
                 continue  # served or gone before its deadline
-            queued = self._work_of(deployment_id).queue.remove(work_id)
+            queued = self._unqueue(work_id, deployment_id, now)
             if queued is None:
                 continue
-            self._book.dropped(queued.tenant_id, queued.cost, now, charged_at=queued.enqueued_at)
             self._totals.expired += 1
             waited = now - queued.enqueued_at
             decisions.append(
@@ -645,11 +618,7 @@ class SchedulerCore:
                     ),
                 )
             )
-        # Entries of work served before its deadline stay in the heap until then: compact
-        # when they outnumber the queue by far, so the heap stays bounded by the queue.
-        if len(self._deadlines) > 4 * len(self._queued_where) + 1024:
-            self._deadlines = [e for e in self._deadlines if e[2] in self._queued_where]
-            heapq.heapify(self._deadlines)
+        self._deadlines.compact(self._queued_where, len(self._queued_where))
         return decisions
 
     def _advise(self, now: float) -> list[Decision]:
@@ -661,21 +630,8 @@ class SchedulerCore:
             residencies = [
                 self._residencies[rid] for rid in self._by_deployment.get(deployment_id, ())
             ]
-            work = self._work.get(deployment_id)
-            waits = list(work.waits) if work else []
-            advice = self._autoscaler.advise(
-                ScaleSignal(
-                    deployment_id=deployment_id,
-                    replicas=deployment.replicas,
-                    min_replicas=deployment.min_replicas,
-                    max_replicas=deployment.max_replicas,
-                    queued=sum(work.queue.waiting_inputs().values()) if work else 0,
-                    in_flight=sum(r.in_flight for r in residencies),
-                    slots_per_replica=max([max(1, r.info.slots) for r in residencies] or [1]),
-                    queue_wait_p50=statistics.median(waits) if waits else 0.0,
-                ),
-                now,
-            )
+            signal = scale_signal(deployment, self._work.get(deployment_id), residencies)
+            advice = self._autoscaler.advise(signal, now)
             if advice is not None:
                 self._advice[deployment_id] = advice
                 decisions.append(advice)
@@ -698,7 +654,26 @@ class SchedulerCore:
     def _deployments_on(self, node_id: str) -> set[str]:
         return {self._residencies[rid].info.deployment_id for rid in self._by_node.get(node_id, ())}
 
-    def _forget_residency(self, residency: _Residency) -> None:
+    def _unqueue(self, work_id: str, deployment_id: str, now: float) -> QueuedWork | None:
+        """Queued work leaves unserved: its tenant's queued count and budget charge go back."""
+        del self._queued_where[work_id]
+        queued = self._work_of(deployment_id).queue.remove(work_id)
+        if queued is not None:
+            self._book.dropped(queued.tenant_id, queued.cost, now, charged_at=queued.enqueued_at)
+        return queued
+
+    def _release(self, assignment: Assignment) -> ResidencySlots | None:
+        """Work in flight ended: its tenant's count and its residency's slots are given back."""
+        self._book.finished(assignment.tenant_id)
+        work = self._work.get(assignment.deployment_id)
+        if work is not None:
+            work.released(assignment.tenant_id, assignment.slots)
+        residency = self._residencies.get(assignment.residency_id)
+        if residency is not None:
+            residency.in_flight = max(0, residency.in_flight - assignment.slots)
+        return residency
+
+    def _forget_residency(self, residency: ResidencySlots) -> None:
         info = residency.info
         self._residencies.pop(info.residency_id, None)
         self._by_deployment.get(info.deployment_id, set()).discard(info.residency_id)
@@ -712,48 +687,3 @@ class SchedulerCore:
                 queue=FairQueue(aging_seconds=self._settings.aging_seconds)
             )
         return work
-
-
-def _eligibility(
-    share: Callable[[QueuedWork], bool] | None, open_: list[_Residency], queue: FairQueue
-) -> Callable[[QueuedWork], bool] | None:
-    """Which of the tenants' next calls the queue may serve now, asked in fair order: one whose
-    tenant is under its share (`share`; None: every tenant is) and that fits a residency with
-    room. A call takes its inputs' slots, at most a residency's all, so it fits where that many
-    are free or where nothing runs (a call bigger than a residency runs there alone).
-
-    The first call under its share that fits nowhere stops the pop: the calls behind it in fair
-    order wait too, so smaller calls never slip past a big one for ever; it goes once its room
-    frees. While nothing runs somewhere, every call fits (and while every call waiting has one
-    input, which the caller knows without asking).
-    """
-    if any(not r.in_flight for r in open_):
-        return share
-    room = max(r.info.slots - r.in_flight for r in open_)
-    blocked = False
-
-    def eligible(queued: QueuedWork) -> bool:
-        nonlocal blocked
-        if blocked or (share is not None and not share(queued)):
-            return False
-        if queued.inputs <= room:
-            return True
-        blocked = True
-        return False
-
-    return eligible
-
-
-def _fitting(open_: list[_Residency], inputs: int) -> _Residency:
-    """The residency a call goes to: least slots held among those it fits, ties by node id, then
-    residency id (the order of `open_`), so the same state gives the same answer. The caller
-    allowed only a call that fits one."""
-    best: _Residency | None = None
-    for residency in open_:
-        held, slots = residency.in_flight, residency.info.slots
-        if held + min(inputs, slots) > slots:
-            continue
-        if best is None or held < best.in_flight:
-            best = residency
-    assert best is not None, "a call was allowed that fits no residency"
-    return best

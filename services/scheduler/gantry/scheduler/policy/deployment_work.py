@@ -1,14 +1,19 @@
 """One deployment's work in the scheduler: its fair queue, recent waits, and the slots each tenant's
 calls in flight hold there, which decide whether a tenant may take more of the deployment's slots
-(the caps are slot_shares'). Pure: the core feeds it what it dispatched and what finished."""
+(the caps are slot_shares'), and the autoscaler's signal read from them. Pure: the core feeds it
+what it dispatched and what finished."""
 
 from __future__ import annotations
 
+import statistics
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from gantry.scheduler.policy.autoscale import ScaleSignal
+from gantry.scheduler.policy.events import DeploymentInfo
 from gantry.scheduler.policy.fair_queue import FairQueue, QueuedWork
+from gantry.scheduler.policy.residency_slots import ResidencySlots
 from gantry.scheduler.policy.slot_shares import slot_caps
 
 
@@ -66,3 +71,21 @@ class DeploymentWork:
             return held + (take - 1) / 2 < caps[queued.tenant_id]
 
         return eligible
+
+
+def scale_signal(
+    deployment: DeploymentInfo, work: DeploymentWork | None, residencies: Sequence[ResidencySlots]
+) -> ScaleSignal:
+    """What the autoscaler weighs for one deployment: its replicas, what waits and runs, how long
+    calls waited lately."""
+    waits = list(work.waits) if work else []
+    return ScaleSignal(
+        deployment_id=deployment.deployment_id,
+        replicas=deployment.replicas,
+        min_replicas=deployment.min_replicas,
+        max_replicas=deployment.max_replicas,
+        queued=sum(work.queue.waiting_inputs().values()) if work else 0,
+        in_flight=sum(r.in_flight for r in residencies),
+        slots_per_replica=max([max(1, r.info.slots) for r in residencies] or [1]),
+        queue_wait_p50=statistics.median(waits) if waits else 0.0,
+    )

@@ -62,6 +62,9 @@ class WorkRequest:
     # The slots it takes on a residency: its input count (an Embed's texts), at most the
     # residency's slots, so a call bigger than a residency runs there alone; 0 counts as 1.
     inputs: int = 1
+    # The control-plane stream that submitted it (the service names each stream): its answer
+    # goes back there, and it leaves with that stream (`SchedulerCore.drop_origin`).
+    origin: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -39,6 +39,7 @@ class QueuedWork:
     enqueued_at: float  # monotonic seconds
     deadline_at: float | None  # None = no deadline (the core expires work, not the queue)
     inputs: int = 1  # >= 1: the slots it asks of a residency (the core caps it at the residency's)
+    origin: str = ""  # the control-plane stream that submitted it
 
 
 @dataclass(slots=True, eq=False)
@@ -232,6 +233,10 @@ class FairQueue:
         entry.holder.remove(entry)
         self._forget(entry)
         return entry.work
+
+    def find(self, work_id: str) -> QueuedWork | None:
+        entry = self._entries.get(work_id)
+        return entry.work if entry is not None else None
 
     def drain(self) -> list[QueuedWork]:
         served = self._interactive.drain() + self._batch.drain()
