@@ -14,6 +14,7 @@ import grpc
 import pytest
 
 from gantry.common.clock import ManualClock
+from gantry.controlplane.deployments.drain_rules import DRAIN_SETTLE_S
 from gantry.controlplane.deployments.reconciler import ReconcilerSettings
 from gantry.controlplane.observability import audit as audit_rows
 from gantry.v1 import common_pb2, scheduler_pb2
@@ -23,6 +24,7 @@ from tests.integration.scripted_worker import ScriptedWorker
 
 RESIDENT = common_pb2.RESIDENCY_STATE_RESIDENT
 COLD = common_pb2.RESIDENCY_STATE_COLD
+DRAINING = common_pb2.RESIDENCY_STATE_DRAINING
 
 
 @dataclass
@@ -116,8 +118,11 @@ async def test_advice_scales_a_deployment_up_then_down_within_its_bounds(
     assert scaled_up.state == cp.DEPLOYMENT_STATE_READY
     assert len({r.node_id for r in scaled_up.residencies}) == 2
 
-    # Down: the most recently loaded replica drains (UNLOAD job) to COLD; the first one stays.
+    # Down: the most recently loaded replica drains (DRAINING, idle for the settle), then its
+    # UNLOAD job takes it to COLD; the first one stays.
     world.advise(deployment_id, 1)
+    await world.reconcile_until(deployment_id, lambda d: _states(d) == [RESIDENT, DRAINING])
+    world.clock.advance(DRAIN_SETTLE_S)
     scaled_down = await world.reconcile_until(
         deployment_id, lambda d: _states(d) == [COLD, RESIDENT]
     )

@@ -24,6 +24,7 @@ from gantry.v1 import common_pb2
 from gantry.v1 import control_plane_pb2 as cp
 from gantry.v1 import inference_pb2 as inf
 from gantry.v1 import worker_gateway_pb2 as wg
+from tests.integration.harness import wait_for
 from tests.integration.pipeline_support import Pipeline, make_model_dir, pipeline_of
 from tests.integration.scripted_worker import ScriptedWorker
 from tests.integration.test_registry_deletes import holding_unloads
@@ -146,6 +147,10 @@ async def test_a_drain_waits_for_its_unloads_and_fails_with_the_reason_on_its_ti
     deployment = await cli.gantry.deploy(approval.approval_id, "minilm")
     await cli.gantry.harness.wait_deployment(deployment.deployment_id, cp.DEPLOYMENT_STATE_READY)
 
+    # The node's replica drains first (its calls finish); its UNLOAD follows once it is idle.
+    status, out, err = await cli.run("nodes", "drain", "left", "--wait-timeout", "0.1")
+    assert status == 1 and "not drained after 0.1s" in err
+    await wait_for(lambda: bool(held), what="the UNLOAD after the drain")
     status, out, err = await cli.run("nodes", "drain", "left", "--wait-timeout", "1")
     assert (status, out) == (1, "")
     last = err.splitlines()[-1]

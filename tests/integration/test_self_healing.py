@@ -16,6 +16,7 @@ import grpc
 import pytest
 
 from gantry.common.clock import ManualClock
+from gantry.controlplane.deployments.drain_rules import DRAIN_SETTLE_S
 from gantry.controlplane.deployments.reconciler import ReconcilerSettings
 from gantry.controlplane.observability import audit as audit_rows
 from gantry.v1 import common_pb2
@@ -327,7 +328,8 @@ async def test_a_disabled_node_is_drained_and_its_replica_placed_elsewhere(
     )
     assert disabled.state == common_pb2.NODE_STATE_DISABLED
     assert disabled.disabled_reason == "maintenance"
-    await world.reconcile()
+    # Its replica drains first (no call in flight here: once the settle has passed, it unloads).
+    await world.advance(DRAIN_SETTLE_S)
     keeper_id = (await world.node("keeper")).node_id
 
     async def moved() -> bool:

@@ -74,6 +74,10 @@ REASONS: Mapping[str, ReasonSpec] = {
     "DEPLOYMENT_NOT_READY": ReasonSpec(grpc.StatusCode.UNAVAILABLE, FailureClass.INFRA),
     # Unloaded, unloading or FAILED: it will not come back by itself, so retrying cannot help.
     "DEPLOYMENT_NOT_SERVING": ReasonSpec(grpc.StatusCode.FAILED_PRECONDITION, FailureClass.CONFIG),
+    # A call still running on a draining residency when its drain deadline passed: the
+    # operator's drain (or a scale down) ended it, not the runtime, so it opens no breaker and
+    # degrades nothing (REQUEST); another replica, or the same call later, may serve it.
+    "DRAIN_DEADLINE_EXCEEDED": ReasonSpec(grpc.StatusCode.UNAVAILABLE, FailureClass.REQUEST),
     "NO_ELIGIBLE_NODE": ReasonSpec(grpc.StatusCode.FAILED_PRECONDITION, FailureClass.CONFIG),
     # A CUDA profile with neither a VRAM estimate nor a measured peak: placing it would charge
     # its GPU nothing, so it is not placed until one is known.
@@ -113,6 +117,9 @@ REASONS: Mapping[str, ReasonSpec] = {
     # The control plane's database refused or could not take the transaction in time (locked,
     # read-only, unreachable, out of disk): nothing was written, and the same call may succeed.
     "STORE_UNAVAILABLE": ReasonSpec(grpc.StatusCode.UNAVAILABLE, FailureClass.INFRA),
+    # A control-plane replica's decision (placement, the reconciler's writes) refused by the
+    # fencing epoch: another replica took the leader's lock; nothing of it was written.
+    "NOT_LEADER": ReasonSpec(grpc.StatusCode.UNAVAILABLE, FailureClass.INFRA),
     "DEADLINE_EXCEEDED": ReasonSpec(grpc.StatusCode.DEADLINE_EXCEEDED, FailureClass.INFRA),
     "RESULT_CONFLICT": ReasonSpec(grpc.StatusCode.ABORTED, FailureClass.INFRA),
     "INTERNAL": ReasonSpec(grpc.StatusCode.INTERNAL, FailureClass.INFRA),

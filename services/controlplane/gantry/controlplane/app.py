@@ -45,6 +45,7 @@ from gantry.controlplane.platform.events import (
     ReconcileWanted,
     ResidenciesChanged,
 )
+from gantry.controlplane.platform.leadership import DEFAULT_LEADER_LEASE_SECONDS, Leadership
 from gantry.controlplane.platform.operator_service import ControlPlaneService
 from gantry.controlplane.platform.scheduler_link import (
     DEFAULT_SILENCE_TIMEOUT_SECONDS,
@@ -76,6 +77,9 @@ class ControlPlaneSettings:
     bootstrap_operator_token: str | None = None
     reconciler: ReconcilerSettings = field(default_factory=ReconcilerSettings)
     lease_seconds: float = DEFAULT_LEASE_SECONDS
+    # Replicas on one PostgreSQL database elect one decider (platform/leadership.py): a leader
+    # silent this long loses the lock (PostgreSQL ends its session) and a follower takes it.
+    leader_lease_seconds: float = DEFAULT_LEADER_LEASE_SECONDS
     # A scheduler silent this long (no health ping answered) counts as unavailable.
     scheduler_silence_timeout_s: float = DEFAULT_SILENCE_TIMEOUT_SECONDS
     tls: ServerTls | None = None  # the one port (ControlPlane, Inference, WorkerGateway)
@@ -112,6 +116,11 @@ class ControlPlane:
     def port(self) -> int:
         return self.server.port
 
+    @property
+    def leadership(self) -> Leadership:
+        """Whether this replica decides (placement, the reconciler)."""
+        return self.lifecycle.leadership
+
     async def stop(self) -> None:
         if self.give_back is not None:
             self.give_back.cancel()
@@ -120,6 +129,8 @@ class ControlPlane:
         if self.http_api is not None:
             await self.http_api.stop()  # no new HTTP calls; those in flight end first
         await self.reconciler.stop()
+        # Deciding has stopped: the lock goes back at once, so a follower leads within lease/3.
+        await self.leadership.stop()
         await self.server.stop(grace=1.0)
         await self.gateway.close()  # the streams' last writes, before the database goes
         await self.scheduler.stop()
@@ -225,20 +236,64 @@ async def bootstrap_operator_token(database: Database, token: str, clock: Clock)
 
 
 async def open_database(settings: ControlPlaneSettings, clock: Clock) -> Database:
-    """Connect, adopt the bootstrap token, and mark every node disconnected until it returns."""
+    """Connect and adopt the bootstrap token."""
     database = Database.connect(settings.database_url)
     await database.require_initialised()  # `gantry migrate` creates and upgrades the schema
     if settings.bootstrap_operator_token:
         await bootstrap_operator_token(database, settings.bootstrap_operator_token, clock)
-    async with database.transaction() as session:
-        stale = await nodes.disconnect_all(session, now=clock.now())
-        # READY read back from the database describes streams that are gone: until the workers
-        # reconnect (and their residents are adopted) those deployments are DEGRADED, not READY.
-        for node in await nodes.list_nodes(session, after="", limit=1_000_000):
-            await settle_node_deployments(session, node.node_id, now=clock.now())
+    return database
+
+
+async def forget_streams(database: Database, clock: Clock, leadership: Leadership) -> None:
+    """Mark every node disconnected until its worker returns, before this replica serves.
+
+    Only a replica that leads at its start does (fenced): one that starts beside a leader
+    leaves the nodes alone, as their workers may be connected to the leader. One that could not
+    take the lock yet (an old session of its own still holds it) leaves them too: once it leads,
+    its reconciler disconnects those whose heartbeats stopped. (A leader starting beside
+    followers still marks the followers' nodes: closed by the active-active work to come.)"""
+    if not leadership.is_leader:
+        return
+    with leadership.fenced():
+        async with database.transaction() as session:
+            stale = await nodes.disconnect_all(session, now=clock.now())
+            # READY read back from the database describes streams that are gone: until the
+            # workers reconnect (and their residents are adopted) those deployments are
+            # DEGRADED, not READY.
+            for node in await nodes.list_nodes(session, after="", limit=1_000_000):
+                await settle_node_deployments(session, node.node_id, now=clock.now())
     if stale:
         log.info("marked %d node(s) disconnected until their workers reconnect", stale)
-    return database
+
+
+def _sealer(settings: ControlPlaneSettings) -> CredentialSealer | None:
+    """The endpoint key file's sealer; None: a key held in memory only (the lifecycle's)."""
+    if settings.endpoint_key_file is None:
+        return None
+    return CredentialSealer.from_key_file(settings.endpoint_key_file)
+
+
+async def _open_and_lead(
+    settings: ControlPlaneSettings, clock: Clock
+) -> tuple[Database, Leadership]:
+    """The database, and this replica's leadership looked at once: a lone replica leads before
+    it serves or decides anything, and only a leader forgets the streams of before."""
+    database = await open_database(settings, clock)
+    leadership = Leadership.for_database(
+        database, url=settings.database_url, lease_s=settings.leader_lease_seconds
+    )
+    await leadership.start()
+    await forget_streams(database, clock, leadership)
+    return database, leadership
+
+
+async def _stop_unstarted(
+    server: RunningServer, leadership: Leadership, database: Database
+) -> None:
+    """What a start that failed half-way had opened, closed."""
+    await server.stop(grace=0)
+    await leadership.stop()
+    await database.close()
 
 
 @dataclass(kw_only=True)
@@ -284,7 +339,9 @@ def subscribe(
     bus.subscribe(AuditWritten, lambda _: audit_feed.audit_committed())  # WatchAuditEvents
 
 
-def _build_core(settings: ControlPlaneSettings, database: Database, clock: Clock) -> _Core:
+def _build_core(
+    settings: ControlPlaneSettings, database: Database, clock: Clock, leadership: Leadership
+) -> _Core:
     hub = WorkerHub()
     lifecycle_holder: list[DeploymentLifecycle] = []
 
@@ -309,11 +366,8 @@ def _build_core(settings: ControlPlaneSettings, database: Database, clock: Clock
         routes=routes,
         clock=clock,
         lease_seconds=settings.lease_seconds,
-        sealer=(
-            CredentialSealer.from_key_file(settings.endpoint_key_file)
-            if settings.endpoint_key_file is not None
-            else None
-        ),
+        sealer=_sealer(settings),
+        leadership=leadership,
     )
     lifecycle_holder.append(lifecycle)
     # Heartbeats land here (the gateway); the reconciler decides staleness from it and flushes
@@ -450,8 +504,8 @@ async def start_control_plane(
     settings: ControlPlaneSettings, *, clock: Clock | None = None
 ) -> ControlPlane:
     clock = clock or SystemClock()
-    database = await open_database(settings, clock)
-    core = _build_core(settings, database, clock)
+    database, leadership = await _open_and_lead(settings, clock)
+    core = _build_core(settings, database, clock, leadership)
     authenticator = ControlPlaneAuthenticator(database, clock)
     gateway = _worker_gateway(settings, core, database, clock)
     control_plane_service = _control_plane_service(core, database, clock, authenticator)
@@ -486,8 +540,7 @@ async def start_control_plane(
             settings, inference=inference, authenticator=authenticator, database=database
         )
     except BaseException:
-        await server.stop(grace=0)
-        await database.close()
+        await _stop_unstarted(server, leadership, database)
         raise
     _refuse_adopting_ourselves(control_plane_service, server, http_api)
     core.scheduler.start()

@@ -2,7 +2,7 @@
 (`read_settings`, on `gantry.common.service_settings`) into the `ControlPlaneSettings` that
 `start_control_plane` is built from, then the server run until SIGINT/SIGTERM. The variables:
 TLS, the scheduler link's TLS, the inference limits, GANTRY_ENDPOINT_KEY_FILE,
-GANTRY_HTTP_LISTEN and the logging ones.
+GANTRY_HTTP_LISTEN, GANTRY_LEADER_LEASE_SECONDS and the logging ones.
 """
 
 from __future__ import annotations
@@ -39,12 +39,14 @@ from gantry.controlplane.app import ControlPlaneSettings, start_control_plane
 from gantry.controlplane.deployments.lifecycle import DEFAULT_LEASE_SECONDS
 from gantry.controlplane.deployments.reconciler import ReconcilerSettings
 from gantry.controlplane.platform.database import DatabaseNotInitialised
+from gantry.controlplane.platform.leadership import DEFAULT_LEADER_LEASE_SECONDS
 from gantry.controlplane.platform.scheduler_link import DEFAULT_SILENCE_TIMEOUT_SECONDS
 from gantry.controlplane.serving.inference_service import InferenceSettings
 from gantry.controlplane.serving.openai_http import DoorBounds, HttpListenError
 
 ENDPOINT_KEY_FILE_ENV = "GANTRY_ENDPOINT_KEY_FILE"
 HTTP_LISTEN_ENV = "GANTRY_HTTP_LISTEN"
+LEADER_LEASE_ENV = "GANTRY_LEADER_LEASE_SECONDS"
 
 
 def _add_http_bound_arguments(parser: argparse.ArgumentParser) -> None:
@@ -152,6 +154,14 @@ def _add_timing_arguments(parser: argparse.ArgumentParser) -> None:
         "unavailable: waiting and new calls fail SCHEDULER_UNAVAILABLE until it answers again "
         "(default %(default)s)",
     )
+    parser.add_argument(
+        "--leader-lease-seconds",
+        type=float,
+        help="replicas on one PostgreSQL database: a leader whose session to the database is "
+        "silent this long (paused, cut off) loses the lead and another replica leads, with the "
+        f"next fencing epoch; pings and takeover tries come every third of it (env "
+        f"{LEADER_LEASE_ENV}; default {DEFAULT_LEADER_LEASE_SECONDS:g}; unused on SQLite)",
+    )
 
 
 class ControlPlaneConfig(
@@ -176,6 +186,9 @@ class ControlPlaneConfig(
     absence_grace_s: PositiveFloat
     lease_seconds: PositiveFloat
     scheduler_silence_timeout_s: PositiveFloat
+    leader_lease_seconds: PositiveFloat = Field(
+        DEFAULT_LEADER_LEASE_SECONDS, validation_alias=LEADER_LEASE_ENV
+    )
 
     def control_plane_settings(self) -> ControlPlaneSettings:
         """What `start_control_plane` is given (reads the token files)."""
@@ -193,6 +206,7 @@ class ControlPlaneConfig(
             ),
             lease_seconds=self.lease_seconds,
             scheduler_silence_timeout_s=self.scheduler_silence_timeout_s,
+            leader_lease_seconds=self.leader_lease_seconds,
             tls=self.server_tls(),
             health_listen=self.health_listen,
             scheduler_tls=self.scheduler_tls(),

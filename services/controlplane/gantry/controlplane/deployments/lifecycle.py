@@ -10,6 +10,7 @@ its lease is.
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import logging
 from typing import Any
@@ -20,6 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from gantry.common.clock import Clock
 from gantry.common.errors import GantryError
 from gantry.controlplane.deployments import store as deployments
+from gantry.controlplane.deployments.drain import begin_drain
 from gantry.controlplane.deployments.health_rules import LIVE_STATES
 from gantry.controlplane.deployments.placement import Placer
 from gantry.controlplane.deployments.residency_charges import read_charges
@@ -50,6 +52,7 @@ from gantry.controlplane.platform.events import (
     ResidenciesChanged,
     record,
 )
+from gantry.controlplane.platform.leadership import Leadership
 from gantry.controlplane.platform.models import Deployment, Residency, ServingJob
 from gantry.controlplane.platform.scheduler_link import SchedulerLink
 from gantry.controlplane.platform.state_machines import (
@@ -85,6 +88,7 @@ class DeploymentLifecycle:
         clock: Clock,
         lease_seconds: float = DEFAULT_LEASE_SECONDS,
         sealer: CredentialSealer | None = None,
+        leadership: Leadership | None = None,
     ) -> None:
         self._database = database
         self._hub = hub
@@ -99,7 +103,12 @@ class DeploymentLifecycle:
             lease_seconds=lease_seconds,
             sealer=self.sealer,
         )
-        self.placer = Placer(database=database, scheduler=scheduler, clock=clock)
+        # Whether this replica decides (platform/leadership.py): the placer and the reconciler
+        # ask it; on SQLite, and in tests that build a lifecycle alone, it always leads.
+        self.leadership = leadership or Leadership.single()
+        self.placer = Placer(
+            database=database, scheduler=scheduler, clock=clock, leadership=self.leadership
+        )
 
     # ---- operator actions ---------------------------------------------------------------------
 
@@ -109,58 +118,110 @@ class DeploymentLifecycle:
         for node_id in node_ids:
             await self.pump.dispatch(node_id)
 
-    async def unload(self, deployment_id: str, *, actor: str) -> Deployment:
+    async def unload(
+        self, deployment_id: str, *, actor: str, drain_s: int | None = None
+    ) -> Deployment:
+        """UNLOADING (UNLOADED once nothing runs): every live residency unloaded. With `drain_s`
+        (DrainDeployment) each RESIDENT one drains first (deployments/drain.py): no new call,
+        those in flight finish, for at most that many seconds, then its UNLOAD. Unloading one
+        already on its way out changes nothing, except that a plain unload cuts a drain short:
+        what still drains is unloaded now (its calls end as its host stops)."""
         now = self._clock.now()
         async with self._database.transaction() as session:
             # Locked first, before its jobs, as a job result, a restart or a scale locks it: in
             # the other order an unload and a result deadlocked (PostgreSQL).
             row = deployments.check_live(await deployments.lock_deployment(session, deployment_id))
-            if row.state in (DeploymentState.UNLOADING, DeploymentState.UNLOADED):
-                # The scheduler gives no more advice for it (told again, as each unload tells it).
-                record(session, DeploymentChanged(row, removed=True))
-                return row
-            await jobs.cancel_open_jobs(session, deployment_id=deployment_id, now=now)
             changed: list[Residency] = []
-            for residency in await deployments.residencies_of(session, deployment_id):
-                if residency.state == ResidencyState.COLD:
-                    continue
-                connected = await self._node_connected(session, residency.node_id)
-                await stop_residency(session, residency, worker_connected=connected, now=now)
-                changed.append(residency)
-            still_live = any(r.state != ResidencyState.COLD for r in changed)
-            await deployments.move_deployment(
-                session,
-                row,
-                DeploymentState.UNLOADING if still_live else DeploymentState.UNLOADED,
-                now=now,
-            )
-            await audit.record_event(
-                session,
-                actor=actor,
-                action="deployment.unload",
-                subject_kind="deployment",
-                subject_id=deployment_id,
-                now=now,
-            )
-            if row.origin == ORIGIN_ADOPTED:
-                # Its worker only forgets the server (closes its client); nothing reaches it.
-                endpoint = await endpoints.endpoint_of_deployment(session, deployment_id)
-                await audit.record_event(
-                    session,
-                    actor=actor,
-                    action="endpoint.forget",
-                    subject_kind="endpoint",
-                    subject_id=endpoint.endpoint_id,
-                    now=now,
-                    deployment_id=deployment_id,
-                    why="deployment.unload",
+            if row.state not in (DeploymentState.UNLOADING, DeploymentState.UNLOADED):
+                changed = await self._commit_unload(session, row, drain_s, actor=actor, now=now)
+            elif drain_s is None:
+                changed = await self._stop_residencies(
+                    session, deployment_id, None, now=now, only=ResidencyState.DRAINING
                 )
+                if changed:
+                    await audit.record_event(
+                        session,
+                        actor=actor,
+                        action="deployment.unload",
+                        subject_kind="deployment",
+                        subject_id=deployment_id,
+                        now=now,
+                        drains_cut=len(changed),
+                    )
+            # Told each time: the scheduler gives no more advice for it.
             record(
                 session, ResidenciesChanged(tuple(changed)), DeploymentChanged(row, removed=True)
             )
         for node_id in {r.node_id for r in changed}:
             await self.pump.dispatch(node_id)
         return row
+
+    async def _commit_unload(
+        self,
+        session: AsyncSession,
+        row: Deployment,
+        drain_s: int | None,
+        *,
+        actor: str,
+        now: dt.datetime,
+    ) -> list[Residency]:
+        """A live deployment's unload (or drain) written and audited; the residencies changed."""
+        deployment_id = row.deployment_id
+        action = "deployment.unload" if drain_s is None else "deployment.drain"
+        await jobs.cancel_open_jobs(session, deployment_id=deployment_id, now=now)
+        deadline_at = None if drain_s is None else now + dt.timedelta(seconds=drain_s)
+        changed = await self._stop_residencies(session, deployment_id, deadline_at, now=now)
+        still_live = any(r.state != ResidencyState.COLD for r in changed)
+        await deployments.move_deployment(
+            session,
+            row,
+            DeploymentState.UNLOADING if still_live else DeploymentState.UNLOADED,
+            now=now,
+        )
+        detail = {} if drain_s is None else {"deadline_seconds": drain_s}
+        await audit.record_event(
+            session,
+            actor=actor,
+            action=action,
+            subject_kind="deployment",
+            subject_id=deployment_id,
+            now=now,
+            **detail,
+        )
+        if row.origin == ORIGIN_ADOPTED:
+            await _audit_forgotten(session, deployment_id, actor=actor, why=action, now=now)
+        return changed
+
+    async def _stop_residencies(
+        self,
+        session: AsyncSession,
+        deployment_id: str,
+        drain_until: dt.datetime | None,
+        *,
+        now: dt.datetime,
+        only: ResidencyState | None = None,
+    ) -> list[Residency]:
+        """Each live residency of the deployment (each in state `only`, if given) stopped, or
+        draining until `drain_until`."""
+        changed: list[Residency] = []
+        for residency in await deployments.residencies_of(session, deployment_id):
+            if residency.state == ResidencyState.COLD:
+                continue
+            if only is not None and residency.state != only:
+                continue
+            connected = await self._node_connected(session, residency.node_id)
+            if drain_until is None:
+                await stop_residency(session, residency, worker_connected=connected, now=now)
+            else:
+                await begin_drain(
+                    session,
+                    residency,
+                    deadline_at=drain_until,
+                    worker_connected=connected,
+                    now=now,
+                )
+            changed.append(residency)
+        return changed
 
     async def check_health(self, deployment_id: str, *, actor: str) -> list[ServingJob]:
         """One deep HEALTH job per RESIDENT residency whose worker is connected."""
@@ -332,6 +393,24 @@ class DeploymentLifecycle:
             deployments=[scheduler_deployment(d) for d in live_deployments],
             tenant_policies=[policy_message(p) for p in policies],
         )
+
+
+async def _audit_forgotten(
+    session: AsyncSession, deployment_id: str, *, actor: str, why: str, now: dt.datetime
+) -> None:
+    """An adopted deployment's endpoint forgotten: its worker only closes its client; nothing
+    reaches the server."""
+    endpoint = await endpoints.endpoint_of_deployment(session, deployment_id)
+    await audit.record_event(
+        session,
+        actor=actor,
+        action="endpoint.forget",
+        subject_kind="endpoint",
+        subject_id=endpoint.endpoint_id,
+        now=now,
+        deployment_id=deployment_id,
+        why=why,
+    )
 
 
 __all__ = ["DeploymentLifecycle", "JobState", "scheduler_node", "scheduler_residency"]

@@ -11,6 +11,11 @@ it is refused VRAM_UNMEASURED, recorded the same way.
 A refusal (no eligible node, no capacity) is recorded on the deployment with each node's reason;
 it stays PENDING and the reconciler asks again with backoff; a node connecting or a residency
 going COLD (capacity that may fit it) makes it due at once. It never FAILS for that.
+
+Only the leader among control-plane replicas places (platform/leadership.py): a follower's call
+returns without deciding, and the leader's reconciler places what is missing on its next pass
+(within one reconcile interval, or when an earlier refusal's backoff is next due). The leader's
+placement transactions are fenced by its epoch, so one that lost the lead meanwhile writes nothing.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ from gantry.controlplane.nodes import store as nodes
 from gantry.controlplane.platform import convert
 from gantry.controlplane.platform.database import Database
 from gantry.controlplane.platform.events import ChargesLearned, ResidenciesChanged, record
+from gantry.controlplane.platform.leadership import Leadership
 from gantry.controlplane.platform.models import Deployment, Residency
 from gantry.controlplane.platform.scheduler_link import PlacementRefused, SchedulerLink
 from gantry.controlplane.platform.state_machines import (
@@ -95,10 +101,12 @@ class Placer:
         database: Database,
         scheduler: SchedulerLink,
         clock: Clock,
+        leadership: Leadership | None = None,
     ) -> None:
         self._database = database
         self._scheduler = scheduler
         self._clock = clock
+        self._leadership = leadership or Leadership.single()
         self._lock = asyncio.Lock()
 
     async def place(self, deployment_id: str) -> list[str]:
@@ -108,9 +116,21 @@ class Placer:
         both try; placements are rare, so one lock costs nothing), and the count of what is
         missing is taken again inside the writing transaction, so two attempts never place more
         replicas than wanted.
+
+        A follower replica returns [] at once (the leader places it); the leader's transactions
+        are fenced, and one refused NOT_LEADER (it lost the lead meanwhile) placed nothing.
         """
+        if not self._leadership.is_leader:
+            return []
         async with self._lock:
-            return await self._place(deployment_id)
+            try:
+                with self._leadership.fenced():
+                    return await self._place(deployment_id)
+            except GantryError as error:
+                if error.reason != "NOT_LEADER":
+                    raise
+                log.warning("deployment %s not placed: %s", deployment_id, error.message)
+                return []
 
     async def _place(self, deployment_id: str) -> list[str]:
         async with self._database.transaction() as session:

@@ -14,12 +14,14 @@ Each pass, with time from the injected clock:
 5. an adopted endpoint's COLD residency gets a new LOAD on its own node once that node is
    connected and the deployment still wanted (endpoints/reload_rules.py), with backoff;
 6. UNCERTAIN residencies on a connected node get another UNLOAD, with backoff;
+6b. a DRAINING residency whose calls in flight have finished, or whose drain deadline passed
+   (its calls still running then cut, DRAIN_DEADLINE_EXCEEDED), goes UNLOADING with its UNLOAD;
 7. every connected node with queued jobs gets a pump pass.
 8. capabilities' degradation is evaluated (degradation_signals.py); changes are audited.
 Before placement, the latest scale advice per deployment (autoscaler.py) is applied: it moves
 the replicas wanted within the deployment's bounds, and drains any surplus.
 Handlers never sleep or poll: they record facts and `wake()` this loop.
-Steps 2, 3, 5 and 6 decide: each reads a snapshot in its transaction, asks its pure plan
+Steps 2, 3, 5, 6 and 6b decide: each reads a snapshot in its transaction, asks its pure plan
 (reconciler_plans.py), applies the actions with jobs/executor.py and records what changed as
 domain events (platform/events.py, published after the commit); stream closes, which are not
 the database's, stay here after the commit. Step 1 decides nothing (every expired
@@ -43,6 +45,7 @@ from gantry.common.errors import GantryError
 from gantry.common.metrics import metrics_enabled
 from gantry.controlplane.deployments import store as deployments
 from gantry.controlplane.deployments.autoscaler import Autoscaler, ScaleAdviceInbox
+from gantry.controlplane.deployments.drain_rules import DrainingResidency
 from gantry.controlplane.deployments.health_rules import LIVE_STATES
 from gantry.controlplane.deployments.lifecycle_parts import LifecycleParts, LifecycleService
 from gantry.controlplane.deployments.placement import missing_replicas
@@ -54,6 +57,7 @@ from gantry.controlplane.deployments.reconciler_plans import (
     UncertainResidency,
     awaiting_reload,
     plan_disconnect,
+    plan_finish_drains,
     plan_forget_absent,
     plan_reload_adopted,
     plan_retry_uncertain,
@@ -155,7 +159,7 @@ class Reconciler(LifecycleService):
     async def run(self) -> None:
         while True:
             try:
-                await self.reconcile_once()
+                await self._replica_pass()
             except asyncio.CancelledError:
                 raise
             except GantryError as error:
@@ -165,6 +169,22 @@ class Reconciler(LifecycleService):
                 # One bad pass must not end the loop: the next one starts from the database.
                 log.exception("reconciler pass failed")
             await self._pause()
+
+    async def _replica_pass(self) -> None:
+        """A pass on the leader among control-plane replicas (platform/leadership.py), every
+        transaction of it fenced by the leader's epoch: one that lost the lead meanwhile rolls
+        back NOT_LEADER, and the next pass is skipped. A follower decides nothing; it only does
+        what needs its own workers' streams: it flushes when they were last heard (the leader
+        reads it to judge them) and sends them their queued jobs (step 7: leasing is a
+        compare-and-set, so no job is sent twice)."""
+        leadership = self._lifecycle.leadership
+        if leadership.is_leader:
+            with leadership.fenced():
+                await self.reconcile_once()
+            return
+        await self._flush_last_seen(self._clock.now())
+        for node_id in sorted(await self._nodes_with_queued_jobs()):
+            await self._lifecycle.dispatch_queued(node_id)
 
     async def _pause(self) -> None:
         sleeper = asyncio.ensure_future(self._clock.sleep(self.settings.interval_s))
@@ -187,6 +207,7 @@ class Reconciler(LifecycleService):
         dispatch |= await self._place_missing_replicas()
         dispatch |= await self._reload_adopted_endpoints(now)
         dispatch |= await self._retry_uncertain(now)
+        dispatch |= await self._finish_drains(now)
         dispatch |= await self._nodes_with_queued_jobs()
         await evaluate_degradation(self._database, self.degradation, now=now)
         if metrics_enabled():
@@ -459,6 +480,57 @@ class Reconciler(LifecycleService):
                 )
             )
         return uncertain
+
+    # ---- 6b. draining residencies --------------------------------------------------------------
+
+    async def _finish_drains(self, now: dt.datetime) -> set[str]:
+        """Drains that are done end in an UNLOAD; past a deadline, the calls still in flight are
+        failed (and dropped on the worker) after the commit, before the UNLOAD is dispatched."""
+        async with self._database.transaction() as session:
+            draining = [
+                self._draining(residency)
+                for residency in await deployments.all_live_residencies(session)
+                if residency.state == ResidencyState.DRAINING
+            ]
+            plan = plan_finish_drains(draining, now=now)
+            # Each deployment locked before its residencies are written, in the order a job
+            # result, an unload or a scale locks them (in the other order PostgreSQL deadlocks).
+            for deployment_id in sorted({r.deployment_id for r in plan.ended}):
+                await deployments.lock_deployment(session, deployment_id)
+            applied = await apply_actions(session, plan.actions, now=now)
+            if applied.residencies:
+                record(session, ResidenciesChanged(tuple(applied.residencies)))
+        for residency in plan.cut:
+            stream = self._hub.get(residency.node_id)
+            if stream is None:
+                continue
+            cut = stream.cancel_deployment_invokes(
+                residency.deployment_id,
+                GantryError(
+                    "DRAIN_DEADLINE_EXCEEDED",
+                    f"residency {residency.residency_id} was drained and its deadline passed "
+                    "before this call finished",
+                    residency_id=residency.residency_id,
+                ),
+            )
+            log.warning(
+                "drain of residency %s reached its deadline: %d call(s) cut",
+                residency.residency_id,
+                cut,
+            )
+        return {residency.node_id for residency in plan.ended}
+
+    def _draining(self, residency: Residency) -> DrainingResidency:
+        stream = self._hub.get(residency.node_id)
+        return DrainingResidency(
+            residency_id=residency.residency_id,
+            deployment_id=residency.deployment_id,
+            node_id=residency.node_id,
+            draining_since=residency.updated_at,
+            deadline_at=residency.drain_deadline_at,
+            in_flight=0 if stream is None else stream.in_flight(residency.deployment_id),
+            stream_open=stream is not None,
+        )
 
     # ---- 7. the job pump ----------------------------------------------------------------------
 

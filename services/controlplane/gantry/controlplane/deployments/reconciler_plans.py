@@ -13,6 +13,12 @@ import datetime as dt
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from gantry.controlplane.deployments.drain_rules import (
+    DRAIN_SETTLE_S,
+    DrainingResidency,
+    DrainVerdict,
+    drain_verdict,
+)
 from gantry.controlplane.endpoints.reload_rules import AdoptedResidencyFacts, reload_wanted
 from gantry.controlplane.jobs import actions as act
 from gantry.controlplane.nodes.liveness import Heard
@@ -189,3 +195,55 @@ def plan_retry_uncertain(uncertain: Sequence[UncertainResidency]) -> tuple[act.Q
         for r in uncertain
         if r.stream_open and not r.open_job and r.due
     )
+
+
+# ---- 7. draining residencies ----------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class DrainPlan:
+    """The writes that end drains, the drains that end (their UNLOAD jobs are dispatched after
+    the commit), and those whose calls still in flight are cut (DRAIN_DEADLINE_EXCEEDED)."""
+
+    actions: tuple[act.Action, ...] = ()
+    ended: tuple[DrainingResidency, ...] = ()
+    cut: tuple[DrainingResidency, ...] = ()
+
+
+def plan_finish_drains(
+    draining: Sequence[DrainingResidency], *, now: dt.datetime, settle_s: float = DRAIN_SETTLE_S
+) -> DrainPlan:
+    """UNLOADING with an UNLOAD job (its deployment settled, the drain audited) for each
+    draining residency that is idle or past its deadline; the others wait."""
+    planned: list[act.Action] = []
+    ended: list[DrainingResidency] = []
+    cut: list[DrainingResidency] = []
+    for residency in draining:
+        verdict = drain_verdict(residency, now=now, settle_s=settle_s)
+        if verdict is DrainVerdict.WAIT:
+            continue
+        ended.append(residency)
+        calls_cut = residency.in_flight if verdict is DrainVerdict.DEADLINE else 0
+        if calls_cut:
+            cut.append(residency)
+        planned.extend(
+            (
+                act.MarkResidency(
+                    residency_id=residency.residency_id, state=ResidencyState.UNLOADING
+                ),
+                act.QueueUnload(residency_id=residency.residency_id, node_id=residency.node_id),
+                act.Settle(deployment_id=residency.deployment_id),
+                act.Audit(
+                    actor="reconciler",
+                    action="residency.drained",
+                    subject_kind="residency",
+                    subject_id=residency.residency_id,
+                    detail=(
+                        ("deployment_id", residency.deployment_id),
+                        ("verdict", verdict.value),
+                        ("calls_cut", str(calls_cut)),
+                    ),
+                ),
+            )
+        )
+    return DrainPlan(actions=tuple(planned), ended=tuple(ended), cut=tuple(cut))

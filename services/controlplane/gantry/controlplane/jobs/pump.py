@@ -5,6 +5,13 @@ round once more, so two passes never race for the same rows. Each job is leased 
 transaction: losing a compare-and-set (another control-plane replica won it) skips that job and
 fails nothing. A send that fails leaves the job LEASED; the reconciler re-queues it when the lease
 expires, with a new token and one more attempt.
+
+Every control-plane replica pumps the jobs of the workers connected to it (only it holds their
+streams), so the pump is not the leader's alone (platform/leadership.py). What keeps two replicas
+from sending one job is in the database: the lease's compare-and-set, and the node's generation,
+read under a share lock in the leasing transaction: a stream the node's row no longer names (its
+worker reconnected, here or to another replica) leases nothing more, and a Hello claiming the node
+waits for a lease in flight to commit.
 """
 
 from __future__ import annotations
@@ -13,6 +20,8 @@ import logging
 from dataclasses import dataclass
 
 from google.protobuf import timestamp_pb2
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from gantry.common.clock import Clock
 from gantry.common.errors import GantryError
@@ -22,6 +31,7 @@ from gantry.controlplane.jobs.handlers import HANDLERS, open_endpoint_credential
 from gantry.controlplane.nodes import store as nodes
 from gantry.controlplane.nodes.sessions import WorkerHub
 from gantry.controlplane.platform.database import Database
+from gantry.controlplane.platform.models import Node
 from gantry.controlplane.platform.state_machines import JobType, NodeState
 from gantry.v1 import worker_gateway_pb2 as wg
 
@@ -99,6 +109,11 @@ class JobPump:
             handler = HANDLERS[JobType(job.job_type)]
             if disabled and not handler.allowed_on_disabled_node:
                 return None
+            if not await _generation_holds(session, job.node_id, generation):
+                log.info(
+                    "job %s not leased: node %s left generation %d", job_id, job.node_id, generation
+                )
+                return None
             token = await jobs.lease_job(
                 session, job, generation=generation, lease_seconds=self.lease_seconds, now=now
             )
@@ -115,3 +130,12 @@ class JobPump:
             # An adopted endpoint's credential is opened only here, into the message sent.
             open_endpoint_credential(assignment, self._sealer)
             return assignment
+
+
+async def _generation_holds(session: AsyncSession, node_id: str, generation: int) -> bool:
+    """Whether the node's row still names `generation`, read FOR SHARE (PostgreSQL): the
+    transaction's lease and the Hello that claims the node next are ordered by that lock."""
+    current = await session.scalar(
+        select(Node.generation).where(Node.node_id == node_id).with_for_update(read=True)
+    )
+    return current == generation

@@ -9,8 +9,10 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from gantry.common.errors import GantryError
 from gantry.controlplane.artifacts.deletion_rules import node_delete_refusal
 from gantry.controlplane.deployments import store as deployments
+from gantry.controlplane.deployments.drain import begin_drain
+from gantry.controlplane.deployments.drain_rules import DEFAULT_DRAIN_DEADLINE_S
 from gantry.controlplane.deployments.lifecycle_parts import LifecycleService
-from gantry.controlplane.deployments.residency_stop import mark_cold, queue_unload
+from gantry.controlplane.deployments.residency_stop import mark_cold
 from gantry.controlplane.deployments.settle import settle_deployment
 from gantry.controlplane.jobs import store as jobs
 from gantry.controlplane.jobs.handlers import abandon_pipeline_jobs
@@ -28,9 +30,10 @@ from gantry.controlplane.platform.state_machines import JobType, NodeState, Resi
 
 class NodeAdmin(LifecycleService):
     async def disable(self, node_id: str, *, reason: str, actor: str) -> Node:
-        """DISABLED: its residencies are unloaded (or COLD when its worker is away), queued loads
-        cancelled, and the reconciler re-places them elsewhere; its inspections and probes are
-        cancelled and FAIL (NODE_DISABLED). Its worker is refused on Hello."""
+        """DISABLED: its residencies drain and unload (or are COLD when its worker is away),
+        queued loads cancelled, and the reconciler re-places them elsewhere at once; its
+        inspections and probes are cancelled and FAIL (NODE_DISABLED). Its worker is refused
+        on Hello."""
         now = self._clock.now()
         connected = self._hub.get(node_id) is not None
         changed: list[Residency] = []
@@ -163,9 +166,12 @@ class NodeAdmin(LifecycleService):
 async def _drain_residencies(
     session: AsyncSession, node_id: str, *, connected: bool, now: dt.datetime
 ) -> list[Residency]:
-    """A disabled node's live residencies: their jobs but unloads cancelled, then each unloading
-    (an UNLOAD queued) or, with its worker away, COLD. The residencies changed."""
+    """A disabled node's live residencies: their jobs but unloads cancelled, then each draining
+    (a RESIDENT one finishes its calls in flight, for the default drain deadline at most, then
+    unloads: deployments/drain.py) or unloading (an UNLOAD queued) or, with its worker away,
+    COLD. The residencies changed."""
     changed: list[Residency] = []
+    deadline_at = now + dt.timedelta(seconds=DEFAULT_DRAIN_DEADLINE_S)
     for residency in await deployments.residencies_on_node(session, node_id):
         if residency.state == ResidencyState.COLD:
             continue
@@ -181,10 +187,9 @@ async def _drain_residencies(
                 now=now,
             )
         elif residency.state != ResidencyState.UNLOADING:
-            await deployments.set_residency_state(
-                session, residency, ResidencyState.UNLOADING, now=now
+            await begin_drain(
+                session, residency, deadline_at=deadline_at, worker_connected=True, now=now
             )
-            await queue_unload(session, residency, now=now)
         changed.append(residency)
     return changed
 

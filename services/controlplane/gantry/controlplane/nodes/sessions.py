@@ -54,6 +54,7 @@ class PendingInvoke:
 
     result: asyncio.Future[wg.InvokeResult]
     progress_limit: int = 0  # 0: the caller takes no progress
+    deployment_id: str = ""  # whose residency on this node runs it (a drain counts them)
     progress: deque[wg.InvokeProgress] = field(default_factory=deque)
     _arrived: asyncio.Future[None] | None = None
 
@@ -142,7 +143,9 @@ class WorkerStream:
             )
         self.outbox.put_nowait(message)
 
-    def begin_invoke(self, request_id: str, *, progress_limit: int = 0) -> PendingInvoke:
+    def begin_invoke(
+        self, request_id: str, *, progress_limit: int = 0, deployment_id: str = ""
+    ) -> PendingInvoke:
         """Register an invocation about to be sent; its result resolves the returned pending
         invocation, which holds up to `progress_limit` progress items for its caller."""
         if self.closed:
@@ -157,9 +160,24 @@ class WorkerStream:
         if request_id in self.pending_invokes:
             raise GantryError("ALREADY_EXISTS", f"invocation {request_id} is already in flight")
         future: asyncio.Future[wg.InvokeResult] = asyncio.get_running_loop().create_future()
-        pending = PendingInvoke(result=future, progress_limit=progress_limit)
+        pending = PendingInvoke(
+            result=future, progress_limit=progress_limit, deployment_id=deployment_id
+        )
         self.pending_invokes[request_id] = pending
         return pending
+
+    def in_flight(self, deployment_id: str) -> int:
+        """The deployment's invocations sent on this stream and not answered yet: what its
+        residency on this node (a node holds at most one per deployment) still runs."""
+        return sum(p.deployment_id == deployment_id for p in self.pending_invokes.values())
+
+    def cancel_deployment_invokes(self, deployment_id: str, error: GantryError) -> int:
+        """Fail the deployment's invocations still in flight with `error`, and tell the worker
+        to drop them (a drain's deadline passed); how many there were."""
+        ids = [r for r, p in self.pending_invokes.items() if p.deployment_id == deployment_id]
+        for request_id in ids:
+            self.cancel_invoke(request_id, error)
+        return len(ids)
 
     def forget_invoke(self, request_id: str) -> None:
         self.pending_invokes.pop(request_id, None)
@@ -377,7 +395,9 @@ class WorkerHub:
         message = wg.ControlMessage(trace_context=trace_context, invoke=invoke)
         check_fits_stream(message)
         pending = stream.begin_invoke(
-            request_id, progress_limit=progress_limit if on_progress is not None else 0
+            request_id,
+            progress_limit=progress_limit if on_progress is not None else 0,
+            deployment_id=deployment_id,
         )
         try:
             stream.send(message)

@@ -1,4 +1,5 @@
-"""The control plane's metrics: invocations and their stages, jobs, streams, leases, fencing.
+"""The control plane's metrics: invocations and their stages, jobs, streams, leases, fencing,
+leadership.
 
 Each event is counted where it is decided: an invocation's outcome in the Inference handlers, a
 job's in `apply_result`, a lease expiry in the reconciler. Attribute dicts are built once per
@@ -105,6 +106,17 @@ _states = {
         [str(s) for s in DeploymentState],
     ),
 }
+
+# This replica's leadership (platform/leadership.py): 1 while it decides, and the fencing epoch
+# it holds or last held. Published on each look at the lock, read by a scrape as is.
+_leader = observable_gauge(
+    _meter, "gantry_control_plane_leader", "1 while this control-plane replica is the leader"
+)
+_leader_epoch = observable_gauge(
+    _meter,
+    "gantry_control_plane_leader_epoch",
+    "The fencing epoch this control-plane replica holds, or last held (0: never led)",
+)
 
 _reasons = BoundedValues(REASON_LABELS)
 _job_types = BoundedValues(JOB_TYPE_LABELS)
@@ -265,6 +277,11 @@ def message_refused(reason: str, message_kind: str) -> None:
     lease token that is no longer current)."""
     if reason in FENCED_REASONS:
         _fenced.add(1, _cached("reason", reason, "message", message_kind))
+
+
+def leadership(leading: bool, epoch: int) -> None:
+    _leader.publish({(): 1.0 if leading else 0.0})
+    _leader_epoch.publish({(): float(epoch)})
 
 
 def publish_state_counts(counts: Mapping[str, Mapping[str, int]]) -> None:

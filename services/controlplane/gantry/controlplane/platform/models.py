@@ -197,6 +197,9 @@ class Residency(Base):
     artifact_digest: Mapped[str] = mapped_column(String(64), default="")
     adapter_digest: Mapped[str] = mapped_column(String(64), default="")
     environment_fingerprint: Mapped[str] = mapped_column(String(64), default="")
+    # When a DRAINING residency is unloaded even with calls still in flight (read only while it
+    # is DRAINING; deployments/drain_rules.py). Its updated_at says since when it drains.
+    drain_deadline_at: Mapped[dt.datetime | None] = mapped_column(Timestamp, nullable=True)
 
     __table_args__ = (Index("ix_residencies_deployment_node", "deployment_id", "node_id"),)
 
@@ -386,3 +389,16 @@ class Installation(Base):
     updated_at: Mapped[dt.datetime] = mapped_column(Timestamp)
     schema_revision: Mapped[str] = mapped_column(String(32))
     gantry_version: Mapped[str] = mapped_column(String(64))
+
+
+class ControlPlaneLeadership(Base):
+    """One row (id 1): the fencing epoch of the control-plane replica that decides
+    (platform/leadership.py). Each replica that takes the leader's lock bumps `epoch` before it
+    decides anything; a decider's write transaction reads the row FOR SHARE and rolls back when
+    the epoch is not its own, so a paused ex-leader's late write never lands."""
+
+    __tablename__ = "control_plane_leadership"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    epoch: Mapped[int] = mapped_column(BigInteger, default=0)
+    holder: Mapped[str] = mapped_column(String(255), default="")
+    acquired_at: Mapped[dt.datetime | None] = mapped_column(Timestamp, nullable=True)
