@@ -9,6 +9,7 @@ import shutil
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import grpc
 
@@ -30,6 +31,7 @@ from gantry.v1 import (
     inference_pb2_grpc,
 )
 from gantry.worker.agent import WorkerAgent, WorkerSettings
+from gantry.worker.model_host.process import HostLaunchSpec, ModelHost
 from gantry.worker.model_host.warm_pool import WarmPool
 from tests.fixtures.migrated_copy import migrate_fresh
 
@@ -44,6 +46,13 @@ def shared_warm_pool() -> WarmPool:
         _shared_warm_pool = WarmPool()
         atexit.register(_shared_warm_pool.close)
     return _shared_warm_pool
+
+
+async def forked_host(spec: HostLaunchSpec, **kwargs: Any) -> ModelHost:
+    """A model host forked from this process's warm pool, as a worker starts one by default:
+    its model's load, without ~6 s of CPU importing the ML stack in a fresh interpreter. For a
+    test whose subject is how a host serves; one about the start itself uses ModelHost.start."""
+    return await ModelHost.start(spec, warm_pool=shared_warm_pool(), **kwargs)
 
 
 # Before the argv of a CLI child a test sends SIGINT (Ctrl-C): a test run started in the

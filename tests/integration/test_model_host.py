@@ -1,4 +1,12 @@
-"""The model host seam for real: child processes loading a tiny real model, killed and orphaned."""
+"""The model host seam for real: child processes loading a tiny real model, killed and orphaned.
+
+A host whose subject is how it serves (failures, pings, timeouts, a stop, a crash, a failed
+load) is forked from this pytest process's warm pool, the path a worker takes by default
+(`harness.forked_host`): it costs its model's load, not ~6 s of CPU importing the ML stack
+again. The start itself (a fresh interpreter: its titles and versions, its timeout, a missing
+interpreter, dying with its parent) runs as `ModelHost.start` without a pool;
+tests/integration/test_warm_pool.py holds a forked host to the spawned one.
+"""
 
 from __future__ import annotations
 
@@ -23,6 +31,7 @@ from gantry.worker.model_host.serving import (
     TEST_HOOK_HANG_INPUT,
     TEST_HOOK_SLOW_INPUT,
 )
+from tests.integration.harness import forked_host
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT_SPAN_ID = "00f067aa0ba902b7"
@@ -163,7 +172,7 @@ async def test_failed_forward_pass_fails_only_its_request_and_the_host_keeps_ser
     tiny_model_dir: Path,
     reference_model,
 ) -> None:
-    host = await ModelHost.start(_spec(tiny_model_dir, "dep-invoke-fail", test_hooks=True))
+    host = await forked_host(_spec(tiny_model_dir, "dep-invoke-fail", test_hooks=True))
     try:
         failing, healthy = await asyncio.gather(
             host.embed([TEST_HOOK_FAIL_INPUT], trace_context={}, timeout_s=30),
@@ -191,7 +200,7 @@ async def test_failed_forward_pass_fails_only_its_request_and_the_host_keeps_ser
 async def test_ping_is_answered_during_a_forward_pass_and_rss_is_current(
     tiny_model_dir: Path,
 ) -> None:
-    host = await ModelHost.start(_spec(tiny_model_dir, "dep-ping", test_hooks=True))
+    host = await forked_host(_spec(tiny_model_dir, "dep-ping", test_hooks=True))
     try:
         hung = asyncio.create_task(
             host.embed([TEST_HOOK_HANG_INPUT], trace_context={}, timeout_s=60)
@@ -216,7 +225,7 @@ async def test_ping_is_answered_during_a_forward_pass_and_rss_is_current(
 async def test_timeout_is_honoured_in_the_child_and_cancel_drops_queued_work(
     tiny_model_dir: Path,
 ) -> None:
-    host = await ModelHost.start(_spec(tiny_model_dir, "dep-queue", test_hooks=True))
+    host = await forked_host(_spec(tiny_model_dir, "dep-queue", test_hooks=True))
     try:
         # A slow forward pass holds the main thread; everything sent meanwhile waits in its inbox.
         slow = asyncio.create_task(
@@ -260,7 +269,7 @@ async def test_timeout_is_honoured_in_the_child_and_cancel_drops_queued_work(
 async def test_stop_that_cannot_confirm_the_exit_claims_no_exit_code(
     tiny_model_dir: Path,
 ) -> None:
-    host = await ModelHost.start(_spec(tiny_model_dir, "dep-sigstop"))
+    host = await forked_host(_spec(tiny_model_dir, "dep-sigstop"))
     os.kill(host.pid, signal.SIGSTOP)
     try:
         embed = asyncio.create_task(host.embed(["x"], trace_context={}, timeout_s=30))
@@ -288,9 +297,7 @@ async def test_child_killed_mid_request_raises_runtime_crashed_and_reports_the_e
         exits.append(returncode)
         exited.set()
 
-    host = await ModelHost.start(
-        _spec(tiny_model_dir, "dep-crash", test_hooks=True), on_exit=on_exit
-    )
+    host = await forked_host(_spec(tiny_model_dir, "dep-crash", test_hooks=True), on_exit=on_exit)
     pending = asyncio.create_task(
         host.embed([TEST_HOOK_HANG_INPUT], trace_context={}, timeout_s=60)
     )
@@ -322,7 +329,7 @@ async def test_unloadable_model_directory_fails_the_start_with_the_cause(tmp_pat
     (broken / "config.json").write_text("{ this is not json")
     (broken / "modules.json").write_text("[{ neither is this")
     with pytest.raises(GantryError) as caught:
-        await ModelHost.start(_spec(broken, "dep-broken"))
+        await forked_host(_spec(broken, "dep-broken"))
     assert caught.value.reason == "LOAD_FAILED"
     assert "loading the model failed" in caught.value.message
     assert caught.value.metadata["deployment_id"] == "dep-broken"

@@ -21,6 +21,7 @@ from gantry.common.errors import GantryError
 from gantry.v1 import common_pb2
 from gantry.worker.model_host.process import HostLaunchSpec, ModelHost
 from gantry.worker.model_host.serving import TEST_HOOK_SLOW_INPUT
+from tests.integration.harness import forked_host
 from tests.integration.test_model_host import _assert_same_embeddings, _vectors, _wait_until
 
 CHUNK_INPUTS = 2
@@ -93,7 +94,7 @@ def _assert_stopped_mid_run(host: ModelHost, *whys: str) -> None:
 async def test_a_cancelled_embed_stops_between_chunks_and_the_next_caller_is_served(
     tiny_model_dir: Path,
 ) -> None:
-    host = await ModelHost.start(_spec(tiny_model_dir, "dep-abandon-cancel"))
+    host = await forked_host(_spec(tiny_model_dir, "dep-abandon-cancel"))
     try:
         result = await _cancel_with_a_caller_behind(
             host,
@@ -109,7 +110,7 @@ async def test_a_cancelled_embed_stops_between_chunks_and_the_next_caller_is_ser
 async def test_an_embed_past_its_timeout_stops_between_chunks_and_is_answered_deadline_exceeded(
     tiny_model_dir: Path,
 ) -> None:
-    host = await ModelHost.start(_spec(tiny_model_dir, "dep-abandon-deadline"))
+    host = await forked_host(_spec(tiny_model_dir, "dep-abandon-deadline"))
     try:
         with pytest.raises(GantryError) as timed_out:
             await host.embed(LONG_EMBED, trace_context={}, timeout_s=2)
@@ -128,7 +129,7 @@ async def test_live_requests_batched_across_chunks_get_their_own_vectors(
     from sentence_transformers import SentenceTransformer
 
     reference = SentenceTransformer(str(tiny_model_dir), device="cpu", local_files_only=True)
-    host = await ModelHost.start(_spec(tiny_model_dir, "dep-abandon-batch"))
+    host = await forked_host(_spec(tiny_model_dir, "dep-abandon-batch"))
     try:
         # The slow request holds the host while the three others queue up into one batch of
         # 3 x 3 inputs, run as chunks of 2 that straddle the requests.
@@ -152,7 +153,7 @@ async def test_live_requests_batched_across_chunks_get_their_own_vectors(
 async def test_a_cancelled_rerank_stops_between_chunks_and_the_next_caller_is_served(
     tiny_cross_encoder_dir: Path,
 ) -> None:
-    host = await ModelHost.start(
+    host = await forked_host(
         _spec(tiny_cross_encoder_dir, "dep-abandon-rerank", "sentence_transformers_cross_encoder")
     )
     try:

@@ -18,7 +18,8 @@ import pytest
 from gantry.common.errors import FailureClass, GantryError
 from gantry.v1 import common_pb2, worker_gateway_pb2
 from gantry.worker.model_host import testing_hooks
-from gantry.worker.model_host.process import HostLaunchSpec, ModelHost
+from gantry.worker.model_host.process import HostLaunchSpec
+from tests.integration.harness import forked_host
 
 
 def _spec(model_directory: Path, deployment_id: str) -> HostLaunchSpec:
@@ -46,7 +47,7 @@ async def test_cuda_oom_at_load_fails_the_load_runtime_oom_with_the_measured_fig
     tiny_model_dir: Path,
 ) -> None:
     with pytest.raises(GantryError) as caught:
-        await ModelHost.start(_spec(tiny_model_dir, testing_hooks.CUDA_OOM_AT_LOAD_DEPLOYMENT))
+        await forked_host(_spec(tiny_model_dir, testing_hooks.CUDA_OOM_AT_LOAD_DEPLOYMENT))
     error = caught.value
     assert error.reason == "RUNTIME_OOM"
     assert error.failure_class is FailureClass.CONFIG
@@ -58,7 +59,7 @@ async def test_cuda_oom_at_load_fails_the_load_runtime_oom_with_the_measured_fig
 async def test_cuda_oom_at_invoke_is_invoke_oom_and_the_host_serves_the_next_call(
     tiny_model_dir: Path,
 ) -> None:
-    host = await ModelHost.start(_spec(tiny_model_dir, "dep-invoke-oom"))
+    host = await forked_host(_spec(tiny_model_dir, "dep-invoke-oom"))
     try:
         pid = host.pid
         with pytest.raises(GantryError) as caught:
@@ -91,7 +92,7 @@ async def test_cuda_oom_at_invoke_is_invoke_oom_and_the_host_serves_the_next_cal
 async def test_offline_evidence_is_what_the_child_observed_of_itself(
     tiny_model_dir: Path,
 ) -> None:
-    host = await ModelHost.start(_spec(tiny_model_dir, "dep-observed"))
+    host = await forked_host(_spec(tiny_model_dir, "dep-observed"))
     try:
         offline = (await host.probe_check(timeout_s=30)).offline
         assert offline.offline_env["HF_HUB_OFFLINE"] == "1"

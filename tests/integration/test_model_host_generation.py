@@ -32,6 +32,7 @@ from gantry.worker.model_host.generation_serving import TEST_HOOK_SLOW_TOKENS_PR
 from gantry.worker.model_host.process import HostLaunchSpec, ModelHost
 from tests.fixtures.tiny_causal_lm import CONTEXT_LENGTH, DirectCausalLM
 from tests.integration.generation_support import tokens_before_the_cancel
+from tests.integration.harness import forked_host
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(300)]
 
@@ -75,7 +76,7 @@ def direct(tiny_causal_lm_dir: Path) -> DirectCausalLM:
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def lm_host(tiny_causal_lm_dir: Path) -> AsyncIterator[ModelHost]:
-    host = await ModelHost.start(
+    host = await forked_host(
         HostLaunchSpec(
             deployment_id="dep-causal-lm",
             model_directory=tiny_causal_lm_dir,

@@ -17,8 +17,9 @@ import pytest
 from gantry.common.errors import FailureClass, GantryError
 from gantry.v1 import common_pb2, worker_gateway_pb2
 from gantry.worker.model_host.input_lengths import first_overlong
-from gantry.worker.model_host.process import HostLaunchSpec, ModelHost
+from gantry.worker.model_host.process import HostLaunchSpec
 from gantry.worker.model_host.serving import TEST_HOOK_SLOW_INPUT
+from tests.integration.harness import forked_host
 
 OVERLONG = "hello world " * 100  # 202 tokens alone; the tiny models take 128
 QUERY = "quick brown fox"
@@ -60,7 +61,7 @@ async def test_an_overlong_embed_input_is_refused_alone_and_truncate_cuts_it(
     from sentence_transformers import SentenceTransformer
 
     reference = SentenceTransformer(str(tiny_model_dir), device="cpu", local_files_only=True)
-    host = await ModelHost.start(_spec(tiny_model_dir, "sentence_transformers", "dep-lengths"))
+    host = await forked_host(_spec(tiny_model_dir, "sentence_transformers", "dep-lengths"))
     try:
         # The slow request holds the forward pass, so the three behind it queue and are
         # collected into one batch: the overlong one must fail alone.
@@ -104,7 +105,7 @@ async def test_an_overlong_rerank_pair_is_refused_and_truncate_scores_it_as_pred
     from sentence_transformers import CrossEncoder
 
     reference = CrossEncoder(str(tiny_cross_encoder_dir), device="cpu", local_files_only=True)
-    host = await ModelHost.start(
+    host = await forked_host(
         _spec(tiny_cross_encoder_dir, "sentence_transformers_cross_encoder", "dep-rerank-lengths")
     )
     documents = ["the lazy dog", OVERLONG]

@@ -8,12 +8,12 @@ import sys
 from pathlib import Path
 
 from gantry.v1 import common_pb2
-from gantry.worker.model_host.process import HostLaunchSpec, ModelHost
-from tests.integration.harness import wait_for
+from gantry.worker.model_host.process import HostLaunchSpec
+from tests.integration.harness import forked_host, wait_for
 
 
 async def test_a_model_host_logs_json_lines_when_the_worker_does(tiny_model_dir: Path) -> None:
-    host = await ModelHost.start(
+    host = await forked_host(
         HostLaunchSpec(
             deployment_id="dep-json-logs",
             model_directory=tiny_model_dir,

@@ -22,6 +22,7 @@ from gantry.common.errors import FailureClass, GantryError
 from gantry.v1 import common_pb2
 from gantry.v1 import worker_gateway_pb2 as wg
 from gantry.worker.model_host.process import HostLaunchSpec, ModelHost
+from tests.integration.harness import forked_host
 
 RATE = 16_000
 WINDOW = 30 * RATE
@@ -104,7 +105,7 @@ class Direct:
 
 @pytest.fixture
 async def whisper_host(tiny_whisper_dir: Path) -> Any:
-    host = await ModelHost.start(
+    host = await forked_host(
         HostLaunchSpec(
             deployment_id="dep-whisper",
             model_directory=tiny_whisper_dir,

@@ -20,8 +20,8 @@ from gantry.common.status import error_info_of
 from gantry.v1 import common_pb2
 from gantry.v1 import control_plane_pb2 as cp
 from gantry.v1 import inference_pb2 as inf
-from gantry.worker.model_host.process import HostLaunchSpec, ModelHost
-from tests.integration.harness import Harness, running_gantry
+from gantry.worker.model_host.process import HostLaunchSpec
+from tests.integration.harness import Harness, forked_host, running_gantry
 
 READY = cp.DEPLOYMENT_STATE_READY
 CROSS_ENCODER = "sentence_transformers_cross_encoder"
@@ -197,7 +197,7 @@ async def test_wrong_kind_and_malformed_requests_get_typed_errors_and_serving_co
 async def test_model_host_reranks_like_cross_encoder_predict_and_refuses_embeds(
     tiny_cross_encoder_dir: Path,
 ) -> None:
-    host = await ModelHost.start(
+    host = await forked_host(
         HostLaunchSpec(
             deployment_id="dep-rerank",
             model_directory=tiny_cross_encoder_dir,
