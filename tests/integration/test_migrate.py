@@ -104,6 +104,19 @@ async def test_migrate_creates_the_schema_and_one_installation_record_that_rerun
     await require_initialised(database_url)
 
 
+@pytest.mark.postgres
+async def test_three_migrations_at_once_on_an_empty_postgresql_database_all_succeed(
+    postgres_url: str,
+) -> None:
+    """Three replicas' `gantry migrate` starting together (a first install's init containers):
+    one creates the schema while the others wait on its lock, then find it current."""
+    runs = await asyncio.gather(*(gantry("migrate", "--database-url", postgres_url) for _ in "abc"))
+    assert [run.returncode for run in runs] == [0, 0, 0], [run.stderr for run in runs]
+    [record] = await installations(postgres_url)
+    assert record.schema_revision == head_revision()
+    await require_initialised(postgres_url)
+
+
 async def test_a_missing_sqlite_file_is_refused_and_not_created(tmp_path: Path) -> None:
     database_url = f"sqlite+aiosqlite:///{tmp_path / 'gantry.db'}"
     message = await refusal(database_url)

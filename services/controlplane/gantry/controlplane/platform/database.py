@@ -28,7 +28,7 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from alembic.util.exc import CommandError
-from sqlalchemy import event
+from sqlalchemy import event, text
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import URL, Connection, make_url
 from sqlalchemy.ext.asyncio import (
@@ -338,16 +338,44 @@ async def migrate_database(url: str, *, now: dt.datetime | None = None) -> Insta
         _create_private_file(path)
     database = Database.connect(url)
     try:
-        revision = await database.migrate()
-        async with database.transaction() as session:
-            return await installation.record_installation(
-                session,
-                schema_revision=revision,
-                version=installation.gantry_version(),
-                now=now or dt.datetime.now(dt.UTC),
-            )
+        async with _migration_lock(database):
+            revision = await database.migrate()
+            async with database.transaction() as session:
+                return await installation.record_installation(
+                    session,
+                    schema_revision=revision,
+                    version=installation.gantry_version(),
+                    now=now or dt.datetime.now(dt.UTC),
+                )
     finally:
         await database.close()
+
+
+# A PostgreSQL advisory lock's key (64 bits) that no other user of the database takes; the
+# leader's lock is 0x67616E7472790001 (platform/leadership.py).
+MIGRATION_LOCK_KEY = 0x67616E7472790002
+
+
+@contextlib.asynccontextmanager
+async def _migration_lock(database: Database) -> AsyncIterator[None]:
+    """One `gantry migrate` at a time on a PostgreSQL database: replicas starting together (three
+    pods' init containers on a first install) would otherwise each create the same tables, and
+    all but one fail on PostgreSQL's catalog. The others wait, then find the schema current. Held
+    on a connection of its own for the whole migration; SQLite is one file on one machine, its
+    own write lock serialises it."""
+    if database.engine.dialect.name != "postgresql":
+        yield
+        return
+    async with database.engine.connect() as connection:
+        await connection.execute(text("SELECT pg_advisory_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
+        await connection.commit()  # the lock is the session's: no transaction held open
+        try:
+            yield
+        finally:
+            await connection.execute(
+                text("SELECT pg_advisory_unlock(:key)"), {"key": MIGRATION_LOCK_KEY}
+            )
+            await connection.commit()
 
 
 def _create_private_file(path: Path) -> None:
