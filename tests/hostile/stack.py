@@ -43,7 +43,7 @@ class HostileStack(Cluster):
     http_port: int = 0
     victim_key: str = ""
 
-    def _service(self, role: str, arguments: list[str]) -> Service:
+    def _service(self, role: str, arguments: list[str], *, name: str = "") -> Service:
         if role == "controlplane":
             self.http_port = free_port()
             arguments = [
@@ -51,7 +51,7 @@ class HostileStack(Cluster):
                 "--http-listen", f"127.0.0.1:{self.http_port}",
                 "--http-header-timeout-s", str(HTTP_HEADER_TIMEOUT_S),
             ]  # fmt: skip
-        return super()._service(role, arguments)
+        return super()._service(role, arguments, name=name)
 
     async def start(self) -> None:
         await super().start()

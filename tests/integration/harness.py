@@ -24,6 +24,7 @@ from gantry.controlplane.deployments.lifecycle import DEFAULT_LEASE_SECONDS
 from gantry.controlplane.deployments.reconciler import ReconcilerSettings
 from gantry.controlplane.serving.inference_service import InferenceSettings
 from gantry.scheduler.server import start_scheduler
+from gantry.scheduler.service import SchedulerService
 from gantry.v1 import (
     common_pb2,
     control_plane_pb2,
@@ -74,6 +75,9 @@ class Harness:
     credentials: dict[str, str] = field(default_factory=dict)  # node name -> credential
     workers: list[tuple[WorkerAgent, asyncio.Task[None]]] = field(default_factory=list)
     api_key: str = ""
+    # Schedulers after the first in the control plane's --scheduler list (running_gantry's
+    # `standby_schedulers`), each with its service.
+    standby_schedulers: list[tuple[RunningServer, SchedulerService]] = field(default_factory=list)
 
     @property
     def address(self) -> str:
@@ -340,18 +344,25 @@ async def running_gantry(
     inference: InferenceSettings | None = None,
     endpoint_key_file: Path | None = None,
     http_listen: str | None = None,
+    standby_schedulers: int = 0,
 ) -> AsyncIterator[Harness]:
-    """Scheduler and control plane in this process."""
+    """Scheduler and control plane in this process (and `standby_schedulers` more schedulers,
+    after the first in the control plane's --scheduler list)."""
     service_token = tokens.mint_token(tokens.SERVICE_TOKEN, "scheduler")
     operator_token = tokens.mint_token(tokens.OPERATOR_TOKEN, new_id())
     scheduler_server, _ = await start_scheduler(listen="127.0.0.1:0", service_token=service_token)
+    standbys = [
+        await start_scheduler(listen="127.0.0.1:0", service_token=service_token)
+        for _ in range(standby_schedulers)
+    ]
+    addresses = [f"127.0.0.1:{s.port}" for s in (scheduler_server, *(s for s, _ in standbys))]
     # What `gantry migrate` leaves (tests/fixtures/migrated_copy.py); the start only checks.
     await migrate_fresh(database_url)
     control_plane = await start_control_plane(
         ControlPlaneSettings(
             listen="127.0.0.1:0",
             database_url=database_url,
-            scheduler_address=f"127.0.0.1:{scheduler_server.port}",
+            scheduler_address=",".join(addresses),
             scheduler_token=service_token,
             bootstrap_operator_token=operator_token,
             reconciler=reconciler or ReconcilerSettings(interval_s=0.2),
@@ -372,6 +383,7 @@ async def running_gantry(
         operator_token=operator_token,
         artifact_root=artifact_root,
         scheduler_token=service_token,
+        standby_schedulers=standbys,
     )
     key = await harness.operator.CreateApiKey(
         control_plane_pb2.CreateApiKeyRequest(tenant_id="tenant-a", name="tests"),
@@ -388,4 +400,5 @@ async def running_gantry(
             await agent.shutdown()
         await channel.close()
         await control_plane.stop()
-        await scheduler_server.stop(grace=0.5)
+        for server in (scheduler_server, *(s for s, _ in standbys)):
+            await server.stop(grace=0.5)

@@ -112,6 +112,16 @@ def by_kind_name(docs: Docs, kind: str, name: str) -> Doc:
     return found[0]
 
 
+# The kind of each service's workload: the control plane's replicas are interchangeable (a
+# Deployment); each scheduler pod needs a stable name the control planes dial (a StatefulSet).
+WORKLOAD_KINDS = {"controlplane": "Deployment", "scheduler": "StatefulSet"}
+
+
+def service_workload(docs: Docs, service: str) -> Doc:
+    """The control plane's or the scheduler's workload (`gantry-<service>`, of its kind)."""
+    return by_kind_name(docs, WORKLOAD_KINDS[service], f"gantry-{service}")
+
+
 def secret_references(spec: dict[str, Any]) -> set[str]:
     """Every Secret a pod can read: secret and projected volumes, env and envFrom references."""
     names: set[str] = set()

@@ -17,6 +17,7 @@ from tests.unit.deploy_manifests_support import (
     k8s_docs,
     option_value,
     pod_spec,
+    service_workload,
     worker_workloads,
 )
 
@@ -47,10 +48,11 @@ def k8s_tls_problems(service: str, doc: dict[str, Any]) -> Problems:
 
 
 def workloads_of(docs: Docs, service: str) -> list[dict[str, Any]]:
-    """The control plane's and scheduler's Deployment; every worker Deployment (one per node)."""
+    """The control plane's Deployment, the scheduler's StatefulSet; every worker Deployment (one
+    per node)."""
     if service == "worker":
         return worker_workloads(docs)
-    return [by_kind_name(docs, "Deployment", f"gantry-{service}")]
+    return [service_workload(docs, service)]
 
 
 @pytest.mark.parametrize("service", SERVICES)

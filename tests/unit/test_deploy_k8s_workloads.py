@@ -1,7 +1,8 @@
 """Static checks on deploy/k8s: every pod hardened, no secret values, the control plane's steps.
 
 The manifests are parsed, not applied (no cluster here). The worker Deployments, one per node,
-have their own module (test_deploy_k8s_workers.py), as does TLS (test_deploy_k8s_tls.py).
+have their own module (test_deploy_k8s_workers.py), as do TLS (test_deploy_k8s_tls.py) and the
+replicas (test_deploy_k8s_replicas.py).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from tests.unit.deploy_manifests_support import (
     option_value,
     pod_spec,
     secret_references,
+    service_workload,
 )
 from tests.unit.test_deploy_http_api import HTTP_PORT
 
@@ -215,7 +217,7 @@ def test_every_k8s_workload_is_hardened(docs: list[tuple[str, dict[str, Any]]]) 
 
 @pytest.mark.parametrize("service", NO_ML_SERVICES)
 def test_k8s_grpc_services(docs: list[tuple[str, dict[str, Any]]], service: str) -> None:
-    deployment = by_kind_name(docs, "Deployment", f"gantry-{service}")
+    deployment = service_workload(docs, service)
     assert grpc_probe_problems(service, deployment, HEALTH_PORTS[service]) == []
     svc = by_kind_name(docs, "Service", f"gantry-{service}")
     assert {p["name"]: p["port"] for p in svc["spec"]["ports"]} == SERVICE_PORTS[service]
@@ -238,14 +240,6 @@ def test_k8s_control_plane_migrates_in_an_init_container(
     assert env["PGPASSWORD"]["secretKeyRef"] == {"name": "gantry-postgres", "key": "password"}
     # Hardened like every container (test_every_k8s_workload_is_hardened covers it too).
     assert pod_problems("controlplane", {**spec, "containers": []}) == []
-
-
-def test_k8s_scheduler_is_a_single_recreated_replica(
-    docs: list[tuple[str, dict[str, Any]]],
-) -> None:
-    scheduler = by_kind_name(docs, "Deployment", "gantry-scheduler")
-    assert scheduler["spec"]["replicas"] == 1
-    assert scheduler["spec"]["strategy"]["type"] == "Recreate"
 
 
 def test_k8s_references_resolve_and_secrets_are_documented(

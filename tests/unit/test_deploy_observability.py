@@ -31,6 +31,7 @@ from tests.unit.deploy_manifests_support import (
     load_compose,
     option_value,
     pod_spec,
+    service_workload,
     worker_workloads,
 )
 from tests.unit.deploy_observability_support import (
@@ -317,7 +318,7 @@ def test_compose_observability_profile_is_optional_pinned_and_provisioned() -> N
 
 def test_k8s_pods_serve_metrics_on_a_named_port_their_annotations_point_at() -> None:
     docs = k8s_docs()
-    workloads = [by_kind_name(docs, "Deployment", JOBS[s]) for s in ("controlplane", "scheduler")]
+    workloads = [service_workload(docs, s) for s in ("controlplane", "scheduler")]
     workloads += worker_workloads(docs)
     for doc in workloads:
         service = doc["metadata"]["name"].removeprefix("gantry-").split("-")[0]

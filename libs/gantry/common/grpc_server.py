@@ -149,10 +149,16 @@ def insecure_channel(address: str) -> grpc.aio.Channel:
     return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
 
 
-def channel(address: str, tls: ClientTls | None) -> grpc.aio.Channel:
-    """A channel to a Gantry service: TLS with `tls`, plaintext without."""
+def channel(
+    address: str, tls: ClientTls | None, *, authority: str | None = None
+) -> grpc.aio.Channel:
+    """A channel to a Gantry service: TLS with `tls`, plaintext without. `authority`: the name
+    the service goes by when `address` is one of its IPs (what TLS verifies)."""
+    named = (("grpc.default_authority", authority),) if authority is not None else ()
     if tls is None:
-        return insecure_channel(address)
+        if not named:
+            return insecure_channel(address)
+        return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS + named)
     return grpc.aio.secure_channel(
-        address, tls.credentials(), options=CHANNEL_OPTIONS + tls.channel_options()
+        address, tls.credentials(), options=CHANNEL_OPTIONS + named + tls.channel_options()
     )

@@ -45,9 +45,16 @@ from gantry.controlplane.platform.events import (
     ReconcileWanted,
     ResidenciesChanged,
 )
-from gantry.controlplane.platform.leadership import DEFAULT_LEADER_LEASE_SECONDS, Leadership
+from gantry.controlplane.platform.leadership import (
+    DEFAULT_LEADER_LEASE_SECONDS,
+    Leadership,
+    replica_name,
+)
 from gantry.controlplane.platform.operator_service import ControlPlaneService
+from gantry.controlplane.platform.scheduler_assignment import SchedulerAssignment
+from gantry.controlplane.platform.scheduler_assignment_rules import parse_addresses
 from gantry.controlplane.platform.scheduler_link import (
+    DEFAULT_FAILOVER_HOLD_SECONDS,
     DEFAULT_SILENCE_TIMEOUT_SECONDS,
     SchedulerLink,
 )
@@ -72,6 +79,8 @@ log = logging.getLogger(__name__)
 class ControlPlaneSettings:
     listen: str
     database_url: str
+    # HOST:PORT, or several comma-separated: one active at a time, named by the leader in the
+    # scheduler_assignment row and followed by every replica (platform/scheduler_assignment.py).
     scheduler_address: str
     scheduler_token: str
     bootstrap_operator_token: str | None = None
@@ -82,6 +91,9 @@ class ControlPlaneSettings:
     leader_lease_seconds: float = DEFAULT_LEADER_LEASE_SECONDS
     # A scheduler silent this long (no health ping answered) counts as unavailable.
     scheduler_silence_timeout_s: float = DEFAULT_SILENCE_TIMEOUT_SECONDS
+    # With several schedulers: how long a call waits for the link to be back (failing over)
+    # before it is refused SCHEDULER_UNAVAILABLE (never past its own deadline).
+    scheduler_failover_hold_s: float = DEFAULT_FAILOVER_HOLD_SECONDS
     tls: ServerTls | None = None  # the one port (ControlPlane, Inference, WorkerGateway)
     health_listen: str | None = None  # plaintext health-only port for probes that lack TLS
     scheduler_tls: ClientTls | None = None  # the link to the scheduler
@@ -111,10 +123,17 @@ class ControlPlane:
     audit_feed: AuditFeed  # wakes WatchAuditEvents (subscribed to the commits' events)
     http_api: HttpApi | None = None  # the OpenAI-compatible HTTP API, when one listens
     give_back: asyncio.Task[None] | None = None  # returns freed memory (MemoryWatch)
+    # Which of several schedulers the link follows; None with one scheduler address.
+    scheduler_assignment: SchedulerAssignment | None = None
 
     @property
     def port(self) -> int:
         return self.server.port
+
+    @property
+    def replica_id(self) -> str:
+        """This process among the replicas (its `node_streams` rows), fresh at each start."""
+        return self.hub.replica_id
 
     @property
     def leadership(self) -> Leadership:
@@ -133,6 +152,8 @@ class ControlPlane:
         await self.leadership.stop()
         await self.server.stop(grace=1.0)
         await self.gateway.close()  # the streams' last writes, before the database goes
+        if self.scheduler_assignment is not None:
+            await self.scheduler_assignment.stop()
         await self.scheduler.stop()
         await self.database.close()
 
@@ -244,19 +265,24 @@ async def open_database(settings: ControlPlaneSettings, clock: Clock) -> Databas
     return database
 
 
-async def forget_streams(database: Database, clock: Clock, leadership: Leadership) -> None:
-    """Mark every node disconnected until its worker returns, before this replica serves.
+async def forget_streams(
+    database: Database, clock: Clock, leadership: Leadership, hub: WorkerHub
+) -> None:
+    """Mark every node disconnected until its worker returns, before this replica serves, but
+    those whose stream another replica holds (a fresh `node_streams` row of their generation).
 
     Only a replica that leads at its start does (fenced): one that starts beside a leader
     leaves the nodes alone, as their workers may be connected to the leader. One that could not
     take the lock yet (an old session of its own still holds it) leaves them too: once it leads,
-    its reconciler disconnects those whose heartbeats stopped. (A leader starting beside
-    followers still marks the followers' nodes: closed by the active-active work to come.)"""
+    its reconciler disconnects those whose heartbeats stopped."""
     if not leadership.is_leader:
         return
     with leadership.fenced():
         async with database.transaction() as session:
-            stale = await nodes.disconnect_all(session, now=clock.now())
+            held = await nodes.held_by_others(
+                session, replica_id=hub.replica_id, heard_since=hub.held_since(clock.now())
+            )
+            stale = await nodes.disconnect_all(session, now=clock.now(), held=held)
             # READY read back from the database describes streams that are gone: until the
             # workers reconnect (and their residents are adopted) those deployments are
             # DEGRADED, not READY.
@@ -274,7 +300,7 @@ def _sealer(settings: ControlPlaneSettings) -> CredentialSealer | None:
 
 
 async def _open_and_lead(
-    settings: ControlPlaneSettings, clock: Clock
+    settings: ControlPlaneSettings, clock: Clock, hub: WorkerHub
 ) -> tuple[Database, Leadership]:
     """The database, and this replica's leadership looked at once: a lone replica leads before
     it serves or decides anything, and only a leader forgets the streams of before."""
@@ -283,8 +309,14 @@ async def _open_and_lead(
         database, url=settings.database_url, lease_s=settings.leader_lease_seconds
     )
     await leadership.start()
-    await forget_streams(database, clock, leadership)
+    await forget_streams(database, clock, leadership, hub)
     return database, leadership
+
+
+def _worker_hub(settings: ControlPlaneSettings) -> WorkerHub:
+    """This replica's worker streams, named by a fresh replica id (its `node_streams` rows):
+    another replica's row counts as a live stream for the reconciler's staleness grace."""
+    return WorkerHub(replica_id=replica_name(), held_for_s=settings.reconciler.stale_after_s)
 
 
 async def _stop_unstarted(
@@ -307,6 +339,17 @@ class _Core:
     lifecycle: DeploymentLifecycle
     liveness: Liveness
     reconciler: Reconciler
+    assignment: SchedulerAssignment | None  # several scheduler addresses: which one is active
+
+    async def start(self, *, run_reconciler: bool) -> None:
+        """The link (one scheduler: to it; several: to the one the assignment names), then the
+        reconciler unless the test drives it."""
+        if self.assignment is None:
+            self.scheduler.start()
+        else:
+            await self.assignment.start()
+        if run_reconciler:
+            self.reconciler.start()
 
 
 def subscribe(
@@ -339,23 +382,55 @@ def subscribe(
     bus.subscribe(AuditWritten, lambda _: audit_feed.audit_committed())  # WatchAuditEvents
 
 
-def _build_core(
-    settings: ControlPlaneSettings, database: Database, clock: Clock, leadership: Leadership
-) -> _Core:
-    hub = WorkerHub()
-    lifecycle_holder: list[DeploymentLifecycle] = []
+def _scheduler_link(
+    settings: ControlPlaneSettings,
+    database: Database,
+    clock: Clock,
+    leadership: Leadership,
+    lifecycle_holder: list[DeploymentLifecycle],  # filled once the lifecycle exists
+    scale_advice: ScaleAdviceInbox,
+) -> tuple[SchedulerLink, SchedulerAssignment | None]:
+    """The link to the scheduler; with several addresses, the assignment it follows."""
 
     async def cluster_state():  # type: ignore[no-untyped-def]
         return await lifecycle_holder[0].cluster_state()
 
-    scale_advice = ScaleAdviceInbox()  # the link fills it, the reconciler acts on it
-    scheduler = SchedulerLink(
-        address=settings.scheduler_address,
+    addresses = parse_addresses(settings.scheduler_address)
+    several = len(addresses) > 1
+    link = SchedulerLink(
+        address=addresses[0],  # with several, the assignment names the one to follow
         service_token=settings.scheduler_token,
         cluster_state=cluster_state,
         tls=settings.scheduler_tls,
         on_scale_advice=scale_advice.offer,
         silence_timeout_seconds=settings.scheduler_silence_timeout_s,
+        failover_hold_s=settings.scheduler_failover_hold_s if several else 0.0,
+    )
+    if not several:
+        return link, None
+    assignment = SchedulerAssignment(
+        addresses=addresses,
+        database=database,
+        leadership=leadership,
+        link=link,
+        clock=clock,
+        silence_timeout_s=settings.scheduler_silence_timeout_s,
+        tls=settings.scheduler_tls,
+    )
+    return link, assignment
+
+
+def _build_core(
+    settings: ControlPlaneSettings,
+    database: Database,
+    clock: Clock,
+    leadership: Leadership,
+    hub: WorkerHub,
+) -> _Core:
+    lifecycle_holder: list[DeploymentLifecycle] = []
+    scale_advice = ScaleAdviceInbox()  # the link fills it, the reconciler acts on it
+    scheduler, assignment = _scheduler_link(
+        settings, database, clock, leadership, lifecycle_holder, scale_advice
     )
     routes = RouteCache(clock)
     audit_feed = AuditFeed()
@@ -372,7 +447,9 @@ def _build_core(
     lifecycle_holder.append(lifecycle)
     # Heartbeats land here (the gateway); the reconciler decides staleness from it and flushes
     # `last_seen_at` to the database once per heartbeat interval.
-    liveness = Liveness(flush_interval_s=settings.reconciler.heartbeat_interval_s)
+    liveness = Liveness(
+        flush_interval_s=settings.reconciler.heartbeat_interval_s, replica_id=hub.replica_id
+    )
     reconciler = Reconciler(
         database=database,
         hub=hub,
@@ -397,6 +474,7 @@ def _build_core(
         lifecycle=lifecycle,
         liveness=liveness,
         reconciler=reconciler,
+        assignment=assignment,
     )
 
 
@@ -504,8 +582,9 @@ async def start_control_plane(
     settings: ControlPlaneSettings, *, clock: Clock | None = None
 ) -> ControlPlane:
     clock = clock or SystemClock()
-    database, leadership = await _open_and_lead(settings, clock)
-    core = _build_core(settings, database, clock, leadership)
+    hub = _worker_hub(settings)
+    database, leadership = await _open_and_lead(settings, clock, hub)
+    core = _build_core(settings, database, clock, leadership, hub)
     authenticator = ControlPlaneAuthenticator(database, clock)
     gateway = _worker_gateway(settings, core, database, clock)
     control_plane_service = _control_plane_service(core, database, clock, authenticator)
@@ -543,9 +622,7 @@ async def start_control_plane(
         await _stop_unstarted(server, leadership, database)
         raise
     _refuse_adopting_ourselves(control_plane_service, server, http_api)
-    core.scheduler.start()
-    if settings.run_reconciler:
-        core.reconciler.start()
+    await core.start(run_reconciler=settings.run_reconciler)
     return ControlPlane(
         give_back=asyncio.create_task(watch_memory(), name="memory-give-back"),
         server=server,
@@ -558,4 +635,5 @@ async def start_control_plane(
         liveness=core.liveness,
         audit_feed=core.audit_feed,
         http_api=http_api,
+        scheduler_assignment=core.assignment,
     )

@@ -12,8 +12,9 @@ import asyncio
 import logging
 import sys
 from pathlib import Path
+from typing import Annotated
 
-from pydantic import Field
+from pydantic import AfterValidator, Field
 
 from gantry.common.arg_types import positive, positive_seconds
 from gantry.common.inference_limits import add_limit_arguments
@@ -40,7 +41,11 @@ from gantry.controlplane.deployments.lifecycle import DEFAULT_LEASE_SECONDS
 from gantry.controlplane.deployments.reconciler import ReconcilerSettings
 from gantry.controlplane.platform.database import DatabaseNotInitialised
 from gantry.controlplane.platform.leadership import DEFAULT_LEADER_LEASE_SECONDS
-from gantry.controlplane.platform.scheduler_link import DEFAULT_SILENCE_TIMEOUT_SECONDS
+from gantry.controlplane.platform.scheduler_assignment_rules import parse_addresses
+from gantry.controlplane.platform.scheduler_link import (
+    DEFAULT_FAILOVER_HOLD_SECONDS,
+    DEFAULT_SILENCE_TIMEOUT_SECONDS,
+)
 from gantry.controlplane.serving.inference_service import InferenceSettings
 from gantry.controlplane.serving.openai_http import DoorBounds, HttpListenError
 
@@ -82,7 +87,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gantry controlplane")
     parser.add_argument("--listen", default="127.0.0.1:50051")
     parser.add_argument("--database-url", default="sqlite+aiosqlite:///.gantry/gantry.db")
-    parser.add_argument("--scheduler", default="127.0.0.1:50052")
+    parser.add_argument(
+        "--scheduler",
+        default="127.0.0.1:50052",
+        metavar="HOST:PORT[,HOST:PORT...]",
+        help="the scheduler, or several in order of preference: one is active at a time, the "
+        "same for every replica; when it stops answering for --scheduler-silence-timeout-s the "
+        "leader moves every replica to the next that answers (default %(default)s)",
+    )
     parser.add_argument("--scheduler-token-file", type=Path, required=True)
     parser.add_argument("--bootstrap-operator-token-file", type=Path)
     parser.add_argument("--artifact-root", type=Path, help="accepted for symmetry; unused here")
@@ -155,6 +167,14 @@ def _add_timing_arguments(parser: argparse.ArgumentParser) -> None:
         "(default %(default)s)",
     )
     parser.add_argument(
+        "--scheduler-failover-hold-s",
+        type=float,
+        default=DEFAULT_FAILOVER_HOLD_SECONDS,
+        help="with several --scheduler addresses: how long a call waits for the link while it "
+        "moves to another scheduler before it is refused SCHEDULER_UNAVAILABLE, never past the "
+        "call's own deadline (default %(default)s)",
+    )
+    parser.add_argument(
         "--leader-lease-seconds",
         type=float,
         help="replicas on one PostgreSQL database: a leader whose session to the database is "
@@ -164,6 +184,11 @@ def _add_timing_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _scheduler_addresses(value: str) -> str:
+    """`--scheduler`, checked (no empty or repeated address) and written without spaces."""
+    return ",".join(parse_addresses(value))
+
+
 class ControlPlaneConfig(
     ProcessSettings, ServerTlsSettings, SchedulerTlsSettings, InferenceLimitSettings
 ):
@@ -171,7 +196,7 @@ class ControlPlaneConfig(
 
     listen: str
     database_url: str
-    scheduler: str
+    scheduler: Annotated[str, AfterValidator(_scheduler_addresses)]
     scheduler_token_file: Path
     bootstrap_operator_token_file: Path | None = None
     artifact_root: Path | None = None  # accepted for symmetry; unused
@@ -186,6 +211,7 @@ class ControlPlaneConfig(
     absence_grace_s: PositiveFloat
     lease_seconds: PositiveFloat
     scheduler_silence_timeout_s: PositiveFloat
+    scheduler_failover_hold_s: PositiveFloat
     leader_lease_seconds: PositiveFloat = Field(
         DEFAULT_LEADER_LEASE_SECONDS, validation_alias=LEADER_LEASE_ENV
     )
@@ -206,6 +232,7 @@ class ControlPlaneConfig(
             ),
             lease_seconds=self.lease_seconds,
             scheduler_silence_timeout_s=self.scheduler_silence_timeout_s,
+            scheduler_failover_hold_s=self.scheduler_failover_hold_s,
             leader_lease_seconds=self.leader_lease_seconds,
             tls=self.server_tls(),
             health_listen=self.health_listen,

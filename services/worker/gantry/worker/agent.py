@@ -1,10 +1,18 @@
-"""The worker agent: one outbound stream to the control plane, jobs and invocations over it.
+"""The worker agent: one outbound stream to each control-plane replica, jobs and invocations
+over them.
 
-The agent opens no port. Its generation is issued by the control plane in each Welcome: a new
-process presents none (0) and gets a new one; a reconnect presents the one it holds and keeps it
-while no other stream took the node meanwhile, so results the control plane has not acknowledged
-are resent within the same generation. A stream closed because another Hello with this node's
-credential took the node (STALE_GENERATION) is dialled again: the newest Hello wins. Serving
+The agent opens no port. It holds a stream (a `links.Link`) to every replica `--control-plane`
+names or resolves to (control_planes.py); with one address, one stream. Its generation is issued
+by the control plane in each Welcome: a new process presents none (0) and gets a new one; a
+reconnect presents the one it holds and keeps it while no other stream took the node meanwhile,
+so results the control plane has not acknowledged are resent within the same generation. Until
+the process holds a generation, one stream at a time says Hello (the first claims it); every
+other stream then presents it, and the replicas, sharing one database, keep it. A stream closed
+because another Hello with this node's credential took the node (STALE_GENERATION) is dialled
+again: the newest Hello wins. Each stream is dialled again with its own backoff: one replica's
+stream dropping stops nothing else. Invocations are answered on the stream they came on, job
+results and a probe's updates go back on their job's stream while it is open (else on any),
+heartbeats go on every stream, and the rest (inventory) on the first stream open. Serving
 residents are supervised by `supervision.Supervisor`, which starts, checks and stops every host
 through the runtime adapter its deployment names (the registry the PROBE job uses); every change
 of a resident sends an InventoryReport.
@@ -24,7 +32,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,6 +42,7 @@ from google.protobuf import timestamp_pb2
 
 from gantry.common import tokens
 from gantry.common.auth import auth_metadata
+from gantry.common.client_config import resolve_hosts
 from gantry.common.clock import Clock
 from gantry.common.digests import adapter_digest
 from gantry.common.errors import GantryError
@@ -45,6 +54,7 @@ from gantry.v1 import common_pb2, worker_gateway_pb2_grpc
 from gantry.v1 import worker_gateway_pb2 as wg
 from gantry.worker import metrics
 from gantry.worker.adopted_endpoint import adopt_endpoint
+from gantry.worker.control_planes import StreamTarget, parse_control_planes, plan_streams
 from gantry.worker.crash_policy import RestartPolicy
 from gantry.worker.environment_facts import (
     DEFAULT_FACTS_TIMEOUT_S,
@@ -56,6 +66,7 @@ from gantry.worker.heartbeat_file import HeartbeatFile
 from gantry.worker.inspect_job import run_inspect
 from gantry.worker.invocations import DEFAULT_MAX_IN_FLIGHT, Invocations
 from gantry.worker.jobs import DeploymentJobQueues
+from gantry.worker.links import Link, first_welcomed
 from gantry.worker.model_host.environments import resolve_python
 from gantry.worker.model_host.inbox import DEFAULT_INBOX_LIMIT
 from gantry.worker.model_host.process import (
@@ -82,11 +93,14 @@ _tracer = tracer("gantry.worker")
 
 @dataclass(frozen=True, kw_only=True)
 class WorkerSettings:
+    # One address, a comma-separated list, or dns:///name:port (control_planes.py).
     control_plane: str
     credential: str
     artifact_root: Path
     max_residents: int = DEFAULT_MAX_RESIDENTS
     reconnect_max_seconds: float = 10.0
+    # How often a dns:/// control plane is resolved again (a replica added or gone is followed).
+    resolve_interval_s: float = 30.0
     tls: ClientTls | None = None  # to the control plane; None: plaintext
     env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
     # Supervision of model hosts: in-place restarts with backoff, crash loops, liveness pings.
@@ -248,10 +262,13 @@ class WorkerAgent:
             open_nvml=open_nvml,
         )
         self.residents = self.supervisor.residents
-        self.connected = asyncio.Event()
+        self.connected = asyncio.Event()  # some stream is welcomed
         self.outbox_dropped = 0
-        self._outbox: asyncio.Queue[wg.WorkerMessage | None] = self._new_outbox()
+        self.control_planes = parse_control_planes(settings.control_plane)  # whose streams
+        self._links: dict[str, Link] = {}  # address -> its stream, in the order given (resolved)
+        self._claiming = asyncio.Lock()  # one Hello at a time until a generation is held
         self._unacked: dict[str, wg.JobResult] = {}
+        self._job_links: dict[str, Link] = {}  # job id -> the stream it came on, until its result
         self._jobs = DeploymentJobQueues(run=self.run_job, emit=self._job_finished)
         self._invocations = Invocations(
             supervisor=self.supervisor,
@@ -283,7 +300,6 @@ class WorkerAgent:
         self._tasks: set[asyncio.Task[None]] = set()
         self._liveness: asyncio.Task[None] | None = None
         self._heartbeat_seconds = 3.0  # until the Welcome names the interval
-        self._welcomed_before = False  # a later Welcome is a reconnect
         self._heartbeat_file = (
             HeartbeatFile(settings.heartbeat_file) if settings.heartbeat_file is not None else None
         )
@@ -291,19 +307,84 @@ class WorkerAgent:
     # ---- lifecycle ----------------------------------------------------------------------------
 
     async def run(self) -> None:
-        """Connect, serve, reconnect with backoff; returns only when disabled or cancelled."""
+        """Hold a stream to every replica, each dialled again with backoff; returns only when
+        disabled or cancelled."""
         if self._liveness is None:
             # Supervision runs whether or not the control plane is reachable.
             self._liveness = asyncio.create_task(self.supervisor.run_liveness(), name="liveness")
             self._prewarm()
         # Hello carries every environment's facts: learn them (concurrently, once) first.
         await self.environments.collect()
+        try:
+            while True:
+                self._hold(await self._stream_targets())
+                if await self._any_link_ended():
+                    return  # disabled
+        finally:
+            await self._drop_links(list(self._links.values()))
+
+    async def _stream_targets(self) -> Sequence[StreamTarget]:
+        """The replicas to hold streams to now: the fixed ones, or the name resolved again (a
+        name that resolves to nothing keeps the streams held: DNS failing is not the replicas)."""
+        planes = self.control_planes
+        if not planes.resolves:
+            return planes.fixed
+        resolved = await asyncio.to_thread(resolve_hosts, [planes.host])
+        targets = plan_streams(planes, resolved)
+        if not targets:
+            log.warning("%s:%d resolves to no address; streams kept", planes.host, planes.port)
+            return [link.target for link in self._links.values()]
+        return targets
+
+    def _hold(self, targets: Sequence[StreamTarget]) -> None:
+        """A link (dialled from now on) for each new target; the links of targets no longer
+        listed are closed (their replicas see the stream end)."""
+        wanted = {target.address: target for target in targets}
+        gone = [link for address, link in self._links.items() if address not in wanted]
+        for link in gone:
+            del self._links[link.name]
+            if link.task is not None:
+                link.task.cancel()
+        added = [target for address, target in wanted.items() if address not in self._links]
+        for target in added:
+            link = Link(target=target, outbox_limit=self.settings.outbox_limit)
+            link.task = asyncio.create_task(self._keep_link(link), name=f"stream-{link.name}")
+            self._links[link.name] = link
+        if gone or (added and len(wanted) > 1):
+            log.info("control-plane streams: %s", ", ".join(self._links) or "none")
+
+    async def _any_link_ended(self) -> bool:
+        """Wait for a link's loop to end (NODE_DISABLED: True), or for the next resolve."""
+        tasks = {link.task for link in self._links.values() if link.task is not None}
+        timeout = self.settings.resolve_interval_s if self.control_planes.resolves else None
+        if not tasks:  # the name resolved to nothing yet: tried again within a reconnect's wait
+            await self._backoff(min(timeout or 0.0, self.settings.reconnect_max_seconds))
+            return False
+        done, _ = await asyncio.wait(tasks, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        for task in done:
+            if not task.cancelled():
+                task.result()  # an unexpected failure ends the agent, as it always did
+                return True
+        return False
+
+    async def _drop_links(self, links: list[Link]) -> None:
+        for link in links:
+            if link.task is not None:
+                link.task.cancel()
+        for link in links:
+            if link.task is not None:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await link.task
+        self._links.clear()
+
+    async def _keep_link(self, link: Link) -> None:
+        """Connect, serve, reconnect with backoff; returns only when disabled."""
         delay = 0.2
         while True:
             ended_by = ""
             self._record_heartbeat()  # the loop is alive, whether or not the next try connects
             try:
-                await self._serve_stream()
+                await self._serve_stream(link)
                 delay = 0.2
             except grpc.aio.AioRpcError as error:
                 gantry_error = error_from_rpc(error)
@@ -319,9 +400,11 @@ class WorkerAgent:
                 else:
                     log.warning("control plane stream ended: %s", gantry_error)
             finally:
-                if self.connected.is_set():
+                if link.welcomed:
                     metrics.stream_event("disconnected", ended_by)
-                self.connected.clear()
+                link.welcomed = False
+                if first_welcomed(self._links.values()) is None:
+                    self.connected.clear()
             self._record_heartbeat()  # says "disconnected" from the moment the stream ended
             await self._backoff(delay)
             delay = min(delay * 2, self.settings.reconnect_max_seconds)
@@ -373,47 +456,67 @@ class WorkerAgent:
         except GantryError as error:
             log.warning("warm pool not started ahead of the first load: %s", error.message)
 
+    def streams(self) -> dict[str, StreamTarget]:
+        """The replicas this worker holds a stream to (or dials): address -> what it dials."""
+        return {address: link.target for address, link in self._links.items()}
+
     def active_job_ids(self) -> list[str]:
         """Jobs queued or running here (PROBE and INSPECT included): the leases heartbeats renew."""
         return self._jobs.active_job_ids()
 
     # ---- the stream ---------------------------------------------------------------------------
 
-    async def _serve_stream(self) -> None:
-        async with channel(self.settings.control_plane, self.settings.tls) as gateway_channel:
-            stub = worker_gateway_pb2_grpc.WorkerGatewayStub(gateway_channel)
-            self._outbox = self._new_outbox()
-            self._send(wg.WorkerMessage(hello=self._hello()))
-            call = stub.Connect(self._outgoing(), metadata=auth_metadata(self.settings.credential))
-            heartbeat = asyncio.create_task(self._heartbeats(), name="heartbeats")
+    async def _serve_stream(self, link: Link) -> None:
+        target = link.target
+        async with channel(target.address, self.settings.tls, authority=target.authority) as ch:
+            stub = worker_gateway_pb2_grpc.WorkerGatewayStub(ch)
+            heartbeat: asyncio.Task[None] | None = None
             try:
-                async for message in call:
-                    self._handle(message)
+                async with self._claim_turn():
+                    link.renew()
+                    self._send(wg.WorkerMessage(hello=self._hello()), link)
+                    call = stub.Connect(
+                        link.outgoing(), metadata=auth_metadata(self.settings.credential)
+                    )
+                    heartbeat = asyncio.create_task(self._heartbeats(link), name="heartbeats")
+                    messages = aiter(call)
+                    # The Welcome is read under the claim: the next stream presents its generation.
+                    if (first := await anext(messages, None)) is not None:
+                        self._handle(link, first)
+                async for message in messages:
+                    self._handle(link, message)
             finally:
-                heartbeat.cancel()
-                self._end_outbox()
+                if heartbeat is not None:
+                    heartbeat.cancel()
+                link.end()
 
-    async def _outgoing(self) -> AsyncIterator[wg.WorkerMessage]:
-        outbox = self._outbox
-        while (message := await outbox.get()) is not None:
-            yield message
+    @contextlib.asynccontextmanager
+    async def _claim_turn(self) -> AsyncIterator[None]:
+        """While this process holds no generation, its streams say Hello one at a time: the first
+        Welcome issues one, which every later Hello presents (and so keeps). Two Hellos presenting
+        none would each be issued a new one, the later taking the node from the earlier."""
+        if self.generation:
+            yield
+            return
+        async with self._claiming:
+            yield
 
-    def _new_outbox(self) -> asyncio.Queue[wg.WorkerMessage | None]:
-        # One slot more than the limit, kept for the end-of-stream marker.
-        return asyncio.Queue(maxsize=self.settings.outbox_limit + 1)
+    def _send(self, message: wg.WorkerMessage, link: Link | None = None) -> None:
+        self._offer(message, link)
 
-    def _end_outbox(self) -> None:
-        with contextlib.suppress(asyncio.QueueFull):
-            self._outbox.put_nowait(None)
+    def _any_link(self) -> Link | None:
+        """Where a message bound to no stream goes: the first welcomed stream, else the first."""
+        return first_welcomed(self._links.values()) or next(iter(self._links.values()), None)
 
-    def _send(self, message: wg.WorkerMessage) -> None:
-        self._offer(message)
-
-    def _offer(self, message: wg.WorkerMessage) -> bool:
-        """Queue `message` for the control plane; False (counted and logged) when it is full."""
+    def _offer(self, message: wg.WorkerMessage, link: Link | None = None) -> bool:
+        """Queue `message` for the control plane on `link` (None: on any stream); False (counted
+        and logged) when its outbox is full, or when no stream is held at all."""
         message.node_id = self.node_id
         message.generation = self.generation
-        if self._outbox.qsize() >= self.settings.outbox_limit:
+        link = link or self._any_link()
+        if link is None:
+            return False  # nothing resolved yet: what a stream needs is sent when one opens
+        if link.full():
             self.outbox_dropped += 1
             log.warning(
                 "outbox to the control plane is full (%d); dropped a %s message (%d dropped)",
@@ -422,7 +525,7 @@ class WorkerAgent:
                 self.outbox_dropped,
             )
             return False
-        self._outbox.put_nowait(message)
+        link.put(message)
         return True
 
     def _hello(self) -> wg.Hello:
@@ -436,14 +539,14 @@ class WorkerAgent:
             gpus=self.gpu_devices,
         )
 
-    async def _heartbeats(self) -> None:
+    async def _heartbeats(self, link: Link) -> None:
         while True:
             await asyncio.sleep(self._heartbeat_seconds)
-            await self._beat()
+            await self._beat(link)
             # Every tick, welcomed or still waiting for the Welcome: the loop is alive.
             self._record_heartbeat()
 
-    async def _beat(self) -> None:
+    async def _beat(self, link: Link) -> None:
         """One heartbeat: the leases to renew, and the GPUs as NVML reads them now (on the
         reader's own thread, within its deadline)."""
         roots = [r.host.pid for r in self.residents if r.host is not None]
@@ -460,17 +563,27 @@ class WorkerAgent:
                     gpus=gpus,
                     gpus_unavailable=gpus_unavailable,
                 )
-            )
+            ),
+            link,
         )
 
-    def _handle(self, message: wg.ControlMessage) -> None:
+    def _handle(self, link: Link, message: wg.ControlMessage) -> None:
         kind = message.WhichOneof("kind")
         if kind == "welcome":
-            self._welcome(message.welcome)
+            self._welcome(link, message.welcome)
         elif kind == "job_assignment":
+            self._job_links[message.job_assignment.job_id] = link
             self._jobs.submit(message.job_assignment)
         elif kind == "invoke":
-            self._invocations.start(message.invoke, message.trace_context)
+            # Answered on the stream it came on: that replica's caller waits for it there.
+            self._invocations.start(
+                message.invoke,
+                message.trace_context,
+                emit=lambda result: self._send(wg.WorkerMessage(invoke_result=result), link),
+                emit_progress=lambda progress: self._offer(
+                    wg.WorkerMessage(invoke_progress=progress), link
+                ),
+            )
         elif kind == "cancel_invoke":
             self._invocations.cancel(message.cancel_invoke.request_id)
         elif kind == "ack":
@@ -479,28 +592,38 @@ class WorkerAgent:
             self._rejected(message.reject)
         elif kind == "cancel_job":
             # A cancelled job sends no result: the control plane settles it itself.
+            self._job_links.pop(message.cancel_job.job_id, None)
             if not self._jobs.cancel(message.cancel_job.job_id):
                 log.info("cancel for job %s: not on this worker", message.cancel_job.job_id)
         else:
             raise GantryError("INVALID_ARGUMENT", f"unknown control message {kind!r}")
 
-    def _welcome(self, welcome: wg.Welcome) -> None:
+    def _welcome(self, link: Link, welcome: wg.Welcome) -> None:
         # The generation the control plane issued: stamped on everything sent from here on, and
-        # presented by the next Hello to keep it across a reconnect.
+        # presented by the next Hello to keep it across a reconnect. One that differs from the
+        # one held means the node was taken meanwhile: the other streams, bound to the old one
+        # (their replicas would refuse every message stamped with this one), are ended and
+        # dialled again presenting it.
+        if self.generation and welcome.accepted_generation != self.generation:
+            for other in self._links.values():
+                if other is not link:
+                    other.end()
         self.generation = welcome.accepted_generation
         if welcome.heartbeat_interval.ToNanoseconds() > 0:
             self._heartbeat_seconds = welcome.heartbeat_interval.ToNanoseconds() / 1e9
-        metrics.stream_event("reconnected" if self._welcomed_before else "connected")
-        self._welcomed_before = True
+        metrics.stream_event("reconnected" if link.welcomed_before else "connected")
+        link.welcomed = link.welcomed_before = True
         self.connected.set()
         self._record_heartbeat()  # live from the Welcome, not only from the first beat after it
         # The GPUs' reading at once: placement must not wait a beat to see external memory.
-        self._spawn(self._beat(), "first-heartbeat")
-        log.info("welcomed as node %s generation %d", self.node_id, self.generation)
+        self._spawn(self._beat(link), "first-heartbeat")
+        log.info(
+            "welcomed as node %s generation %d by %s", self.node_id, self.generation, link.name
+        )
         for deployment_id in welcome.unload_deployment_ids:
             self._spawn(self._unload_untracked(deployment_id), f"unload-{deployment_id}")
         for result in self._unacked.values():
-            self._send(wg.WorkerMessage(job_result=result))
+            self._send(wg.WorkerMessage(job_result=result), link)
 
     def _record_heartbeat(self) -> None:
         if self._heartbeat_file is not None:
@@ -550,9 +673,16 @@ class WorkerAgent:
         metrics.job_ran(spec or "", result.failure.reason, time.perf_counter() - started)
         return result
 
+    def _job_link(self, job_id: str) -> Link | None:
+        """The stream a job came on while it is open; None (any stream) once it is not."""
+        link = self._job_links.get(job_id)
+        return link if link is not None and link.welcomed else None
+
     def _job_finished(self, result: wg.JobResult) -> None:
         self._unacked[result.job_id] = result
-        self._send(wg.WorkerMessage(job_result=result))
+        link = self._job_link(result.job_id)
+        self._job_links.pop(result.job_id, None)
+        self._send(wg.WorkerMessage(job_result=result), link)
 
     async def _load(self, assignment: wg.JobAssignment, result: wg.JobResult) -> None:
         spec = assignment.load
@@ -627,7 +757,10 @@ class WorkerAgent:
             "worker.probe", attributes={"gantry.job_id": assignment.job_id}
         ):
             evidence = await self.probes.run(
-                assignment, lambda update: self._send(wg.WorkerMessage(job_update=update))
+                assignment,
+                lambda update: self._send(
+                    wg.WorkerMessage(job_update=update), self._job_link(assignment.job_id)
+                ),
             )
         result.probe.CopyFrom(evidence)
 

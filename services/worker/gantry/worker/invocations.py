@@ -88,7 +88,17 @@ class Invocations:
     def __len__(self) -> int:
         return len(self._in_flight)
 
-    def start(self, invoke: wg.Invoke, trace_context: Mapping[str, str]) -> None:
+    def start(
+        self,
+        invoke: wg.Invoke,
+        trace_context: Mapping[str, str],
+        *,
+        emit: Callable[[wg.InvokeResult], None] | None = None,
+        emit_progress: EmitProgress | None = None,
+    ) -> None:
+        """Run one invocation; its result (and progress) go through `emit` (`emit_progress`)
+        when given, else this object's: a worker answers on the stream the call came on."""
+        emit = emit or self._emit
         if len(self._in_flight) >= self._max_in_flight or invoke.request_id in self._in_flight:
             reason = (
                 "QUEUE_FULL" if invoke.request_id not in self._in_flight else "INVALID_ARGUMENT"
@@ -98,13 +108,16 @@ class Invocations:
                 if reason == "QUEUE_FULL"
                 else f"invocation {invoke.request_id} is already in flight"
             )
-            self._emit(
+            emit(
                 wg.InvokeResult(
                     request_id=invoke.request_id, failure=GantryError(reason, message).to_failure()
                 )
             )
             return
-        task = asyncio.create_task(self._invoke(invoke, trace_context), name="invoke")
+        task = asyncio.create_task(
+            self._invoke(invoke, trace_context, emit, emit_progress or self._emit_progress),
+            name="invoke",
+        )
         self._in_flight[invoke.request_id] = task
         task.add_done_callback(lambda _: self._in_flight.pop(invoke.request_id, None))
 
@@ -123,7 +136,13 @@ class Invocations:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
 
-    async def _invoke(self, invoke: wg.Invoke, trace_context: Mapping[str, str]) -> None:
+    async def _invoke(
+        self,
+        invoke: wg.Invoke,
+        trace_context: Mapping[str, str],
+        emit: Callable[[wg.InvokeResult], None],
+        emit_progress: EmitProgress | None,
+    ) -> None:
         result = wg.InvokeResult(request_id=invoke.request_id)
         started = time.perf_counter()
         with _tracer.start_as_current_span(
@@ -132,7 +151,7 @@ class Invocations:
             attributes={"gantry.deployment_id": invoke.deployment_id},
         ):
             try:
-                await self._run(invoke, result)
+                await self._run(invoke, result, emit_progress)
             except GantryError as error:
                 result.failure.CopyFrom(error.to_failure())
             except Exception as exc:
@@ -147,9 +166,11 @@ class Invocations:
             capability=invoke.capability,
             deployment_id=invoke.deployment_id,
         )
-        self._emit(result)
+        emit(result)
 
-    async def _run(self, invoke: wg.Invoke, result: wg.InvokeResult) -> None:
+    async def _run(
+        self, invoke: wg.Invoke, result: wg.InvokeResult, emit_progress: EmitProgress | None
+    ) -> None:
         """Hand the payload to the deployment's host; its answer goes into `result`.
 
         Whether this host's adapter does that kind of work is the host's to say: an embedding
@@ -174,8 +195,8 @@ class Invocations:
         # A streamed generation's deltas go out as they come, when there is somewhere to send
         # them; otherwise its text comes only with its result.
         relay = (
-            ProgressRelay(invoke.request_id, self._emit_progress)
-            if operation.streaming and self._emit_progress is not None
+            ProgressRelay(invoke.request_id, emit_progress)
+            if operation.streaming and emit_progress is not None
             else None
         )
         answer = await host.invoke(

@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import create_model
 
-from gantry.common.arg_types import positive
+from gantry.common.arg_types import positive, positive_seconds
+from gantry.common.errors import GantryError
 from gantry.common.metrics import add_metrics_argument
 from gantry.common.process import add_log_format_argument
 from gantry.common.service_settings import (
@@ -21,6 +22,7 @@ from gantry.common.service_settings import (
 )
 from gantry.common.tls import add_client_tls_arguments
 from gantry.worker.agent import WorkerSettings
+from gantry.worker.control_planes import parse_control_planes
 from gantry.worker.heartbeat_file import default_heartbeat_file
 from gantry.worker.model_host.sandbox import REQUIRE_CHOICES
 from gantry.worker.residents import DEFAULT_MAX_RESIDENTS
@@ -51,7 +53,23 @@ _SUPERVISION_ARGUMENTS = {
 def build_parser() -> argparse.ArgumentParser:
     """The worker's flags (their variables are read by `WorkerConfig`)."""
     parser = argparse.ArgumentParser(prog="gantry worker")
-    parser.add_argument("--control-plane", default="127.0.0.1:50051")
+    parser.add_argument(
+        "--control-plane",
+        default="127.0.0.1:50051",
+        metavar="ADDRESS",
+        help="the control plane: HOST:PORT (one stream); HOST:PORT,HOST:PORT,... (a stream to "
+        "each replica); or dns:///NAME:PORT (a stream to each address NAME resolves to, "
+        "resolved again every --control-plane-resolve-s) (default: 127.0.0.1:50051)",
+    )
+    parser.add_argument(
+        "--control-plane-resolve-s",
+        dest="resolve_interval_s",
+        type=positive_seconds,
+        default=WorkerSettings.resolve_interval_s,
+        metavar="SECONDS",
+        help="how often a dns:/// control plane is resolved again, so a replica added or gone "
+        f"is followed (default: {WorkerSettings.resolve_interval_s:g})",
+    )
     parser.add_argument("--credential-file", type=Path, required=True)
     parser.add_argument("--artifact-root", type=Path, required=True)
     _add_hosting_arguments(parser)
@@ -130,6 +148,7 @@ class _WorkerFlags(ProcessSettings, ClientTlsSettings):
     supervision flags are declared from `_SUPERVISION_ARGUMENTS` below."""
 
     control_plane: str
+    resolve_interval_s: float
     credential_file: Path
     artifact_root: Path
     max_residents: int
@@ -147,6 +166,7 @@ class _WorkerFlags(ProcessSettings, ClientTlsSettings):
         """What the agent is given (reads the credential file)."""
         return WorkerSettings(
             control_plane=self.control_plane,
+            resolve_interval_s=self.resolve_interval_s,
             credential=self.credential_file.read_text().strip(),
             artifact_root=self.artifact_root,
             max_residents=self.max_residents,
@@ -186,4 +206,8 @@ def read_settings(
         declared = config.declared_domains()
     except ResourceDomainError as exc:
         parser.exit(2, f"{parser.prog}: error: {exc}\n")  # one line: the usage says nothing here
+    try:
+        parse_control_planes(config.control_plane)
+    except GantryError as exc:
+        parser.exit(2, f"{parser.prog}: error: --control-plane: {exc.message}\n")
     return config, declared

@@ -263,10 +263,18 @@ class DeploymentLifecycle:
         return created
 
     async def _node_connected(self, session: AsyncSession, node_id: str) -> bool:
-        return (await nodes.get_node(session, node_id)).state in (
-            NodeState.CONNECTED,
-            NodeState.DISABLED,
-        ) and self._hub.get(node_id) is not None
+        """Whether the node's worker holds a stream, here or to another replica (whose pump then
+        sends its jobs)."""
+        node = await nodes.get_node(session, node_id)
+        if node.state not in (NodeState.CONNECTED, NodeState.DISABLED):
+            return False
+        return self._hub.get(node_id) is not None or await nodes.held_elsewhere(
+            session,
+            node_id=node_id,
+            generation=node.generation,
+            replica_id=self._hub.replica_id,
+            heard_since=self._hub.held_since(self._clock.now()),
+        )
 
     # ---- the job pump -------------------------------------------------------------------------
 
@@ -376,7 +384,16 @@ class DeploymentLifecycle:
                 [r.deployment_id for r in live] + [d.deployment_id for d in live_deployments],
             )
             record(session, ChargesLearned(charges))
-        connected = set(self._hub.connected_node_ids())
+            # A node is connected while any replica holds its stream, not only this one: every
+            # replica's snapshot must say the same of it (the scheduler may serve several).
+            held = await nodes.held_by_others(
+                session,
+                replica_id=self._hub.replica_id,
+                heard_since=self._hub.held_since(self._clock.now()),
+            )
+        connected = nodes.connected_anywhere(
+            node_rows, here=set(self._hub.connected_node_ids()), held=held
+        )
         return scheduler_pb2.ClusterState(
             nodes=[
                 scheduler_node(

@@ -253,9 +253,13 @@ class Reconciler(LifecycleService):
         try:
             async with self._database.transaction() as session:
                 await nodes.record_last_seen(session, batch)
+                generations = await nodes.generations_of(session, batch.node_ids)
         except BaseException:
             self._liveness.flush_failed(batch)  # written with the next flush instead
             raise
+        # A stream of a generation the database moved past (another worker process took the
+        # node through another replica) is closed: its worker dials again and is told.
+        self._hub.close_superseded(generations)
 
     async def _disconnect_stale(self, now: dt.datetime) -> None:
         seen_before = now - dt.timedelta(seconds=self.settings.stale_after_s)
@@ -264,8 +268,14 @@ class Reconciler(LifecycleService):
             for heard in self._liveness.stale(now, stale_after_s=self.settings.stale_after_s)
         }
         disconnected: list[tuple[DisconnectNode, Node]] = []
+        silent_here: list[Heard] = []
         async with self._database.transaction() as session:
             for node, heard in await self._stale_rows(session, silent, seen_before=seen_before):
+                if heard is not None and await self._held_elsewhere(session, node, seen_before):
+                    # Only this replica's stream is silent: it is closed, the node stays
+                    # CONNECTED while another replica hears it.
+                    silent_here.append(heard)
+                    continue
                 # Decided one at a time: liveness is read after the writes before it (a
                 # heartbeat heard meanwhile still saves its node), and a node named twice finds
                 # its row DISCONNECTED the second time.
@@ -280,15 +290,33 @@ class Reconciler(LifecycleService):
             log.warning(
                 "node %s sent no heartbeat since %s: disconnected", node.node_id, node.last_seen_at
             )
-            stream = self._hub.get(node.node_id)
-            if stream is not None:
-                stream.close(
-                    GantryError(
-                        "WORKER_UNAVAILABLE",
-                        f"node {node.node_id} missed its heartbeats for "
-                        f"{self.settings.stale_after_s:g}s",
-                    )
+            self._close_silent_stream(node.node_id)
+        for heard in silent_here:
+            if self._liveness.declared_stale(heard):
+                log.warning("node %s: this replica's stream went silent; closed", heard.node_id)
+                self._close_silent_stream(heard.node_id)
+
+    async def _held_elsewhere(
+        self, session: AsyncSession, node: Node, seen_before: dt.datetime
+    ) -> bool:
+        """Whether another replica heard the node's generation since `seen_before`."""
+        return await nodes.held_elsewhere(
+            session,
+            node_id=node.node_id,
+            generation=node.generation,
+            replica_id=self._hub.replica_id,
+            heard_since=seen_before,
+        )
+
+    def _close_silent_stream(self, node_id: str) -> None:
+        stream = self._hub.get(node_id)
+        if stream is not None:
+            stream.close(
+                GantryError(
+                    "WORKER_UNAVAILABLE",
+                    f"node {node_id} missed its heartbeats for {self.settings.stale_after_s:g}s",
                 )
+            )
 
     async def _stale_rows(
         self, session: AsyncSession, silent: Mapping[str, Heard], *, seen_before: dt.datetime
@@ -318,6 +346,8 @@ class Reconciler(LifecycleService):
     async def _forget_absent(self, now: dt.datetime) -> None:
         gone_before = now - dt.timedelta(seconds=self.settings.absence_grace_s)
         async with self._database.transaction() as session:
+            # Rows a replica that died left (its streams' goodbyes never ran).
+            await nodes.forget_silent_streams(session, heard_before=gone_before)
             absent = await self._absent_nodes(session, gone_before=gone_before)
             applied = await apply_actions(session, plan_forget_absent(absent), now=now)
             if applied.residencies:

@@ -9,7 +9,14 @@ only when it is the node's current one (the same process reconnecting), else the
 (`claim_generation`, one conditional UPDATE). The newest Hello wins: the stream it replaces is
 closed with STALE_GENERATION, and that worker dials again and wins in turn; no value a credential
 holder sends can lock the real worker out. Anything stamped with another generation is rejected
-and nothing from it is committed.
+and nothing from it is committed. A replica whose `last_seen_at` flush finds a node's generation
+moved past its stream's (another worker process took the node through another replica) closes
+that stream STALE_GENERATION (`WorkerHub.close_superseded`).
+
+A worker holds a stream to every replica; they share the database, not their streams. Each
+replica writes a `node_streams` row for each stream it holds (at Hello, refreshed with its
+`last_seen_at` flush, deleted at the goodbye): a stream's end marks its node DISCONNECTED only when
+no other replica's row of the node's generation is fresh (heard within the staleness grace).
 
 Invoke results and progress are handed over inline by the reader; everything else (heartbeats,
 job results, inventory) goes through a bounded per-stream queue to one writer task, in the order
@@ -24,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -31,6 +39,7 @@ from typing import Any
 
 import grpc
 from google.protobuf import duration_pb2, json_format
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from gantry.common.auth import current_principal
 from gantry.common.clock import Clock
@@ -255,17 +264,18 @@ class WorkerGatewayService(worker_gateway_pb2_grpc.WorkerGatewayServicer):
             )
             generation = node.generation
             if previous and generation > previous:
-                # Another worker process (or a stream that lost the node): the old generation's
-                # unfinished jobs go back to the queue (a probe among them back to QUEUED: its
-                # child died with the old process).
-                released = await jobs.release_generation_jobs(
-                    db, node_id=node_id, generation=previous, now=now
-                )
-                await jobs_requeued(db, released, now=now)
+                await _release_generation(db, node_id, previous, now=now)
             reconciled = await self._lifecycle.reconcile_node(
                 db, node_id=node_id, generation=generation, inventory=hello.inventory, now=now
             )
             await settle_node_deployments(db, node_id, now=now)
+            await nodes.record_stream(
+                db,
+                node_id=node_id,
+                replica_id=self._hub.replica_id,
+                generation=generation,
+                now=now,
+            )
             record(
                 db,
                 NodeChanged(node, (node_id,)),
@@ -518,20 +528,72 @@ class WorkerGatewayService(worker_gateway_pb2_grpc.WorkerGatewayServicer):
             self._liveness.disconnected(stream.node_id, holder=stream)  # a newer one's is kept
             return  # a newer generation already holds the node
         now = self._clock.now()
+        held = False
         try:
             async with self._database.transaction() as db:
-                await nodes.mark_disconnected(
-                    db, stream.node_id, generation=stream.generation, now=now
-                )
-                await settle_node_deployments(db, stream.node_id, now=now)
-                record(db, NodeChanged(await nodes.get_node(db, stream.node_id)))
+                held = await self._forget_stream(db, stream, now=now)
+                if not held:
+                    await self._disconnect(db, stream, now=now)
         except GantryError as error:
             log.warning("could not mark node %s disconnected: %s", stream.node_id, error)
             return
         finally:
             # Only now: until the row says DISCONNECTED, staleness is still decided from here.
             self._liveness.disconnected(stream.node_id, holder=stream)
-        worker_log.info(stream.node_id, "generation %d disconnected", stream.generation)
+        if held:
+            worker_log.info(
+                stream.node_id,
+                "generation %d: this replica's stream ended; another replica holds one",
+                stream.generation,
+            )
+        else:
+            worker_log.info(stream.node_id, "generation %d disconnected", stream.generation)
+
+    async def _disconnect(
+        self, db: AsyncSession, stream: WorkerStream, *, now: dt.datetime
+    ) -> None:
+        """The node DISCONNECTED, if this stream's generation still holds it. A node a newer
+        generation took (on another replica's stream) is neither settled nor announced here:
+        that generation's Hello did both."""
+        marked = await nodes.mark_disconnected(
+            db, stream.node_id, generation=stream.generation, now=now
+        )
+        node = await nodes.get_node(db, stream.node_id)
+        if marked or node.generation == stream.generation:
+            await settle_node_deployments(db, stream.node_id, now=now)
+            record(db, NodeChanged(node))
+
+    async def _forget_stream(
+        self, db: AsyncSession, stream: WorkerStream, *, now: dt.datetime
+    ) -> bool:
+        """This replica's row of the stream deleted; whether another replica still holds a
+        fresh stream of its generation (then the node stays CONNECTED)."""
+        hub = self._hub
+        # Two replicas' goodbyes of one node take turns on its row: each must see the other's
+        # row gone, or both would find the other's still there and neither disconnect the node.
+        await nodes.lock_node(db, stream.node_id)
+        await nodes.forget_stream(
+            db, node_id=stream.node_id, replica_id=hub.replica_id, generation=stream.generation
+        )
+        return await nodes.held_elsewhere(
+            db,
+            node_id=stream.node_id,
+            generation=stream.generation,
+            replica_id=hub.replica_id,
+            heard_since=hub.held_since(now),
+        )
+
+
+async def _release_generation(
+    db: AsyncSession, node_id: str, generation: int, *, now: dt.datetime
+) -> None:
+    """Another worker process (or a stream that lost the node) holds it now: the old
+    generation's unfinished jobs go back to the queue (a probe among them back to QUEUED: its
+    child died with the old process)."""
+    released = await jobs.release_generation_jobs(
+        db, node_id=node_id, generation=generation, now=now
+    )
+    await jobs_requeued(db, released, now=now)
 
 
 def _refuse_stamp(stream: WorkerStream, message: wg.WorkerMessage) -> None:

@@ -1,5 +1,6 @@
 """Worker liveness in memory: when each stream on this control plane (node + generation) was last
-heard from.
+heard from. Other replicas hold streams of their own: what they heard reaches this one only
+through the database (`last_seen_at`, and each replica's `node_streams` rows).
 
 A heartbeat costs a dictionary write here, not a database transaction: with a thousand workers
 that is the difference between most of a core and almost nothing. `last_seen_at` reaches the
@@ -30,10 +31,12 @@ class Heard:
 
 @dataclass(frozen=True, slots=True)
 class SeenBatch:
-    """Nodes heard since the last flush; every one of them was heard at or after `seen_at`."""
+    """Nodes heard since the last flush; every one of them was heard at or after `seen_at`, on
+    the streams `replica_id` holds (its `node_streams` rows are refreshed with the same time)."""
 
     node_ids: tuple[str, ...]
     seen_at: dt.datetime
+    replica_id: str = ""
 
 
 @dataclass(slots=True)
@@ -48,7 +51,8 @@ class _Stream:
 class Liveness:
     """node id -> the generation whose stream is open here and when it was last heard."""
 
-    def __init__(self, *, flush_interval_s: float) -> None:
+    def __init__(self, *, flush_interval_s: float, replica_id: str = "") -> None:
+        self.replica_id = replica_id  # whose streams these are (the flushes name it)
         self._streams: dict[str, _Stream] = {}
         # Heard since the last flush: only these rows are written, the others did not change.
         self._unflushed: set[str] = set()
@@ -131,7 +135,9 @@ class Liveness:
         self._last_flush = now
         if not heard:
             return None
-        return SeenBatch(node_ids=tuple(sorted(heard)), seen_at=min(heard.values()))
+        return SeenBatch(
+            node_ids=tuple(sorted(heard)), seen_at=min(heard.values()), replica_id=self.replica_id
+        )
 
     def flush_failed(self, batch: SeenBatch) -> None:
         """A batch the database did not take: written again with the next flush."""

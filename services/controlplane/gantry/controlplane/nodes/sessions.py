@@ -15,6 +15,7 @@ with CLIENT_TOO_SLOW and the worker is told to drop it.
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -270,11 +271,26 @@ WorkerSession = WorkerStream
 
 
 class WorkerHub:
-    """node id -> the current stream. A newer generation replaces (and fences) the older one."""
+    """node id -> the current stream on this replica. A newer generation replaces (and fences)
+    the older one. Other replicas hold streams of their own: `replica_id` names this one's rows
+    of `node_streams`, and another replica's row counts as a live stream for `held_for_s` after
+    it was last refreshed (the reconciler's staleness grace)."""
 
-    def __init__(self, settings: WorkerStreamSettings | None = None) -> None:
+    def __init__(
+        self,
+        settings: WorkerStreamSettings | None = None,
+        *,
+        replica_id: str = "",
+        held_for_s: float = 9.0,
+    ) -> None:
         self.settings = settings or WorkerStreamSettings()
+        self.replica_id = replica_id
+        self.held_for_s = held_for_s
         self._sessions: dict[str, WorkerStream] = {}
+
+    def held_since(self, now: dt.datetime) -> dt.datetime:
+        """Another replica's row refreshed since this still holds its stream."""
+        return now - dt.timedelta(seconds=self.held_for_s)
 
     def open_stream(self, *, node_id: str, generation: int) -> WorkerStream:
         """A stream bounded by this hub's settings (not attached yet)."""
@@ -301,6 +317,24 @@ class WorkerHub:
     def get(self, node_id: str) -> WorkerStream | None:
         session = self._sessions.get(node_id)
         return session if session is not None and not session.closed else None
+
+    def close_superseded(self, generations: Mapping[str, int]) -> list[WorkerStream]:
+        """Close (STALE_GENERATION, the status its worker reads) each stream here whose node the
+        database gives a newer generation (`generations`: node id -> the stored one): another
+        worker process took the node through another replica. The streams closed."""
+        closed = []
+        for node_id, stored in generations.items():
+            stream = self.get(node_id)
+            if stream is not None and stream.generation < stored:
+                stream.refuse(
+                    GantryError(
+                        "STALE_GENERATION",
+                        f"node {node_id} was taken over by generation {stored}",
+                        node_id=node_id,
+                    )
+                )
+                closed.append(stream)
+        return closed
 
     def connected_node_ids(self) -> Sequence[str]:
         return [node_id for node_id, s in self._sessions.items() if not s.closed]

@@ -1,12 +1,14 @@
-"""Node records: registration with a hashed credential, connection state, the current generation."""
+"""Node records: registration with a hashed credential, connection state, the current generation,
+and the worker streams each control-plane replica holds (`node_streams`: a node is connected while
+some replica's row of its generation is fresh)."""
 
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import delete, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gantry.common import tokens
@@ -15,7 +17,7 @@ from gantry.common.ids import new_id, next_generation
 from gantry.controlplane.jobs.store import OPEN_JOB_STATES
 from gantry.controlplane.nodes.liveness import SeenBatch
 from gantry.controlplane.observability import state_history
-from gantry.controlplane.platform.models import Node, ServingJob
+from gantry.controlplane.platform.models import Node, NodeStream, ServingJob
 from gantry.controlplane.platform.rows import get_row
 from gantry.controlplane.platform.state_machines import NodeState
 from gantry.controlplane.platform.transitions import compare_and_set, lost_a_race
@@ -105,11 +107,16 @@ async def mark_disconnected(
     return True
 
 
-async def disconnect_all(session: AsyncSession, *, now: dt.datetime) -> int:
-    """At control-plane start no worker stream exists yet: CONNECTED rows are stale."""
+async def disconnect_all(
+    session: AsyncSession, *, now: dt.datetime, held: Mapping[str, Collection[int]] | None = None
+) -> int:
+    """At control-plane start no worker stream exists here yet: CONNECTED rows are stale, but
+    for those whose generation another replica still holds (`held`: `held_by_others`)."""
     rows = (await session.scalars(select(Node).where(Node.state == NodeState.CONNECTED))).all()
     disconnected = 0
     for row in rows:
+        if row.generation in (held or {}).get(row.node_id, ()):
+            continue
         try:
             await compare_and_set(
                 session,
@@ -229,15 +236,122 @@ async def record_last_seen(session: AsyncSession, batch: SeenBatch) -> None:
     wrote a later time changes nothing, so no generation check is needed here.
     """
     for start in range(0, len(batch.node_ids), LAST_SEEN_CHUNK):
+        chunk = batch.node_ids[start : start + LAST_SEEN_CHUNK]
         await session.execute(
             update(Node)
             .where(
-                Node.node_id.in_(batch.node_ids[start : start + LAST_SEEN_CHUNK]),
+                Node.node_id.in_(chunk),
                 (Node.last_seen_at.is_(None)) | (Node.last_seen_at < batch.seen_at),
             )
             .values(last_seen_at=batch.seen_at)
             .execution_options(synchronize_session=False)
         )
+        # The same time on this replica's stream rows: what other replicas judge it by.
+        await session.execute(
+            update(NodeStream)
+            .where(
+                NodeStream.replica_id == batch.replica_id,
+                NodeStream.node_id.in_(chunk),
+                NodeStream.heard_at < batch.seen_at,
+            )
+            .values(heard_at=batch.seen_at)
+            .execution_options(synchronize_session=False)
+        )
+
+
+async def generations_of(session: AsyncSession, node_ids: Sequence[str]) -> dict[str, int]:
+    """Each node's current generation (one statement per `LAST_SEEN_CHUNK` nodes)."""
+    found: dict[str, int] = {}
+    for start in range(0, len(node_ids), LAST_SEEN_CHUNK):
+        rows = await session.execute(
+            select(Node.node_id, Node.generation).where(
+                Node.node_id.in_(node_ids[start : start + LAST_SEEN_CHUNK])
+            )
+        )
+        found.update({node_id: generation for node_id, generation in rows})
+    return found
+
+
+async def record_stream(
+    session: AsyncSession, *, node_id: str, replica_id: str, generation: int, now: dt.datetime
+) -> None:
+    """`replica_id` holds the node's stream of `generation` from now (its Hello). One row per
+    node and replica: a reconnect to the same replica replaces its row."""
+    await session.execute(
+        delete(NodeStream).where(NodeStream.node_id == node_id, NodeStream.replica_id == replica_id)
+    )
+    session.add(
+        NodeStream(node_id=node_id, replica_id=replica_id, generation=generation, heard_at=now)
+    )
+    await session.flush()
+
+
+async def forget_stream(
+    session: AsyncSession, *, node_id: str, replica_id: str, generation: int
+) -> None:
+    """`replica_id`'s stream of `generation` ended (a newer one's row, if any, is kept)."""
+    await session.execute(
+        delete(NodeStream).where(
+            NodeStream.node_id == node_id,
+            NodeStream.replica_id == replica_id,
+            NodeStream.generation == generation,
+        )
+    )
+
+
+async def held_elsewhere(
+    session: AsyncSession,
+    *,
+    node_id: str,
+    generation: int,
+    replica_id: str,
+    heard_since: dt.datetime,
+) -> bool:
+    """Whether another replica holds the node's stream of `generation`, heard since then."""
+    found = await session.scalar(
+        select(NodeStream.replica_id)
+        .where(
+            NodeStream.node_id == node_id,
+            NodeStream.generation == generation,
+            NodeStream.replica_id != replica_id,
+            NodeStream.heard_at >= heard_since,
+        )
+        .limit(1)
+    )
+    return found is not None
+
+
+async def held_by_others(
+    session: AsyncSession, *, replica_id: str, heard_since: dt.datetime
+) -> dict[str, set[int]]:
+    """Node id -> the generations whose streams other replicas hold, heard since then."""
+    rows = await session.execute(
+        select(NodeStream.node_id, NodeStream.generation).where(
+            NodeStream.replica_id != replica_id, NodeStream.heard_at >= heard_since
+        )
+    )
+    held: dict[str, set[int]] = {}
+    for node_id, generation in rows:
+        held.setdefault(node_id, set()).add(generation)
+    return held
+
+
+def connected_anywhere(
+    rows: Iterable[Node], *, here: Collection[str], held: Mapping[str, Collection[int]]
+) -> set[str]:
+    """The nodes among `rows` with a stream: one held here (`here`: node ids), or one of the
+    row's generation another replica holds (`held`: `held_by_others`). Pure."""
+    return {
+        row.node_id
+        for row in rows
+        if row.node_id in here or row.generation in held.get(row.node_id, ())
+    }
+
+
+async def forget_silent_streams(session: AsyncSession, *, heard_before: dt.datetime) -> int:
+    """Rows of streams not heard since then: a replica that died (no goodbye) left them."""
+    result = await session.execute(delete(NodeStream).where(NodeStream.heard_at < heard_before))
+    return int(result.rowcount or 0)  # type: ignore[attr-defined]
 
 
 async def set_node_state(

@@ -121,6 +121,19 @@ class Node(Base):
     deleted_at: Mapped[dt.datetime | None] = mapped_column(Timestamp, nullable=True)
 
 
+class NodeStream(Base):
+    """A worker stream one control-plane replica holds: a node is connected while some replica's
+    row of its current generation was heard within the staleness grace (nodes/store.py). The
+    replica writes its row at Hello, refreshes `heard_at` with its `last_seen_at` flush and
+    deletes it when the stream ends; a replica that died leaves a row that stops being fresh."""
+
+    __tablename__ = "node_streams"
+    node_id: Mapped[str] = mapped_column(Id, primary_key=True)
+    replica_id: Mapped[str] = mapped_column(String(255), primary_key=True)
+    generation: Mapped[int] = mapped_column(BigInteger)
+    heard_at: Mapped[dt.datetime] = mapped_column(Timestamp)
+
+
 class ArtifactSet(Base):
     __tablename__ = "artifact_sets"
     artifact_set_id: Mapped[str] = mapped_column(Id, primary_key=True)
@@ -402,3 +415,15 @@ class ControlPlaneLeadership(Base):
     epoch: Mapped[int] = mapped_column(BigInteger, default=0)
     holder: Mapped[str] = mapped_column(String(255), default="")
     acquired_at: Mapped[dt.datetime | None] = mapped_column(Timestamp, nullable=True)
+
+
+class SchedulerAssignmentRow(Base):
+    """One row (id 1): the scheduler every control-plane replica uses when several are given
+    (platform/scheduler_assignment.py). The leader names it and bumps `epoch` with each move;
+    every replica follows it. "" until a leader names one."""
+
+    __tablename__ = "scheduler_assignment"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    address: Mapped[str] = mapped_column(String(255), default="")
+    epoch: Mapped[int] = mapped_column(BigInteger, default=0)
+    assigned_at: Mapped[dt.datetime | None] = mapped_column(Timestamp, nullable=True)

@@ -28,6 +28,14 @@ never what decides silence.
 
 Outputs nobody waits for (a breaker that moved, scale advice) go to optional callbacks, called on
 the stream's reader: each must only schedule work (record it, wake a loop), never block.
+
+The address can change while the link runs (`follow`: the scheduler assignment moved, see
+platform/scheduler_assignment.py): the stream to the old scheduler is cut at once (its waiters
+fail SCHEDULER_UNAVAILABLE: their work was queued there) and the link connects to the new one
+without backoff, replaying the snapshot as on any reconnect. With a failover hold
+(`failover_hold_s`, used when several schedulers are configured) a request that finds the link
+between schedulers waits for it, at most the hold and its own deadline, instead of being refused
+at once: a failover then costs callers a wait, not a failure.
 """
 
 from __future__ import annotations
@@ -36,6 +44,7 @@ import asyncio
 import contextlib
 import enum
 import logging
+import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import TypeVar
@@ -67,6 +76,10 @@ DEFAULT_REPLAY_BUFFER_LIMIT = 4096
 _MAX_SNAPSHOT_READS = 3
 # How long a ping may go unanswered before the scheduler counts as SILENT (docs/limits.md).
 DEFAULT_SILENCE_TIMEOUT_SECONDS = 3.0
+# With several schedulers, how long a request waits for the link to come back (failing over to
+# another) before it is refused (docs/limits.md): the silence timeout plus the leader's and the
+# followers' passes that move every replica, with room to spare.
+DEFAULT_FAILOVER_HOLD_SECONDS = 5.0
 # Pings per silence timeout: silence is noticed within 4/3 of the timeout at the latest.
 _PINGS_PER_SILENCE_TIMEOUT = 3
 # A ping that ends so says nothing came back from the process: any other answer, even an error
@@ -118,8 +131,10 @@ class SchedulerLink:
         on_breaker_changed: BreakerListener | None = None,
         on_scale_advice: ScaleAdviceListener | None = None,
         silence_timeout_seconds: float = DEFAULT_SILENCE_TIMEOUT_SECONDS,
+        failover_hold_s: float = 0.0,
     ) -> None:
         self._address = address
+        self._hold_s = failover_hold_s
         self._on_breaker_changed = on_breaker_changed
         self._on_scale_advice = on_scale_advice
         # Breaker moves heard, by the state entered (BREAKER_STATE_* name): for operators/tests.
@@ -140,6 +155,11 @@ class SchedulerLink:
         self._replay_overflowed = False
         self._connected = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._attempt: asyncio.Task[None] | None = None  # the current stream's task
+        self._moved = asyncio.Event()  # `follow` named another address: reconnect at once
+        # When the current address last answered (a ping or an output), time.monotonic(); a
+        # move starts the count afresh.
+        self._last_heard = time.monotonic()
 
     @property
     def connected(self) -> bool:
@@ -154,8 +174,34 @@ class SchedulerLink:
     def liveness(self) -> Liveness:
         return self._liveness
 
+    @property
+    def address(self) -> str:
+        """The scheduler this link talks to (or reconnects to)."""
+        return self._address
+
+    def silent_for(self) -> float:
+        """Seconds since the current address last answered (since the move to it, if never)."""
+        return time.monotonic() - self._last_heard
+
     def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="scheduler-link")
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="scheduler-link")
+
+    def follow(self, address: str) -> None:
+        """Talk to the scheduler at `address` from now on: starts the link if it is not running;
+        a stream to another address is cut at once and the link connects to this one."""
+        if address != self._address:
+            log.warning("moving to the scheduler at %s (from %s)", address, self._address)
+            self._address = address
+            # Silence belonged to the old process; the new one has a full timeout to answer.
+            self._liveness = Liveness.ANSWERING
+            self._last_heard = time.monotonic()
+            self._moved.set()
+            if self._attempt is not None:
+                # No request may enter the old stream while its task winds down.
+                self._set_phase(LinkPhase.DISCONNECTED)
+                self._attempt.cancel()
+        self.start()
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -302,11 +348,23 @@ class SchedulerLink:
                 self._outbox.put_nowait(message)
         # DISCONNECTED / RESYNCING: the next snapshot (read after this commit) covers it.
 
+    async def _await_link(self, timeout: float) -> None:
+        """Refuse SCHEDULER_UNAVAILABLE unless the link takes requests; with a failover hold,
+        first wait for it, at most the hold and `timeout`."""
+        hold = min(self._hold_s, timeout)
+        if not self.connected and hold > 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._connected.wait(), hold)
+        if not self.connected:
+            raise self._unavailable()
+
     async def _request(
         self, key: str, message: scheduler_pb2.SchedulerInput, *, timeout: float
     ) -> scheduler_pb2.SchedulerOutput:
-        if not self.connected:
-            raise self._unavailable()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        await self._await_link(timeout)
+        timeout = max(0.0, deadline - loop.time())  # what the hold left of it
         if len(self._waiters) >= self._waiters_limit:
             raise GantryError(
                 "QUEUE_FULL", f"{self._waiters_limit} requests already wait on the scheduler"
@@ -340,19 +398,33 @@ class SchedulerLink:
     async def _run(self) -> None:
         delay = 0.1
         while True:
+            self._moved.clear()
+            self._attempt = asyncio.create_task(self._connect_once(), name="scheduler-stream")
+            why = "the scheduler stream was lost"
             try:
-                await self._connect_once()
+                await self._attempt
                 delay = 0.1
             except asyncio.CancelledError:
-                raise
+                if self._stopping():
+                    raise
+                why = f"the control plane moved to the scheduler at {self._address}"
             except grpc.aio.AioRpcError as error:
                 log.warning("scheduler stream ended: %s %s", error.code().name, error.details())
             except Exception:
                 log.exception("scheduler stream failed")
             self._set_phase(LinkPhase.DISCONNECTED)
-            self._fail_waiters("the scheduler stream was lost")
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, self._reconnect_max)
+            self._fail_waiters(why)
+            if self._moved.is_set():
+                delay = 0.1  # a new address: connect at once
+                continue
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._moved.wait(), delay)
+            delay = 0.1 if self._moved.is_set() else min(delay * 2, self._reconnect_max)
+
+    def _stopping(self) -> bool:
+        """Whether the link itself is being cancelled (`stop`), not only its current stream."""
+        task = asyncio.current_task()
+        return task is not None and task.cancelling() > 0
 
     async def _connect_once(self) -> None:
         async with channel(self._address, self._tls) as scheduler_channel:
@@ -393,6 +465,7 @@ class SchedulerLink:
             await asyncio.sleep(interval)
 
     def _heard(self) -> None:
+        self._last_heard = time.monotonic()
         if self._liveness is Liveness.SILENT:
             log.info("the scheduler at %s answers again: taking requests", self._address)
             self._liveness = Liveness.ANSWERING

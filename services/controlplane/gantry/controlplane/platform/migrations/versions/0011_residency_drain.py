@@ -5,7 +5,7 @@ calls in flight have finished or `drain_deadline_at` passes, whichever comes fir
 before this revision hold NULL: none of them is DRAINING (nothing entered that state before).
 
 Revision ID: 0011
-Revises: 0010 (the control plane's leadership; renumbered by the owner: two helpers both took 0010)
+Revises: 0010
 """
 
 from __future__ import annotations

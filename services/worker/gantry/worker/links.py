@@ -1,0 +1,66 @@
+"""The worker's end of one stream to one control-plane replica: its target, its bounded outbox,
+and whether the stream open now was welcomed.
+
+A worker holds one link per replica it knows (control_planes.py). The agent decides what goes on
+which link (agent.py); a link only queues, and drops what does not fit: the outbox is bounded so
+that a replica that stops reading costs the worker a counted drop, never its memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass, field
+
+from gantry.v1 import worker_gateway_pb2 as wg
+from gantry.worker.control_planes import StreamTarget
+
+
+@dataclass(eq=False)
+class Link:
+    """One control-plane replica's stream, dialled again (a new outbox each time) until the
+    worker stops or the address leaves the resolved set."""
+
+    target: StreamTarget
+    outbox_limit: int
+    outbox: asyncio.Queue[wg.WorkerMessage | None] = field(init=False)
+    # Whether the stream open now has read its Welcome: what the worker may send work on.
+    welcomed: bool = False
+    welcomed_before: bool = False  # a later Welcome is a reconnect (the metrics say which)
+    task: asyncio.Task[None] | None = None
+
+    def __post_init__(self) -> None:
+        self.renew()
+
+    @property
+    def name(self) -> str:
+        return self.target.address
+
+    def renew(self) -> None:
+        """A fresh outbox for a new stream: what queued while no stream was open is not sent
+        (job results are resent from the unacknowledged set; inventory goes whole in Hello)."""
+        # One slot more than the limit, kept for the end-of-stream marker.
+        self.outbox = asyncio.Queue(maxsize=self.outbox_limit + 1)
+
+    def full(self) -> bool:
+        return self.outbox.qsize() >= self.outbox_limit
+
+    def put(self, message: wg.WorkerMessage) -> None:
+        """Queue a message the caller checked fits (`full`)."""
+        self.outbox.put_nowait(message)
+
+    def end(self) -> None:
+        """The stream is ending: its sender stops (a late message stays in the old outbox)."""
+        with contextlib.suppress(asyncio.QueueFull):
+            self.outbox.put_nowait(None)
+
+    async def outgoing(self) -> AsyncIterator[wg.WorkerMessage]:
+        outbox = self.outbox
+        while (message := await outbox.get()) is not None:
+            yield message
+
+
+def first_welcomed(links: Iterable[Link]) -> Link | None:
+    """The first link, in the configured order, whose stream is welcomed now."""
+    return next((link for link in links if link.welcomed), None)
