@@ -272,6 +272,17 @@ class Cluster:
     deployment_ids: list[str] = field(default_factory=list)
     scheduler_port: int = 0
     control_plane_port: int = 0
+    # Schedulers after the first in the control plane's --scheduler list (one active at a time).
+    standby_schedulers: int = 0
+    standbys: list[Service] = field(default_factory=list)
+    standby_ports: list[int] = field(default_factory=list)
+    # Control-plane replicas on the one database (all given every scheduler; the worker holds a
+    # stream to each): the first is `control_plane`, the others `replicas`.
+    control_planes: int = 1
+    replicas: list[Service] = field(default_factory=list)
+    replica_ports: list[int] = field(default_factory=list)
+    metrics_ports: dict[str, int] = field(default_factory=dict)  # replica role -> /metrics port
+    _replica_channels: dict[int, grpc.aio.Channel] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.artifact_root = self.root / "artifacts"
@@ -288,13 +299,43 @@ class Cluster:
 
     # -- processes -------------------------------------------------------------------------
 
-    def _service(self, role: str, arguments: list[str]) -> Service:
+    def _service(self, role: str, arguments: list[str], *, name: str = "") -> Service:
         argv = [sys.executable, "-m", "gantry.cli.main", role, *arguments]
         if role == "worker":
             # The same `gantry worker`, its model hosts taking the magic inputs (HANG_INPUT):
             # only a test entry point switches them on, never a worker's environment.
             argv = worker_argv(*arguments)
-        return Service(role=role, argv=argv, log_path=self.logs / f"{role}.log", env=self.env)
+        log_path = self.logs / f"{name or role}.log"
+        return Service(role=name or role, argv=argv, log_path=log_path, env=self.env)
+
+    def _scheduler(self, port: int, name: str = "") -> Service:
+        arguments = ["--listen", f"127.0.0.1:{port}"]
+        arguments += ["--service-token-file", str(self.scheduler_token_file)]
+        return self._service("scheduler", arguments, name=name)
+
+    def _control_plane(self, port: int, schedulers: str, name: str = "") -> Service:
+        metrics: list[str] = []
+        if self.control_planes > 1:  # which replica answered what (a lone one needs no scrape)
+            metrics_port = self.metrics_ports[name or "controlplane"] = free_port()
+            metrics = ["--metrics-address", f"127.0.0.1:{metrics_port}"]
+        return self._service(
+            "controlplane",
+            [
+                "--listen", f"127.0.0.1:{port}",
+                "--database-url", self.database_url,
+                "--scheduler", schedulers,
+                "--scheduler-token-file", str(self.scheduler_token_file),
+                "--bootstrap-operator-token-file", str(self.operator_token_file),
+                *metrics,
+                *CONTROL_PLANE_ARGS,
+            ],
+            name=name,
+        )  # fmt: skip
+
+    @property
+    def control_plane_addresses(self) -> list[str]:
+        """Every replica's address, the first one's first."""
+        return [f"127.0.0.1:{p}" for p in [self.control_plane_port, *self.replica_ports]]
 
     async def migrate(self) -> None:
         process = await asyncio.create_subprocess_exec(
@@ -313,40 +354,39 @@ class Cluster:
         await self.migrate()
         self.scheduler_port = free_port()
         self.control_plane_port = free_port()
-        self.scheduler = self._service(
-            "scheduler",
-            [
-                "--listen", f"127.0.0.1:{self.scheduler_port}",
-                "--service-token-file", str(self.scheduler_token_file),
-            ],
-        )  # fmt: skip
-        self.control_plane = self._service(
-            "controlplane",
-            [
-                "--listen", f"127.0.0.1:{self.control_plane_port}",
-                "--database-url", self.database_url,
-                "--scheduler", f"127.0.0.1:{self.scheduler_port}",
-                "--scheduler-token-file", str(self.scheduler_token_file),
-                "--bootstrap-operator-token-file", str(self.operator_token_file),
-                *CONTROL_PLANE_ARGS,
-            ],
-        )  # fmt: skip
+        self.scheduler = self._scheduler(self.scheduler_port)
+        self.standby_ports = [free_port() for _ in range(self.standby_schedulers)]
+        self.standbys = [
+            self._scheduler(port, f"scheduler-{n}") for n, port in enumerate(self.standby_ports, 2)
+        ]
+        schedulers = ",".join(f"127.0.0.1:{p}" for p in [self.scheduler_port, *self.standby_ports])
+        self.control_plane = self._control_plane(self.control_plane_port, schedulers)
+        self.replica_ports = [free_port() for _ in range(self.control_planes - 1)]
+        self.replicas = [
+            self._control_plane(port, schedulers, f"controlplane-{n}")
+            for n, port in enumerate(self.replica_ports, 2)
+        ]
         self.worker = self._service(
             "worker",
             [
-                "--control-plane", f"127.0.0.1:{self.control_plane_port}",
+                "--control-plane", ",".join(self.control_plane_addresses),
                 "--credential-file", str(self.credential_file),
                 "--artifact-root", str(self.artifact_root),
                 *WORKER_ARGS,
             ],
         )  # fmt: skip
-        self.scheduler.start()
+        for scheduler in (self.scheduler, *self.standbys):
+            scheduler.start()
         self.control_plane.start()
         await self.wait_serving(self.scheduler, self.scheduler_port)
+        for standby, port in zip(self.standbys, self.standby_ports, strict=True):
+            await self.wait_serving(standby, port)
         await self.wait_serving(self.control_plane, self.control_plane_port)
-        self.channel = grpc.aio.insecure_channel(
-            f"127.0.0.1:{self.control_plane_port}", options=CHANNEL_OPTIONS
-        )
+        # One by one, as `gantry up` starts them: the first has bootstrapped the operator token.
+        for replica, port in zip(self.replicas, self.replica_ports, strict=True):
+            replica.start()
+            await self.wait_serving(replica, port)
+        self.use_replica(self.control_plane_port)
         registered = await self.operator.RegisterNode(
             cp.RegisterNodeRequest(name="chaos-node"), metadata=self.op_md, timeout=10
         )
@@ -374,12 +414,13 @@ class Cluster:
             return await wait_until(serving, timeout_s=timeout_s, what=f"{service.role} SERVING")
 
     def services(self) -> list[Service]:
-        return [s for s in (self.worker, self.control_plane, self.scheduler) if s is not None]
+        services = (self.worker, self.control_plane, *self.replicas, self.scheduler, *self.standbys)
+        return [s for s in services if s is not None]
 
     async def stop(self) -> None:
         """Kill every process group this test started and every model host of its deployments."""
-        if self.channel is not None:
-            await self.channel.close()
+        for channel in self._replica_channels.values():
+            await channel.close()
         for service in self.services():
             service.kill_groups(grace_s=3.0)
         # A model host whose worker died was re-parented out of the worker's group; it dies by
@@ -407,6 +448,15 @@ class Cluster:
             print(f"----- {service.role} log tail -----\n{service.log_tail(60)}")
 
     # -- gRPC ------------------------------------------------------------------------------
+
+    def use_replica(self, port: int) -> None:
+        """Make every later RPC of the cluster's own (operator calls, `embed`) go to the replica
+        on `port` only: one the test knows to be alive while it stops another."""
+        if port not in self._replica_channels:
+            self._replica_channels[port] = grpc.aio.insecure_channel(
+                f"127.0.0.1:{port}", options=CHANNEL_OPTIONS
+            )
+        self.channel = self._replica_channels[port]
 
     @property
     def operator(self) -> cp_grpc.ControlPlaneStub:
@@ -513,10 +563,13 @@ class Cluster:
         phase: str,
         inputs: Sequence[str] = ("hello world",),
         timeout_s: float = CALL_TIMEOUT_S,
+        stub: inference_pb2_grpc.InferenceStub | None = None,
     ) -> CallOutcome:
+        """One Embed recorded in the ledger: on the cluster's channel, or on `stub`'s (a client
+        of its own)."""
         started = time.monotonic()
         try:
-            response = await self.inference.Embed(
+            response = await (stub or self.inference).Embed(
                 inference_pb2.EmbedRequest(capability=capability, inputs=list(inputs)),
                 metadata=auth_metadata(self.api_key),
                 timeout=timeout_s,

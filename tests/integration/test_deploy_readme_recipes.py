@@ -164,9 +164,15 @@ def _registered(name: str) -> cp.RegisterNodeResponse:
     return cp.RegisterNodeResponse(node=cp.Node(node_id=NODE_ID, name=name), credential=credential)
 
 
+CONTROL_PLANE_CLIENTS = "gantry-controlplane.gantry.svc.cluster.local"
+CONTROL_PLANE_WORKERS = "gantry-controlplane-workers.gantry.svc.cluster.local"
+
+
 def _control_plane_host(worker: dict[str, object]) -> str:
+    """The host the worker's --control-plane names (`dns:///NAME:PORT` or `NAME:PORT`)."""
     args = (pod_spec(worker) or {})["containers"][0]["args"]
-    return str(option_value(args, "--control-plane")).rsplit(":", 1)[0]
+    address = str(option_value(args, "--control-plane")).removeprefix("dns:///")
+    return address.rsplit(":", 1)[0]
 
 
 def _kustomized(k8s: Path) -> list[str]:
@@ -197,7 +203,10 @@ def test_the_add_a_node_recipe_gives_a_new_node_its_own_worker_and_secret(tmp_pa
     assert worker_problems(worker) == []
     assert len(worker_workloads(docs)) == 2
     assert node_secret_sharing_problems(docs) == []
-    assert option_value(run.grpcurl_args, "-authority") == _control_plane_host(worker)
+    # The recipe registers through the clients' Service; the worker dials the headless one, which
+    # lists every replica (both names are on the control plane's certificate).
+    assert option_value(run.grpcurl_args, "-authority") == CONTROL_PLANE_CLIENTS
+    assert _control_plane_host(worker) == CONTROL_PLANE_WORKERS
 
     # Its credential, kept private, becomes the one Secret that worker mounts.
     credential = deploy / "secrets" / f"{node}.credential"

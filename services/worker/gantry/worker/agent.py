@@ -483,6 +483,11 @@ class WorkerAgent:
                     # The Welcome is read under the claim: the next stream presents its generation.
                     if (first := await anext(messages, None)) is not None:
                         self._handle(link, first)
+                        # The Welcome names the interval: the beats are timed by it from here.
+                        # The loop started before it sleeps the default (3 s) first, past a short
+                        # interval's staleness bound: the node was declared stale at connect.
+                        heartbeat.cancel()
+                        heartbeat = asyncio.create_task(self._heartbeats(link), name="heartbeats")
                 async for message in messages:
                     self._handle(link, message)
             finally:

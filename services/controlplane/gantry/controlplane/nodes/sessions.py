@@ -48,6 +48,21 @@ InvokePayload: TypeAlias = Message
 OnProgress = Callable[[wg.InvokeProgress], Awaitable[None]]
 
 
+class NoStreamHere(GantryError):
+    """The scheduler dispatched to a node this replica holds no stream to: the worker is
+    connected to another replica, or has not dialled this one yet (it just started, or is
+    reconnecting). Said WORKER_UNAVAILABLE to the client, whose documented channel retries it on
+    another replica; the node is not at fault, so the scheduler hears CANCELLED, never a failure
+    that counts on the node's breaker (serving/inference_calls.work_outcome)."""
+
+    def __init__(self, node_id: str) -> None:
+        super().__init__(
+            "WORKER_UNAVAILABLE",
+            f"node {node_id} holds no stream to this control-plane replica",
+            node_id=node_id,
+        )
+
+
 @dataclass(eq=False)
 class PendingInvoke:
     """One invocation sent and not answered yet: its result and, when its caller takes progress,
@@ -417,7 +432,7 @@ class WorkerHub:
         """
         stream = self.get(node_id)
         if stream is None:
-            raise GantryError("WORKER_UNAVAILABLE", f"node {node_id} is not connected")
+            raise NoStreamHere(node_id)
         invoke = wg.Invoke(
             request_id=request_id,
             deployment_id=deployment_id,

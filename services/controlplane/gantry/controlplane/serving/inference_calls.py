@@ -12,7 +12,7 @@ from typing import Protocol, TypeVar
 from gantry.common import operations
 from gantry.common.errors import GantryError
 from gantry.common.inference_limits import InferenceLimits
-from gantry.controlplane.nodes.sessions import DEFAULT_PROGRESS_LIMIT, InvokePayload
+from gantry.controlplane.nodes.sessions import DEFAULT_PROGRESS_LIMIT, InvokePayload, NoStreamHere
 from gantry.controlplane.platform import metrics
 from gantry.controlplane.serving.routing import TargetedRequest
 from gantry.v1 import common_pb2, scheduler_pb2
@@ -87,7 +87,10 @@ def work_outcome(error: BaseException | None, budget: CallBudget) -> scheduler_p
     """
     if error is None:
         return scheduler_pb2.WORK_OUTCOME_SUCCESS
-    if isinstance(error, asyncio.CancelledError):
+    if isinstance(error, asyncio.CancelledError | NoStreamHere):
+        # NoStreamHere: this replica holds no stream to the node (it dials us yet, or holds
+        # another replica's): the node is not at fault, and three of those must not open its
+        # breaker for every replica.
         return scheduler_pb2.WORK_OUTCOME_CANCELLED
     if isinstance(error, GantryError):
         if error.reason == "DEADLINE_EXCEEDED" and budget.client_bounded:
