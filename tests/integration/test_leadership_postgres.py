@@ -27,14 +27,17 @@ from tests.integration.harness import wait_for
 pytestmark = pytest.mark.postgres
 
 LEASE_S = 1.0
+WAITING_LEASE_S = 15.0
 
 
 @contextlib.asynccontextmanager
-async def replica(url: str, *, run: bool = True) -> AsyncIterator[tuple[Leadership, Database]]:
+async def replica(
+    url: str, *, run: bool = True, lease_s: float = LEASE_S
+) -> AsyncIterator[tuple[Leadership, Database]]:
     """A replica's database and leadership; `run`: its loop looks at the lock every lease/3,
     else the test takes each look (`step`) itself (a leader whose pings stopped)."""
     database = Database.connect(url)
-    leadership = Leadership.for_database(database, url=url, lease_s=LEASE_S)
+    leadership = Leadership.for_database(database, url=url, lease_s=lease_s)
     try:
         if run:
             await leadership.start()
@@ -140,12 +143,10 @@ async def test_a_leader_whose_pings_stop_is_ended_by_idle_session_timeout(
 async def test_a_new_leaders_epoch_waits_for_the_old_leaders_write_in_flight(url: str):
     admin = await _admin(url)
     try:
+        # A lease long enough that the bump's wait (a third of it) outlasts this write.
         async with (
-            replica(url, run=False) as (first, first_db),
-            replica(url, run=False) as (
-                second,
-                _,
-            ),
+            replica(url, run=False, lease_s=WAITING_LEASE_S) as (first, first_db),
+            replica(url, run=False, lease_s=WAITING_LEASE_S) as (second, _),
         ):
             assert first.is_leader and not second.is_leader
             with first.fenced():
@@ -166,6 +167,38 @@ async def test_a_new_leaders_epoch_waits_for_the_old_leaders_write_in_flight(url
             await taking  # the old epoch's write committed first; only then the new epoch
             assert (second.is_leader, second.epoch) == (True, 2)
             assert await _tenant_exists(first_db, "in-flight")
+    finally:
+        await admin.close()
+
+
+async def test_a_new_leader_ends_an_old_leaders_write_left_in_flight_and_it_never_lands(url: str):
+    """A leader stopped (SIGSTOP) inside a fenced transaction: PostgreSQL ends its lock's session,
+    but the transaction's session stays open holding the leadership row. The next leader's epoch
+    bump waits a third of the lease for it, then ends it: the bump lands, the stale write never
+    does (rolled back with its session), and the next leader is not held off for ever."""
+    admin = await _admin(url)
+    try:
+        async with (
+            replica(url, run=False) as (first, first_db),
+            replica(url, run=False) as (second, _),
+        ):
+            assert first.is_leader and not second.is_leader
+            taken: tuple[bool, int | None] | None = None
+            with pytest.raises(GantryError) as ended:  # its session was ended under it
+                with first.fenced():
+                    async with first_db.transaction() as session:
+                        # The fence has run: this transaction holds the row FOR SHARE.
+                        session.add(Tenant(tenant_id="in-flight", created_at=_now()))
+                        await session.flush()
+                        holder = await _lock_holder(admin)
+                        await admin.fetchval("SELECT pg_terminate_backend($1)", holder)
+                        # This transaction stays open, as a stopped leader's does.
+                        await second.step()
+                        taken = (second.is_leader, second.epoch)
+            assert ended.value.reason == "STORE_UNAVAILABLE"
+            assert taken == (True, 2)
+            in_flight = "SELECT count(*) FROM tenants WHERE tenant_id = 'in-flight'"
+            assert await admin.fetchval(in_flight) == 0
     finally:
         await admin.close()
 

@@ -36,10 +36,12 @@ from typing import Protocol
 
 from sqlalchemy import Select, event, select, text
 from sqlalchemy.engine import Connection, make_url
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, create_async_engine
 from sqlalchemy.pool import NullPool
 
 from gantry.common.errors import GantryError
+from gantry.common.tasks import stop_task
 from gantry.controlplane.platform import metrics
 from gantry.controlplane.platform.database import STORE_WAIT_S, Database
 from gantry.controlplane.platform.models import ControlPlaneLeadership
@@ -50,6 +52,8 @@ DEFAULT_LEADER_LEASE_SECONDS = 5.0
 # The advisory lock's key (64 bits): any fixed number no other user of the database takes.
 # Advisory locks are per database, so two installations on one server do not meet.
 LEADER_LOCK_KEY = 0x67616E7472790001  # "gantry", lock 1
+# PostgreSQL's lock_not_available: a lock_timeout ran out.
+LOCK_NOT_AVAILABLE = "55P03"
 ROW_ID = 1  # the one row of control_plane_leadership (made by migration 0010)
 
 # The leadership whose fence each transaction begun in this context checks (`fenced`).
@@ -120,6 +124,13 @@ _BUMP = text(
     "UPDATE control_plane_leadership SET epoch = epoch + 1, holder = :holder, "
     "acquired_at = now() WHERE id = :id RETURNING epoch"
 )
+# The sessions whose fenced transactions still hold the leadership row (FOR SHARE takes a
+# RowShareLock on its table until the transaction ends), this one excepted.
+_END_STALE_FENCES = text(
+    "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'relation'"
+    " AND relation = 'control_plane_leadership'::regclass AND mode = 'RowShareLock'"
+    " AND granted AND pid <> pg_backend_pid()"
+)
 
 
 class PostgresLeaderLock:
@@ -137,8 +148,9 @@ class PostgresLeaderLock:
                 "timeout": STORE_WAIT_S,
                 "server_settings": {
                     "idle_session_timeout": lease_ms,
-                    # The epoch bump waits for fenced writes in flight; not for ever.
-                    "lock_timeout": str(int(STORE_WAIT_S * 1000)),
+                    # The epoch bump waits for fenced writes in flight a third of the lease,
+                    # then ends them (`_bump`), so the whole look fits in the lease.
+                    "lock_timeout": str(max(1, int(lease_s * 1000 / 3))),
                     "application_name": "gantry-controlplane-leader",
                 },
             },
@@ -169,15 +181,29 @@ class PostgresLeaderLock:
         if not taken:
             return None
         try:
-            self._epoch = await self._connection.scalar(
-                _BUMP, {"holder": self._holder, "id": ROW_ID}
-            )
+            self._epoch = await self._bump(self._connection)
         finally:
             if self._epoch is None:  # not bumped: not leading, so give the lock back
                 await self._connection.execute(
                     text("SELECT pg_advisory_unlock(:key)"), {"key": LEADER_LOCK_KEY}
                 )
         return self._epoch
+
+    async def _bump(self, connection: AsyncConnection) -> int | None:
+        """The next epoch. It waits (lock_timeout) for the old leader's fenced transactions in
+        flight to finish; one still open after that belongs to a leader that is stopped (SIGSTOP)
+        or hung, whose lock PostgreSQL has already ended: its write could never commit under its
+        stale epoch, and left open it would hold the row, and so the next leader, for ever. It is
+        ended (rolled back), and the bump taken again."""
+        bump = {"holder": self._holder, "id": ROW_ID}
+        try:
+            return await connection.scalar(_BUMP, bump)  # type: ignore[no-any-return]
+        except DBAPIError as error:
+            if getattr(error.orig, "sqlstate", None) != LOCK_NOT_AVAILABLE:
+                raise
+        ended = (await connection.execute(_END_STALE_FENCES)).all()
+        log.warning("ended %d stale fenced transaction(s) of the old leader", len(ended))
+        return await connection.scalar(_BUMP, bump)  # type: ignore[no-any-return]
 
     async def _drop(self) -> None:
         connection, self._connection, self._epoch = self._connection, None, None
@@ -266,11 +292,8 @@ class Leadership:
 
     async def stop(self) -> None:
         """Stop looking and give the lock back (its session ends): a follower leads next."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await stop_task(self._task)
+        self._task = None
         if self._lock is not None:
             await self._lock.release()
             self._standing, _ = observe(self._standing, None)

@@ -25,7 +25,6 @@ the row: its link talks to that address, as before.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Sequence
 
@@ -37,6 +36,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from gantry.common.clock import Clock
 from gantry.common.errors import GantryError
 from gantry.common.grpc_server import channel
+from gantry.common.tasks import stop_task
 from gantry.common.tls import ClientTls
 from gantry.controlplane.platform import scheduler_assignment_rules as rules
 from gantry.controlplane.platform.database import Database
@@ -141,11 +141,8 @@ class SchedulerAssignment:
         self._task = asyncio.create_task(self._run(), name="scheduler-assignment")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await stop_task(self._task)
+        self._task = None
 
     async def _run(self) -> None:
         while True:
