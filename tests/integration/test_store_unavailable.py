@@ -51,7 +51,9 @@ def sqlite_locked(url: str) -> Iterator[None]:
     """Another connection (as another process would) holding SQLite's write lock."""
     path = sqlite_file(url)
     assert path is not None
-    holder = sqlite3.connect(path, isolation_level=None)
+    # It waits its turn for the lock (the control plane's own writes, a heartbeat's flush, are
+    # short), as long as a test may: then it holds it.
+    holder = sqlite3.connect(path, isolation_level=None, timeout=60)
     try:
         holder.execute("BEGIN EXCLUSIVE")
         yield
