@@ -155,7 +155,7 @@ async def test_a_new_leaders_epoch_waits_for_the_old_leaders_write_in_flight(url
                     session.add(Tenant(tenant_id="in-flight", created_at=_now()))
                     await session.flush()
                     holder = await _lock_holder(admin)
-                    await admin.fetchval("SELECT pg_terminate_backend($1)", holder)
+                    await _end_lock_session(admin, holder)
                     # The follower takes the lock, and its epoch bump waits on the share lock.
                     taking = asyncio.create_task(second.step())
                     await wait_for(
@@ -191,7 +191,7 @@ async def test_a_new_leader_ends_an_old_leaders_write_left_in_flight_and_it_neve
                         session.add(Tenant(tenant_id="in-flight", created_at=_now()))
                         await session.flush()
                         holder = await _lock_holder(admin)
-                        await admin.fetchval("SELECT pg_terminate_backend($1)", holder)
+                        await _end_lock_session(admin, holder)
                         # This transaction stays open, as a stopped leader's does.
                         await second.step()
                         taken = (second.is_leader, second.epoch)
@@ -201,6 +201,19 @@ async def test_a_new_leader_ends_an_old_leaders_write_left_in_flight_and_it_neve
             assert await admin.fetchval(in_flight) == 0
     finally:
         await admin.close()
+
+
+async def _end_lock_session(admin: asyncpg.Connection, holder: int | None) -> None:
+    """End the leader's lock session and wait until PostgreSQL has let the lock go: the backend
+    exits after the call returns, and a follower that looks before that finds the lock taken."""
+    assert await admin.fetchval("SELECT pg_terminate_backend($1)", holder)
+    await wait_for(
+        lambda: _lock_released(admin), timeout=10, what="the ended session's lock to be released"
+    )
+
+
+async def _lock_released(admin: asyncpg.Connection) -> bool:
+    return await _lock_holder(admin) is None
 
 
 async def _bump_waiting(admin: asyncpg.Connection) -> bool:
