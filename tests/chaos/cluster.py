@@ -422,6 +422,9 @@ class Cluster:
         for channel in self._replica_channels.values():
             await channel.close()
         for service in self.services():
+            if service.process is not None and not service.exited():
+                service.send(signal.SIGCONT)  # a stopped one would not act on SIGTERM
+        for service in self.services():
             service.kill_groups(grace_s=3.0)
         # A model host whose worker died was re-parented out of the worker's group; it dies by
         # its parent-death signal, but nothing of this test may outlive it, so make sure.

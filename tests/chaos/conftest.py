@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator, Generator
 from pathlib import Path
 
@@ -23,12 +24,9 @@ def pytest_runtest_makereport(
 _CALL_FAILED = pytest.StashKey[bool]()
 
 
-@pytest.fixture
-async def cluster(
-    postgres_url: str, tmp_path: Path, request: pytest.FixtureRequest
-) -> AsyncIterator[Cluster]:
-    """Scheduler, control plane and one worker, started as `gantry up` starts them."""
-    cluster = Cluster(database_url=postgres_url, root=tmp_path)
+@contextlib.asynccontextmanager
+async def started(cluster: Cluster, request: pytest.FixtureRequest) -> AsyncIterator[Cluster]:
+    """`cluster` started, then stopped whatever happened, its logs printed if the test failed."""
     try:
         await cluster.start()
         yield cluster
@@ -36,3 +34,12 @@ async def cluster(
         if request.node.stash.get(_CALL_FAILED, True):
             cluster.print_logs_on_failure()
         await cluster.stop()
+
+
+@pytest.fixture
+async def cluster(
+    postgres_url: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> AsyncIterator[Cluster]:
+    """Scheduler, control plane and one worker, started as `gantry up` starts them."""
+    async with started(Cluster(database_url=postgres_url, root=tmp_path), request) as cluster:
+        yield cluster

@@ -44,6 +44,7 @@ from gantry.common.client_config import client_channel
 from gantry.v1 import common_pb2, inference_pb2_grpc
 from gantry.v1 import control_plane_pb2 as cp
 from tests.chaos.cluster import CHANNEL_OPTIONS, CallOutcome, Cluster, Service, wait_until
+from tests.chaos.conftest import started
 
 pytestmark = pytest.mark.postgres
 
@@ -302,19 +303,10 @@ async def replicas_cluster(
     postgres_url: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> AsyncIterator[Cluster]:
     """One scheduler, two control-plane replicas given it, one worker streaming to both."""
-    cluster = Cluster(database_url=postgres_url, root=tmp_path, control_planes=2)
-    failed = True
-    try:
-        await cluster.start()
+    async with started(
+        Cluster(database_url=postgres_url, root=tmp_path, control_planes=2), request
+    ) as cluster:
         yield cluster
-        failed = False
-    finally:
-        if failed:
-            cluster.print_logs_on_failure()
-        for replica in (cluster.control_plane, *cluster.replicas):
-            if replica is not None and replica.process is not None and not replica.exited():
-                replica.send(signal.SIGCONT)  # a stopped one would not act on SIGTERM
-        await cluster.stop()
 
 
 @dataclass

@@ -24,6 +24,7 @@ from gantry.common.client_config import client_channel
 from gantry.common.status import error_info_of
 from gantry.v1 import inference_pb2, inference_pb2_grpc
 from tests.chaos.cluster import Cluster, Service, wait_until
+from tests.chaos.conftest import started
 
 CAPABILITY = "steady"
 CLIENTS = 4
@@ -145,19 +146,10 @@ async def failover_cluster(
     postgres_url: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> AsyncIterator[Cluster]:
     """Two schedulers, the control plane given both, one worker."""
-    cluster = Cluster(database_url=postgres_url, root=tmp_path, standby_schedulers=1)
-    failed = True
-    try:
-        await cluster.start()
+    async with started(
+        Cluster(database_url=postgres_url, root=tmp_path, standby_schedulers=1), request
+    ) as cluster:
         yield cluster
-        failed = False
-    finally:
-        if failed:
-            cluster.print_logs_on_failure()
-        for scheduler in (cluster.scheduler, *cluster.standbys):
-            if scheduler is not None and not scheduler.exited():
-                scheduler.send(signal.SIGCONT)  # a stopped one would not act on SIGTERM
-        await cluster.stop()
 
 
 @pytest.mark.timeout(240)
