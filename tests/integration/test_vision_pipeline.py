@@ -30,6 +30,7 @@ from gantry.v1 import common_pb2
 from gantry.v1 import control_plane_pb2 as cp
 from gantry.v1 import inference_pb2 as inf
 from tests.fixtures import tiny_siglip2, tiny_trocr
+from tests.integration.kserve_support import infer_grpc, infer_rest
 from tests.integration.pipeline_support import refusal_with_metadata
 from tests.integration.test_model_host_siglip2 import LABELS, TEXTS
 from tests.integration.test_transcribe_rpc import GRPCURL
@@ -290,3 +291,35 @@ async def test_grpcurl_reads_a_base64_png_as_the_readme_shows(
     )
     assert answer["texts"] == direct.texts[:1]
     assert answer["deployment_id"] == vision.trocr.deployment.deployment_id  # grpcurl's names
+
+
+async def test_images_through_the_open_inference_protocol_are_the_gantry_v1_answers(
+    vision: Vision, direct: Direct
+) -> None:
+    """EmbedImage, ClassifyImage and RecognizeText as KServe tensors (`image`, `labels` BYTES),
+    over the gRPC door and the REST one (binary tensors): bit for bit the gantry.v1 answers."""
+    harness, md = vision.harness, vision.harness.client_md
+    images, scanned = direct.siglip2_images, direct.trocr_images
+    embedded = await harness.inference.EmbedImage(
+        inf.EmbedImageRequest(capability=IMAGES, images=images, encoding=FLOAT32_LE), metadata=md
+    )
+    classified = await harness.inference.ClassifyImage(
+        inf.ClassifyImageRequest(capability=IMAGES, images=images, labels=LABELS), metadata=md
+    )
+    scores = np.zeros((len(images), len(LABELS)), dtype=np.float32)
+    for row, result in enumerate(classified.results):  # by score: the tensor is in label order
+        for scored in result.labels:
+            scores[row, scored.index] = scored.score
+    recognized = await harness.inference.RecognizeText(
+        inf.RecognizeTextRequest(capability=OCR, images=scanned), metadata=md
+    )
+    image_bytes = [image.data for image in images]
+    labels = [label.encode() for label in LABELS]
+    for infer in (infer_grpc, infer_rest):
+        got = await infer(harness, IMAGES, {"image": image_bytes})
+        np.testing.assert_array_equal(got["embedding"], vectors(embedded, FLOAT32_LE))
+        got = await infer(harness, IMAGES, {"image": image_bytes, "labels": labels})
+        np.testing.assert_array_equal(got["scores"], scores)
+        got = await infer(harness, OCR, {"image": [image.data for image in scanned]})
+        assert got["text"] == [text.encode() for text in recognized.texts]
+    assert list(recognized.texts) == direct.texts  # the comparisons say something

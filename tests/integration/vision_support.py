@@ -238,7 +238,10 @@ async def vision_fixture(
     root.mkdir()
     async with (
         _store(request.param, directory) as database_url,
-        running_gantry(database_url, root, inference=SETTINGS) as harness,
+        # The HTTP port too: the images through KServe's REST door (test_vision_pipeline).
+        running_gantry(
+            database_url, root, inference=SETTINGS, http_listen="127.0.0.1:0"
+        ) as harness,
     ):
         credential = await harness.register_node("vision-node")
         await harness.start_worker(credential, env=_worker_env(vision_python))

@@ -171,7 +171,16 @@ def test_health_and_server_metadata_are_open(method: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "method", ["ModelReady", "ModelMetadata", "ModelInfer", "RepositoryIndex", "ModelConfig"]
+    "method",
+    [
+        "ModelReady",
+        "ModelMetadata",
+        "ModelInfer",
+        "RepositoryIndex",
+        "ModelConfig",
+        "ModelStatistics",
+        "RepositoryModelLoad",  # refused UNIMPLEMENTED, but only to a key holder
+    ],
 )
 def test_model_methods_need_a_client_key(method: str) -> None:
     assert required_role(f"/inference.GRPCInferenceService/{method}") is Role.CLIENT

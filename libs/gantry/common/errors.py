@@ -112,6 +112,9 @@ REASONS: Mapping[str, ReasonSpec] = {
     "ALREADY_EXISTS": ReasonSpec(grpc.StatusCode.ALREADY_EXISTS, FailureClass.REQUEST),
     "UNAUTHENTICATED": ReasonSpec(grpc.StatusCode.UNAUTHENTICATED, FailureClass.REQUEST),
     "PERMISSION_DENIED": ReasonSpec(grpc.StatusCode.PERMISSION_DENIED, FailureClass.REQUEST),
+    # A method of a public protocol Gantry speaks but does not serve (a Triton repository load,
+    # shared memory): the `served` metadata lists the methods it does serve.
+    "UNIMPLEMENTED": ReasonSpec(grpc.StatusCode.UNIMPLEMENTED, FailureClass.REQUEST),
     "SCHEDULER_UNAVAILABLE": ReasonSpec(grpc.StatusCode.UNAVAILABLE, FailureClass.INFRA),
     "WORKER_UNAVAILABLE": ReasonSpec(grpc.StatusCode.UNAVAILABLE, FailureClass.INFRA),
     # The control plane's database refused or could not take the transaction in time (locked,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -29,6 +30,7 @@ from gantry.common.metrics import (
     meter,
     observable_gauge,
 )
+from gantry.controlplane.platform.call_tally import CallTally
 from gantry.controlplane.platform.state_machines import DeploymentState, NodeState, ResidencyState
 
 REASON_LABELS = 64
@@ -122,6 +124,8 @@ _reasons = BoundedValues(REASON_LABELS)
 _job_types = BoundedValues(JOB_TYPE_LABELS)
 _models = ModelLabels()
 _cached = cached_attributes
+# Per capability, this replica's answered calls (call_tally.py): Triton's model statistics.
+CALLS = CallTally()
 
 
 @dataclass(slots=True)
@@ -195,8 +199,14 @@ def _status_of(error: BaseException | None) -> tuple[str, str]:
 
 def invocation_answered(operation: str, error: BaseException | None, seconds: float) -> None:
     """One answered call: its status and reason, and its total latency, labelled with the model
-    the current call (`counting`) resolved to."""
+    the current call (`counting`) resolved to; tallied under that capability (CALLS) once it
+    resolved to one."""
     code, reason = _status_of(error)
+    target = _current.get()
+    if target is not None and target.capability:
+        CALLS.record(
+            target.capability, ok=error is None, seconds=seconds, now_ms=time.time_ns() // 1_000_000
+        )
     capability, deployment = _model_of_call()
     _invocations.add(
         1,

@@ -238,42 +238,51 @@ async def _rerank(call: Call) -> Answer:
     )
 
 
-_FINISH_REASONS = {
+FINISH_REASONS = {
     common_pb2.FINISH_REASON_STOP: b"stop",
     common_pb2.FINISH_REASON_LENGTH: b"length",
     common_pb2.FINISH_REASON_CANCELLED: b"cancelled",
 }
 
 
-async def _generation(call: Call) -> Answer:
+def generation_request(call: Call) -> inference_pb2.GenerateRequest:
+    """A generation call's tensors as the GenerateRequest that Generate and GenerateStream take."""
     prompt = _one_text(call, "text_input") or ""
     max_tokens = _scalar(call, "max_tokens", INTEGER_TYPES, ceiling=UINT32_MAX)
     temperature = _scalar(call, "temperature", FLOAT_TYPES)
     top_p = _scalar(call, "top_p", FLOAT_TYPES)
     top_k = _scalar(call, "top_k", INTEGER_TYPES, ceiling=UINT32_MAX)
     seed = _scalar(call, "seed", INTEGER_TYPES, ceiling=UINT64_MAX)
-    response = await call.inference.Generate(
-        inference_pb2.GenerateRequest(
-            capability=call.capability,
-            prompt=prompt,
-            max_tokens=int(max_tokens or 0),
-            stop=_texts(call, "stop", required=False) or [],
-            sampling=common_pb2.SamplingSettings(
-                temperature=temperature or 0.0,
-                top_p=top_p or 0.0,
-                top_k=int(top_k or 0),
-                seed=int(seed or 0),
-            ),
-            priority=call.priority,
+    return inference_pb2.GenerateRequest(
+        capability=call.capability,
+        prompt=prompt,
+        max_tokens=int(max_tokens or 0),
+        stop=_texts(call, "stop", required=False) or [],
+        sampling=common_pb2.SamplingSettings(
+            temperature=temperature or 0.0,
+            top_p=top_p or 0.0,
+            top_k=int(top_k or 0),
+            seed=int(seed or 0),
         ),
-        call.context,
+        priority=call.priority,
     )
-    reason = _FINISH_REASONS.get(response.finish_reason, b"")
+
+
+def generation_outputs(
+    text: str, finish_reason: common_pb2.FinishReason | None
+) -> list[OutputTensor]:
+    """`text_output`, and `finish_reason` when the generation has ended (None: it goes on)."""
+    outputs = [bytes_output("text_output", [text.encode()], (1,))]
+    if finish_reason is not None:
+        reason = FINISH_REASONS.get(finish_reason, b"")
+        outputs.append(bytes_output("finish_reason", [reason], (1,)))
+    return outputs
+
+
+async def _generation(call: Call) -> Answer:
+    response = await call.inference.Generate(generation_request(call), call.context)
     return Answer(
-        [
-            bytes_output("text_output", [response.text.encode()], (1,)),
-            bytes_output("finish_reason", [reason], (1,)),
-        ],
+        generation_outputs(response.text, response.finish_reason),
         response.deployment_id,
         response.node_id,
     )
@@ -422,6 +431,28 @@ _BY_ADAPTER: Mapping[str, TensorMapping] = {
     **{name: GENERATION for name in adapters.GENERATION_ADAPTERS},
 }
 MAPPINGS: Sequence[TensorMapping] = (EMBEDDING, RERANK, GENERATION, TRANSCRIPTION, OCR, IMAGE)
+
+
+def probed_width(kind: str, output_shape: Sequence[object]) -> int:
+    """An embedding capability's vector width from its probe's output shape (`[1, dim]`: the
+    probe embedded one text with the deployment's own profile); 0 when the shape does not state
+    it, or the kind's outputs are not that one vector."""
+    if kind != EMBEDDING.kind or len(output_shape) != 2:
+        return 0
+    width = output_shape[1]
+    return width if isinstance(width, int) and width > 0 else 0
+
+
+def stated_outputs(mapping: TensorMapping, width: int) -> tuple[TensorSpec, ...]:
+    """The mapping's outputs with the embedding's width stated (`[-1, width]`) when known."""
+    if not width:
+        return mapping.outputs
+    return tuple(
+        TensorSpec(spec.name, spec.datatype, (*spec.shape[:-1], width), spec.optional)
+        if spec.name == "embedding" and spec.shape == (VARIABLE, VARIABLE)
+        else spec
+        for spec in mapping.outputs
+    )
 
 
 def mapping_of(adapter: str) -> TensorMapping | None:

@@ -90,7 +90,8 @@ def _decode_bytes_raw(name: str, raw: bytes, count: int) -> tuple[bytes, ...]:
     return tuple(values)
 
 
-def _decode_raw(name: str, datatype: str, raw: bytes, count: int) -> tuple[Element, ...]:
+def decode_raw(name: str, datatype: str, raw: bytes, count: int) -> tuple[Element, ...]:
+    """`count` elements of `datatype` from their raw encoding (a BYTES element length-prefixed)."""
     if datatype == BYTES:
         return _decode_bytes_raw(name, raw, count)
     element, _ = _NUMERIC[datatype]
@@ -118,6 +119,46 @@ def _decode_contents(
     return values
 
 
+def check_datatype(name: str, datatype: str) -> None:
+    if datatype != BYTES and datatype not in _NUMERIC:
+        raise invalid_argument(
+            f"input tensor {name!r} has datatype {datatype!r}; this server reads "
+            f"{', '.join([BYTES, *_NUMERIC])}",
+            field=name,
+        )
+
+
+def _fits(datatype: str, value: object) -> bool:
+    """Whether a JSON element can be a `datatype` element (a bool is no number here)."""
+    if datatype == "BOOL":
+        return isinstance(value, bool)
+    if isinstance(value, bool):
+        return False
+    return isinstance(value, float | int) if datatype in FLOAT_TYPES else isinstance(value, int)
+
+
+def encode_raw(name: str, datatype: str, values: Sequence[object]) -> bytes:
+    """Typed elements (a JSON tensor's `data`, flattened) as their raw encoding; an element of
+    the wrong type for `datatype` is INVALID_ARGUMENT naming the tensor."""
+    check_datatype(name, datatype)
+    if datatype == BYTES:
+        if not all(isinstance(value, str) for value in values):
+            raise invalid_argument(
+                f"input tensor {name!r} is BYTES: its data are strings", field=name
+            )
+        return bytes_output(name, [str(value).encode() for value in values], (len(values),)).raw
+    if not all(_fits(datatype, value) for value in values):
+        raise invalid_argument(
+            f"input tensor {name!r} has data that are not {datatype} elements", field=name
+        )
+    try:
+        return struct.pack(f"<{len(values)}{_NUMERIC[datatype][0]}", *values)
+    except struct.error:
+        raise invalid_argument(
+            f"input tensor {name!r} has an element out of {datatype}'s range", field=name
+        ) from None
+
+
 def decode_inputs(request: kserve.ModelInferRequest) -> dict[str, InputTensor]:
     """The request's input tensors by name, their elements decoded."""
     raw = request.raw_input_contents
@@ -132,12 +173,7 @@ def decode_inputs(request: kserve.ModelInferRequest) -> dict[str, InputTensor]:
         name = tensor.name
         if name in tensors:
             raise invalid_argument(f"input tensor {name!r} is given twice", field=name)
-        if tensor.datatype != BYTES and tensor.datatype not in _NUMERIC:
-            raise invalid_argument(
-                f"input tensor {name!r} has datatype {tensor.datatype!r}; this server reads "
-                f"{', '.join([BYTES, *_NUMERIC])}",
-                field=name,
-            )
+        check_datatype(name, tensor.datatype)
         count = _element_count(name, tensor.shape)
         if raw:
             if tensor.HasField("contents"):
@@ -145,7 +181,7 @@ def decode_inputs(request: kserve.ModelInferRequest) -> dict[str, InputTensor]:
                     f"input tensor {name!r} has contents beside raw_input_contents: use one",
                     field=name,
                 )
-            values = _decode_raw(name, tensor.datatype, raw[index], count)
+            values = decode_raw(name, tensor.datatype, raw[index], count)
         else:
             values = _decode_contents(name, tensor.datatype, tensor.contents, count)
         tensors[name] = InputTensor(

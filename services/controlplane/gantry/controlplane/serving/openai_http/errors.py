@@ -102,15 +102,17 @@ def http_error(error: GantryError, *, status: int | None = None) -> HttpError:
     )
 
 
-def body_too_large(size_bytes: int, limit_bytes: int) -> HttpError:
-    """413 for a body past the bound, with Gantry's reason (INVALID_ARGUMENT, as the gRPC door
-    answers a message past its bound) and the figures."""
-    return http_error(
-        GantryError(
-            "INVALID_ARGUMENT",
-            f"the request body is {size_bytes} bytes or more; this API takes at most {limit_bytes}",
-            size_bytes=str(size_bytes),
-            limit_bytes=str(limit_bytes),
-        ),
-        status=BODY_TOO_LARGE_STATUS,
+def body_too_large_error(size_bytes: int, limit_bytes: int) -> GantryError:
+    """A body past the bound, with Gantry's reason (INVALID_ARGUMENT, as the gRPC door answers a
+    message past its bound) and the figures; every HTTP door answers it BODY_TOO_LARGE_STATUS."""
+    return GantryError(
+        "INVALID_ARGUMENT",
+        f"the request body is {size_bytes} bytes or more; this API takes at most {limit_bytes}",
+        size_bytes=str(size_bytes),
+        limit_bytes=str(limit_bytes),
     )
+
+
+def body_too_large(size_bytes: int, limit_bytes: int) -> HttpError:
+    """413 for a body past the bound, in the OpenAI shape."""
+    return http_error(body_too_large_error(size_bytes, limit_bytes), status=BODY_TOO_LARGE_STATUS)

@@ -74,8 +74,7 @@ class InFlight:
         if held >= self.limit:
             raise GantryError(
                 "QUEUE_FULL",
-                f"tenant {tenant!r} has {self.limit} calls in flight on the OpenAI HTTP API; "
-                "try again",
+                f"tenant {tenant!r} has {self.limit} calls in flight on the HTTP API; try again",
                 limit=str(self.limit),
                 tenant_id=tenant,
             )

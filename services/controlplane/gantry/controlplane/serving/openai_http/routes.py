@@ -30,9 +30,14 @@ from gantry.common.errors import GantryError
 from gantry.common.telemetry import extract_context, tracer
 from gantry.controlplane.platform import metrics
 from gantry.controlplane.platform.database import Database
+from gantry.controlplane.serving.kserve.service import KServeInference
 from gantry.controlplane.serving.openai_http import catalog
 from gantry.controlplane.serving.openai_http.connections import AUTHENTICATED
-from gantry.controlplane.serving.openai_http.errors import body_too_large, http_error
+from gantry.controlplane.serving.openai_http.errors import (
+    BODY_TOO_LARGE_STATUS,
+    body_too_large_error,
+    http_error,
+)
 from gantry.controlplane.serving.openai_http.front_door import (
     GIVE_BACK_BYTES,
     BodyTooLarge,
@@ -44,6 +49,8 @@ from gantry.controlplane.serving.openai_http.front_door import (
     read_body,
     unless_disconnected,
 )
+from gantry.controlplane.serving.openai_http.kserve_routes import KServeRest
+from gantry.controlplane.serving.openai_http.kserve_routes import refusal as kserve_refusal
 from gantry.controlplane.serving.openai_http.requests import (
     GenerationCall,
     chat_completion_call,
@@ -74,6 +81,7 @@ class _Call:
 
     method: str
     span: trace.Span
+    protocol: str = metrics.PROTOCOL_OPENAI
     in_flight: InFlight | None = None
     tenant: str = ""
     started: float = field(default_factory=time.perf_counter)
@@ -86,7 +94,7 @@ class _Call:
         self.done = True
         if self.in_flight is not None:
             self.in_flight.leave(self.tenant)
-        metrics.front_door_answered(metrics.PROTOCOL_OPENAI, self.method, error)
+        metrics.front_door_answered(self.protocol, self.method, error)
         if isinstance(error, GantryError):
             self.span.set_attribute("gantry.reason", error.reason)
             self.span.set_status(trace.StatusCode.ERROR, error.reason)
@@ -105,8 +113,10 @@ class OpenAiRoutes:
         max_body_bytes: int,
         max_in_flight: int,
         body_timeout_s: float,
+        kserve: KServeInference | None = None,
     ) -> None:
         self._inference = inference
+        self._kserve = kserve  # the Open Inference Protocol's REST routes (kserve_routes.py)
         self._authenticator = authenticator
         self._database = database
         self._max_body_bytes = max_body_bytes
@@ -114,12 +124,20 @@ class OpenAiRoutes:
         self._body_timeout_s = body_timeout_s
 
     def app(self) -> Starlette:
-        def route(path: str, operation: _Operation, method: str) -> Route:
+        def route(path: str, operation: _Operation, method: str, door: _Door = OPENAI) -> Route:
             async def endpoint(request: Request) -> Response:
-                return await self._answer(request, path, operation)
+                return await self._answer(request, path, operation, door)
 
             return Route(path, endpoint, methods=[method])
 
+        kserve_routes = (
+            []
+            if self._kserve is None
+            else [
+                route(r.path, r.operation, r.method, KSERVE_OPEN if r.open else KSERVE)
+                for r in KServeRest(self._kserve, self._body).routes()
+            ]
+        )
         return Starlette(
             routes=[
                 route("/v1/embeddings", self._embeddings, "POST"),
@@ -127,31 +145,41 @@ class OpenAiRoutes:
                 route("/v1/chat/completions", self._chat_completions, "POST"),
                 route("/v1/models", self._models, "GET"),
                 route("/v1/models/{model:path}", self._model, "GET"),
+                *kserve_routes,
             ],
             exception_handlers={HTTPException: _http_exception},
         )
 
-    async def _answer(self, request: Request, path: str, operation: _Operation) -> Response:
+    async def _answer(
+        self, request: Request, path: str, operation: _Operation, door: _Door
+    ) -> Response:
         """One call answered; a large body's memory given back once nothing holds it (the
         failure that refused it included: its traceback holds the body until it is gone)."""
-        response = await self._answer_call(request, path, operation)
+        response = await self._answer_call(request, path, operation, door)
         call: _Call | None = getattr(request.state, "call", None)
         if call is not None and call.body_bytes >= GIVE_BACK_BYTES:
             give_back()
         return response
 
-    async def _answer_call(self, request: Request, path: str, operation: _Operation) -> Response:
-        """Authenticate, bound, trace and count one call; every failure in the OpenAI shape."""
+    async def _answer_call(
+        self, request: Request, path: str, operation: _Operation, door: _Door
+    ) -> Response:
+        """Authenticate, bound, trace and count one call; every failure in its door's shape."""
         span = _tracer.start_span(
             f"{request.method} {path}",
             context=extract_context(request.headers),
             kind=trace.SpanKind.SERVER,
-            attributes={"gantry.protocol": metrics.PROTOCOL_OPENAI, "http.route": path},
+            attributes={"gantry.protocol": door.protocol, "http.route": path},
         )
-        call = _Call(method=path, span=span)
+        call = _Call(method=path, span=span, protocol=door.protocol)
         response: Response
         try:
             with trace.use_span(span, end_on_exit=False):
+                if door.open:  # a probe: no key, no tenant, nothing read
+                    request.state.call = call
+                    response = await operation(request)
+                    call.finish(None)
+                    return response
                 principal = await authenticate(self._authenticator, request.headers)
                 request.scope[AUTHENTICATED] = True  # a refusal may linger for its body
                 set_principal(principal)  # this request's task only, as the interceptor does
@@ -162,11 +190,11 @@ class OpenAiRoutes:
                 response = await operation(request)
         except GantryError as error:
             call.finish(error)
-            return _error_response(error)
+            return door.refuse(error, None)
         except BodyTooLarge as too_large:
             call.finish(GantryError("INVALID_ARGUMENT", "request body too large"))
-            refused = body_too_large(too_large.size_bytes, too_large.limit_bytes)
-            return JSONResponse(refused.body, status_code=refused.status)
+            refused = body_too_large_error(too_large.size_bytes, too_large.limit_bytes)
+            return door.refuse(refused, BODY_TOO_LARGE_STATUS)
         except (ClientGone, ClientDisconnect):
             call.finish(asyncio.CancelledError())
             return Response(status_code=CLIENT_GONE_STATUS)
@@ -174,7 +202,7 @@ class OpenAiRoutes:
             log.exception("unexpected failure in %s %s", request.method, path, exc_info=exc)
             internal = GantryError("INTERNAL", f"internal error in {path} ({type(exc).__name__})")
             call.finish(internal)
-            return _error_response(internal)
+            return door.refuse(internal, None)
         except BaseException as failure:
             call.finish(failure)
             raise
@@ -291,15 +319,31 @@ def _served_headers(deployment_id: str, node_id: str) -> dict[str, str]:
     return {"x-gantry-deployment-id": deployment_id, "x-gantry-node-id": node_id}
 
 
-def _error_response(error: GantryError) -> JSONResponse:
-    refused = http_error(error)
+def _openai_refusal(error: GantryError, status: int | None) -> Response:
+    refused = http_error(error, status=status)
     return JSONResponse(refused.body, status_code=refused.status)
+
+
+@dataclass(frozen=True, slots=True)
+class _Door:
+    """Which protocol a route speaks: what it is counted and traced as, how it refuses a call,
+    and whether it is open (a probe, answered without a key)."""
+
+    protocol: str
+    refuse: Callable[[GantryError, int | None], Response]
+    open: bool = False
+
+
+OPENAI = _Door(metrics.PROTOCOL_OPENAI, _openai_refusal)
+KSERVE = _Door(metrics.PROTOCOL_KSERVE, kserve_refusal)
+KSERVE_OPEN = _Door(metrics.PROTOCOL_KSERVE, kserve_refusal, open=True)
 
 
 async def _http_exception(request: Request, exc: Exception) -> Response:
-    """Starlette's own refusals (no such route, wrong method) in the OpenAI shape."""
+    """Starlette's own refusals (no such route, wrong method) in the shape of the protocol
+    whose paths were asked for (/v2: the Open Inference Protocol's, else the OpenAI one)."""
     status, detail = (exc.status_code, exc.detail) if isinstance(exc, HTTPException) else (500, "")
     reason = "NOT_FOUND" if status == 404 else "INVALID_ARGUMENT"
+    door = KSERVE if request.url.path.startswith("/v2") else OPENAI
     message = f"{request.method} {request.url.path}: {detail or 'not served'}"
-    refused = http_error(GantryError(reason, message), status=status)
-    return JSONResponse(refused.body, status_code=refused.status)
+    return door.refuse(GantryError(reason, message), status)

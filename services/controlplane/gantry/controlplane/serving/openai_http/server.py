@@ -1,5 +1,6 @@
-"""The HTTP listener: uvicorn serving the OpenAI routes in the control plane's own event loop,
-beside its gRPC server, started and stopped with it.
+"""The HTTP listener: uvicorn serving the OpenAI routes (and the Open Inference Protocol's REST
+routes, kserve_routes.py) in the control plane's own event loop, beside its gRPC server, started
+and stopped with it.
 
 The socket is bound here before uvicorn starts, so a taken port fails the control plane's start at
 once with one line (HttpListenError), and port 0 reports the port it got. uvicorn's signal
@@ -22,6 +23,7 @@ import uvicorn
 from gantry.common.auth import Authenticator
 from gantry.common.tls import ServerTls
 from gantry.controlplane.platform.database import Database
+from gantry.controlplane.serving.kserve.service import KServeInference
 from gantry.controlplane.serving.openai_http.connections import (
     DoorBounds,
     DoorCounters,
@@ -191,8 +193,12 @@ async def start_http_api(
     inference: inference_pb2_grpc.InferenceServicer,
     authenticator: Authenticator,
     database: Database,
+    kserve: KServeInference | None = None,
 ) -> HttpApi:
+    """The listener; with `kserve`, the Open Inference Protocol's REST routes (/v2) beside the
+    OpenAI ones, answered by the adapter that answers its gRPC calls."""
     routes = OpenAiRoutes(
+        kserve=kserve,
         inference=inference,
         authenticator=authenticator,
         database=database,

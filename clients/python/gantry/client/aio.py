@@ -1,0 +1,152 @@
+"""`AsyncClient`: gantry.v1.Inference as asyncio methods, one per RPC (see gantry.client.calls)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from typing import Any, TypeVar, Unpack
+
+import grpc
+import numpy as np
+import numpy.typing as npt
+
+from gantry.client import calls
+from gantry.client.calls import Call, Generation, Ranked
+from gantry.client.connection import Connection
+from gantry.client.errors import error_from_rpc
+from gantry.v1 import common_pb2, inference_pb2
+
+T = TypeVar("T")
+
+
+class AsyncClient(Connection):
+    """An asyncio client of one or several Gantry control planes: Client's methods, awaited
+    (generate_stream: an async iterator). Make it inside the event loop that uses it (its
+    grpc.aio channel belongs to that loop). Use with `async with`, or await close()."""
+
+    _asynchronous = True
+
+    async def _unary(self, call: Call[T], timeout: float | None) -> T:
+        try:
+            response = await self._start(call, timeout)
+        except grpc.RpcError as error:
+            raise error_from_rpc(error) from error
+        return call.shape(response)
+
+    async def _stream(self, call: Call[T], timeout: float | None) -> AsyncIterator[T]:
+        responses = self._start(call, timeout)
+        try:
+            async for response in responses:
+                yield call.shape(response)
+        except grpc.RpcError as error:
+            raise error_from_rpc(error) from error
+        finally:
+            responses.cancel()  # a caller that stops reading ends the generation
+
+    async def embed(
+        self,
+        capability: str,
+        inputs: Sequence[str],
+        *,
+        truncate: bool = False,
+        timeout: float | None = None,
+    ) -> npt.NDArray[np.float32]:
+        """The inputs' embeddings, one row each: an (n, dim) float32 array."""
+        return await self._unary(calls.embed(capability, inputs, truncate=truncate), timeout)
+
+    async def rerank(
+        self,
+        capability: str,
+        query: str,
+        documents: Sequence[str],
+        *,
+        top_n: int = 0,
+        truncate: bool = False,
+        timeout: float | None = None,
+    ) -> list[Ranked]:
+        """The documents by relevance to the query, best first (`top_n` of them; 0: all)."""
+        call = calls.rerank(capability, query, documents, top_n=top_n, truncate=truncate)
+        return await self._unary(call, timeout)
+
+    async def generate(
+        self,
+        capability: str,
+        prompt: str = "",
+        *,
+        timeout: float | None = None,
+        **options: Unpack[Generation],
+    ) -> inference_pb2.GenerateResponse:
+        """The generated text, whole (`.text`, `.finish_reason`, token counts); `options` as
+        gantry.client.calls.Generation: messages, max_tokens, stop, temperature, top_p, top_k,
+        seed."""
+        request = calls.generate_request(capability, prompt, options)
+        return await self._unary(calls.generate(request), timeout)
+
+    def generate_stream(
+        self,
+        capability: str,
+        prompt: str = "",
+        *,
+        timeout: float | None = None,
+        **options: Unpack[Generation],
+    ) -> AsyncIterator[inference_pb2.GenerateChunk]:
+        """The generation as it is produced: chunks of new text, the last with finish_reason.
+        The call starts at the first __anext__(); the deadline covers the whole stream."""
+        request = calls.generate_request(capability, prompt, options)
+        return self._stream(calls.generate_stream(request), timeout)
+
+    async def transcribe(
+        self,
+        capability: str,
+        audio: common_pb2.Audio,
+        *,
+        language: str = "",
+        timestamps: bool = False,
+        timeout: float | None = None,
+    ) -> inference_pb2.TranscribeResponse:
+        """The clip's transcript (`.text`; `.segments` with timestamps)."""
+        call = calls.transcribe(capability, audio, language=language, timestamps=timestamps)
+        return await self._unary(call, timeout)
+
+    async def recognize_text(
+        self,
+        capability: str,
+        images: Sequence[common_pb2.Image],
+        *,
+        timeout: float | None = None,
+    ) -> list[str]:
+        """The line of text in each image, in order."""
+        return await self._unary(calls.recognize_text(capability, images), timeout)
+
+    async def embed_image(
+        self,
+        capability: str,
+        images: Sequence[common_pb2.Image],
+        *,
+        timeout: float | None = None,
+    ) -> npt.NDArray[np.float32]:
+        """The images' embeddings, one row each: an (n, dim) float32 array."""
+        return await self._unary(calls.embed_image(capability, images), timeout)
+
+    async def classify_image(
+        self,
+        capability: str,
+        images: Sequence[common_pb2.Image],
+        labels: Sequence[str],
+        *,
+        top_k: int = 0,
+        timeout: float | None = None,
+    ) -> list[inference_pb2.ImageClassification]:
+        """Each image's labels by score, highest first (`top_k` of them; 0: all)."""
+        return await self._unary(
+            calls.classify_image(capability, images, labels, top_k=top_k), timeout
+        )
+
+    async def close(self) -> None:
+        """Close the channel; calls in flight are cancelled."""
+        await self._channel.close()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.close()
