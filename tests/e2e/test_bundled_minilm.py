@@ -115,6 +115,7 @@ async def test_grpcurl_checks_invariants_and_bad_node_ids_get_a_typed_error(mini
         "ready_deployment_has_connected_resident",
         "no_lease_held_by_fenced_generation",
         "candidate_only_from_completed_probe",
+        "no_model_host_without_live_residency",
     }
     process = await asyncio.create_subprocess_exec(
         _grpcurl(),

@@ -262,17 +262,22 @@ async def start_replica(name: str, hold_after: int) -> ReplicaProcess:
     return ReplicaProcess(process, f"127.0.0.1:{line.removeprefix('port ')}")
 
 
-async def test_killing_a_replica_under_steady_load_loses_no_call() -> None:
+@pytest.mark.parametrize("fault", [signal.SIGKILL, signal.SIGSTOP], ids=["killed", "stopped"])
+async def test_killing_or_stopping_a_replica_under_steady_load_loses_no_call(
+    fault: signal.Signals,
+) -> None:
     # `doomed` answers 10 calls, then holds every call it gets: when it is SIGKILLed, at least
     # 16 calls are in flight on it (more than a retry throttle of 10 tokens would let through,
     # which stops retrying after 5 failures) and only a retry on `survivor` can answer them.
+    # SIGSTOPped, it closes nothing: only the channel's keepalive (an unanswered ping) fails its
+    # calls, UNAVAILABLE, before their deadline, so that they are retried.
     doomed = await start_replica("doomed", hold_after=10)
     survivor = await start_replica("survivor", hold_after=-1)
     watcher = asyncio.create_task(doomed.watch(wanted=16))
 
     async def kill_when_held() -> None:
         await doomed.enough_held.wait()
-        doomed.process.send_signal(signal.SIGKILL)
+        doomed.process.send_signal(fault)
 
     killer = asyncio.create_task(kill_when_held())
     try:
@@ -285,6 +290,7 @@ async def test_killing_a_replica_under_steady_load_loses_no_call() -> None:
     finally:
         for replica in (doomed, survivor):
             with contextlib.suppress(ProcessLookupError):
+                replica.process.send_signal(signal.SIGCONT)
                 replica.process.kill()
             await replica.process.wait()
         killer.cancel()

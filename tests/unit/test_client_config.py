@@ -23,6 +23,7 @@ from gantry.common.client_config import (
     split_addresses,
 )
 from gantry.common.errors import GantryError
+from gantry.common.grpc_server import SERVER_OPTIONS
 from gantry.v1 import control_plane_pb2
 
 CONTRACTS = Path(__file__).resolve().parents[2] / "docs" / "contracts.md"
@@ -208,3 +209,28 @@ def test_the_documented_python_snippet_uses_names_that_exist() -> None:
     ]
     exec("\n".join(imports), {})
     assert "client_channel" in code.co_names
+
+
+def test_the_channel_pings_while_calls_are_in_flight_and_each_option_once() -> None:
+    """A replica that stops answering is found by keepalive, not by the call's deadline: a ping a
+    second while calls are in flight, none on an idle channel; no argument given twice (which of
+    two gRPC would take is not ours to rely on)."""
+    pairs = client_channel_options()
+    keys = [key for key, _ in pairs]
+    assert len(keys) == len(set(keys))
+    options = dict(pairs)
+    assert options["grpc.keepalive_time_ms"] == 1_000
+    assert options["grpc.keepalive_timeout_ms"] == 2_000
+    assert options["grpc.http2.ping_timeout_ms"] == 2_000
+    assert options["grpc.keepalive_permit_without_calls"] == 0
+
+
+def test_servers_accept_the_client_s_pings() -> None:
+    """A ping sooner than the server's minimum is a strike and two strikes end the connection:
+    the server's minimum must be below the client's interval."""
+    server = dict(SERVER_OPTIONS)
+    client = dict(client_channel_options())
+    assert (
+        server["grpc.http2.min_recv_ping_interval_without_data_ms"]
+        < client["grpc.keepalive_time_ms"]
+    )

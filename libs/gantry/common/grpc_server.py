@@ -50,6 +50,10 @@ def server_options(max_receive_bytes: int) -> tuple[tuple[str, Any], ...]:
         ("grpc.max_send_message_length", MESSAGE_LIMIT_BYTES),
         ("grpc.max_receive_message_length", max_receive_bytes),
         ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+        # Clients ping every 1 s while their calls are in flight (client_config.CLIENT_KEEPALIVE)
+        # to find a replica that stopped answering; a ping sooner than this is a strike, and two
+        # strikes end the connection (gRPC's default: 5 min).
+        ("grpc.http2.min_recv_ping_interval_without_data_ms", 500),
         ("grpc.keepalive_permit_without_calls", 1),
         ("grpc.http2.bdp_probe", 0),  # as in CHANNEL_OPTIONS
     )

@@ -32,6 +32,7 @@ from gantry.controlplane.jobs.result_plans import (
     plan_load_result,
     plan_unload_result,
 )
+from gantry.controlplane.nodes.inventory_rules import Stamp, mark_applied
 from gantry.controlplane.platform import convert
 from gantry.controlplane.platform.models import ArtifactSet, Deployment, ServingJob
 from gantry.controlplane.platform.state_machines import (
@@ -143,6 +144,8 @@ async def _apply_plan(context: ResultContext, planned: tuple[Action, ...]) -> No
     the commit by the caller (DeploymentLifecycle.apply_result)."""
     applied = await apply_actions(context.session, planned, now=context.now)
     context.changed.extend(applied.residencies)
+    # An inventory the worker took before this result says nothing about this residency.
+    mark_applied(context.residency, Stamp(context.generation, context.result.sequence))
 
 
 async def _fill_adopted(

@@ -39,6 +39,8 @@ class Reconciled:
     adopted: list[str] = field(default_factory=list)
     unwanted: list[str] = field(default_factory=list)
     queued_jobs: bool = False
+    # Residencies a newer message of the worker changed than this inventory: left as they are.
+    stale_for: list[str] = field(default_factory=list)
 
 
 def reported_facts(resident: wg.ResidentModel) -> rules.ReportedFacts:
@@ -78,6 +80,8 @@ async def reconcile_inventory(
     now: dt.datetime,
 ) -> Reconciled:
     reported = {r.deployment_id: reported_facts(r) for r in inventory.residents}
+    # Under the stream's generation: a new process's Hello presents none in its inventory.
+    stamp = rules.Stamp(generation, inventory.sequence)
     rows = {r.residency_id: r for r in await deployments.residencies_on_node(session, node_id)}
     records = []
     for row in rows.values():
@@ -99,22 +103,27 @@ async def reconcile_inventory(
                 load_in_flight=any(j.job_type == JobType.LOAD for j in open_jobs),
                 unload_in_flight=any(j.job_type == JobType.UNLOAD for j in open_jobs),
                 endpoint_url=endpoint_url,
+                applied=rules.stamp_of(row),
             )
         )
-    decisions, unwanted = rules.decide(records, reported, generation=generation)
+    decisions, unwanted = rules.decide(records, reported, generation=generation, stamp=stamp)
     outcome = Reconciled(unwanted=unwanted)
     touched: set[str] = set()
     for decision in decisions:
         row = rows[decision.residency_id]
         held = reported.get(row.deployment_id)
         if decision.action is rules.Action.KEEP:
+            if decision.why == rules.STALE_INVENTORY:
+                outcome.stale_for.append(row.residency_id)
             continue
         if decision.action is rules.Action.ADOPT:
             outcome.adopted.append(row.deployment_id)
             if held is not None and (row.pid != held.pid):
                 row.pid = held.pid
+                rules.mark_applied(row, stamp)
             continue
         await _apply(session, row, decision, held, generation=generation, now=now, out=outcome)
+        rules.mark_applied(row, stamp)
         outcome.changed.append(row)
         touched.add(row.deployment_id)
     for deployment_id in touched:

@@ -12,6 +12,14 @@ committed. A record is only ever moved to what the witness reports, never to a g
 - an adopted endpoint (an external server the worker only routes to) is compared by its URL, not
   by an artifact it does not have, and one whose pings fail is not routed to (LOADING, with why)
   until it answers again: the worker never restarts it, so only its health says it serves.
+
+A witness can be late: a replica stopped (SIGSTOP) or slow reads what its stream queued long
+after it was sent, while another replica applied newer messages of the same worker. Every
+inventory and job result carries the worker process's sequence (a `Stamp`, with the generation
+it was sent under), and each record the one that last changed it: an inventory `older` than that
+says nothing about the record (KEEP), and one older than the inventory last applied to the node
+is not applied at all (nodes/gateway.py). Stamps of different generations are not ordered (a new
+process counts from 1 again); an unstamped message (sequence 0, an older worker) orders nothing.
 """
 
 from __future__ import annotations
@@ -19,10 +27,13 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 from gantry.controlplane.platform.state_machines import ResidencyState
 
 CRASH_LOOP = "RUNTIME_CRASH_LOOP"
+# Why a record is kept whatever an inventory says: a newer message of its worker changed it.
+STALE_INVENTORY = "the inventory is older than the worker's message that last changed the record"
 
 
 class Action(enum.Enum):
@@ -34,6 +45,56 @@ class Action(enum.Enum):
     GONE = "gone"  # nothing runs: COLD, and a new load when the deployment is still wanted
     UNLOADED = "unloaded"  # an unload finished (the worker no longer holds it)
     UNRESPONSIVE = "unresponsive"  # an adopted server fails its pings: held, but not routed to
+
+
+@dataclass(frozen=True, slots=True)
+class Stamp:
+    """Which worker message: the generation it was sent under and its process's sequence."""
+
+    generation: int = 0
+    sequence: int = 0  # 0: unstamped (an older worker; a record no stamped message changed)
+
+
+def older(message: Stamp, than: Stamp) -> bool:
+    """Whether `message` was sent before `than` by the same worker process: only stamps of one
+    generation are ordered, and an unstamped one is ordered with nothing."""
+    return bool(
+        message.sequence
+        and than.sequence
+        and message.generation == than.generation
+        and message.sequence < than.sequence
+    )
+
+
+def advanced(applied: Stamp, message: Stamp) -> Stamp:
+    """What a record's stamp is once `message` was applied to it: never moved back."""
+    if not message.sequence or older(message, applied):
+        return applied
+    return message
+
+
+def shown_stamp(node_inventory: Mapping[str, Any] | None) -> Stamp:
+    """The stamp of the inventory a node's row shows (the last applied), from its JSON as
+    `json_format.MessageToDict` writes it: a uint64 as a string, a zero left out."""
+    shown = (node_inventory or {}).get("inventory") or {}
+    return Stamp(int(shown.get("generation", 0)), int(shown.get("sequence", 0)))
+
+
+class Stamped(Protocol):
+    """A record that keeps the stamp of the worker message that last changed it (a residency)."""
+
+    applied_generation: int
+    applied_sequence: int
+
+
+def stamp_of(record: Stamped) -> Stamp:
+    return Stamp(record.applied_generation, record.applied_sequence)
+
+
+def mark_applied(record: Stamped, message: Stamp) -> None:
+    """Record on `record` (in memory; its transaction writes it) that `message` changed it."""
+    applied = advanced(stamp_of(record), message)
+    record.applied_generation, record.applied_sequence = applied.generation, applied.sequence
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -48,6 +109,7 @@ class RecordFacts:
     load_in_flight: bool  # a LOAD job for it is queued, leased or running
     unload_in_flight: bool = False  # an UNLOAD job for it is queued, leased or running
     endpoint_url: str = ""  # an adopted deployment's server; empty for a model host
+    applied: Stamp = Stamp()  # the worker message (result or inventory) that last changed it
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -98,11 +160,18 @@ def mismatch(record: RecordFacts, reported: ReportedFacts) -> str:
 
 
 def decide(
-    records: Sequence[RecordFacts], reported: Mapping[str, ReportedFacts], *, generation: int
+    records: Sequence[RecordFacts],
+    reported: Mapping[str, ReportedFacts],
+    *,
+    generation: int,
+    stamp: Stamp = Stamp(),
 ) -> tuple[list[Decision], list[str]]:
-    """One decision per record, and the deployment ids the worker holds that nobody wants."""
+    """One decision per record, and the deployment ids the worker holds that nobody wants.
+    `stamp`: the inventory's (its sequence, under the stream's generation)."""
     decisions = [
         _decide_one(record, reported.get(record.deployment_id), generation=generation)
+        if not older(stamp, record.applied)
+        else Decision(record.residency_id, Action.KEEP, STALE_INVENTORY)
         for record in records
     ]
     # A held deployment is accounted for by a live record that keeps it; an UNCERTAIN one gets an

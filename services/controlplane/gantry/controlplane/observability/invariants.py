@@ -6,6 +6,7 @@ import collections
 import datetime as dt
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -14,6 +15,7 @@ from gantry.controlplane.evidence import candidates, probes
 from gantry.controlplane.evidence.pipeline_states import AssessmentState
 from gantry.controlplane.evidence.probe_transitions import TERMINAL_PROBE_STATES, ProbeState
 from gantry.controlplane.jobs import store as jobs
+from gantry.controlplane.nodes import inventory_rules
 from gantry.controlplane.nodes import store as nodes
 from gantry.controlplane.platform.models import (
     CompatibilityAssessment,
@@ -29,6 +31,10 @@ from gantry.controlplane.platform.state_machines import (
     NodeState,
     ResidencyState,
 )
+from gantry.v1 import common_pb2
+
+# How a node's inventory JSON (json_format.MessageToDict) names a host the worker is unloading.
+_WORKER_UNLOADING = common_pb2.ResidencyState.Name(common_pb2.RESIDENCY_STATE_UNLOADING)
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +70,7 @@ async def check_invariants(session: AsyncSession, *, now: dt.datetime) -> list[I
         _one_resident_per_deployment_node_generation(rows),
         await _ready_deployment_has_connected_resident(session, rows),
         _no_lease_held_by_fenced_generation(rows),
+        _no_model_host_without_live_residency(rows),
         await _candidate_only_from_completed_probe(session),
     ]
 
@@ -182,6 +189,53 @@ def _no_lease_held_by_fenced_generation(rows: _Rows) -> InvariantResult:
         "no leased job belongs to a generation other than its node's current one",
         tuple(sorted(fenced)),
     )
+
+
+def _no_model_host_without_live_residency(rows: _Rows) -> InvariantResult:
+    """What a connected node's last applied inventory shows running must have a live record: a
+    host whose residency is COLD (or which has none on that node) is custody nobody holds (a late
+    inventory that marked its residency gone and loaded it again, say). A record a newer worker
+    message changed than that inventory is not judged by it (a host the next report drops), and
+    a host the worker is unloading is on its way out."""
+    records = collections.defaultdict(list)
+    for residency in rows.residencies:
+        records[(residency.node_id, residency.deployment_id)].append(residency)
+    unheld = [
+        f"node:{node.node_id}/deployment:{deployment_id}"
+        for node in rows.node_rows.values()
+        if node.state == NodeState.CONNECTED and node.deleted_at is None
+        for deployment_id in _hosts_shown(node.inventory, records, node_id=node.node_id)
+    ]
+    return InvariantResult(
+        "no_model_host_without_live_residency",
+        "no host a connected node's inventory shows runs for a COLD or absent residency",
+        tuple(sorted(unheld)),
+    )
+
+
+def _hosts_shown(
+    node_inventory: Mapping[str, Any] | None,
+    records: Mapping[tuple[str, str], Sequence[Residency]],
+    *,
+    node_id: str,
+) -> list[str]:
+    """The deployments the node's inventory shows running without a live record there."""
+    shown = inventory_rules.shown_stamp(node_inventory)
+    last = (node_inventory or {}).get("inventory") or {}
+    held = [
+        resident.get("deploymentId", "")
+        for resident in last.get("residents", [])
+        if resident.get("state") != _WORKER_UNLOADING
+    ]
+    return [
+        deployment_id
+        for deployment_id in held
+        if not any(
+            r.state != ResidencyState.COLD
+            or inventory_rules.older(shown, inventory_rules.stamp_of(r))
+            for r in records.get((node_id, deployment_id), ())
+        )
+    ]
 
 
 async def _candidate_only_from_completed_probe(session: AsyncSession) -> InvariantResult:

@@ -213,6 +213,10 @@ class Residency(Base):
     # When a DRAINING residency is unloaded even with calls still in flight (read only while it
     # is DRAINING; deployments/drain_rules.py). Its updated_at says since when it drains.
     drain_deadline_at: Mapped[dt.datetime | None] = mapped_column(Timestamp, nullable=True)
+    # The worker message (its generation and per-process sequence) that last changed this row: an
+    # inventory older than it says nothing about the residency (nodes/inventory_rules.py).
+    applied_generation: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    applied_sequence: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
 
     __table_args__ = (Index("ix_residencies_deployment_node", "deployment_id", "node_id"),)
 
