@@ -88,11 +88,13 @@ $(CLIENTS_STAMP): requirements-clients.txt
 		$(CLIENTS_VENV)/bin/pip install $(PIP_FLAGS) -r requirements-clients.txt
 	@touch $@
 
-$(STAMP): requirements-dev.txt libs/pyproject.toml services/*/pyproject.toml cli/pyproject.toml
+$(STAMP): requirements-dev.txt libs/pyproject.toml services/*/pyproject.toml cli/pyproject.toml \
+	clients/python/pyproject.toml
 	@test -x $(BIN)/python || $(STEP) "create $(VENV)" -- $(PYTHON) -m venv $(VENV)
 	@$(STEP) "install $(VENV) (torch 2.13.0 CPU, gantry, the bundled model; ~2-4 min fresh)" -- \
 		$(BIN)/pip install $(PIP_FLAGS) -r requirements-dev.txt \
 		-e libs -e services/controlplane -e services/scheduler -e 'services/worker[ml]' -e cli \
+		-e clients/python \
 		torch==2.13.0
 	@touch $@
 
@@ -148,9 +150,9 @@ test-integration: $(PROTO_STAMP)
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile tests/integration
 
 lint: $(PROTO_STAMP)
-	$(BIN)/ruff check libs services cli tests
-	$(BIN)/ruff format --check libs services cli tests
-	$(BIN)/mypy libs/gantry/common cli services
+	$(BIN)/ruff check libs services cli clients tests
+	$(BIN)/ruff format --check libs services cli clients tests
+	$(BIN)/mypy libs/gantry/common cli services clients/python/gantry
 
 # `make bench DEVICE=cuda` (cpu unless told; auto, cuda:N): the served model (`gantry up --device`)
 # and the direct baseline it is compared with run on that device (tests/bench/device.py).

@@ -3,9 +3,10 @@
 It runs as its own process (`python -m tests.bench.fleet_simulator ADDRESS CREDENTIALS_FILE`)
 so that the control plane's CPU figures never include the simulator's. Each worker is a
 `ScriptedWorker` (the named fake of the worker protocol, no models): a Hello, then a heartbeat
-every interval its Welcome names, starting at a random phase so the fleet's heartbeats spread
-evenly instead of arriving in one burst. Each worker dials its own connection, as a real fleet
-would (a local subchannel pool, so gRPC does not share one TCP connection among them).
+every interval its Welcome names (or a later HeartbeatInterval, as the fleet grows), starting at
+a random phase so the fleet's heartbeats spread evenly instead of arriving in one burst. Each
+worker dials its own connection, as a real fleet would (a local subchannel pool, so gRPC does not
+share one TCP connection among them).
 
 Commands, one a line on stdin, each answered by one line on stdout:
   connect K          connect workers until K are connected
@@ -13,7 +14,8 @@ Commands, one a line on stdin, each answered by one line on stdout:
                            refused <Hellos that ended without a Welcome and were tried again>`
   silence I [I ...]  stop the heartbeats of those workers, keep their streams -> `ok`
   kill I [I ...]     close those workers' streams -> `ok`
-  stats              -> `heartbeats <sent> cpu <seconds of CPU this process used>`
+  stats              -> `heartbeats <sent> cpu <seconds of CPU this process used>
+                          interval <the longest heartbeat interval a worker was told, seconds>`
   quit               close every stream and exit
 """
 
@@ -32,6 +34,7 @@ from pathlib import Path
 import grpc
 
 from gantry.common.grpc_server import CHANNEL_OPTIONS
+from gantry.v1 import worker_gateway_pb2 as wg
 from tests.integration.scripted_worker import ScriptedWorker
 
 # Connects in flight at once: enough to keep the control plane busy, few enough that a Hello
@@ -40,11 +43,27 @@ CONNECT_CONCURRENCY = 16
 CONNECT_ATTEMPTS = 5
 
 
+class PacedWorker(ScriptedWorker):
+    """A scripted worker that beats at the interval it was told last (Welcome, then any
+    HeartbeatInterval), as a worker agent does."""
+
+    interval_s = 0.0
+
+    def _handle(self, message: wg.ControlMessage) -> None:
+        kind = message.WhichOneof("kind")
+        if kind == "welcome":
+            self.interval_s = message.welcome.heartbeat_interval.ToNanoseconds() / 1e9
+        elif kind == "heartbeat_interval":
+            told = message.heartbeat_interval.heartbeat_interval
+            self.interval_s = told.ToNanoseconds() / 1e9
+        super()._handle(message)
+
+
 class SimulatedWorker:
     def __init__(self, address: str, credential: str) -> None:
         self.address = address
         self.credential = credential
-        self.worker = ScriptedWorker()
+        self.worker = PacedWorker()
         self.channel: grpc.aio.Channel | None = None
         self.beating: asyncio.Task[None] | None = None
         self.heartbeats = 0
@@ -68,18 +87,23 @@ class SimulatedWorker:
             self.refused_hellos += 1
             await self.worker.stop()
             await self.channel.close()
-            self.worker = ScriptedWorker()
+            self.worker = PacedWorker()
             await asyncio.sleep(random.uniform(0.5, 1.0) * attempt)
         raise RuntimeError(f"no Welcome after {CONNECT_ATTEMPTS} attempts")
 
     async def _beat(self) -> None:
-        assert self.worker.welcome is not None
-        interval = self.worker.welcome.heartbeat_interval.ToNanoseconds() / 1e9
+        interval = self.worker.interval_s
         await asyncio.sleep(random.uniform(0, interval))
         while not self.worker.ended.is_set():
             self.worker.heartbeat()
             self.heartbeats += 1
-            await asyncio.sleep(interval)
+            if self.worker.interval_s == interval:
+                await asyncio.sleep(interval)
+                continue
+            # Told a longer interval: a fleet connected within one base interval would otherwise
+            # keep its phases within that, and beat in bursts with silent gaps between them.
+            interval = self.worker.interval_s
+            await asyncio.sleep(random.uniform(0, interval))
 
     def silence(self) -> None:
         if self.beating is not None:
@@ -137,7 +161,11 @@ async def serve(address: str, credentials: list[str]) -> None:
             await asyncio.gather(*(workers[int(index)].close() for index in arguments))
             answer("ok")
         elif command == "stats":
-            answer(f"heartbeats {sum(w.heartbeats for w in workers)} cpu {_cpu_seconds():.3f}")
+            interval = max((w.worker.interval_s for w in workers[:connected]), default=0.0)
+            answer(
+                f"heartbeats {sum(w.heartbeats for w in workers)} cpu {_cpu_seconds():.3f} "
+                f"interval {interval:g}"
+            )
         elif command == "quit":
             break
         else:

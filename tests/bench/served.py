@@ -136,13 +136,15 @@ async def gantry_up(
     progress: Callable[[str], None] | None = None,
     ready_timeout_s: float = READY_TIMEOUT_S,
     up_args: tuple[str, ...] = (),
+    unset: tuple[str, ...] = (),
 ) -> AsyncIterator[Served]:
     """Start `gantry up` under `base` and yield once an Embed of the bundled model answers.
 
     `device`: `gantry up --device` (default: the bench's device, tests/bench/device.py), so the
     served model runs where the direct baseline does. `progress`, when given, is handed the latest
     line of `gantry up`'s log every PROGRESS_EVERY_S while it comes up, so a long first start
-    (a cold disk, a slow probe) is never silent. `up_args`: more of `gantry up`'s flags."""
+    (a cold disk, a slow probe) is never silent. `up_args`: more of `gantry up`'s flags.
+    `unset`: variables of this process `gantry up` must not inherit (the bench's own tuning)."""
     address, scheduler_address, http_address = _free_address(), _free_address(), _free_address()
     device = device or bench_device()
     state = base / "state"
@@ -154,7 +156,7 @@ async def gantry_up(
             "--address", address, "up", "--scheduler-address", scheduler_address,
             "--http-address", http_address, "--device", device, *up_args,
             stdin=asyncio.subprocess.DEVNULL, stdout=log_fd, stderr=log_fd,
-            env={**os.environ, **(env or {})},
+            env={k: v for k, v in {**os.environ, **(env or {})}.items() if k not in unset},
             start_new_session=True,  # its own group: the finally ends everything it started
         )  # fmt: skip
     finally:

@@ -26,6 +26,10 @@ from typing import Any
 _FLUSH_WAIT_S = 1.5
 
 SPANS = ("controlplane.embed", "scheduler.dispatch", "worker.invoke", "model_host.embed")
+# An uncontended Embed is admitted on the control plane's credits, with no scheduler hop (issue
+# 29): its trace has no scheduler span, and its decision stage is nil.
+OPTIONAL_SPANS = frozenset({"scheduler.dispatch"})
+HOST_STAGE = "model host embed (the model)"
 
 
 def _seconds(text: str) -> float:
@@ -33,20 +37,22 @@ def _seconds(text: str) -> float:
 
 
 def _traces(path: Path) -> dict[str, dict[str, dict[str, Any]]]:
-    """trace id -> span name -> span, for traces that hold all four spans."""
+    """trace id -> span name -> span, for traces that hold every span but the optional ones."""
     traces: dict[str, dict[str, dict[str, Any]]] = defaultdict(dict)
     for line in path.read_text().splitlines():
         span = json.loads(line)
         if span["name"] in SPANS:
             traces[span["context"]["trace_id"]][span["name"]] = span
-    return {tid: spans for tid, spans in traces.items() if set(spans) == set(SPANS)}
+    required = set(SPANS) - OPTIONAL_SPANS
+    return {tid: spans for tid, spans in traces.items() if required <= set(spans)}
 
 
 def stages_of(spans: dict[str, dict[str, Any]], client_seconds: float) -> dict[str, float]:
     """The stages of one call, in milliseconds; they sum to `client_seconds`."""
-    cp, sched, worker, host = (spans[name] for name in SPANS)
+    cp, worker, host = (spans[name] for name in SPANS if name not in OPTIONAL_SPANS)
     cp_start, cp_end = _seconds(cp["start_time"]), _seconds(cp["end_time"])
-    dispatched = _seconds(sched["start_time"])
+    sched = spans.get("scheduler.dispatch")
+    dispatched = _seconds(sched["start_time"]) if sched is not None else cp_start
     w_start, w_end = _seconds(worker["start_time"]), _seconds(worker["end_time"])
     h_start, h_end = _seconds(host["start_time"]), _seconds(host["end_time"])
     return {
@@ -54,7 +60,7 @@ def stages_of(spans: dict[str, dict[str, Any]], client_seconds: float) -> dict[s
         "control plane -> scheduler decision": (dispatched - cp_start) * 1000,
         "decision -> worker has the invoke": (w_start - dispatched) * 1000,
         "worker -> model host forward pass": (h_start - w_start) * 1000,
-        "model host embed (the model)": (h_end - h_start) * 1000,
+        HOST_STAGE: (h_end - h_start) * 1000,
         "model host -> worker": (w_end - h_end) * 1000,
         "worker -> control plane answer": (cp_end - w_end) * 1000,
     }
@@ -62,7 +68,8 @@ def stages_of(spans: dict[str, dict[str, Any]], client_seconds: float) -> dict[s
 
 async def breakdown(
     call: Callable[[], Awaitable[object]], *, trace_file: Path, iterations: int, direct_ms: float
-) -> None:
+) -> dict[str, float]:
+    """Print the stages' medians and return them, in ms ({}: no complete trace was written)."""
     for _ in range(10):  # warm-up, not measured
         await call()
     await asyncio.sleep(_FLUSH_WAIT_S)
@@ -84,12 +91,14 @@ async def breakdown(
     rows = [stages_of(spans, seconds) for spans, seconds in zip(traces, client, strict=False)]
     if not rows:
         print("  per-stage breakdown: no complete traces were written")
-        return
+        return {}
     print(f"per-stage breakdown of one Embed, concurrency 1, medians of {len(rows)} calls:")
     total = statistics.median(client) * 1000
-    for stage in rows[0]:
-        print(f"  {stage:<44} {statistics.median(r[stage] for r in rows):8.2f} ms")
+    medians = {stage: statistics.median(r[stage] for r in rows) for stage in rows[0]}
+    for stage, ms in medians.items():
+        print(f"  {stage:<44} {ms:8.2f} ms")
     print(
         f"  {'client total':<44} {total:8.2f} ms   direct encode (baseline) {direct_ms:.2f} ms, "
         f"overhead {total - direct_ms:.2f} ms"
     )
+    return medians

@@ -107,6 +107,10 @@ class Harness:
         return response.credential
 
     async def start_worker(self, credential: str, **overrides: object) -> WorkerAgent:
+        # No CPU wait-policy measurement (its own test is test_model_host_cpu_calibration): it
+        # would take seconds of this CPU-bound suite's CPU in every process on a fresh clone,
+        # whose interpreter path is new to the cache; hosts wait PASSIVE, as before it.
+        overrides.setdefault("host_cpu_cache", None)
         settings = WorkerSettings(
             control_plane=self.address,
             credential=credential,

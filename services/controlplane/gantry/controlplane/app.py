@@ -486,7 +486,10 @@ def _worker_gateway(
         hub=core.hub,
         lifecycle=core.lifecycle,
         clock=clock,
-        settings=GatewaySettings(heartbeat_interval_s=settings.reconciler.heartbeat_interval_s),
+        settings=GatewaySettings(
+            heartbeat_interval_s=settings.reconciler.heartbeat_interval_s,
+            max_heartbeats_per_s=settings.reconciler.max_heartbeats_per_s,
+        ),
         liveness=core.liveness,
     )
 
@@ -550,6 +553,7 @@ async def _start_http_api(
     inference: InferenceService,
     authenticator: ControlPlaneAuthenticator,
     database: Database,
+    kserve: KServeInference,
 ) -> HttpApi | None:
     if not settings.http_listen:
         return None
@@ -566,6 +570,7 @@ async def _start_http_api(
         inference=inference,
         authenticator=authenticator,
         database=database,
+        kserve=kserve,  # the Open Inference Protocol's REST routes, by the gRPC door's adapter
     )
 
 
@@ -616,7 +621,11 @@ async def start_control_plane(
     )
     try:
         http_api = await _start_http_api(
-            settings, inference=inference, authenticator=authenticator, database=database
+            settings,
+            inference=inference,
+            authenticator=authenticator,
+            database=database,
+            kserve=kserve,
         )
     except BaseException:
         await _stop_unstarted(server, leadership, database)

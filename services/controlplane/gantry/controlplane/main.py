@@ -8,7 +8,6 @@ GANTRY_HTTP_LISTEN, GANTRY_LEADER_LEASE_SECONDS and the logging ones.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import sys
 from pathlib import Path
@@ -16,6 +15,7 @@ from typing import Annotated
 
 from pydantic import AfterValidator, Field
 
+from gantry.common import event_loop
 from gantry.common.arg_types import positive, positive_seconds
 from gantry.common.inference_limits import add_limit_arguments
 from gantry.common.metrics import add_metrics_argument, start_metrics
@@ -141,6 +141,14 @@ def _add_timing_arguments(parser: argparse.ArgumentParser) -> None:
         help="how often workers heartbeat; a node is stale after 3 missed intervals",
     )
     parser.add_argument(
+        "--max-heartbeats-per-s",
+        type=float,
+        default=defaults.max_heartbeats_per_s,
+        help="heartbeats a second this replica takes from its workers: past that many streams "
+        "per interval it tells them a longer one (a multiple of --heartbeat-interval-s), and "
+        "a silent worker is found that much later",
+    )
+    parser.add_argument(
         "--reconcile-interval-s",
         type=float,
         default=defaults.interval_s,
@@ -207,6 +215,7 @@ class ControlPlaneConfig(
     http_header_timeout_s: float
     http_body_timeout_s: float
     heartbeat_interval_s: PositiveFloat
+    max_heartbeats_per_s: PositiveFloat
     reconcile_interval_s: PositiveFloat
     absence_grace_s: PositiveFloat
     lease_seconds: PositiveFloat
@@ -228,6 +237,7 @@ class ControlPlaneConfig(
             reconciler=ReconcilerSettings(
                 interval_s=self.reconcile_interval_s,
                 heartbeat_interval_s=self.heartbeat_interval_s,
+                max_heartbeats_per_s=self.max_heartbeats_per_s,
                 absence_grace_s=self.absence_grace_s,
             ),
             lease_seconds=self.lease_seconds,
@@ -279,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     settings = config.control_plane_settings()
     try:
-        asyncio.run(serve(settings))
+        event_loop.run(serve(settings))
     except (DatabaseNotInitialised, TlsSettingsError, HttpListenError) as exc:
         # An operator's mistake, not a bug: one line that names the fix, no traceback.
         print(f"error: {exc}", file=sys.stderr, flush=True)

@@ -123,6 +123,12 @@ class SchedulerMetrics:
     def finished(self, work_id: str) -> None:
         self._waiting.pop(work_id, None)
 
+    def credited(self, tenant_id: str) -> None:
+        """A call the control plane dispatched on a credit: a dispatch that waited for nothing."""
+        attributes = self._tenant(tenant_id)
+        _dispatches.add(1, attributes)
+        _queue_wait.record(0.0, attributes)
+
     def decided(self, decision: Decision, now: float) -> None:
         if isinstance(decision, Dispatched):
             waiting = self._waiting.pop(decision.work_id, None)

@@ -37,6 +37,7 @@ from gantry.scheduler import wire
 from gantry.scheduler.metrics import SchedulerMetrics
 from gantry.scheduler.outbox import StreamOutbox
 from gantry.scheduler.policy.core import CoreSettings, SchedulerCore
+from gantry.scheduler.policy.credits import CreditGranted, CreditsRevoked
 from gantry.scheduler.policy.events import (
     Decision,
     Dispatched,
@@ -236,9 +237,12 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
                 return [self._output(known, now)]
             decisions = self._submit(message, stream.origin, now)
         elif kind == "work_finished":
-            decisions = self._finish(message.work_finished, now)
+            decisions = self._finish(message.work_finished, stream.origin, now)
+        elif kind == "credits_returned":
+            returned = message.credits_returned.credit_ids
+            decisions = self._core.return_credits(stream.origin, returned, now)
         else:
-            decisions = self._update_cluster(message, kind, now)
+            decisions = self._update_cluster(message, kind, stream.origin, now)
         return self._deliver(decisions, stream)
 
     def _submit(
@@ -251,24 +255,39 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
         self._metrics.submitted(submitted.work_id, submitted.tenant_id, now)
         return self._core.submit(wire.work(submitted, origin=origin), now)
 
-    def _finish(self, finished: scheduler_pb2.WorkFinished, now: float) -> list[Decision]:
-        self._origins.pop(finished.work_id, None)
-        self._traces.pop(finished.work_id, None)
-        self._metrics.finished(finished.work_id)
+    def _finish(
+        self, finished: scheduler_pb2.WorkFinished, origin: str, now: float
+    ) -> list[Decision]:
         # An outcome this scheduler does not know says nothing about health.
         outcome = (
             Outcome(finished.outcome) if finished.outcome in _KNOWN_OUTCOMES else Outcome.CANCELLED
         )
+        if finished.credit_id:  # dispatched by the control plane on its credit: never queued here
+            tenant_id = self._core.credit_tenant(origin, finished.credit_id)
+            if tenant_id is not None:
+                self._metrics.credited(tenant_id)
+            return self._core.credit_used(
+                origin,
+                finished.credit_id,
+                outcome,
+                now,
+                reason=finished.reason,
+                cost=finished.cost,
+            )
+        self._origins.pop(finished.work_id, None)
+        self._traces.pop(finished.work_id, None)
+        self._metrics.finished(finished.work_id)
         return self._core.finish(finished.work_id, outcome, now, reason=finished.reason)
 
     def _update_cluster(
-        self, message: scheduler_pb2.SchedulerInput, kind: str | None, now: float
+        self, message: scheduler_pb2.SchedulerInput, kind: str | None, origin: str, now: float
     ) -> list[Decision]:
         """What the cluster's state, a node, residency, deployment or tenant policy changing
         decides now."""
         core = self._core
         if kind == "cluster_state":
             state = message.cluster_state
+            core.takes_credits(origin, state.takes_credits)
             return core.load_cluster(
                 nodes=[wire.node(n) for n in state.nodes],
                 residencies=[wire.residency(r) for r in state.residencies],
@@ -289,8 +308,9 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
             released = message.placement_released
             return core.release_holds(released.deployment_id, released.node_ids)
         if kind == "tenant_policies":
-            core.set_policies(wire.tenant_policy(p) for p in message.tenant_policies.policies)
-            return core.tick(now)  # a raised quota or weight may let waiting work go now
+            policies = (wire.tenant_policy(p) for p in message.tenant_policies.policies)
+            revoked = core.set_policies(policies)
+            return revoked + core.tick(now)  # a raised quota or weight may let waiting work go now
         if kind == "deployment_update":
             deployment_update = message.deployment_update
             if deployment_update.removed:
@@ -325,6 +345,9 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
             return [stream] if stream is not None else []
         if isinstance(decision, PlacementMade | PlacementRefused):
             return [asking] if asking is not None else []
+        if isinstance(decision, CreditGranted | CreditsRevoked):  # the stream that holds them
+            stream = self._streams.get(decision.origin)
+            return [stream] if stream is not None else []
         return list(self._streams.values())  # breaker moves and advice: every control plane's
 
     def _output(self, decision: Decision, now: float) -> scheduler_pb2.SchedulerOutput:

@@ -8,6 +8,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from pydantic import Field
+
 from gantry.common.metrics import add_metrics_argument
 from gantry.common.process import add_log_format_argument
 from gantry.common.service_settings import (
@@ -17,13 +19,24 @@ from gantry.common.service_settings import (
 )
 from gantry.common.tls import add_server_tls_arguments
 from gantry.scheduler.policy.core import CoreSettings
+from gantry.scheduler.policy.credits import DEFAULT_CREDITS_PER_TENANT
 from gantry.scheduler.service import DEFAULT_MAX_STREAMS, SchedulerSettings
+
+# The operator's escape hatch where flags are not at hand (`gantry up` starts the scheduler).
+CREDITS_ENV = "GANTRY_SCHEDULER_CREDITS_PER_TENANT"
 
 
 def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be at least 0, got {value}")
     return value
 
 
@@ -92,6 +105,13 @@ def _add_queueing_arguments(queueing: argparse._ArgumentGroup, defaults: CoreSet
         help="a tenant's outstanding calls when its policy sets none (default %(default)s)",
     )
     queueing.add_argument(
+        "--credits-per-tenant",
+        type=_non_negative_int,
+        help="credits a control-plane stream holds per (deployment, tenant) to dispatch "
+        f"uncontended calls itself, with no scheduler round trip; 0 turns credits off "
+        f"(default {DEFAULT_CREDITS_PER_TENANT}; variable {CREDITS_ENV})",
+    )
+    queueing.add_argument(
         "--aging-s",
         type=_positive_float,
         default=defaults.aging_seconds,
@@ -109,6 +129,7 @@ class SchedulerConfig(ProcessSettings, ServerTlsSettings):
     global_queue_depth: int
     tenant_queue_depth: int
     tenant_concurrency: int
+    credits_per_tenant: int = Field(DEFAULT_CREDITS_PER_TENANT, ge=0, validation_alias=CREDITS_ENV)
     aging_s: float
     breaker_threshold: int
     breaker_cooldown_s: float
@@ -119,6 +140,7 @@ class SchedulerConfig(ProcessSettings, ServerTlsSettings):
                 global_queue_depth=self.global_queue_depth,
                 tenant_queue_depth=self.tenant_queue_depth,
                 tenant_concurrency=self.tenant_concurrency,
+                credits_per_tenant=self.credits_per_tenant,
                 aging_seconds=self.aging_s,
                 breaker_threshold=self.breaker_threshold,
                 breaker_cooldown_seconds=self.breaker_cooldown_s,

@@ -9,6 +9,7 @@ from gantry.scheduler.policy import events
 from gantry.scheduler.policy.admission import TenantLoadView
 from gantry.scheduler.policy.autoscale import ScaleAdviceValue
 from gantry.scheduler.policy.breakers import BreakerChange, BreakerView
+from gantry.scheduler.policy.credits import CreditGranted, CreditsRevoked
 from gantry.scheduler.policy.ledger import DomainView
 from gantry.scheduler.policy.placement import GpuConstraints, GpuFacts, parse_compute_capability
 from gantry.scheduler.policy.types import (
@@ -178,6 +179,21 @@ def output(decision: events.Decision) -> scheduler_pb2.SchedulerOutput:
                 ],
             )
         )
+    if isinstance(decision, CreditGranted):
+        return scheduler_pb2.SchedulerOutput(
+            credit_granted=scheduler_pb2.CreditGranted(
+                credit_id=decision.credit_id,
+                deployment_id=decision.deployment_id,
+                tenant_id=decision.tenant_id,
+                residency_id=decision.residency_id,
+                node_id=decision.node_id,
+                slots=decision.slots,
+            )
+        )
+    if isinstance(decision, CreditsRevoked):
+        return scheduler_pb2.SchedulerOutput(
+            credits_revoked=scheduler_pb2.CreditsRevoked(credit_ids=decision.credit_ids)
+        )
     if isinstance(decision, BreakerChange):
         return scheduler_pb2.SchedulerOutput(
             breaker_changed=scheduler_pb2.BreakerChanged(
@@ -215,6 +231,8 @@ def snapshot(core: events.CoreSnapshot, *, connected: bool) -> scheduler_pb2.Que
         ledger=[_domain_ledger(view) for view in core.ledger],
         breakers=[_breaker_view(b) for b in core.breakers],
         advice=[scale_advice(a) for a in core.advice],
+        credits=core.credits,
+        credited_total=core.credited_total,
     )
 
 

@@ -27,7 +27,9 @@ generation's delta that does not fit is carried into its next one (`invocations.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
+import itertools
 import logging
 import os
 import socket
@@ -38,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from google.protobuf import timestamp_pb2
+from google.protobuf import duration_pb2, timestamp_pb2
 
 from gantry.common import tokens
 from gantry.common.auth import auth_metadata
@@ -67,6 +69,8 @@ from gantry.worker.inspect_job import run_inspect
 from gantry.worker.invocations import DEFAULT_MAX_IN_FLIGHT, Invocations
 from gantry.worker.jobs import DeploymentJobQueues
 from gantry.worker.links import Link, first_welcomed
+from gantry.worker.model_host.cpu_calibration import HostCpu, default_cache_dir
+from gantry.worker.model_host.cpu_policy import Choice
 from gantry.worker.model_host.environments import resolve_python
 from gantry.worker.model_host.inbox import DEFAULT_INBOX_LIMIT
 from gantry.worker.model_host.process import (
@@ -136,6 +140,9 @@ class WorkerSettings:
     # Rewritten on each tick of the heartbeat and reconnect loops, connected or not, for
     # `gantry worker --check`; None: no file (`gantry worker` always names one).
     heartbeat_file: Path | None = None
+    # Where the model hosts' measured CPU wait policy is kept per machine and environment
+    # (model_host/cpu_calibration.py); None: nothing measured, hosts wait PASSIVE.
+    host_cpu_cache: Path | None = field(default_factory=default_cache_dir)
 
     def supervision(self) -> SupervisionSettings:
         return SupervisionSettings(
@@ -152,8 +159,11 @@ class WorkerSettings:
         )
 
 
-def _pooled_host_factory(warm_pool: WarmPool) -> Callable[..., Coroutine[Any, Any, ModelHost]]:
-    """How this agent starts model hosts, residents and probes alike: forked by its warm pool."""
+def _pooled_host_factory(
+    warm_pool: WarmPool | None, host_cpu: HostCpu | None
+) -> Callable[..., Coroutine[Any, Any, ModelHost]]:
+    """How this agent starts model hosts, residents and probes alike: forked by its warm pool
+    (spawned without one), their CPU threads waiting as `host_cpu` measured."""
 
     async def start(
         spec: HostLaunchSpec,
@@ -162,7 +172,11 @@ def _pooled_host_factory(warm_pool: WarmPool) -> Callable[..., Coroutine[Any, An
         trace_context: Mapping[str, str] | None = None,
     ) -> ModelHost:
         return await ModelHost.start(
-            spec, on_exit=on_exit, trace_context=trace_context, warm_pool=warm_pool
+            spec,
+            on_exit=on_exit,
+            trace_context=trace_context,
+            warm_pool=warm_pool,
+            host_cpu=host_cpu,
         )
 
     return start
@@ -246,7 +260,15 @@ class WorkerAgent:
         self.node_id = _node_id(settings.credential)
         self.generation = generation  # the next Hello presents it; each Welcome issues one
         self.warm_pool, self._owns_warm_pool = _warm_pool_for(settings, shared=warm_pool)
-        pooled = _pooled_host_factory(self.warm_pool) if self.warm_pool is not None else None
+        # The hosts' CPU wait policy, measured once per machine and environment (None: PASSIVE).
+        self.host_cpu = (
+            HostCpu(settings.host_cpu_cache) if settings.host_cpu_cache is not None else None
+        )
+        pooled = (
+            _pooled_host_factory(self.warm_pool, self.host_cpu)
+            if self.warm_pool is not None or self.host_cpu is not None
+            else None
+        )
         # Capability labels come from the environments that run the models, not this process.
         self.environments = RuntimeEnvironments(
             settings.env, timeout_s=settings.environment_facts_timeout_s
@@ -268,6 +290,9 @@ class WorkerAgent:
         self._links: dict[str, Link] = {}  # address -> its stream, in the order given (resolved)
         self._claiming = asyncio.Lock()  # one Hello at a time until a generation is held
         self._unacked: dict[str, wg.JobResult] = {}
+        # One counter for this process, every stream: each inventory and job result carries the
+        # next number, so a replica reading one late can tell it is older (Inventory.sequence).
+        self._sequence = itertools.count(1)
         self._job_links: dict[str, Link] = {}  # job id -> the stream it came on, until its result
         self._jobs = DeploymentJobQueues(run=self.run_job, emit=self._job_finished)
         self._invocations = Invocations(
@@ -299,7 +324,10 @@ class WorkerAgent:
         self.gpu_devices = _gpu_devices(settings, open_nvml)
         self._tasks: set[asyncio.Task[None]] = set()
         self._liveness: asyncio.Task[None] | None = None
-        self._heartbeat_seconds = 3.0  # until the Welcome names the interval
+        self._heartbeat_seconds = 3.0  # until a Welcome names the interval: the longest told
+        # Stream address -> the interval its replica told (Welcome, HeartbeatInterval): each
+        # replica paces its own streams by how many it holds.
+        self._intervals: dict[str, float] = {}
         self._heartbeat_file = (
             HeartbeatFile(settings.heartbeat_file) if settings.heartbeat_file is not None else None
         )
@@ -445,14 +473,36 @@ class WorkerAgent:
             await self.warm_pool.aclose(exit_s=plan.term_grace_s(now))
 
     def _prewarm(self) -> None:
-        """Start the default environment's fork server now, so the first load finds its imports
-        done (it waits for the server otherwise); other environments start theirs on first use."""
-        if self.warm_pool is None:
-            return
+        """Measure the default environment's CPU wait policy (or read it, cached), then start its
+        fork server with it, so the first load finds its imports done (it waits for the server
+        otherwise); other environments start theirs on first use."""
         try:
             python = resolve_python("", self.settings.env)
+        except GantryError as error:
+            log.warning("warm pool not started ahead of the first load: %s", error.message)
+            return
+        if self.host_cpu is None:
+            self._prewarm_pool(python, {})
+            return
+        loop = asyncio.get_running_loop()
+
+        def measured(done: concurrent.futures.Future[Choice | None]) -> None:
+            # The server is started from the loop's thread (its parent-death signal is that
+            # thread's), with the environment ModelHost.start gives a host.
+            choice = done.result()
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                loop.call_soon_threadsafe(
+                    self._prewarm_pool, python, choice.environment() if choice else {}
+                )
+
+        self.host_cpu.start(python, os.environ).add_done_callback(measured)
+
+    def _prewarm_pool(self, python: str, cpu_environment: Mapping[str, str]) -> None:
+        if self.warm_pool is None or self._liveness is None:  # none, or the worker stopped
+            return
+        try:
             # The hosts' environment comes from this process's, as ModelHost.start builds it.
-            self.warm_pool.prewarm(python, os.environ)
+            self.warm_pool.prewarm(python, {**cpu_environment, **os.environ})
         except GantryError as error:
             log.warning("warm pool not started ahead of the first load: %s", error.message)
 
@@ -535,7 +585,7 @@ class WorkerAgent:
 
     def _hello(self) -> wg.Hello:
         return wg.Hello(
-            inventory=self.residents.inventory(self.generation),
+            inventory=self._inventory(),
             environments=self.environments.listed(),
             agent_version="0.1.0",
             hostname=socket.gethostname(),
@@ -546,7 +596,8 @@ class WorkerAgent:
 
     async def _heartbeats(self, link: Link) -> None:
         while True:
-            await asyncio.sleep(self._heartbeat_seconds)
+            # Read at every beat: a HeartbeatInterval lengthens it from the next sleep on.
+            await asyncio.sleep(self._intervals.get(link.name, self._heartbeat_seconds))
             await self._beat(link)
             # Every tick, welcomed or still waiting for the Welcome: the loop is alive.
             self._record_heartbeat()
@@ -591,6 +642,8 @@ class WorkerAgent:
             )
         elif kind == "cancel_invoke":
             self._invocations.cancel(message.cancel_invoke.request_id)
+        elif kind == "heartbeat_interval":
+            self._paced(link, message.heartbeat_interval.heartbeat_interval)
         elif kind == "ack":
             self._unacked.pop(message.ack.job_id, None)
         elif kind == "reject":
@@ -614,8 +667,7 @@ class WorkerAgent:
                 if other is not link:
                     other.end()
         self.generation = welcome.accepted_generation
-        if welcome.heartbeat_interval.ToNanoseconds() > 0:
-            self._heartbeat_seconds = welcome.heartbeat_interval.ToNanoseconds() / 1e9
+        self._paced(link, welcome.heartbeat_interval)
         metrics.stream_event("reconnected" if link.welcomed_before else "connected")
         link.welcomed = link.welcomed_before = True
         self.connected.set()
@@ -629,6 +681,13 @@ class WorkerAgent:
             self._spawn(self._unload_untracked(deployment_id), f"unload-{deployment_id}")
         for result in self._unacked.values():
             self._send(wg.WorkerMessage(job_result=result), link)
+
+    def _paced(self, link: Link, interval: duration_pb2.Duration) -> None:
+        """Beat on `link` every `interval` (0: not said, the default stays). The heartbeat
+        file's patience follows the longest interval any stream was told."""
+        if (nanoseconds := interval.ToNanoseconds()) > 0:
+            self._intervals[link.name] = nanoseconds / 1e9
+            self._heartbeat_seconds = max(self._intervals.values())
 
     def _record_heartbeat(self) -> None:
         if self._heartbeat_file is not None:
@@ -684,6 +743,7 @@ class WorkerAgent:
         return link if link is not None and link.welcomed else None
 
     def _job_finished(self, result: wg.JobResult) -> None:
+        result.sequence = next(self._sequence)  # once: a resent result is the same result
         self._unacked[result.job_id] = result
         link = self._job_link(result.job_id)
         self._job_links.pop(result.job_id, None)
@@ -783,9 +843,11 @@ class WorkerAgent:
 
     def _report_inventory(self) -> None:
         self._send(
-            wg.WorkerMessage(
-                inventory_report=wg.InventoryReport(
-                    inventory=self.residents.inventory(self.generation)
-                )
-            )
+            wg.WorkerMessage(inventory_report=wg.InventoryReport(inventory=self._inventory()))
         )
+
+    def _inventory(self) -> wg.Inventory:
+        """What this process holds now, stamped with its next sequence."""
+        inventory = self.residents.inventory(self.generation)
+        inventory.sequence = next(self._sequence)
+        return inventory

@@ -11,6 +11,7 @@ import contextlib
 import logging
 import sys
 
+from gantry.common import event_loop
 from gantry.common.errors import GantryError
 from gantry.common.manifest import sweep_abandoned_verified_roots
 from gantry.common.metrics import start_metrics
@@ -53,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     if not start_metrics("gantry-worker", config.metrics_address):
         return 2
     reclaim_abandoned_verified_copies()
-    return asyncio.run(_serve(config.worker_settings(declared)))
+    return event_loop.run(_serve(config.worker_settings(declared)))
 
 
 async def _serve(settings: WorkerSettings) -> int:

@@ -24,6 +24,7 @@ from gantry.common.tls import add_client_tls_arguments
 from gantry.worker.agent import WorkerSettings
 from gantry.worker.control_planes import parse_control_planes
 from gantry.worker.heartbeat_file import default_heartbeat_file
+from gantry.worker.model_host.cpu_calibration import default_cache_dir
 from gantry.worker.model_host.sandbox import REQUIRE_CHOICES
 from gantry.worker.residents import DEFAULT_MAX_RESIDENTS
 from gantry.worker.resource_domains import (
@@ -129,6 +130,22 @@ def _add_hosting_arguments(parser: argparse.ArgumentParser) -> None:
         help="spawn every model host as a fresh interpreter that imports torch itself, instead "
         "of forking it from a preloaded fork server (the default, ready in about a second)",
     )
+    parser.add_argument(
+        "--host-cpu-cache",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="where the model hosts' measured CPU wait policy and threads are kept, one file per "
+        "machine and runtime environment (default: $XDG_CACHE_HOME/gantry or ~/.cache/gantry); "
+        "delete its host-cpu-*.json to measure again",
+    )
+    parser.add_argument(
+        "--no-host-cpu-measure",
+        dest="host_cpu_measure",
+        action="store_false",
+        help="do not measure the model hosts' CPU wait policy: their idle threads sleep "
+        "(OMP_WAIT_POLICY=PASSIVE) unless the environment says otherwise",
+    )
 
 
 def _add_supervision_arguments(supervision: argparse._ArgumentGroup) -> None:
@@ -156,6 +173,8 @@ class _WorkerFlags(ProcessSettings, ClientTlsSettings):
     resource_domains: tuple[str, ...] = ()
     warm_pool: bool
     heartbeat_file: Path | None = None
+    host_cpu_cache: Path | None = None
+    host_cpu_measure: bool = True
 
     def declared_domains(self) -> tuple[DeclaredDomain, ...] | None:
         """The resource domains the flags declare, validated whole; None: measured at start.
@@ -175,6 +194,9 @@ class _WorkerFlags(ProcessSettings, ClientTlsSettings):
             resource_domains=declared,
             warm_pool=self.warm_pool,
             heartbeat_file=self.heartbeat_file or default_heartbeat_file(),
+            host_cpu_cache=(self.host_cpu_cache or default_cache_dir())
+            if self.host_cpu_measure
+            else None,
             **self.supervision(),
         )
 

@@ -69,6 +69,7 @@ from gantry.controlplane.jobs.actions import DisconnectNode, QueueLoad
 from gantry.controlplane.jobs.executor import apply_actions
 from gantry.controlplane.jobs.handlers import MAX_LOAD_ATTEMPTS, jobs_requeued
 from gantry.controlplane.nodes import store as nodes
+from gantry.controlplane.nodes.heartbeat_pacing import DEFAULT_MAX_HEARTBEATS_PER_S
 from gantry.controlplane.nodes.liveness import Heard, Liveness
 from gantry.controlplane.observability.state_counts import count_by_state
 from gantry.controlplane.platform import metrics
@@ -95,6 +96,9 @@ class ReconcilerSettings:
     heartbeat_interval_s: float = 3.0
     # A node is stale after this many missed heartbeats (the default: 3 intervals).
     stale_after_heartbeats: float = 3.0
+    # Heartbeats a second one replica takes from the streams it holds before it tells them a
+    # longer interval (nodes/heartbeat_pacing.py): 200 keeps 3 s up to 600 streams.
+    max_heartbeats_per_s: float = DEFAULT_MAX_HEARTBEATS_PER_S
     # Past this absence its residencies are COLD and their work is re-placed elsewhere.
     absence_grace_s: float = 60.0
     retry_initial_s: float = 1.0
@@ -262,7 +266,12 @@ class Reconciler(LifecycleService):
         self._hub.close_superseded(generations)
 
     async def _disconnect_stale(self, now: dt.datetime) -> None:
-        seen_before = now - dt.timedelta(seconds=self.settings.stale_after_s)
+        # A row is refreshed as seldom as its stream beats: past 600 streams a replica tells its
+        # workers a longer interval (nodes/heartbeat_pacing.py), and the rows of the fleet it and
+        # its peers hold age as long between flushes, so the row's grace grows the same.
+        seen_before = now - dt.timedelta(
+            seconds=self.settings.stale_after_s * self._hub.heartbeat_multiple
+        )
         silent = {
             heard.node_id: heard
             for heard in self._liveness.stale(now, stale_after_s=self.settings.stale_after_s)

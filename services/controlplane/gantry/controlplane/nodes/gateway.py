@@ -24,7 +24,13 @@ sent, so a slow write never delays an invoke result behind it. Results are commi
 idempotently and acknowledged. A heartbeat refreshes the stream's liveness in memory (liveness.py;
 the reconciler flushes `last_seen_at` in batches) and writes the database only to renew the leases
 of the jobs it names, or to keep its GPU reading when that changed enough to matter (gpu_rules.py:
-the node is then announced to the scheduler, which charges its external GPU processes).
+the node is then announced to the scheduler, which charges its external GPU processes). Any
+other message of the stream's generation counts as heard too.
+
+How often a worker heartbeats is the Welcome's to say, per stream: heartbeat_pacing.py grows the
+interval with the streams this replica holds, so their heartbeats stay under a bound however large
+the fleet; when the fleet grows past a step, every stream told less hears the longer interval
+(HeartbeatInterval), and its staleness grace grows with it (liveness.py).
 """
 
 from __future__ import annotations
@@ -48,9 +54,13 @@ from gantry.controlplane.deployments.lifecycle import DeploymentLifecycle
 from gantry.controlplane.deployments.settle import settle_node_deployments
 from gantry.controlplane.jobs import store as jobs
 from gantry.controlplane.jobs.handlers import jobs_requeued
-from gantry.controlplane.nodes import gpu_rules
+from gantry.controlplane.nodes import gpu_rules, inventory_rules
 from gantry.controlplane.nodes import store as nodes
 from gantry.controlplane.nodes.capabilities import domains_to_json, gpus_to_json
+from gantry.controlplane.nodes.heartbeat_pacing import (
+    DEFAULT_MAX_HEARTBEATS_PER_S,
+    HeartbeatPacing,
+)
 from gantry.controlplane.nodes.inventory import Reconciled
 from gantry.controlplane.nodes.liveness import Liveness
 from gantry.controlplane.nodes.sessions import WorkerHub, WorkerStream
@@ -82,7 +92,10 @@ _DISPATCH = wg.WorkerMessage()
 
 @dataclass(frozen=True, kw_only=True)
 class GatewaySettings:
+    # The base interval: what a replica holding few streams tells each (heartbeat_pacing.py).
     heartbeat_interval_s: float = 3.0
+    # Heartbeats per second this replica takes from its whole fleet before the interval grows.
+    max_heartbeats_per_s: float = DEFAULT_MAX_HEARTBEATS_PER_S
     # Database work waiting per stream; past it the stream is closed (the worker reconnects and
     # resends what was not acknowledged) rather than holding an unbounded backlog.
     write_queue_limit: int = 1024
@@ -119,12 +132,10 @@ def welcome(
     node_id: str, generation: int, reconciled: Reconciled, *, heartbeat_interval_s: float
 ) -> wg.Welcome:
     """The answer to an accepted Hello: what was adopted, what to unload, how often to beat."""
-    interval = duration_pb2.Duration()
-    interval.FromNanoseconds(int(heartbeat_interval_s * 1e9))
     return wg.Welcome(
         node_id=node_id,
         accepted_generation=generation,
-        heartbeat_interval=interval,
+        heartbeat_interval=_interval(heartbeat_interval_s),
         adopted_deployment_ids=reconciled.adopted,
         unload_deployment_ids=reconciled.unwanted,
     )
@@ -150,6 +161,14 @@ class WorkerGatewayService(worker_gateway_pb2_grpc.WorkerGatewayServicer):
         self._endings: set[asyncio.Task[None]] = set()
         # node id -> the heartbeat whose GPU reading its row holds (gpu_rules.worth_writing).
         self._gpus_written: dict[str, wg.Heartbeat] = {}
+        # How often each stream here is told to beat; a test may bound it lower.
+        self.pacing = HeartbeatPacing(
+            base_interval_s=settings.heartbeat_interval_s,
+            max_per_s=settings.max_heartbeats_per_s,
+        )
+        # The multiple of the base interval the last Hello was told: a Hello told more means
+        # the fleet here crossed a step, and every stream told less hears the new interval.
+        self._paced_multiple = 1
 
     async def Connect(
         self,
@@ -287,7 +306,8 @@ class WorkerGatewayService(worker_gateway_pb2_grpc.WorkerGatewayServicer):
         # Right after the commit, which wrote `last_seen_at = now`: until this line the row alone
         # is fresh, from here on the reconciler judges the stream by what it hears (its wake
         # above only lets its next pass run once this task waits).
-        self._liveness.connected(node_id, generation, now, holder=stream)
+        multiple = self._pace(self._hub.stream_count() + 1)
+        self._liveness.connected(node_id, generation, now, holder=stream, multiple=multiple)
         # Per node within its rate: a credential holder reconnecting in a loop floods nothing.
         worker_log.info(
             node_id,
@@ -301,9 +321,28 @@ class WorkerGatewayService(worker_gateway_pb2_grpc.WorkerGatewayServicer):
             node_id,
             generation,
             reconciled,
-            heartbeat_interval_s=self._settings.heartbeat_interval_s,
+            heartbeat_interval_s=self.pacing.base_interval_s * multiple,
         )
         return stream, welcomed
+
+    def _pace(self, streams: int) -> int:
+        """The multiple of the base interval to tell a stream welcomed now that `streams` are
+        held here; when it rose past the last Hello's, each open stream told less is told it."""
+        multiple = self.pacing.multiple(streams)
+        if multiple > self._paced_multiple:
+            told = wg.ControlMessage(
+                heartbeat_interval=wg.HeartbeatInterval(
+                    heartbeat_interval=_interval(self.pacing.base_interval_s * multiple)
+                )
+            )
+            for stream in self._hub.streams():
+                if self._liveness.paced(stream.node_id, holder=stream, multiple=multiple):
+                    # A full outbox is a stream in trouble already: its grace widened anyway.
+                    with contextlib.suppress(GantryError):
+                        stream.send(told)
+        self._paced_multiple = multiple
+        self._hub.heartbeat_multiple = max(self._hub.heartbeat_multiple, multiple)
+        return multiple
 
     async def _read(
         self,
@@ -328,6 +367,9 @@ class WorkerGatewayService(worker_gateway_pb2_grpc.WorkerGatewayServicer):
                     _refuse_stamp(stream, message)
                     continue
                 kind = message.WhichOneof("kind")
+                if kind != "heartbeat":
+                    # Any message is proof of life; a heartbeat's is noted in its own turn.
+                    self._liveness.heard(stream.node_id, stream.generation, self._clock.now())
                 if kind == "invoke_result":
                     stream.resolve_invoke(message.invoke_result)
                 elif kind == "invoke_progress":
@@ -491,11 +533,16 @@ class WorkerGatewayService(worker_gateway_pb2_grpc.WorkerGatewayServicer):
             metrics.message_refused(error.reason, "job_update")
 
     async def _inventory(self, stream: WorkerStream, inventory: wg.Inventory) -> None:
-        async def reconcile() -> Reconciled:
+        async def reconcile() -> Reconciled | None:
             async with self._database.transaction() as db:
+                # Locked: replicas applying this node's reports take turns, each judging the
+                # one its predecessor committed.
+                node = await nodes.lock_node(db, stream.node_id)
+                stamp = inventory_rules.Stamp(inventory.generation, inventory.sequence)
+                if inventory_rules.older(stamp, inventory_rules.shown_stamp(node.inventory)):
+                    return None  # read late: a newer one of this process was applied already
                 # GetInventory shows the latest report, not only the Hello's (an adopted
                 # endpoint, say, appears only in a report).
-                node = await nodes.get_node(db, stream.node_id)
                 node.inventory = {
                     **(node.inventory or {}),
                     "inventory": json_format.MessageToDict(inventory),
@@ -511,6 +558,21 @@ class WorkerGatewayService(worker_gateway_pb2_grpc.WorkerGatewayServicer):
                 return reconciled
 
         reconciled = await retry_on_conflict(reconcile)
+        if reconciled is None:
+            worker_log.info(
+                stream.node_id,
+                "inventory %d skipped: a newer one of generation %d was applied",
+                inventory.sequence,
+                inventory.generation,
+            )
+            return
+        if reconciled.stale_for:
+            worker_log.info(
+                stream.node_id,
+                "inventory %d is older than the last change of residencies %s: kept as they are",
+                inventory.sequence,
+                ", ".join(reconciled.stale_for),
+            )
         if reconciled.unwanted:
             # Only a Hello's Welcome tells a worker to unload what no record accounts for; mid-
             # stream this is rare (a load that outlived its record) and is reported, not guessed.
@@ -619,3 +681,9 @@ def _unexpected_kind(kind: str | None) -> GantryError:
 
 def _reject(job_id: str, error: GantryError) -> wg.ControlMessage:
     return wg.ControlMessage(reject=wg.Reject(job_id=job_id, failure=error.to_failure()))
+
+
+def _interval(seconds: float) -> duration_pb2.Duration:
+    interval = duration_pb2.Duration()
+    interval.FromTimedelta(dt.timedelta(seconds=seconds))
+    return interval

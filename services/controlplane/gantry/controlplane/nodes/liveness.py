@@ -9,7 +9,10 @@ written with the earliest of their last heartbeats, a lower bound for each). So 
 a live stream here the row may lag what was heard by up to two flush intervals, and never runs
 ahead of it; staleness of such a node is therefore decided from what was heard (`stale`), never
 from that row. Only the stream's own generation refreshes a record: an older generation's late
-heartbeat is fenced.
+heartbeat is fenced. Any message of that generation counts as heard, not only a heartbeat.
+
+A stream told to heartbeat every k base intervals (heartbeat_pacing.py: the interval grows with
+the fleet) is stale after k times the base grace: after the same number of missed heartbeats.
 
 Pure: no IO and no clock of its own; the caller passes `now` from its injected clock.
 """
@@ -43,6 +46,9 @@ class SeenBatch:
 class _Stream:
     generation: int
     heard_at: dt.datetime
+    # How many base heartbeat intervals its worker was told to wait between beats: its
+    # staleness grace is that many base graces (it only rises while the stream lasts).
+    multiple: int
     # The stream object itself (opaque here): a worker that reconnects within its generation
     # opens a second stream, and the first one's end must not forget the second.
     holder: object
@@ -59,13 +65,35 @@ class Liveness:
         self._flush_interval = dt.timedelta(seconds=flush_interval_s)
         self._last_flush: dt.datetime | None = None
 
-    def connected(self, node_id: str, generation: int, now: dt.datetime, *, holder: object) -> None:
-        """`holder`'s Hello was committed (with `last_seen_at = now`, so nothing to flush)."""
+    def connected(
+        self,
+        node_id: str,
+        generation: int,
+        now: dt.datetime,
+        *,
+        holder: object,
+        multiple: int = 1,
+    ) -> None:
+        """`holder`'s Hello was committed (with `last_seen_at = now`, so nothing to flush); its
+        Welcome tells it to beat every `multiple` base intervals."""
         current = self._streams.get(node_id)
         if current is not None and current.generation > generation:
             return  # the database fenced this generation already; never let it displace a newer
-        self._streams[node_id] = _Stream(generation=generation, heard_at=now, holder=holder)
+        self._streams[node_id] = _Stream(
+            generation=generation, heard_at=now, multiple=multiple, holder=holder
+        )
         self._unflushed.discard(node_id)
+
+    def paced(self, node_id: str, *, holder: object, multiple: int) -> bool:
+        """Whether `holder`'s worker is to be told to beat every `multiple` base intervals from
+        now on: True when that is longer than it was told (its grace widens at once: a worker
+        still sleeping out the shorter interval only beats sooner). False (nothing changed) when
+        it was told as long already, or `holder` is not the node's stream here."""
+        stream = self._streams.get(node_id)
+        if stream is None or stream.holder is not holder or stream.multiple >= multiple:
+            return False
+        stream.multiple = multiple
+        return True
 
     def heard(self, node_id: str, generation: int, now: dt.datetime) -> bool:
         """A heartbeat; False (and nothing recorded) unless `generation` holds the node here."""
@@ -107,13 +135,19 @@ class Liveness:
         return Heard(node_id=node_id, generation=stream.generation, heard_at=stream.heard_at)
 
     def stale(self, now: dt.datetime, *, stale_after_s: float) -> list[Heard]:
-        """Streams not heard from for longer than `stale_after_s`, oldest first."""
-        heard_before = now - dt.timedelta(seconds=stale_after_s)
-        silent = [
-            Heard(node_id=node_id, generation=stream.generation, heard_at=stream.heard_at)
-            for node_id, stream in self._streams.items()
-            if stream.heard_at < heard_before
-        ]
+        """Streams not heard from for longer than their grace, oldest first: `stale_after_s` (the
+        grace at the base interval) times the multiple of it their worker was told."""
+        grace = dt.timedelta(seconds=stale_after_s)
+        heard_before = {1: now - grace}  # by multiple: a fleet holds one or two of them
+        silent = []
+        for node_id, stream in self._streams.items():
+            multiple = stream.multiple
+            if (cutoff := heard_before.get(multiple)) is None:
+                cutoff = heard_before[multiple] = now - grace * multiple
+            if stream.heard_at < cutoff:
+                silent.append(
+                    Heard(node_id=node_id, generation=stream.generation, heard_at=stream.heard_at)
+                )
         return sorted(silent, key=lambda heard: (heard.heard_at, heard.node_id))
 
     def flush_due(self, now: dt.datetime) -> bool:

@@ -301,11 +301,15 @@ class WorkerHub:
         self.settings = settings or WorkerStreamSettings()
         self.replica_id = replica_id
         self.held_for_s = held_for_s
+        # The longest heartbeat interval this replica told a stream, in base intervals
+        # (heartbeat_pacing.py): another replica's fleet is about as large, and its rows are
+        # refreshed as seldom as its streams beat. It never falls while this process runs.
+        self.heartbeat_multiple = 1
         self._sessions: dict[str, WorkerStream] = {}
 
     def held_since(self, now: dt.datetime) -> dt.datetime:
         """Another replica's row refreshed since this still holds its stream."""
-        return now - dt.timedelta(seconds=self.held_for_s)
+        return now - dt.timedelta(seconds=self.held_for_s * self.heartbeat_multiple)
 
     def open_stream(self, *, node_id: str, generation: int) -> WorkerStream:
         """A stream bounded by this hub's settings (not attached yet)."""
@@ -353,6 +357,15 @@ class WorkerHub:
 
     def connected_node_ids(self) -> Sequence[str]:
         return [node_id for node_id, s in self._sessions.items() if not s.closed]
+
+    def stream_count(self) -> int:
+        """Streams attached here (a closing one until its goodbye): what heartbeat pacing counts,
+        without a pass over them."""
+        return len(self._sessions)
+
+    def streams(self) -> list[WorkerStream]:
+        """The open streams here (a copy: sending on them never changes this hub)."""
+        return [s for s in self._sessions.values() if not s.closed]
 
     async def invoke_embed(
         self,

@@ -29,6 +29,11 @@ never what decides silence.
 Outputs nobody waits for (a breaker that moved, scale advice) go to optional callbacks, called on
 the stream's reader: each must only schedule work (record it, wake a loop), never block.
 
+Credits (CreditGranted, CreditsRevoked: the scheduler's policy/credits.py) go to the one credit
+listener (serving/credits.py), with the stream's epoch: a credit is valid only on the stream that
+granted it, so every stream the link opens has a new epoch, and the listener hears `lost` when one
+ends (the scheduler takes that stream's credits back itself).
+
 The address can change while the link runs (`follow`: the scheduler assignment moved, see
 platform/scheduler_assignment.py): the stream to the old scheduler is cut at once (its waiters
 fail SCHEDULER_UNAVAILABLE: their work was queued there) and the link connects to the new one
@@ -47,7 +52,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -66,6 +71,18 @@ ClusterStateSource = Callable[[], Awaitable[scheduler_pb2.ClusterState]]
 BreakerListener = Callable[[scheduler_pb2.BreakerChanged], None]
 ScaleAdviceListener = Callable[[scheduler_pb2.ScaleAdvice], None]
 _CLOSE = object()
+
+
+class CreditListener(Protocol):
+    """Who keeps the credits the scheduler grants this link (serving/credits.py)."""
+
+    def granted(self, grant: scheduler_pb2.CreditGranted, epoch: int) -> None: ...
+
+    def revoked(self, credit_ids: Sequence[str]) -> None: ...
+
+    def lost(self) -> None: ...
+
+
 _Output = TypeVar("_Output", scheduler_pb2.BreakerChanged, scheduler_pb2.ScaleAdvice)
 
 DEFAULT_OUTBOX_LIMIT = 4096
@@ -160,6 +177,17 @@ class SchedulerLink:
         # When the current address last answered (a ping or an output), time.monotonic(); a
         # move starts the count afresh.
         self._last_heard = time.monotonic()
+        self._epoch = 0  # streams opened: a credit is valid on its own stream's epoch only
+        self._credit_listener: CreditListener | None = None
+
+    @property
+    def epoch(self) -> int:
+        """The current stream's number: credits granted on another one are not valid."""
+        return self._epoch
+
+    def listen_credits(self, listener: CreditListener) -> None:
+        """The one listener for credits (a second replaces the first)."""
+        self._credit_listener = listener
 
     @property
     def connected(self) -> bool:
@@ -210,6 +238,7 @@ class SchedulerLink:
                 await self._task
         self._set_phase(LinkPhase.DISCONNECTED)
         self._fail_waiters("the control plane is stopping")
+        self._credits_lost()
 
     async def wait_connected(self, timeout: float) -> None:
         await asyncio.wait_for(self._connected.wait(), timeout)
@@ -224,13 +253,29 @@ class SchedulerLink:
         return output.dispatch
 
     def work_finished(
-        self, work_id: str, outcome: scheduler_pb2.WorkOutcome, *, reason: str = ""
+        self,
+        work_id: str,
+        outcome: scheduler_pb2.WorkOutcome,
+        *,
+        reason: str = "",
+        credit_id: str = "",
+        cost: int = 0,
     ) -> None:
+        """`credit_id`, `cost`: the call went on that credit, never submitted (its cost is charged
+        now)."""
         self._send(
             scheduler_pb2.SchedulerInput(
                 work_finished=scheduler_pb2.WorkFinished(
-                    work_id=work_id, outcome=outcome, reason=reason
+                    work_id=work_id, outcome=outcome, reason=reason, credit_id=credit_id, cost=cost
                 )
+            )
+        )
+
+    def credits_returned(self, credit_ids: Sequence[str]) -> None:
+        """Credits this link will not use again: the scheduler frees their slots."""
+        self._send(
+            scheduler_pb2.SchedulerInput(
+                credits_returned=scheduler_pb2.CreditsReturned(credit_ids=credit_ids)
             )
         )
 
@@ -414,6 +459,7 @@ class SchedulerLink:
                 log.exception("scheduler stream failed")
             self._set_phase(LinkPhase.DISCONNECTED)
             self._fail_waiters(why)
+            self._credits_lost()
             if self._moved.is_set():
                 delay = 0.1  # a new address: connect at once
                 continue
@@ -429,6 +475,7 @@ class SchedulerLink:
     async def _connect_once(self) -> None:
         async with channel(self._address, self._tls) as scheduler_channel:
             stub = scheduler_pb2_grpc.SchedulerStub(scheduler_channel)
+            self._epoch += 1  # before anything is sent: the last stream's credits are void now
             self._outbox = self._new_outbox()
             for message in await self._replay():
                 self._outbox.put_nowait(message)
@@ -510,6 +557,8 @@ class SchedulerLink:
             log.warning("updates overflowed the replay buffer; reading the snapshot again")
         else:
             raise GantryError("QUEUE_FULL", "updates kept overflowing the replay buffer")
+        # Credits only to a link whose grants someone uses (serving/credits.py listens).
+        snapshot.takes_credits = self._credit_listener is not None
         buffered, self._replay_buffer = self._replay_buffer, []
         if len(buffered) + 1 > self._outbox_limit:
             raise GantryError("QUEUE_FULL", "the replay does not fit the outbox to the scheduler")
@@ -592,12 +641,32 @@ class SchedulerLink:
         elif kind == "scale_advice":
             self._notify(self._on_scale_advice, output.scale_advice, kind)
             return
+        elif kind in ("credit_granted", "credits_revoked"):
+            self._credits(output)
+            return
         else:
             log.error("unknown scheduler output %r", kind)
             return
         future = self._waiters.get(key)
         if future is not None and not future.done():
             future.set_result(output)
+
+    def _credits_lost(self) -> None:
+        """The stream ended: the scheduler takes its credits back itself."""
+        if self._credit_listener is not None:
+            self._credit_listener.lost()
+
+    def _credits(self, output: scheduler_pb2.SchedulerOutput) -> None:
+        listener = self._credit_listener
+        if listener is None:
+            # Nobody dispatches on credits here: give a grant back at once, so its slots serve.
+            if output.HasField("credit_granted"):
+                self.credits_returned([output.credit_granted.credit_id])
+            return
+        if output.HasField("credit_granted"):
+            listener.granted(output.credit_granted, self._epoch)
+        else:
+            listener.revoked(output.credits_revoked.credit_ids)
 
     def _breaker_changed(self, change: scheduler_pb2.BreakerChanged) -> None:
         state = scheduler_pb2.BreakerState.Name(change.state)

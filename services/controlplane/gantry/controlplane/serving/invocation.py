@@ -1,5 +1,7 @@
-"""One inference call's way through the fleet, whatever its RPC: dispatched by the scheduler,
-invoked on the chosen worker within the call's budget, and reported finished exactly once.
+"""One inference call's way through the fleet, whatever its RPC: dispatched by the scheduler (or,
+uncontended, on a credit it leased this control plane: serving/credits.py, with no round trip
+before the call goes), invoked on the chosen worker within the call's budget, and reported
+finished exactly once.
 
 Every InferenceService RPC, whatever its operation (the registry, gantry.common.operations; its
 binding in operations.py, or generation_inference.py), calls one `Invocation`.
@@ -23,6 +25,7 @@ from gantry.controlplane.nodes.sessions import InvokePayload, OnProgress, Worker
 from gantry.controlplane.platform import metrics
 from gantry.controlplane.platform.scheduler_link import SchedulerLink
 from gantry.controlplane.serving.capability_degradation import CapabilityDegradation
+from gantry.controlplane.serving.credits import CreditPool, HeldCredit
 from gantry.controlplane.serving.inference_calls import (
     CallBudget,
     InferenceSettings,
@@ -121,6 +124,7 @@ class Invocation:
         self._settings = settings
         # Each finished invocation's outcome, per capability: the degradation signal's input.
         self._degradation = degradation
+        self._credits = CreditPool.attach(scheduler)
 
     async def __call__(
         self,
@@ -162,10 +166,11 @@ class Invocation:
             inputs=work_inputs(payload),
             budget=budget,
         )
+        credit = self._take_credit(work)
         try:
             async with asyncio.timeout_at(deadline_at):
                 try:
-                    dispatch = await self._dispatch(work, operation=operation_of(payload))
+                    dispatch = await self._dispatch(work, credit, operation=operation_of(payload))
                 except GantryError as refusal:
                     # A refusal assigned nothing; a timed-out answer may have, so report that.
                     refused = refusal.reason != "SCHEDULER_UNAVAILABLE"
@@ -184,14 +189,30 @@ class Invocation:
             raise
         finally:
             if not refused:
-                self._report_finished(work.work_id, error, budget, capability=request.capability)
+                self._report_finished(work, error, budget, request.capability, credit)
+
+    def _take_credit(self, work: scheduler_pb2.WorkSubmitted) -> HeldCredit | None:
+        """A credit for the call, if this control plane holds an idle one: INTERACTIVE calls only
+        (the scheduler grants credits for that class alone)."""
+        if self._credits is None or work.priority != common_pb2.PRIORITY_INTERACTIVE:
+            return None
+        return self._credits.take(work.deployment_id, work.tenant_id, work.inputs)
 
     async def _dispatch(
-        self, work: scheduler_pb2.WorkSubmitted, *, operation: str
+        self, work: scheduler_pb2.WorkSubmitted, credit: HeldCredit | None, *, operation: str
     ) -> scheduler_pb2.Dispatch:
-        """The scheduler's choice of node, its wait counted as the schedule stage."""
+        """The scheduler's choice of node (the credit's, when the call has one), its wait counted
+        as the schedule stage."""
         started = time.perf_counter()
-        dispatch = await self._scheduler.dispatch(work, timeout=work.timeout_seconds)
+        if credit is not None:
+            dispatch = scheduler_pb2.Dispatch(
+                work_id=work.work_id,
+                residency_id=credit.residency_id,
+                node_id=credit.node_id,
+                deployment_id=credit.deployment_id,
+            )
+        else:
+            dispatch = await self._scheduler.dispatch(work, timeout=work.timeout_seconds)
         metrics.stage_finished(operation, metrics.STAGE_SCHEDULE, time.perf_counter() - started)
         return dispatch
 
@@ -227,13 +248,21 @@ class Invocation:
         return result
 
     def _report_finished(
-        self, work_id: str, error: BaseException | None, budget: CallBudget, *, capability: str
+        self,
+        work: scheduler_pb2.WorkSubmitted,
+        error: BaseException | None,
+        budget: CallBudget,
+        capability: str,
+        credit: HeldCredit | None,
     ) -> None:
-        """The scheduler's one WorkFinished, and the outcome for the degradation signal."""
+        """The scheduler's one WorkFinished (a credited call's through its pool), and the outcome
+        for the degradation signal."""
         outcome = work_outcome(error, budget)
-        self._scheduler.work_finished(
-            work_id, outcome, reason=error.reason if isinstance(error, GantryError) else ""
-        )
+        reason = error.reason if isinstance(error, GantryError) else ""
+        if credit is not None and self._credits is not None:
+            self._credits.finish(credit, work.work_id, outcome, reason=reason, cost=work.cost)
+        else:
+            self._scheduler.work_finished(work.work_id, outcome, reason=reason)
         counted = degradation_outcome(error, budget)
         if self._degradation is not None and counted is not None:
             self._degradation.record(capability, succeeded=counted)

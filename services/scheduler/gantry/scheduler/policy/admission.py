@@ -49,6 +49,7 @@ class _TenantCounts:
     rejected_total: int = 0
     window_opened_at: float | None = None
     window_used: int = 0
+    leased: int = 0  # credits held (policy/credits.py): outstanding calls-to-be, on any stream
 
 
 class TenantBook:
@@ -127,7 +128,7 @@ class TenantBook:
                 f"tenant {tenant_id} has {counts.queued} calls waiting, its limit is {queue_depth}",
             )
         concurrency = policy.max_concurrency or self._default_concurrency
-        outstanding = counts.queued + counts.in_flight
+        outstanding = counts.queued + counts.in_flight + counts.leased
         if outstanding >= concurrency:
             return Refusal(
                 "TENANT_QUOTA_EXCEEDED",
@@ -150,6 +151,34 @@ class TenantBook:
         counts.served_total += 1
         counts.served_cost += cost
         self._served_cost_total += cost
+
+    def may_lease(self, tenant_id: str) -> bool:
+        """Whether the tenant may hold one more credit (policy/credits.py): it has no budget (a
+        budget is charged before a call runs, a credited call only after) and its outstanding
+        calls, credits counted, stay under its concurrency."""
+        policy = self.policy(tenant_id)
+        counts = self._counts.get(tenant_id) or _TenantCounts()
+        concurrency = policy.max_concurrency or self._default_concurrency
+        outstanding = counts.queued + counts.in_flight + counts.leased
+        return not policy.budget_units and outstanding + 1 < concurrency
+
+    def lease(self, tenant_id: str, held: int) -> None:
+        """Credits granted (`held` > 0) or back (< 0): each counts against the tenant's
+        concurrency as an outstanding call would, whether or not a call runs on it."""
+        counts = self._counts_of(tenant_id)
+        counts.leased = max(0, counts.leased + held)
+
+    def served(self, tenant_id: str, cost: int, now: float) -> None:
+        """A call dispatched on a credit ended: served, and charged to the budget window."""
+        counts = self._counts_of(tenant_id)
+        counts.served_total += 1
+        counts.served_cost += cost
+        self._served_cost_total += cost
+        policy = self.policy(tenant_id)
+        if not self._window_open(counts, policy, now):
+            counts.window_opened_at = now
+            counts.window_used = 0
+        counts.window_used += cost
 
     def finished(self, tenant_id: str) -> None:
         # An unmatched finish (work dispatched before a scheduler restart) is ignored, not counted

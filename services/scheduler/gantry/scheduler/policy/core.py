@@ -13,7 +13,9 @@ It is weighed twice there: the fair queue orders what waits, and each tenant tak
 while the slots its calls in flight hold are under its weighted share of the deployment's slots
 (`slot_shares`), because a model host serves what it holds in arrival order, so the tenants'
 shares of the slots in flight are their shares of what is served. Slots are counted in inputs
-(`residency_slots`).
+(`residency_slots`). While a deployment is uncontended, slots may also be leased to a stream ahead
+of need (credits: `credits`, `core_credits`); a lease counts as in flight until it comes back, and
+work that has to wait revokes them.
 """
 
 from __future__ import annotations
@@ -25,6 +27,12 @@ from dataclasses import dataclass
 from gantry.scheduler.policy.admission import TenantBook
 from gantry.scheduler.policy.autoscale import Autoscaler, ScaleAdviceValue
 from gantry.scheduler.policy.breakers import NODE_BREAKER, BreakerBoard, BreakerChange
+from gantry.scheduler.policy.core_credits import CoreCredits
+from gantry.scheduler.policy.credits import (
+    DEFAULT_CREDITS_PER_TENANT,
+    DEFAULT_QUIET_SECONDS,
+    CreditBook,
+)
 from gantry.scheduler.policy.deadlines import Deadlines
 from gantry.scheduler.policy.deployment_work import DeploymentWork, scale_signal
 from gantry.scheduler.policy.events import (
@@ -70,6 +78,10 @@ class CoreSettings:
     advice_interval_seconds: float = 5.0
     max_in_flight: int = 65_536
     recent_waits: int = 256  # queue waits kept per deployment for the latency signal
+    # Credits (policy/credits.py) a stream holds per (deployment, tenant) at most; 0: none, every
+    # call goes through the queue (the operator's escape hatch, and the baseline of a bench).
+    credits_per_tenant: int = DEFAULT_CREDITS_PER_TENANT
+    credit_quiet_seconds: float = DEFAULT_QUIET_SECONDS
 
 
 @dataclass(slots=True)
@@ -79,6 +91,7 @@ class _Totals:
     expired: int = 0
     cancelled: int = 0
     infra_failures: int = 0
+    credited: int = 0  # calls the control planes dispatched on credits
 
 
 # INFRA failures that say the node itself is unwell (its worker's stream is gone or fenced): they
@@ -94,10 +107,11 @@ class _Route:
     refusal: Refusal | None
 
 
-class SchedulerCore:
+class SchedulerCore(CoreCredits):
     def __init__(self, settings: CoreSettings | None = None) -> None:
         self._settings = settings or CoreSettings()
         self._totals = _Totals()  # across resets: what this scheduler process has decided
+        self._credits = CreditBook()  # across resets too: a credit id is never issued twice
         self.reset()
 
     def reset(self) -> None:
@@ -126,6 +140,9 @@ class SchedulerCore:
         self._autoscaler = Autoscaler()
         self._advice: dict[str, ScaleAdviceValue] = {}
         self._next_advice_at = 0.0
+        self._credits.clear()
+        self._contended_at: dict[str, float] = {}  # deployment -> when work last waited for it
+        self._crediting: set[str] = set()
 
     # ---- cluster state --------------------------------------------------------------------------
 
@@ -147,7 +164,9 @@ class SchedulerCore:
         deployment refuses its work halfway through the replacement (a residency whose id moved).
         """
         nodes, residencies, deployments = list(nodes), list(residencies), list(deployments)
+        before = self._policies_of_credited()
         self._book.replace_policies(policies)
+        revoked = self._revoke_repoliced(before)
         affected: set[str] = set()
         for node in nodes:
             affected |= self._put_node(node)
@@ -162,7 +181,7 @@ class SchedulerCore:
             self._drop_deployment(deployment_id)
         for deployment in deployments:
             self.upsert_deployment(deployment)
-        decisions = self._settle_many(affected | set(gone), now)
+        decisions = revoked + self._settle_many(affected | set(gone), now)
         self._forget_idle(gone)
         return decisions
 
@@ -189,10 +208,13 @@ class SchedulerCore:
         self._forget_idle((deployment_id,))
         return decisions
 
-    def set_policies(self, policies: Iterable[TenantPolicy]) -> None:
-        """Applied at once: the next admission and the next push read the new values."""
+    def set_policies(self, policies: Iterable[TenantPolicy]) -> list[Decision]:
+        """Applied at once: the next admission and the next push read the new values; the
+        credits of a tenant whose policy changed are revoked (they were granted under the old)."""
+        before = self._policies_of_credited()
         for policy in policies:
             self._book.set_policy(policy)
+        return self._revoke_repoliced(before)
 
     # The cluster's facts changing, each returning the deployments whose queued work must be
     # settled again; the public methods settle at once, a snapshot once at its end.
@@ -332,34 +354,54 @@ class SchedulerCore:
         assignment = self._in_flight.pop(work_id, None)
         if assignment is None:
             return []  # already answered (expired, or from a stream before a reset)
+        residency = self._release(assignment)
+        deployment_id = assignment.deployment_id
+        changes = self._count_outcome(
+            assignment.node_id, deployment_id, residency, outcome, reason, now
+        )
+        if changes:
+            return self._after_breakers(changes, deployment_id, now)
+        # Nothing that decides routability moved: the freed slot serves, else maybe a credit.
+        decisions = self._pump(deployment_id, now)
+        if outcome == Outcome.SUCCESS and residency is not None:
+            decisions.extend(self._offer_credit(assignment, residency, now))
+        return decisions
+
+    def _count_outcome(
+        self,
+        node_id: str,
+        deployment_id: str,
+        residency: ResidencySlots | None,
+        outcome: Outcome,
+        reason: str,
+        now: float,
+    ) -> list[BreakerChange]:
+        """A call's outcome in the totals and its breakers: the breaker moves it made."""
         if outcome == Outcome.CANCELLED:
             self._totals.cancelled += 1
         elif outcome == Outcome.INFRA_FAILURE:
             self._totals.infra_failures += 1
-        residency = self._release(assignment)
         if residency is not None and outcome == Outcome.INFRA_FAILURE:
             residency.infra_failures += 1
         # A residency already forgotten (COLD, its deployment removed, its node deleted) keeps
         # no breaker: a late outcome would bring back a row for what no longer exists. Its
         # node's own breaker still counts while the node is known.
         if residency is not None:
-            breaker_key = assignment.deployment_id
-        elif assignment.node_id in self._nodes:
+            breaker_key = deployment_id
+        elif node_id in self._nodes:
             breaker_key = NODE_BREAKER
         else:
-            return self._pump(assignment.deployment_id, now)
-        changes = self._breakers.record(
-            assignment.node_id,
-            breaker_key,
-            outcome,
-            now,
-            node_wide=reason in NODE_REASONS,
+            return []
+        return self._breakers.record(
+            node_id, breaker_key, outcome, now, node_wide=reason in NODE_REASONS
         )
-        if not changes:  # nothing that decides routability moved: the freed slot serves
-            return self._pump(assignment.deployment_id, now)
+
+    def _after_breakers(
+        self, changes: list[BreakerChange], deployment_id: str, now: float
+    ) -> list[Decision]:
         self._routes.clear()
         decisions: list[Decision] = list(changes)
-        affected = {assignment.deployment_id} | self._affected_by(changes)
+        affected = {deployment_id} | self._affected_by(changes)
         decisions.extend(self._settle_many(affected, now))
         return decisions
 
@@ -382,7 +424,9 @@ class SchedulerCore:
                 self._release(assignment)
                 self._totals.cancelled += 1
                 affected.add(assignment.deployment_id)
-        return self._settle_many(affected, now)
+        self._crediting.discard(origin)
+        decisions = self._release_credits(self._credits.drop(origin), now)
+        return decisions + self._settle_many(affected, now)
 
     def place(self, request: PlacementRequest, now: float) -> Decision:
         serving = {
@@ -434,6 +478,8 @@ class SchedulerCore:
             expired_total=self._totals.expired,
             cancelled_total=self._totals.cancelled,
             infra_failures_total=self._totals.infra_failures,
+            credits=len(self._credits),
+            credited_total=self._totals.credited,
             tenants=self._book.loads(now),
             ledger=self._ledger.views(),
             breakers=self._breakers.views(now),
@@ -481,7 +527,11 @@ class SchedulerCore:
             if queued is None:
                 break
             del self._queued_where[queued.work_id]
+            if queued.enqueued_at < now:  # it waited: contended until now
+                self._contended_at[deployment_id] = now
             decisions.append(self._start(queued, fitting(open_, queued.inputs), work, now))
+        if len(work.queue):  # work waits: contention, so the deployment's credits come back
+            decisions.extend(self._contended(deployment_id, now))
         return decisions
 
     def _with_room(self, deployment_id: str, now: float) -> list[ResidencySlots]:
@@ -512,6 +562,7 @@ class SchedulerCore:
             tenant_id=queued.tenant_id,
             slots=taken,
             origin=queued.origin,
+            priority=queued.priority,
         )
         self._book.dispatched(queued.tenant_id, queued.cost)
         work.took(queued.tenant_id, taken)
@@ -530,13 +581,13 @@ class SchedulerCore:
     def _settle(self, deployment_id: str, now: float) -> list[Decision]:
         """Queued work either goes out, keeps waiting for a slot, or (when nothing can ever
         serve it as things stand) is answered at once with the reason."""
+        decisions = self._revoke_unserving(deployment_id)
         work = self._work.get(deployment_id)
         if work is None or not len(work.queue):
-            return []
+            return decisions
         refusal = self._unserviceable(deployment_id, now)
         if refusal is None:
-            return self._pump(deployment_id, now)
-        decisions: list[Decision] = []
+            return decisions + self._pump(deployment_id, now)
         for queued in work.queue.drain():
             del self._queued_where[queued.work_id]
             self._book.dropped(queued.tenant_id, queued.cost, now, charged_at=queued.enqueued_at)

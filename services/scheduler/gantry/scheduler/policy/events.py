@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from gantry.scheduler.policy.admission import TenantLoadView
 from gantry.scheduler.policy.autoscale import ScaleAdviceValue
 from gantry.scheduler.policy.breakers import BreakerChange, BreakerView
+from gantry.scheduler.policy.credits import CreditGranted, CreditsRevoked
 from gantry.scheduler.policy.ledger import DomainView
 from gantry.scheduler.policy.placement import (
     NO_GPU_CONSTRAINTS,
@@ -113,7 +114,14 @@ class PlacementRefused:
 
 
 Decision = (
-    Dispatched | WorkRejected | PlacementMade | PlacementRefused | BreakerChange | ScaleAdviceValue
+    Dispatched
+    | WorkRejected
+    | PlacementMade
+    | PlacementRefused
+    | BreakerChange
+    | ScaleAdviceValue
+    | CreditGranted
+    | CreditsRevoked
 )
 
 
@@ -147,3 +155,5 @@ class CoreSnapshot:
     advice: list[ScaleAdviceValue]
     residencies: list[ResidencyLoadView]
     nodes: list[NodeInfo]
+    credits: int = 0  # granted and not yet returned, on every stream
+    credited_total: int = 0  # calls dispatched on credits (in dispatched_total too)

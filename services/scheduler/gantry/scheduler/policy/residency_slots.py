@@ -32,6 +32,7 @@ class Assignment:
     tenant_id: str
     slots: int  # what it holds of its residency's slots: its inputs, at most all of them
     origin: str  # the control-plane stream that submitted it
+    priority: int = 0  # the class it was served in (a Priority): only INTERACTIVE earns credits
 
 
 def eligibility(

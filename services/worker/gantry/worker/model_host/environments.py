@@ -27,7 +27,9 @@ OFFLINE_ENVIRONMENT: Mapping[str, str] = {
     "TOKENIZERS_PARALLELISM": "false",
 }
 
-# What a model host's CPU threads do between parallel regions, unless the operator says otherwise.
+# What a model host's CPU threads do between parallel regions when nothing better is known: the
+# worker measures a better one per machine and environment (cpu_calibration, cpu_policy), which
+# hosts get as GOMP_SPINCOUNT (libgomp honours it over this), and an operator's own wins over both.
 # libgomp's default spins before sleeping; on a node whose cores the worker, the control plane or
 # other hosts share, spinning threads take the CPU those processes need to move the next request.
 # Measured on 2 cores with 32 concurrent callers (issue 9): the host spent 17.4 ms of CPU per
@@ -46,6 +48,9 @@ HOST_PATH = "/usr/local/bin:/usr/bin:/bin"
 INHERITED_ENVIRONMENT: Mapping[str, str] = {
     "OMP_NUM_THREADS": "the operator's CPU thread budget for torch's OpenMP pool",
     "OMP_WAIT_POLICY": "the operator's choice over HOST_CPU_DEFAULTS' PASSIVE",
+    # How long libgomp's threads spin before sleeping; it wins over OMP_WAIT_POLICY. Measured per
+    # machine and environment by the worker (cpu_calibration), or the operator's own.
+    "GOMP_SPINCOUNT": "the spin before an idle OpenMP thread sleeps (cpu_policy)",
     "MKL_NUM_THREADS": "the same budget for MKL",
     "LANG": "text decoding in tokenizers and logs",
     "LC_ALL": "text decoding in tokenizers and logs",

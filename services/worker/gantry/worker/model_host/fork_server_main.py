@@ -11,6 +11,7 @@ another thread held at that moment would stay held forever in the host.
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib
 import importlib.util
 import logging
@@ -102,6 +103,19 @@ def _preload() -> None:
         build_table("bert")
 
 
+def _freeze_imports() -> None:
+    """Put every object the imports made out of the cyclic collector's reach, for good.
+
+    A forked host shares this heap copy-on-write. Its first full collection would traverse every
+    one of these objects and write its GC header, copying most of the heap into the host
+    (measured, MiniLM: a further resident's PSS about 165 MiB frozen; unfrozen, 232 MiB once it
+    had run one full collection).
+    Frozen objects are never traversed, here or in a host, which inherits the freeze.
+    """
+    gc.collect()
+    gc.freeze()
+
+
 def _running_threads() -> int:
     return len(os.listdir("/proc/self/task"))
 
@@ -138,6 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         logger.error("fork server: %s", message)
         control.send(fork_server.encode_reply(kind="failed", error=message))
         return 1
+    _freeze_imports()
     import_seconds = time.monotonic() - started
     logger.info("ready: imports took %.2fs, pid %d", import_seconds, os.getpid())
     control.send(

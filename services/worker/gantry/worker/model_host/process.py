@@ -21,6 +21,7 @@ from google.protobuf.message import DecodeError
 from gantry.common.errors import GantryError
 from gantry.v1 import common_pb2, model_host_pb2, worker_gateway_pb2
 from gantry.worker.model_host import sandbox
+from gantry.worker.model_host.cpu_calibration import HostCpu
 from gantry.worker.model_host.custody import ChildCustody, private_workspace
 from gantry.worker.model_host.exit_status import crashed_error, describe_returncode
 from gantry.worker.model_host.framing import FrameError, read_frame_async, write_frame_async
@@ -44,6 +45,9 @@ _SHUTDOWN_SEND_S = 1.0
 _TERM_GRACE_S = 5.0
 _KILL_GRACE_S = 5.0
 DEFAULT_MAX_PENDING = 256
+# A load waits this long at most for its environment's CPU calibration (once per machine and
+# environment, about 10 s on an idle 2-core node); past it the host waits PASSIVE.
+_CPU_CALIBRATION_WAIT_S = 30.0
 
 OnExit = Callable[["ModelHost", int], None]
 
@@ -119,19 +123,34 @@ class ModelHost(ChildCustody[HostProcess], HostCalls):
         on_exit: OnExit | None = None,
         trace_context: Mapping[str, str] | None = None,
         warm_pool: WarmPool | None = None,
+        host_cpu: HostCpu | None = None,
     ) -> ModelHost:
         """Start the child and wait until it has loaded and health-checked the model.
 
         The child is spawned, or forked by `warm_pool` when given (its imports already done);
-        either way this worker is its parent. Raises GantryError: the child's own failure
-        (LOAD_FAILED, HEALTH_FAILED), LOAD_FAILED when it dies or times out first,
-        RUNTIME_ENVIRONMENT_UNAVAILABLE when it cannot be started (a warm pool that cannot fork
-        it never falls back to a spawn). The child never outlives a failed or cancelled start;
-        `load_timeout_s` bounds the whole start, a wait for the warm pool's server included.
+        either way this worker is its parent. Its CPU threads wait as `host_cpu` measured for its
+        environment when given (else PASSIVE, environments.HOST_CPU_DEFAULTS). Raises
+        GantryError: the child's own failure (LOAD_FAILED, HEALTH_FAILED), LOAD_FAILED when it
+        dies or times out first, RUNTIME_ENVIRONMENT_UNAVAILABLE when it cannot be started (a
+        warm pool that cannot fork it never falls back to a spawn). The child never outlives a
+        failed or cancelled start; `load_timeout_s` bounds the whole start, a wait for the warm
+        pool's server (and for `host_cpu`'s measurement) included.
         """
         deadline = asyncio.get_running_loop().time() + spec.load_timeout_s
+        # The CPU wait policy `host_cpu` measured for this environment (cpu_calibration); what
+        # the operator set wins over it. A calibration in progress is awaited, within bounds.
+        worker_environment = {**os.environ, **spec.env}
+        cpu = (
+            await host_cpu.choice_for(
+                spec.python_executable,
+                worker_environment,
+                wait_s=min(_CPU_CALIBRATION_WAIT_S, spec.load_timeout_s / 2),
+            )
+            if host_cpu is not None
+            else None
+        )
         private_dir, environment = private_workspace(
-            {**os.environ, **spec.env},
+            {**(cpu.environment() if cpu else {}), **worker_environment},
             prefix=f"gantry-host-{spec.deployment_id}-",
             test_hooks=spec.test_hooks,
         )
@@ -162,6 +181,9 @@ class ModelHost(ChildCustody[HostProcess], HostCalls):
             private_dir=private_dir,
         )
         await host._await_ready(deadline, trace_context or {})
+        if cpu is not None and host._ready is not None:
+            # In the load's evidence (runtime_versions): what this host's threads do, and why.
+            host._ready.runtime_versions.update(cpu.evidence())
         await host._enforce_isolation()
         host._serve()
         return host

@@ -1,0 +1,139 @@
+"""Heartbeat pacing on real streams: the control plane tells each stream its interval (longer as
+the fleet on the replica grows, told to the streams already open), a worker beats at the
+interval it was told, and a silent worker is still found, after the grace its interval gives.
+
+A pacing of one heartbeat per base interval in all (`max_per_s` = 1 / base) makes every stream
+a step: the first is told one base interval, the second two, and the first is told two as well.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import itertools
+from pathlib import Path
+
+from gantry.common.clock import ManualClock
+from gantry.controlplane.deployments.reconciler import ReconcilerSettings
+from gantry.controlplane.nodes.heartbeat_pacing import HeartbeatPacing
+from gantry.v1 import common_pb2
+from gantry.v1 import control_plane_pb2 as cp
+from gantry.v1 import worker_gateway_pb2 as wg
+from gantry.worker.heartbeat_file import HeartbeatRecord, read_heartbeat
+from tests.integration.harness import Harness, running_gantry, wait_for
+from tests.integration.scripted_worker import ScriptedWorker
+
+
+def one_beat_per_interval(harness: Harness, base_interval_s: float) -> None:
+    harness.control_plane.gateway.pacing = HeartbeatPacing(
+        base_interval_s=base_interval_s, max_per_s=1 / base_interval_s
+    )
+
+
+class PacedWorker(ScriptedWorker):
+    """A scripted worker that keeps every HeartbeatInterval it is told (and never beats)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.told: list[float] = []
+
+    def _handle(self, message: wg.ControlMessage) -> None:
+        if message.WhichOneof("kind") == "heartbeat_interval":
+            self.told.append(message.heartbeat_interval.heartbeat_interval.ToNanoseconds() / 1e9)
+        super()._handle(message)
+
+
+async def state_of(harness: Harness, name: str) -> int:
+    listed = await harness.operator.ListNodes(cp.ListNodesRequest(), metadata=harness.op_md)
+    return {node.name: node.state for node in listed.nodes}[name]
+
+
+async def test_a_silent_stream_told_a_longer_interval_is_found_after_the_longer_grace(
+    database_url: str, tmp_path: Path
+):
+    settings = ReconcilerSettings(heartbeat_interval_s=5.0, stale_after_heartbeats=3.0)
+    clock = ManualClock()
+    root = tmp_path / "artifacts"
+    root.mkdir()
+    async with running_gantry(
+        database_url, root, clock=clock, reconciler=settings, run_reconciler=False
+    ) as harness:
+        one_beat_per_interval(harness, settings.heartbeat_interval_s)
+        first, second = PacedWorker(), PacedWorker()
+        try:
+            await first.start(harness.channel, await harness.register_node("first"))
+            assert first.welcome is not None
+            assert first.welcome.heartbeat_interval.ToNanoseconds() == 5 * 10**9
+            await second.start(harness.channel, await harness.register_node("second"))
+            assert second.welcome is not None
+            # Two streams at one heartbeat per 5 s in all: each beats every 10 s, and the stream
+            # already open is told so.
+            assert second.welcome.heartbeat_interval.ToNanoseconds() == 10 * 10**9
+            await wait_for(lambda: first.told == [10.0], what="the first stream told 10 s")
+            reconciler = harness.control_plane.reconciler
+
+            clock.advance(settings.stale_after_s + 0.001)  # past the base grace: 3 beats of 5 s
+            await reconciler.reconcile_once()
+            for name in ("first", "second"):
+                assert await state_of(harness, name) == common_pb2.NODE_STATE_CONNECTED, name
+
+            clock.advance(settings.stale_after_s)  # past 3 beats of 10 s since either was heard
+            await reconciler.reconcile_once()
+            for name in ("first", "second"):
+                assert await state_of(harness, name) == common_pb2.NODE_STATE_DISCONNECTED, name
+            await asyncio.wait_for(first.ended.wait(), 5)  # its stream was closed
+        finally:
+            await first.stop()
+            await second.stop()
+
+
+async def test_a_worker_beats_at_the_interval_it_was_told(database_url: str, tmp_path: Path):
+    base_s = 0.5
+    root = tmp_path / "artifacts"
+    root.mkdir()
+    async with running_gantry(
+        database_url,
+        root,
+        reconciler=ReconcilerSettings(interval_s=0.2, heartbeat_interval_s=base_s),
+    ) as harness:
+        one_beat_per_interval(harness, base_s)
+        liveness = harness.control_plane.liveness
+        heard_at: dict[str, list[float]] = {}
+        heard = liveness.heard
+
+        def recording(node_id: str, generation: int, now: dt.datetime) -> bool:
+            heard_at.setdefault(node_id, []).append(asyncio.get_running_loop().time())
+            return heard(node_id, generation, now)
+
+        liveness.heard = recording  # type: ignore[method-assign]
+        beat_file = tmp_path / "heartbeat"
+        agent = await harness.start_worker(
+            await harness.register_node("real"), heartbeat_file=beat_file
+        )
+        silent = PacedWorker()
+        try:
+            await silent.start(harness.channel, await harness.register_node("silent"))
+            told_at = asyncio.get_running_loop().time()
+
+            def file_interval() -> float:
+                contents = read_heartbeat(beat_file)
+                return HeartbeatRecord.from_json(contents).interval_s if contents else 0.0
+
+            await wait_for(lambda: file_interval() == 2 * base_s, what="the worker told 1 s")
+            # Beats after the one that was already waiting out the old 0.5 s: 1 s apart or more.
+            await wait_for(
+                lambda: sum(t > told_at for t in heard_at.get(agent.node_id, [])) >= 4,
+                what="four heartbeats after the longer interval was told",
+            )
+            after = [t for t in heard_at[agent.node_id] if t > told_at]
+            gaps = [later - earlier for earlier, later in itertools.pairwise(after[1:])]
+            assert gaps and min(gaps) >= 2 * base_s * 0.9, gaps
+            assert await state_of(harness, "real") == common_pb2.NODE_STATE_CONNECTED
+            # The silent one (told 1 s: grace 3 s) is still found.
+            await wait_for(
+                lambda: silent.ended.is_set(), what="the silent worker's stream closed as stale"
+            )
+            assert await state_of(harness, "silent") == common_pb2.NODE_STATE_DISCONNECTED
+            assert await state_of(harness, "real") == common_pb2.NODE_STATE_CONNECTED
+        finally:
+            await silent.stop()
