@@ -36,6 +36,8 @@ $(VISION_STAMP): requirements-vision.txt libs/pyproject.toml services/worker/pyp
 	@$(STEP) "install $(VISION_VENV) (torch 2.14.1, torchvision; ~3 min fresh)" -- \
 		$(VISION_VENV)/bin/pip install $(PIP_FLAGS) -r requirements-vision.txt \
 		-e libs -e services/worker
+	@$(STEP) "measure the vision hosts' CPU wait policy here (once per machine; ~15 s)" -- \
+		$(CURDIR)/$(VISION_VENV)/bin/python -m gantry.worker.model_host.cpu_calibration
 	@touch $@
 
 # The managed llama.cpp server's environment (requirements-llama.txt says why it is separate and
@@ -96,6 +98,8 @@ $(STAMP): requirements-dev.txt libs/pyproject.toml services/*/pyproject.toml cli
 		-e libs -e services/controlplane -e services/scheduler -e 'services/worker[ml]' -e cli \
 		-e clients/python \
 		torch==2.13.0
+	@$(STEP) "measure the model hosts' CPU wait policy here (once per machine; ~15 s)" -- \
+		$(CURDIR)/$(BIN)/python -m gantry.worker.model_host.cpu_calibration
 	@touch $@
 
 proto: $(PROTO_STAMP)

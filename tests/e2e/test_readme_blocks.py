@@ -341,12 +341,14 @@ def _run_blocks(blocks: list[Block], instance: Instance) -> list[str]:
         if block.skip is not None:
             skipped.append(f"{block.title}: {block.skip}")
             continue
+        started = time.monotonic()
         outcome = _run_block(block, instance, env)
         if outcome is None:
             failures.append(f"{block.title}: still running after {BLOCK_TIMEOUT_S:g}s")
             continue
         done = outcome
-        ran.append(block.title)
+        # Each block's time, printed with -s: where the walkthrough's minutes go.
+        ran.append(f"{block.title} ({time.monotonic() - started:.1f} s)")
         output = done.stdout + done.stderr
         if done.returncode != 0:
             failures.append(f"{block.title}: exit {done.returncode}\n{output[-2000:]}")

@@ -88,11 +88,14 @@ def test_on_the_cpu_the_whole_sequence_runs_and_reports_both_models() -> None:
 
 @pytest.mark.timeout(120)
 def test_out_of_budget_it_fails_naming_the_step_and_leaves_nothing_running() -> None:
-    done = _gpu_check("--device", "cpu", timeout_s=100, GANTRY_GPU_CHECK_BUDGET_S="3")
+    # 6 s: long enough for `gantry up` to start and take its SIGTERM on a loaded machine (at 3 s
+    # a fresh clone's suite once ended it before it had written a line), far short of its first
+    # Embed (about 18 s here).
+    done = _gpu_check("--device", "cpu", timeout_s=100, GANTRY_GPU_CHECK_BUDGET_S="6")
     lines = done.stdout.splitlines()
     assert done.returncode == 1, done.stdout + done.stderr
     assert (
-        "  FAILED: the 3 s budget ran out during: `gantry up --device cpu` (inspect, probe, "
+        "  FAILED: the 6 s budget ran out during: `gantry up --device cpu` (inspect, probe, "
         "approve, deploy, load, Embed)" in lines
     )
     assert lines[-1] == "gpu-check: FAIL"

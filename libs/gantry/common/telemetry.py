@@ -12,6 +12,8 @@ import os
 import threading
 import time
 from collections.abc import Mapping, MutableMapping, Sequence
+from contextlib import AbstractContextManager
+from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
@@ -197,8 +199,63 @@ def setup_tracing(service_name: str, *, relay: SpanExporter | None = None) -> Tr
         return provider
 
 
-def tracer(name: str) -> trace.Tracer:
-    return trace.get_tracer(name)
+class _CurrentSpan:
+    """`start_as_current_span`'s scope while no TracerProvider is installed: the span already
+    current, unchanged. The API's no-op tracer would make a non-recording copy of that span's
+    context and attach it, which carries the same W3C context on, for about 25 us a call."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> trace.Span:
+        return trace.get_current_span()
+
+    def __exit__(self, *exc_info: object) -> None:
+        return None
+
+
+_CURRENT_SPAN = _CurrentSpan()
+
+
+class _ParentSpan:
+    """`start_as_current_span(context=...)`'s scope while no TracerProvider is installed: the
+    context's span made current, as the no-op tracer does (its span is that one's context), so
+    a remote parent read from a stream envelope flows on, without the no-op tracer's own work."""
+
+    __slots__ = ("_span", "_token")
+
+    def __init__(self, context: otel_context.Context) -> None:
+        self._span = trace.get_current_span(context)
+
+    def __enter__(self) -> trace.Span:
+        self._token = otel_context.attach(trace.set_span_in_context(self._span))
+        return self._span
+
+    def __exit__(self, *exc_info: object) -> None:
+        otel_context.detach(self._token)
+
+
+class GantryTracer(trace.Tracer):
+    """The API's tracer for `name`, whose `start_as_current_span` costs next to nothing on a
+    process that records no spans (no provider installed: `setup_tracing` found no exporter),
+    with the W3C context flowing on as the no-op tracer would carry it. `start_span` is the API
+    tracer's own."""
+
+    def __init__(self, name: str) -> None:
+        self._tracer = trace.get_tracer(name)
+
+    def start_span(self, *args: Any, **kwargs: Any) -> trace.Span:
+        return self._tracer.start_span(*args, **kwargs)
+
+    def start_as_current_span(  # type: ignore[override]
+        self, name: str, context: otel_context.Context | None = None, **options: Any
+    ) -> AbstractContextManager[trace.Span]:
+        if not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
+            return self._tracer.start_as_current_span(name, context, **options)
+        return _CURRENT_SPAN if context is None else _ParentSpan(context)
+
+
+def tracer(name: str) -> GantryTracer:
+    return GantryTracer(name)
 
 
 def inject_context(carrier: MutableMapping[str, str]) -> None:

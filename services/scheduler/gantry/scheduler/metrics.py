@@ -13,6 +13,7 @@ from gantry.common.metrics import (
     OTHER,
     BoundedValues,
     Labels,
+    SummedCounter,
     duration_histogram,
     meter,
     metrics_enabled,
@@ -36,8 +37,11 @@ REASON_LABELS = 64
 DOMAIN_LABELS = 64
 
 _meter = meter("gantry.scheduler")
-_dispatches = _meter.create_counter(
-    "gantry_scheduler_dispatches", description="Work dispatched to a residency, per tenant"
+# Counted on every dispatch: summed here and handed to the SDK when a reader collects.
+_dispatches = SummedCounter(
+    _meter.create_counter(
+        "gantry_scheduler_dispatches", description="Work dispatched to a residency, per tenant"
+    )
 )
 _rejections = _meter.create_counter(
     "gantry_scheduler_rejections",

@@ -25,6 +25,7 @@ from gantry.common.metrics import (
     BoundedValues,
     Labels,
     ModelLabels,
+    SummedCounter,
     cached_attributes,
     duration_histogram,
     meter,
@@ -52,10 +53,13 @@ PROTOCOL_KSERVE = "kserve_v2"  # inference.GRPCInferenceService (Open Inference 
 PROTOCOL_OPENAI = "openai_http"  # the OpenAI-compatible HTTP API
 
 _meter = meter("gantry.controlplane")
-_invocations = _meter.create_counter(
-    "gantry_invocations",
-    description="Inference calls answered, by operation, gRPC status code, ErrorInfo reason, "
-    "capability and deployment",
+# Counted on every call: summed here and handed to the SDK when a reader collects.
+_invocations = SummedCounter(
+    _meter.create_counter(
+        "gantry_invocations",
+        description="Inference calls answered, by operation, gRPC status code, ErrorInfo "
+        "reason, capability and deployment",
+    )
 )
 _front_door_calls = _meter.create_counter(
     "gantry_front_door_calls",

@@ -9,8 +9,11 @@ run one after another, so they do not measure each other. The choice is kept in 
 named after the interpreter and the machine's CPUs (`cpu_policy.cache_name`), so a later worker
 on the same machine reads it instead of measuring again.
 
-A host that starts while its environment's calibration runs waits for it at most half its load
-time; without a choice (none started, a trial failed, the wait ran out) it gets
+`python -m gantry.worker.model_host.cpu_calibration` measures (or reads) the choice of the
+interpreter that runs it: the Makefile runs it when it builds an environment (.venv,
+.venv-vision), so a worker started from a fresh build finds it kept and its first host waits for
+nothing. A host that starts while its environment's calibration runs waits for it at most half
+its load time; without a choice (none started, a trial failed, the wait ran out) it gets
 `environments.HOST_CPU_DEFAULTS` (PASSIVE), the policy that never takes a neighbour's cores.
 """
 
@@ -197,3 +200,39 @@ class HostCpu:
                 wait_s,
             )
             return None
+
+
+def main() -> int:
+    """Measure (or read) the choice for this interpreter and say it; a failure is said and
+    leaves nothing kept (hosts wait PASSIVE until a worker measures it): exit 0 either way,
+    since an environment without a choice still serves."""
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser(
+        prog="python -m gantry.worker.model_host.cpu_calibration",
+        description="measure the model hosts' CPU wait policy and threads for this interpreter "
+        "on this machine, and keep it where `gantry worker --host-cpu-cache` reads it",
+    )
+    parser.add_argument("--cache-dir", type=Path, default=None, metavar="DIR")
+    arguments = parser.parse_args()
+    environment = dict(os.environ)
+    if cpu_policy.operator_chose(environment):
+        print(
+            "the environment sets the wait policy (OMP_WAIT_POLICY or GOMP_SPINCOUNT): "
+            "none measured"
+        )
+        return 0
+    try:
+        choice = _cached_or_measured(
+            sys.executable, environment, arguments.cache_dir or default_cache_dir()
+        )
+    except Exception as error:  # any failure: said, and the hosts wait PASSIVE
+        print(f"not measured ({type(error).__name__}: {error}); model hosts wait PASSIVE")
+        return 0
+    print(f"model host CPU policy for {sys.executable}: {choice.describe()}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
