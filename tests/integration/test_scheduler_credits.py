@@ -13,31 +13,15 @@ from gantry.common.grpc_server import RunningServer
 from gantry.controlplane.platform.scheduler_link import SchedulerLink
 from gantry.controlplane.serving.credits import CreditPool
 from gantry.scheduler.policy.core import CoreSettings
-from gantry.scheduler.policy.types import ResidencyPhase
 from gantry.scheduler.server import start_scheduler
 from gantry.scheduler.service import SchedulerSettings
 from gantry.v1 import common_pb2, scheduler_pb2
 from tests.integration.harness import wait_for
-from tests.integration.test_scheduler_link import TOKEN, _snapshot, scheduler
+from tests.integration.test_scheduler_link import TOKEN, _snapshot, one_residency_cluster, scheduler
 
 __all__ = ["scheduler"]  # the link tests' in-process scheduler fixture, used here too
 
 SUCCESS = scheduler_pb2.WORK_OUTCOME_SUCCESS
-
-
-async def _cluster_state() -> scheduler_pb2.ClusterState:
-    return scheduler_pb2.ClusterState(
-        nodes=[scheduler_pb2.SchedulerNode(node_id="n1", state=common_pb2.NODE_STATE_CONNECTED)],
-        residencies=[
-            scheduler_pb2.SchedulerResidency(
-                residency_id="r1",
-                deployment_id="d1",
-                node_id="n1",
-                state=ResidencyPhase.RESIDENT,
-                slots=2,  # a credit may hold one of them
-            )
-        ],
-    )
 
 
 def _work(work_id: str, tenant: str) -> scheduler_pb2.WorkSubmitted:
@@ -53,7 +37,9 @@ def _work(work_id: str, tenant: str) -> scheduler_pb2.WorkSubmitted:
 
 async def _replica(server: RunningServer) -> tuple[SchedulerLink, CreditPool]:
     link = SchedulerLink(
-        address=f"127.0.0.1:{server.port}", service_token=TOKEN, cluster_state=_cluster_state
+        address=f"127.0.0.1:{server.port}",
+        service_token=TOKEN,
+        cluster_state=one_residency_cluster(2),
     )
     pool = CreditPool(link)
     link.start()
@@ -156,7 +142,9 @@ async def test_credits_off_grants_none() -> None:
 async def test_a_link_nobody_takes_credits_on_is_granted_none(scheduler: RunningServer) -> None:
     # As an older control plane's: its snapshot does not say it takes credits.
     link = SchedulerLink(
-        address=f"127.0.0.1:{scheduler.port}", service_token=TOKEN, cluster_state=_cluster_state
+        address=f"127.0.0.1:{scheduler.port}",
+        service_token=TOKEN,
+        cluster_state=one_residency_cluster(2),
     )
     link.start()
     try:

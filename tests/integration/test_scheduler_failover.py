@@ -31,10 +31,11 @@ from gantry.controlplane.platform.scheduler_assignment import (
 from gantry.controlplane.platform.scheduler_assignment_rules import Assignment
 from gantry.controlplane.platform.scheduler_link import SchedulerLink
 from gantry.scheduler.server import start_scheduler
-from gantry.v1 import common_pb2, inference_pb2, inference_pb2_grpc, scheduler_pb2
+from gantry.v1 import inference_pb2, inference_pb2_grpc, scheduler_pb2
 from tests.fixtures.migrated_copy import migrate_fresh
 from tests.integration.harness import Harness, running_gantry, wait_for
 from tests.integration.scripted_worker import SILENT_WORKER, serving_tiny
+from tests.integration.test_scheduler_link import one_residency_cluster
 from tests.ports import free_port
 
 STATE_DEADLINE_S = 60.0
@@ -172,22 +173,6 @@ async def test_every_replica_follows_the_assignment_so_one_scheduler_serves_them
             assert leader.scheduler.address == follower.scheduler.address == second
 
 
-async def _one_slot() -> scheduler_pb2.ClusterState:
-    """One node with one residency of d1 that takes a single call at a time."""
-    return scheduler_pb2.ClusterState(
-        nodes=[scheduler_pb2.SchedulerNode(node_id="n1", state=common_pb2.NODE_STATE_CONNECTED)],
-        residencies=[
-            scheduler_pb2.SchedulerResidency(
-                residency_id="r1",
-                deployment_id="d1",
-                node_id="n1",
-                state=common_pb2.RESIDENCY_STATE_RESIDENT,
-                slots=1,
-            )
-        ],
-    )
-
-
 def _work(work_id: str) -> scheduler_pb2.WorkSubmitted:
     return scheduler_pb2.WorkSubmitted(work_id=work_id, deployment_id="d1", tenant_id="t1")
 
@@ -201,7 +186,7 @@ async def test_a_moving_link_answers_the_old_queue_and_holds_new_calls_for_the_n
     link = SchedulerLink(
         address=_address(old.port),
         service_token=token,
-        cluster_state=_one_slot,
+        cluster_state=one_residency_cluster(1),
         failover_hold_s=STATE_DEADLINE_S,
     )
     try:
@@ -265,7 +250,7 @@ async def test_a_move_decided_on_a_stale_read_does_not_land_and_a_follower_never
         link = SchedulerLink(
             address=_address(standby.port),
             service_token=token,
-            cluster_state=_one_slot,
+            cluster_state=one_residency_cluster(1),
             silence_timeout_seconds=0.01,
         )
         follower = SchedulerAssignment(

@@ -4,7 +4,7 @@ gap is closed, its queues answer QUEUE_FULL, and a cancelled call never counts a
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import grpc
 import pytest
@@ -50,6 +50,18 @@ def _residency(
         state=RESIDENT,
         slots=4,  # room for every call these tests have in flight at once
     )
+
+
+def one_residency_cluster(slots: int) -> Callable[[], Awaitable[scheduler_pb2.ClusterState]]:
+    """A link's cluster-state reader: node n1 connected, with one RESIDENT residency r1 of d1
+    that takes `slots` calls at a time (the scheduler link, failover and credit tests)."""
+
+    async def read() -> scheduler_pb2.ClusterState:
+        residency = _residency("r1", "d1", "n1")
+        residency.slots = slots
+        return scheduler_pb2.ClusterState(nodes=[_node("n1")], residencies=[residency])
+
+    return read
 
 
 def _work(work_id: str, deployment_id: str) -> scheduler_pb2.WorkSubmitted:

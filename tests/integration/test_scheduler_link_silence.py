@@ -25,7 +25,8 @@ from gantry.common import tokens
 from gantry.common.errors import GantryError
 from gantry.common.grpc_server import insecure_channel
 from gantry.controlplane.platform.scheduler_link import Liveness, SchedulerLink
-from gantry.v1 import common_pb2, scheduler_pb2
+from gantry.v1 import scheduler_pb2
+from tests.integration.test_scheduler_link import one_residency_cluster
 from tests.ports import free_port
 
 TOKEN = tokens.mint_token(tokens.SERVICE_TOKEN, "scheduler")
@@ -83,22 +84,6 @@ def scheduler_process(tmp_path: Path) -> Iterator[SchedulerProcess]:
             process.wait(timeout=10)
 
 
-async def _one_slot_cluster() -> scheduler_pb2.ClusterState:
-    """One node with one residency of d1 that takes a single call at a time."""
-    return scheduler_pb2.ClusterState(
-        nodes=[scheduler_pb2.SchedulerNode(node_id="n1", state=common_pb2.NODE_STATE_CONNECTED)],
-        residencies=[
-            scheduler_pb2.SchedulerResidency(
-                residency_id="r1",
-                deployment_id="d1",
-                node_id="n1",
-                state=common_pb2.RESIDENCY_STATE_RESIDENT,
-                slots=1,
-            )
-        ],
-    )
-
-
 def _work(work_id: str) -> scheduler_pb2.WorkSubmitted:
     return scheduler_pb2.WorkSubmitted(work_id=work_id, deployment_id="d1", tenant_id="t1")
 
@@ -110,7 +95,7 @@ async def test_a_stopped_scheduler_fails_waiting_and_new_requests_typed_and_reco
     link = SchedulerLink(
         address=scheduler_process.address,
         service_token=TOKEN,
-        cluster_state=_one_slot_cluster,
+        cluster_state=one_residency_cluster(1),
         reconnect_max_seconds=0.5,
         silence_timeout_seconds=SILENCE_TIMEOUT_S,
     )
