@@ -20,7 +20,7 @@ export TOKENIZERS_PARALLELISM := false
 STEP := $(PYTHON) scripts/build_step.py
 PIP_FLAGS := --disable-pip-version-check --progress-bar off
 
-.PHONY: run test test-plan test-unit test-integration lint proto docs bench gpu-check clean venv \
+.PHONY: run host-cpu test test-plan test-unit test-integration lint proto docs bench gpu-check clean venv \
 	vision-env llama-env clients-env
 
 venv: $(STAMP)
@@ -36,8 +36,6 @@ $(VISION_STAMP): requirements-vision.txt libs/pyproject.toml services/worker/pyp
 	@$(STEP) "install $(VISION_VENV) (torch 2.14.1, torchvision; ~3 min fresh)" -- \
 		$(VISION_VENV)/bin/pip install $(PIP_FLAGS) -r requirements-vision.txt \
 		-e libs -e services/worker
-	@$(STEP) "measure the vision hosts' CPU wait policy here (once per machine; ~15 s)" -- \
-		$(CURDIR)/$(VISION_VENV)/bin/python -m gantry.worker.model_host.cpu_calibration
 	@touch $@
 
 # The managed llama.cpp server's environment (requirements-llama.txt says why it is separate and
@@ -98,8 +96,6 @@ $(STAMP): requirements-dev.txt libs/pyproject.toml services/*/pyproject.toml cli
 		-e libs -e services/controlplane -e services/scheduler -e 'services/worker[ml]' -e cli \
 		-e clients/python \
 		torch==2.13.0
-	@$(STEP) "measure the model hosts' CPU wait policy here (once per machine; ~15 s)" -- \
-		$(CURDIR)/$(BIN)/python -m gantry.worker.model_host.cpu_calibration
 	@touch $@
 
 proto: $(PROTO_STAMP)
@@ -124,7 +120,17 @@ RUNTIME_ENV_MAP := {"vision": {"python": "$(CURDIR)/$(VISION_VENV)/bin/python", 
 	"build": "make vision-env"}, \
 	"llama": {"python": "$(CURDIR)/$(LLAMA_VENV)/bin/python", "build": "make llama-env"}}
 
-run: $(PROTO_STAMP)
+# The model hosts' CPU wait policy and threads, measured once per machine and environment (about
+# 15 s) and kept in ~/.cache/gantry, where the worker reads it (gantry/worker/model_host/
+# cpu_calibration.py): measured here, before the services start, so the first load waits for
+# nothing. After the stubs, which it imports; the vision environment's only once it is built.
+host-cpu: $(PROTO_STAMP)
+	@$(STEP) "the model hosts' CPU wait policy (measured once per machine, ~15 s; then read)" -- \
+		$(CURDIR)/$(BIN)/python -m gantry.worker.model_host.cpu_calibration
+	@test ! -f $(VISION_STAMP) || $(STEP) "the vision hosts' CPU wait policy (the same)" -- \
+		$(CURDIR)/$(VISION_VENV)/bin/python -m gantry.worker.model_host.cpu_calibration
+
+run: $(PROTO_STAMP) host-cpu
 	GANTRY_PYTHON_ENV_MAP_JSON=$${GANTRY_PYTHON_ENV_MAP_JSON:-'$(RUNTIME_ENV_MAP)'} $(BIN)/gantry up
 
 # What `make test` builds before the suite, said before any of it starts (`make -q`: up to date?).
@@ -145,6 +151,7 @@ test-plan:
 # wait on disk and network), the longest first; each step's lines carry its name.
 test: test-plan
 	@$(MAKE) --no-print-directory -j4 $(LLAMA_STAMP) $(PROTO_STAMP) $(VISION_STAMP) $(CLIENTS_STAMP)
+	@$(MAKE) --no-print-directory host-cpu
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=30
 
 test-unit: $(PROTO_STAMP)

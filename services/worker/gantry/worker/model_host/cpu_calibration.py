@@ -10,11 +10,11 @@ named after the interpreter and the machine's CPUs (`cpu_policy.cache_name`), so
 on the same machine reads it instead of measuring again.
 
 `python -m gantry.worker.model_host.cpu_calibration` measures (or reads) the choice of the
-interpreter that runs it: the Makefile runs it when it builds an environment (.venv,
-.venv-vision), so a worker started from a fresh build finds it kept and its first host waits for
-nothing. A host that starts while its environment's calibration runs waits for it at most half
-its load time; without a choice (none started, a trial failed, the wait ran out) it gets
-`environments.HOST_CPU_DEFAULTS` (PASSIVE), the policy that never takes a neighbour's cores.
+interpreter that runs it: `make host-cpu` runs it in .venv and .venv-vision before `make run` and
+`make test` start anything, so a worker started from a fresh build finds it kept and its first
+host waits for nothing. A host that starts while its environment's calibration runs waits for it
+at most half its load time; without a choice (none started, a trial failed, the wait ran out) it
+gets `environments.HOST_CPU_DEFAULTS` (PASSIVE), the policy that never takes a neighbour's cores.
 """
 
 from __future__ import annotations
