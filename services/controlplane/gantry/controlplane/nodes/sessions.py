@@ -40,6 +40,12 @@ DEFAULT_PENDING_INVOKES_LIMIT = 1024
 # Progress items one streaming invocation holds for a caller that has not taken them yet (a
 # GenerateStream's text, about one token each, while its client reads slower than the model writes).
 DEFAULT_PROGRESS_LIMIT = 256
+# How long an invocation dispatched to a node this replica holds no stream to waits for the
+# worker's stream before it is NoStreamHere: a replica that just (re)started is dispatched to as
+# soon as it links to the scheduler, and the worker dials it within a moment. Without the wait
+# each such call failed at once, and a client's five retries could all meet the same replica
+# (the replica chaos suite, case A: 1 call of several hundred, now and then).
+STREAM_ARRIVAL_WAIT_S = 2.0
 
 # Any registered operation's worker payload (gantry.common.operations): its type names the
 # Invoke field it travels in and the result outcome that answers it.
@@ -306,6 +312,9 @@ class WorkerHub:
         # refreshed as seldom as its streams beat. It never falls while this process runs.
         self.heartbeat_multiple = 1
         self._sessions: dict[str, WorkerStream] = {}
+        # Set (and replaced) when a stream attaches: what an invocation waiting for a node's
+        # stream waits on (`_arriving`).
+        self._arrival: asyncio.Event | None = None
 
     def held_since(self, now: dt.datetime) -> dt.datetime:
         """Another replica's row refreshed since this still holds its stream."""
@@ -325,6 +334,27 @@ class WorkerHub:
                 )
             )
         self._sessions[session.node_id] = session
+        if self._arrival is not None:
+            self._arrival.set()
+            self._arrival = None
+
+    async def _arriving(self, node_id: str, wait_s: float) -> WorkerStream | None:
+        """The node's stream once one attaches here, waiting at most `wait_s`; None if none."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_s
+        while (stream := self.get(node_id)) is None:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return None
+            if self._arrival is None:
+                self._arrival = asyncio.Event()
+            arrival = self._arrival
+            try:
+                async with asyncio.timeout(remaining):
+                    await arrival.wait()
+            except TimeoutError:
+                return None
+        return stream
 
     def detach(self, session: WorkerStream) -> bool:
         """Forget the stream if it is still the current one; True when it was."""
@@ -445,6 +475,10 @@ class WorkerHub:
         """
         stream = self.get(node_id)
         if stream is None:
+            waited_from = asyncio.get_running_loop().time()
+            stream = await self._arriving(node_id, min(timeout, STREAM_ARRIVAL_WAIT_S))
+            timeout -= asyncio.get_running_loop().time() - waited_from
+        if stream is None or timeout <= 0:
             raise NoStreamHere(node_id)
         invoke = wg.Invoke(
             request_id=request_id,
