@@ -32,8 +32,9 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 from google.protobuf import json_format
 
+from gantry.common.artifact_walk import build_manifest
 from gantry.common.errors import GantryError
-from gantry.common.manifest import build_manifest, manifest_digest
+from gantry.common.manifest import manifest_digest
 from gantry.v1 import common_pb2
 from gantry.v1 import worker_gateway_pb2 as wg
 from gantry.worker.environment_facts import RuntimeEnvironments

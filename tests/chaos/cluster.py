@@ -23,9 +23,9 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from gantry.common import tokens
+from gantry.common.artifact_walk import build_manifest
 from gantry.common.auth import auth_metadata
 from gantry.common.ids import new_id
-from gantry.common.manifest import build_manifest
 from gantry.common.status import error_info_of
 from gantry.v1 import common_pb2, inference_pb2, inference_pb2_grpc
 from gantry.v1 import control_plane_pb2 as cp

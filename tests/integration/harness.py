@@ -14,11 +14,11 @@ from typing import Any
 import grpc
 
 from gantry.common import tokens
+from gantry.common.artifact_walk import build_manifest
 from gantry.common.auth import auth_metadata
 from gantry.common.clock import Clock
 from gantry.common.grpc_server import RunningServer, insecure_channel
 from gantry.common.ids import new_id
-from gantry.common.manifest import build_manifest
 from gantry.controlplane.app import ControlPlane, ControlPlaneSettings, start_control_plane
 from gantry.controlplane.deployments.lifecycle import DEFAULT_LEASE_SECONDS
 from gantry.controlplane.deployments.reconciler import ReconcilerSettings

@@ -14,10 +14,13 @@ import grpc
 import pytest
 
 import gantry.common.manifest as manifest_module
+import gantry.common.verified_copies as verified_copies
 from gantry.cli.main import main as gantry_cli
+from gantry.common.artifact_walk import build_manifest
 from gantry.common.errors import GantryError
-from gantry.common.manifest import build_manifest, manifest_digest, verify_artifact
+from gantry.common.manifest import manifest_digest
 from gantry.common.status import error_info_of
+from gantry.common.verified_copies import verify_artifact
 from gantry.v1 import common_pb2
 from gantry.v1 import control_plane_pb2 as cp
 from tests.fixtures.hostile_artifacts import (
@@ -34,7 +37,7 @@ async def gantry(
     sqlite_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> AsyncIterator[Harness]:
     # The worker's private verified copies land under this test's directory, not the shared /tmp.
-    monkeypatch.setattr(manifest_module, "default_verified_root", lambda: tmp_path / "verified")
+    monkeypatch.setattr(verified_copies, "default_verified_root", lambda: tmp_path / "verified")
     root = tmp_path / "artifacts"
     root.mkdir()
     async with running_gantry(sqlite_url, root) as harness:

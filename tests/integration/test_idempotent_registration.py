@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from sqlalchemy import func, select
 
-import gantry.common.manifest as manifest_module
+import gantry.common.verified_copies as verified_copies
 from gantry.cli.main import main as gantry_cli
-from gantry.common.manifest import build_manifest
+from gantry.common.artifact_walk import build_manifest
 from gantry.controlplane.observability import audit
 from gantry.controlplane.platform.models import ArtifactFile, ArtifactSet
 from gantry.v1 import common_pb2
@@ -28,7 +28,7 @@ pytestmark = pytest.mark.asyncio
 async def gantry(
     database_url: str, tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> AsyncIterator[Harness]:
-    monkeypatch.setattr(manifest_module, "default_verified_root", lambda: tmp_path / "verified")
+    monkeypatch.setattr(verified_copies, "default_verified_root", lambda: tmp_path / "verified")
     root = tmp_path / "artifacts"
     shutil.copytree(tiny_model_dir, root / "tiny")
     async with running_gantry(database_url, root) as harness:

@@ -21,8 +21,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from gantry.common.artifact_walk import build_manifest
 from gantry.common.errors import GantryError
-from gantry.common.manifest import build_manifest
 from gantry.v1 import common_pb2
 from gantry.v1 import worker_gateway_pb2 as wg
 from gantry.worker.crash_policy import RestartPolicy

@@ -16,7 +16,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from gantry.common.manifest import build_manifest
+from gantry.common.artifact_walk import build_manifest
 from gantry.common.status import error_info_of
 from gantry.controlplane.observability import audit
 from gantry.v1 import common_pb2

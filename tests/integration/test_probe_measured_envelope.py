@@ -10,8 +10,9 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from gantry.common.artifact_walk import build_manifest
 from gantry.common.ids import new_id
-from gantry.common.manifest import build_manifest, manifest_digest
+from gantry.common.manifest import manifest_digest
 from gantry.controlplane.deployments.requirements import residency_charge
 from gantry.controlplane.evidence.envelope import profile_envelope, vram_with_margin
 from gantry.controlplane.evidence.job_plans import ProbeResultSnapshot, plan_probe_result

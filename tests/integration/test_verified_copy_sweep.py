@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from gantry.common import manifest as manifest_module
+from gantry.common import verified_roots
 from gantry.common.errors import GantryError
-from gantry.common.manifest import (
+from gantry.common.verified_roots import (
     VERIFIED_ROOT_LOCK,
     claim_verified_root,
     default_verified_root,
@@ -33,7 +33,7 @@ _OWNER = textwrap.dedent(
     """
     import os, signal, sys
     from pathlib import Path
-    from gantry.common.manifest import claim_verified_root
+    from gantry.common.verified_roots import claim_verified_root
     root = claim_verified_root(Path(sys.argv[1]))
     if sys.argv[2] != "empty":
         copy = root / "0123456789abcdef-x.verified"
@@ -133,7 +133,7 @@ def test_this_processs_own_directory_is_never_swept(base: Path) -> None:
 def test_the_default_root_is_this_processs_private_locked_directory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(manifest_module, "verified_copies_base", lambda: tmp_path / "default")
+    monkeypatch.setattr(verified_roots, "verified_copies_base", lambda: tmp_path / "default")
 
     root = default_verified_root()
 

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from gantry.common.artifact_walk import build_manifest
 from gantry.common.errors import FailureClass, GantryError
 from gantry.common.ids import new_id
-from gantry.common.manifest import build_manifest, manifest_digest
+from gantry.common.manifest import manifest_digest
 from gantry.v1 import common_pb2
 from gantry.v1 import worker_gateway_pb2 as wg
 from gantry.worker.environment_facts import RuntimeEnvironments

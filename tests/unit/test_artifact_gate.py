@@ -20,14 +20,10 @@ from gantry.common.artifact_gate import (
     pickle_content,
     safetensors_problem,
 )
+from gantry.common.artifact_walk import build_manifest, gate_directory
 from gantry.common.errors import GantryError
-from gantry.common.manifest import (
-    ManifestEntry,
-    build_manifest,
-    gate_directory,
-    remove_verified_copy,
-    verify_artifact,
-)
+from gantry.common.manifest import ManifestEntry
+from gantry.common.verified_copies import remove_verified_copy, verify_artifact
 from tests.fixtures.hostile_artifacts import (
     BY_KIND,
     HOSTILE,

@@ -13,20 +13,19 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import gantry.common.manifest as manifest_module
+import gantry.common.verified_copies as verified_copies
+from gantry.common.artifact_walk import build_manifest
 from gantry.common.errors import GantryError
 from gantry.common.manifest import (
     MAX_MANIFEST_ENTRIES,
     MAX_PATH_BYTES,
     ManifestEntry,
-    build_manifest,
     canonical_manifest,
     check_relative_path,
     manifest_digest,
-    remove_verified_copy,
     validate_manifest,
-    verify_artifact,
 )
+from gantry.common.verified_copies import remove_verified_copy, verify_artifact
 
 # A safetensors file of 3000 bytes (the gate judges the bytes): its length, the header "{}", data.
 WEIGHTS = (2).to_bytes(8, "little") + b"{}" + b"\x00" * 2990
@@ -44,7 +43,7 @@ def artifact(tmp_path: Path) -> tuple[Path, list[ManifestEntry]]:
 
 @pytest.fixture(autouse=True)
 def _private_copies_under_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(manifest_module, "default_verified_root", lambda: tmp_path / "verified")
+    monkeypatch.setattr(verified_copies, "default_verified_root", lambda: tmp_path / "verified")
 
 
 @pytest.mark.parametrize(

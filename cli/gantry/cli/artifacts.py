@@ -8,13 +8,9 @@ from pathlib import Path
 
 from gantry.cli.errors import CliError
 from gantry.cli.progress import ProgressBar
+from gantry.common.artifact_walk import build_manifest, gate_directory, total_size
 from gantry.common.errors import GantryError
-from gantry.common.manifest import (
-    build_manifest,
-    check_relative_path,
-    gate_directory,
-    total_size,
-)
+from gantry.common.manifest import check_relative_path
 from gantry.v1 import common_pb2
 
 

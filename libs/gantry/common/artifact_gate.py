@@ -11,7 +11,7 @@ sockets) or whose name holds a control character or a backslash.
 
 The rules are pure: they look at a listing (path and `lstat` mode) and at the bytes a `read`
 callable hands them. They import no ML library and never execute what they inspect; the directory
-walk that feeds them lives with the manifest code (`gantry.common.manifest.gate_directory`).
+walk that feeds them lives with the manifest code (`gantry.common.artifact_walk.gate_directory`).
 """
 
 from __future__ import annotations

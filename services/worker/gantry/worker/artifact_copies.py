@@ -20,12 +20,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from gantry.common.errors import GantryError
-from gantry.common.manifest import (
-    ManifestEntry,
-    VerifiedArtifact,
-    remove_verified_copy,
-    verify_artifact,
-)
+from gantry.common.manifest import ManifestEntry
+from gantry.common.verified_copies import VerifiedArtifact, remove_verified_copy, verify_artifact
 from gantry.v1 import common_pb2
 
 log = logging.getLogger(__name__)

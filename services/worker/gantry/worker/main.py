@@ -13,10 +13,10 @@ import sys
 
 from gantry.common import event_loop
 from gantry.common.errors import GantryError
-from gantry.common.manifest import sweep_abandoned_verified_roots
 from gantry.common.metrics import start_metrics
 from gantry.common.process import WORKER_STOP_BOUND_S, run_until_signalled, setup_logging
 from gantry.common.telemetry import setup_tracing
+from gantry.common.verified_roots import sweep_abandoned_verified_roots
 from gantry.worker.agent import WorkerAgent, WorkerSettings
 from gantry.worker.liveness_check import CHECK_FLAG, check
 from gantry.worker.settings import read_settings

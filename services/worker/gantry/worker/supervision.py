@@ -21,16 +21,19 @@ Invariants this module keeps:
   RUNTIME_UNRESPONSIVE) and restarted like a crash. One liveness loop serves all residents.
 - Every change of a resident's reported state calls `on_change` at once (the agent then sends an
   InventoryReport). Routine pings change nothing unless a health layer's status changes.
+
+`Supervisor` (here: loads, adoption, unloads, the host an invoke goes to) is composed of three
+parts, each its own module: ending custody with its reclaim proven (`supervision_custody`),
+restarts in place (`supervision_restarts`), liveness and health (`supervision_health`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime as dt
 import logging
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Protocol, cast
 
@@ -39,17 +42,14 @@ from gantry.common.errors import GantryError
 from gantry.v1 import common_pb2
 from gantry.v1 import worker_gateway_pb2 as wg
 from gantry.worker import metrics
-from gantry.worker.artifact_copies import discard_copy
-from gantry.worker.crash_policy import CrashHistory, RestartDecision, RestartPolicy
-from gantry.worker.exit_cause import OomCounter, classify_exit
+from gantry.worker.crash_policy import CrashHistory, RestartPolicy
+from gantry.worker.exit_cause import OomCounter
 from gantry.worker.model_host.custody import cancelled_child
 from gantry.worker.nvml_readings import Nvml
 from gantry.worker.residents import (
     DEFAULT_MAX_RESIDENTS,
     LOADING,
     RESIDENT,
-    UNCERTAIN,
-    UNLOADING,
     Resident,
     ResidentFacts,
     ResidentMap,
@@ -62,7 +62,6 @@ from gantry.worker.runtime_adapters.base import (
     RunningRuntime,
     RuntimeAdapter,
     StartRequest,
-    health_report,
 )
 from gantry.worker.runtime_adapters.model_host_runtime import (
     ProbeHost,
@@ -72,20 +71,17 @@ from gantry.worker.runtime_adapters.model_host_runtime import (
 )
 from gantry.worker.runtime_adapters.registry import DEFAULT_ADAPTER, runtime_adapter_for
 from gantry.worker.runtime_adapters.serving_evidence import (
-    child_gone,
     memory_now,
-    reclaim_of_gone,
 )
 from gantry.worker.stop_plan import StopPlan
+from gantry.worker.supervision_custody import SupervisionCustody
+from gantry.worker.supervision_health import SupervisionHealth
+from gantry.worker.supervision_restarts import SupervisionRestarts
 
 if TYPE_CHECKING:
     from gantry.worker.environment_facts import RuntimeFacts
 
 log = logging.getLogger(__name__)
-
-OK = wg.HEALTH_STATUS_OK
-FAILED = wg.HEALTH_STATUS_FAILED
-NOT_CHECKED = wg.HEALTH_STATUS_NOT_CHECKED
 
 
 class AdapterLookup(Protocol):
@@ -147,7 +143,7 @@ class _NoEnvironments:
         )
 
 
-class Supervisor:
+class Supervisor(SupervisionRestarts, SupervisionHealth, SupervisionCustody):
     def __init__(
         self,
         settings: SupervisionSettings,
@@ -274,49 +270,6 @@ class Supervisor:
         finally:
             nvml.close()
 
-    async def _release(self, resident: Resident, task: asyncio.Task[SupervisedHost | None]) -> None:
-        """End custody of a load that did not return. A cancellation can land after the start
-        task finished but before this caller resumed (a CancelJob or an overtaking unload in
-        that window): the host then runs, RESIDENT, and forgetting it would orphan the process.
-        It is stopped here instead, so the unload queued behind this job finds nothing left."""
-        if task.done() and not task.cancelled() and task.exception() is None:
-            with contextlib.suppress(GantryError):  # unverified: it stays, UNCERTAIN
-                await self._stop(resident)
-            return
-        failed = task.exception() if task.done() and not task.cancelled() else None
-        runtime = self._runtimes.get(resident)
-        if task.cancelled() and runtime is not None:
-            failed = runtime.cancelled_start  # killed, but maybe not proven gone: judge it
-        if isinstance(failed, GantryError) and "pid" in failed.metadata:
-            if not self._failed_start_reclaimed(resident, failed):
-                return  # custody stays, UNCERTAIN, until an UNLOAD proves the child gone
-        self._forget(resident)
-
-    def _failed_start_reclaimed(self, resident: Resident, error: GantryError) -> bool:
-        """Judge a failed start's child as an unload's (`reclaim_verdict`), on whether the start
-        reaped it and on NVML, never on the time its start waited; said in the error's metadata
-        (`reclaim`: verified or unverified, and why), which the LOAD's failure carries."""
-        runtime = self._runtimes[resident]
-        pid = int(error.metadata["pid"])
-        reaped = error.metadata.get("reaped") == "true"
-        reclaim = self._reclaim_of_gone(pid, runtime, reaped=reaped)
-        error.metadata["reclaim"] = "verified" if reclaim.reclaimed else "unverified"
-        if reclaim.reclaimed:
-            return True
-        error.metadata["reclaim_detail"] = reclaim.detail
-        runtime.failed_pid = pid
-        self._uncertain(resident, _unverified(resident, reclaim))
-        return False
-
-    def _reclaim_of_gone(self, pid: int, runtime: _Runtime, *, reaped: bool) -> wg.ReclaimEvidence:
-        """The reclaim of a child no runtime holds any more (its start failed)."""
-        device = runtime.prepared.settings.device if runtime.prepared is not None else ""
-        nvml = self._open_nvml()
-        try:
-            return reclaim_of_gone(pid, device, nvml, reaped=reaped)
-        finally:
-            nvml.close()
-
     def adopt(
         self, deployment_id: str, facts: ResidentFacts, host: SupervisedHost, *, endpoint_url: str
     ) -> Resident:
@@ -402,45 +355,6 @@ class Supervisor:
             deployment_id=deployment_id,
         )
 
-    # ---- liveness and health ------------------------------------------------------------------
-
-    async def run_liveness(self) -> None:
-        """The worker's one liveness loop: ping every resident host each interval."""
-        while True:
-            await self._clock.sleep(self.settings.ping_interval_s)
-            await self.check_liveness()
-
-    async def check_liveness(self) -> None:
-        await asyncio.gather(*(self._check_resident(r) for r in self.residents))
-
-    async def health(self, deployment_id: str, *, deep: bool) -> wg.HealthEvidence:
-        """Process, runtime (a ping in time) and, when `deep`, model (one real forward pass)."""
-        resident = self.residents.get(deployment_id)
-        if resident is None:
-            raise GantryError(
-                "DEPLOYMENT_NOT_READY",
-                f"deployment {deployment_id} is not on this worker",
-                deployment_id=deployment_id,
-            )
-        host = resident.host if resident.state == RESIDENT else None
-        if host is None or not host.alive:
-            why = resident.last_failure.message if resident.last_failure else "no running host"
-            report = health_report(
-                process=(FAILED, f"no live model host ({why})"),
-                runtime=(NOT_CHECKED, "no process to ping"),
-                model=(NOT_CHECKED, "no process to run the model"),
-            )
-            self._record_health(resident, report, force=True)
-            return wg.HealthEvidence(pid=host.pid if host else 0, report=report)
-        report = await self._probe(resident, host, deep=deep)
-        self._record_health(resident, report, force=True)
-        evidence = wg.HealthEvidence(pid=host.pid, report=report)
-        runtime = self._runtimes.get(resident)
-        memory = self._memory_now(runtime, host) if runtime is not None else None
-        if memory is not None:
-            evidence.memory.CopyFrom(memory)
-        return evidence
-
     # ---- internals ----------------------------------------------------------------------------
 
     def _adapter(self, name: str) -> RuntimeAdapter:
@@ -477,96 +391,6 @@ class Supervisor:
         resident.health = None
         self._changed()
 
-    def _host_exited(self, exited: object, returncode: int) -> None:
-        """A host died without being asked (crash, OOM kill, or killed as hung): restart it."""
-        resident = next((r for r in self.residents if r.host is exited), None)
-        if resident is None or resident.state != RESIDENT or resident.host is None:
-            return
-        if self._shutting_down:
-            return  # the shutdown reaps it; a restart now would outlive the worker
-        host = resident.host
-        error = classify_exit(
-            deployment_id=resident.deployment_id,
-            pid=host.pid,
-            returncode=returncode,
-            oom_kills_before=resident.oom_kills_at_start,
-            oom_kills_after=self._oom_counter.read(),
-            oom_counter=self._oom_counter.describe(),
-            killed_as_unresponsive=host.unresponsive is not None,
-        )
-        log.error("%s; restarting in place", error.message)
-        resident.state = LOADING
-        resident.host = None
-        resident.health = health_report(
-            process=(FAILED, error.message),
-            runtime=(NOT_CHECKED, "no process to ping"),
-            model=(NOT_CHECKED, "no process to run the model"),
-        )
-        decision = self._record_crash(resident, error)
-        runtime = self._runtimes[resident]
-        crashed, runtime.running = runtime.running, None
-        resident.start_task = asyncio.create_task(
-            self._restart(resident, runtime, crashed, decision),
-            name=f"restart-{resident.deployment_id}",
-        )
-        self._changed()
-
-    def _record_crash(self, resident: Resident, error: GantryError) -> RestartDecision:
-        decision = resident.crashes.record_crash()
-        resident.crash_loop = decision.crash_loop
-        metrics.host_crashed(error.reason, crash_loop=decision.crash_loop)
-        if decision.crash_loop:
-            policy = self.settings.restart
-            error = GantryError(
-                "RUNTIME_CRASH_LOOP",
-                f"{decision.crashes_in_window} crashes within {policy.crash_loop_window_s:g}s; "
-                f"restarting every {decision.delay_s:g}s. Last: {error.message}",
-                **{**error.metadata, "cause": error.reason},
-            )
-        resident.last_failure = error.to_failure()
-        resident.next_restart_at = self._clock.now() + dt.timedelta(seconds=decision.delay_s)
-        return decision
-
-    async def _restart(
-        self,
-        resident: Resident,
-        runtime: _Runtime,
-        crashed: RunningRuntime | None,
-        decision: RestartDecision,
-    ) -> SupervisedHost | None:
-        if crashed is not None:
-            # Already reaped, so no signal is sent: the stop closes the pipe, collects the
-            # stderr tail and confirms the pid gone.
-            with contextlib.suppress(Exception):
-                await runtime.adapter.stop(crashed, grace_s=self.settings.stop_grace_s)
-        while True:
-            await self._clock.sleep(decision.delay_s)
-            resident.next_restart_at = None
-            resident.restart_count += 1
-            metrics.host_restart_attempted()
-            self._changed()
-            try:
-                host = await self._start(resident, runtime, {})
-            except Exception as exc:
-                error = (
-                    exc
-                    if isinstance(exc, GantryError)
-                    else GantryError("LOAD_FAILED", f"{type(exc).__name__}: {exc}")
-                )
-                log.error("restart of %s failed: %s", resident.deployment_id, error.message)
-                decision = self._record_crash(resident, error)
-                self._changed()
-                continue
-            resident.start_task = None
-            self._now_resident(resident, host)
-            log.info(
-                "model host of %s restarted in place: pid %d (restart %d)",
-                resident.deployment_id,
-                host.pid,
-                resident.restart_count,
-            )
-            return host
-
     async def _cancel_start(self, resident: Resident) -> None:
         task = resident.start_task
         if task is None or task.done():
@@ -576,135 +400,6 @@ class Supervisor:
         with contextlib.suppress(asyncio.CancelledError, GantryError):
             await asyncio.shield(task)
 
-    async def _stop(self, resident: Resident) -> wg.UnloadEvidence:
-        return await self._end(resident, self._unload_runtime)
-
-    async def _unload_runtime(
-        self, runtime: _Runtime, running: RunningRuntime
-    ) -> wg.UnloadEvidence:
-        """The adapter's unload: the release, the exit and the reclaim check a probe's child
-        gets. An adopted endpoint has no process of ours to reclaim: its `stop` forgets it."""
-        grace_s = self.settings.stop_grace_s
-        if runtime.start is None:
-            return await runtime.adapter.stop(running, grace_s=grace_s)
-        nvml = self._open_nvml()
-        try:
-            unloaded = await runtime.adapter.unload(running, grace_s=grace_s, nvml=nvml)
-        finally:
-            nvml.close()
-        log.info("%s runtime unloaded: %s", runtime.adapter.name, unloaded.reclaim.detail)
-        evidence = wg.UnloadEvidence()
-        evidence.CopyFrom(unloaded.stopped)
-        evidence.reclaim.CopyFrom(unloaded.reclaim)
-        return evidence
-
-    async def _terminate(self, resident: Resident, plan: StopPlan) -> wg.UnloadEvidence:
-        def terminate(runtime: _Runtime, running: RunningRuntime) -> Awaitable[wg.UnloadEvidence]:
-            now = asyncio.get_running_loop().time()
-            return runtime.adapter.terminate(
-                running, grace_s=plan.term_grace_s(now), reap_s=plan.reap_s(now)
-            )
-
-        return await self._end(resident, terminate)
-
-    async def _end(
-        self,
-        resident: Resident,
-        stopping: Callable[[_Runtime, RunningRuntime], Awaitable[wg.UnloadEvidence]],
-    ) -> wg.UnloadEvidence:
-        runtime = self._runtimes.get(resident)
-        running = runtime.running if runtime is not None else None
-        resident.state = UNLOADING
-        self._changed()
-        if runtime is not None and running is None and runtime.failed_pid:
-            return self._recheck_failed_start(resident, runtime)
-        if runtime is None or running is None:
-            self._forget(resident)
-            return wg.UnloadEvidence(pid=0, process_exited=True)
-        evidence = await stopping(runtime, running)
-        if evidence.process_exited and (
-            not evidence.HasField("reclaim") or evidence.reclaim.reclaimed
-        ):
-            self._forget(resident)
-            return evidence
-        if evidence.process_exited:
-            # Reaped, but its device memory is not proven back (NVML unreadable, or still
-            # listing it): custody stays, UNCERTAIN, and the result carries the reclaim that
-            # says why; a later UNLOAD reads NVML again (`reclaim_verdict`).
-            self._uncertain(resident, _unverified(resident, evidence.reclaim))
-            return evidence
-        error = GantryError(
-            "RECLAIM_UNVERIFIED",
-            f"model host {running.pid} of {resident.deployment_id} was not confirmed gone",
-            deployment_id=resident.deployment_id,
-            pid=str(running.pid),
-        )
-        self._uncertain(resident, error)
-        raise error
-
-    def _recheck_failed_start(self, resident: Resident, runtime: _Runtime) -> wg.UnloadEvidence:
-        """An UNLOAD of a start whose child was not proven gone: gone now (no process of ours at
-        its pid) and, on a GPU, NVML no longer listing it, or UNCERTAIN still."""
-        pid = runtime.failed_pid
-        gone = child_gone(pid)
-        reclaim = self._reclaim_of_gone(pid, runtime, reaped=gone)
-        evidence = wg.UnloadEvidence(pid=pid, process_exited=gone, reclaim=reclaim)
-        if reclaim.reclaimed:
-            self._forget(resident)
-        else:
-            self._uncertain(resident, _unverified(resident, reclaim))
-        return evidence
-
-    def _uncertain(self, resident: Resident, error: GantryError) -> None:
-        resident.state = UNCERTAIN
-        resident.last_failure = error.to_failure()
-        self._changed()
-
-    def _forget(self, resident: Resident) -> None:
-        """Custody ended (the child is reaped, or never started): drop the resident and the
-        private verified copy its hosts loaded from (restarts reused it until now)."""
-        runtime = self._runtimes.pop(resident, None)
-        if runtime is not None and runtime.prepared is not None:
-            discard_copy(runtime.prepared.directory)
-        if self.residents.remove(resident):
-            self._changed()
-
-    async def _check_resident(self, resident: Resident) -> None:
-        if resident.crash_loop and not resident.crashes.crash_loop:
-            resident.crash_loop = False  # stayed up past the window: no longer looping
-            self._changed()
-        host = resident.host
-        if resident.state != RESIDENT or host is None or not host.alive:
-            return
-        self._record_health(resident, await self._probe(resident, host, deep=False))
-
-    async def _probe(
-        self, resident: Resident, host: SupervisedHost, *, deep: bool
-    ) -> wg.HealthReport:
-        """The adapter's health check of a live host. One that leaves its ping unanswered is
-        hung: it is killed (its callers fail RUNTIME_UNRESPONSIVE at once) and restarted as a
-        crash, unless it went away or was replaced while the check ran."""
-        runtime = self._runtimes[resident]
-        running = runtime.running
-        assert running is not None
-        checked = await runtime.adapter.health(
-            running,
-            deep=deep,
-            timeout_s=self.settings.ping_timeout_s,
-            model_timeout_s=self.settings.deep_health_timeout_s,
-        )
-        if checked.unanswered and host is resident.host and host.alive:
-            runtime.adapter.kill_unresponsive(running, checked.unanswered)
-        return checked.report
-
-    def _record_health(
-        self, resident: Resident, report: wg.HealthReport, *, force: bool = False
-    ) -> None:
-        previous = resident.health
-        resident.health = report
-        if force or previous is None or _statuses(previous) != _statuses(report):
-            self._changed()
-
     def _changed(self) -> None:
         try:
             self._on_change()
@@ -712,18 +407,5 @@ class Supervisor:
             log.exception("announcing a resident change failed")
 
 
-def _unverified(resident: Resident, reclaim: wg.ReclaimEvidence) -> GantryError:
-    return GantryError(
-        "RECLAIM_UNVERIFIED",
-        f"the reclaim of {resident.deployment_id} is unverified: {reclaim.detail}",
-        deployment_id=resident.deployment_id,
-        pid=str(reclaim.pid),
-    )
-
-
 def _cancelling(task: asyncio.Task[object] | None) -> bool:
     return task is not None and task.cancelling() > 0
-
-
-def _statuses(report: wg.HealthReport) -> tuple[int, int, int]:
-    return (report.process.status, report.runtime.status, report.model.status)

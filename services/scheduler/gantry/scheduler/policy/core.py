@@ -16,18 +16,22 @@ shares of the slots in flight are their shares of what is served. Slots are coun
 (`residency_slots`). While a deployment is uncontended, slots may also be leased to a stream ahead
 of need (credits: `credits`, `core_credits`); a lease counts as in flight until it comes back, and
 work that has to wait revokes them.
+
+The cluster's facts the core is told, and its indexes over them, are `core_cluster`'s; where a
+deployment's work can go (its routable residencies, or the refusal) is `core_routes`'.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from gantry.scheduler.policy.admission import TenantBook
 from gantry.scheduler.policy.autoscale import Autoscaler, ScaleAdviceValue
 from gantry.scheduler.policy.breakers import NODE_BREAKER, BreakerBoard, BreakerChange
+from gantry.scheduler.policy.core_cluster import CoreCluster
 from gantry.scheduler.policy.core_credits import CoreCredits
+from gantry.scheduler.policy.core_routes import CoreRoutes, _Route
 from gantry.scheduler.policy.credits import (
     DEFAULT_CREDITS_PER_TENANT,
     DEFAULT_QUIET_SECONDS,
@@ -42,7 +46,6 @@ from gantry.scheduler.policy.events import (
     Dispatched,
     NodeInfo,
     PlacementRequest,
-    ResidencyInfo,
     ResidencyLoadView,
     WorkRejected,
     WorkRequest,
@@ -57,11 +60,8 @@ from gantry.scheduler.policy.residency_slots import (
     fitting,
 )
 from gantry.scheduler.policy.types import (
-    BreakerState,
     Outcome,
     Refusal,
-    ResidencyPhase,
-    TenantPolicy,
 )
 
 
@@ -101,13 +101,7 @@ class _Totals:
 NODE_REASONS = frozenset({"WORKER_UNAVAILABLE", "STALE_GENERATION"})
 
 
-@dataclass(frozen=True, slots=True)
-class _Route:
-    routable: list[ResidencySlots]  # by node id, then residency id
-    refusal: Refusal | None
-
-
-class SchedulerCore(CoreCredits):
+class SchedulerCore(CoreCluster, CoreRoutes, CoreCredits):
     def __init__(self, settings: CoreSettings | None = None) -> None:
         self._settings = settings or CoreSettings()
         self._totals = _Totals()  # across resets: what this scheduler process has decided
@@ -143,166 +137,6 @@ class SchedulerCore(CoreCredits):
         self._credits.clear()
         self._contended_at: dict[str, float] = {}  # deployment -> when work last waited for it
         self._crediting: set[str] = set()
-
-    # ---- cluster state --------------------------------------------------------------------------
-
-    def load_cluster(
-        self,
-        *,
-        nodes: Iterable[NodeInfo],
-        residencies: Iterable[ResidencyInfo],
-        deployments: Iterable[DeploymentInfo],
-        policies: Iterable[TenantPolicy],
-        now: float,
-    ) -> list[Decision]:
-        """The newest snapshot is the truth about the cluster (every control plane reads the same
-        database): its nodes, residencies, deployments and tenant policies replace those held,
-        and what it no longer lists leaves as a removal would. Work queued and in flight and the
-        placement holds stay: other control-plane streams' callers still wait on them (a stream's
-        own callers, on its reconnect, were failed by its control plane and leave with its
-        origin, `drop_origin`). Queued work is settled once, against the whole new picture, so no
-        deployment refuses its work halfway through the replacement (a residency whose id moved).
-        """
-        nodes, residencies, deployments = list(nodes), list(residencies), list(deployments)
-        before = self._policies_of_credited()
-        self._book.replace_policies(policies)
-        revoked = self._revoke_repoliced(before)
-        affected: set[str] = set()
-        for node in nodes:
-            affected |= self._put_node(node)
-        for residency in residencies:
-            affected |= self._put_residency(residency)
-        for rid in sorted(self._residencies.keys() - {r.residency_id for r in residencies}):
-            affected.add(self._drop_residency(self._residencies[rid]))
-        for node_id in sorted(self._nodes.keys() - {n.node_id for n in nodes}):
-            affected |= self._drop_node(node_id)
-        gone = sorted(self._deployments.keys() - {d.deployment_id for d in deployments})
-        for deployment_id in gone:
-            self._drop_deployment(deployment_id)
-        for deployment in deployments:
-            self.upsert_deployment(deployment)
-        decisions = revoked + self._settle_many(affected | set(gone), now)
-        self._forget_idle(gone)
-        return decisions
-
-    def upsert_node(self, node: NodeInfo, now: float) -> list[Decision]:
-        return self._settle_many(self._put_node(node), now)
-
-    def remove_node(self, node_id: str, now: float) -> list[Decision]:
-        """The node was deleted: it leaves every view (nodes, ledger, breakers, residencies), its
-        placement holds lapse now, and work queued for what it served is settled without it."""
-        return self._settle_many(self._drop_node(node_id), now)
-
-    def upsert_residency(self, residency: ResidencyInfo, now: float) -> list[Decision]:
-        return self._settle_many(self._put_residency(residency), now)
-
-    def upsert_deployment(self, deployment: DeploymentInfo) -> None:
-        self._deployments[deployment.deployment_id] = deployment
-
-    def remove_deployment(self, deployment_id: str, now: float) -> list[Decision]:
-        """Unloaded or deleted: no more advice, its breakers forgotten (their failures were
-        its model hosts', which are going). Its residencies leave as each goes COLD; work still
-        queued is served by one still resident or answered at once, and then its queue goes."""
-        self._drop_deployment(deployment_id)
-        decisions = self._settle(deployment_id, now)
-        self._forget_idle((deployment_id,))
-        return decisions
-
-    def set_policies(self, policies: Iterable[TenantPolicy]) -> list[Decision]:
-        """Applied at once: the next admission and the next push read the new values; the
-        credits of a tenant whose policy changed are revoked (they were granted under the old)."""
-        before = self._policies_of_credited()
-        for policy in policies:
-            self._book.set_policy(policy)
-        return self._revoke_repoliced(before)
-
-    # The cluster's facts changing, each returning the deployments whose queued work must be
-    # settled again; the public methods settle at once, a snapshot once at its end.
-
-    def _put_node(self, node: NodeInfo) -> set[str]:
-        previous = self._nodes.get(node.node_id)
-        self._nodes[node.node_id] = node
-        self._routes.clear()
-        self._placements.nodes_changed()
-        self._ledger.set_node(
-            node.node_id, node.domains, max_holders=node.max_residencies, external=node.external
-        )
-        if previous is not None and previous.connected == node.connected:
-            return set()
-        return self._deployments_on(node.node_id)
-
-    def _drop_node(self, node_id: str) -> set[str]:
-        self._nodes.pop(node_id, None)
-        self._routes.clear()
-        self._placements.nodes_changed()
-        affected = self._deployments_on(node_id)
-        for rid in sorted(self._by_node.get(node_id, ())):
-            self._drop_residency(self._residencies[rid])
-        self._by_node.pop(node_id, None)
-        self._placements.forget_node(node_id)
-        self._ledger.remove_node(node_id)
-        self._breakers.forget(node_id)
-        return affected
-
-    def _put_residency(self, residency: ResidencyInfo) -> set[str]:
-        rid, deployment_id = residency.residency_id, residency.deployment_id
-        previous = self._residencies.get(rid)
-        self._routes.clear()
-        if residency.phase in (ResidencyPhase.COLD, 0):
-            if previous is None:
-                self._ledger.release(rid)
-                return set()
-            return {self._drop_residency(previous)}
-        if previous is not None and previous.info.node_id != residency.node_id:
-            self._forget_residency(previous)
-            previous = None
-        if residency.slots < 1:  # a model host takes at least one call at a time
-            residency = dataclasses.replace(residency, slots=1)
-        if (
-            previous is not None
-            and previous.info.phase != ResidencyPhase.RESIDENT
-            and residency.phase == ResidencyPhase.RESIDENT
-        ):
-            # Resident again after a restart: a new model host, whose health its predecessor's
-            # failures say nothing about.
-            self._breakers.forget(residency.node_id, deployment_id)
-        self._residencies[rid] = ResidencySlots(
-            info=residency,
-            in_flight=previous.in_flight if previous else 0,
-            infra_failures=previous.infra_failures if previous else 0,
-        )
-        self._by_deployment.setdefault(deployment_id, set()).add(rid)
-        self._by_node.setdefault(residency.node_id, set()).add(rid)
-        self._ledger.charge(
-            rid,
-            residency.node_id,
-            residency.claims,
-            replaces=residency.replaces,
-            uncertain=residency.phase == ResidencyPhase.UNCERTAIN,
-        )
-        # The residency now carries the charge its placement held provisionally.
-        self._placements.release(deployment_id, (residency.node_id,))
-        return {deployment_id}
-
-    def _drop_residency(self, residency: ResidencySlots) -> str:
-        """It went COLD or left the cluster: its charge and its breaker go; its deployment."""
-        self._ledger.release(residency.info.residency_id)
-        self._forget_residency(residency)
-        return residency.info.deployment_id
-
-    def _drop_deployment(self, deployment_id: str) -> None:
-        self._deployments.pop(deployment_id, None)
-        self._advice.pop(deployment_id, None)
-        self._autoscaler.forget(deployment_id)
-        self._breakers.forget_deployment(deployment_id)
-        self._routes.pop(deployment_id, None)
-
-    def _forget_idle(self, deployment_ids: Iterable[str]) -> None:
-        """Removed deployments whose queue and slots are empty now: their entries go."""
-        for deployment_id in deployment_ids:
-            work = self._work.get(deployment_id)
-            if work is not None and work.idle:
-                del self._work[deployment_id]
 
     # ---- work -----------------------------------------------------------------------------------
 
@@ -534,21 +368,6 @@ class SchedulerCore(CoreCredits):
             decisions.extend(self._contended(deployment_id, now))
         return decisions
 
-    def _with_room(self, deployment_id: str, now: float) -> list[ResidencySlots]:
-        """The routable residencies with a free slot whose breakers let a call through, by node
-        id, then residency id."""
-        return [
-            residency
-            for residency in self._route(deployment_id).routable
-            if residency.in_flight < residency.info.slots
-            and self._breakers.allows(residency.info.node_id, deployment_id, now)
-        ]
-
-    def _slots_of(self, deployment_id: str) -> tuple[int, int]:
-        """The deployment's routable slots, and the most one of its residencies has."""
-        slots = [r.info.slots for r in self._route(deployment_id).routable]
-        return sum(slots), max(slots, default=1)
-
     def _start(
         self, queued: QueuedWork, residency: ResidencySlots, work: DeploymentWork, now: float
     ) -> Dispatched:
@@ -599,53 +418,6 @@ class SchedulerCore(CoreCredits):
         for deployment_id in sorted(deployment_ids):
             decisions.extend(self._settle(deployment_id, now))
         return decisions
-
-    def _unserviceable(self, deployment_id: str, now: float) -> Refusal | None:
-        return self._route(deployment_id).refusal
-
-    def _route(self, deployment_id: str) -> _Route:
-        """The deployment's routable residencies and whether any can serve, cached until a node,
-        a residency or a breaker changes (the hot path reads it on every submit and dispatch)."""
-        route = self._routes.get(deployment_id)
-        if route is None:
-            routable = sorted(
-                (
-                    self._residencies[rid]
-                    for rid in self._by_deployment.get(deployment_id, ())
-                    if self._routable(self._residencies[rid].info)
-                ),
-                key=lambda r: (r.info.node_id, r.info.residency_id),
-            )
-            route = self._routes[deployment_id] = _Route(
-                routable=routable,
-                refusal=self._refusal(deployment_id, [r.info for r in routable]),
-            )
-        return route
-
-    def _refusal(self, deployment_id: str, routable: list[ResidencyInfo]) -> Refusal | None:
-        if not routable:
-            return Refusal(
-                "DEPLOYMENT_NOT_READY",
-                f"deployment {deployment_id} has no resident residency on a connected node",
-            )
-        if all(self._open(info) for info in routable):
-            return Refusal(
-                "CIRCUIT_OPEN",
-                f"every residency of deployment {deployment_id} has an open circuit breaker "
-                f"after repeated infrastructure failures; retry after the cooldown "
-                f"({self._settings.breaker_cooldown_seconds:g}s)",
-            )
-        return None
-
-    def _routable(self, info: ResidencyInfo) -> bool:
-        node = self._nodes.get(info.node_id)
-        return info.phase == ResidencyPhase.RESIDENT and node is not None and node.connected
-
-    def _open(self, info: ResidencyInfo) -> bool:
-        return (
-            self._breakers.state(info.node_id, info.deployment_id) == BreakerState.OPEN
-            or self._breakers.state(info.node_id, "") == BreakerState.OPEN
-        )
 
     def _expire(self, now: float) -> list[Decision]:
         decisions: list[Decision] = []
@@ -702,9 +474,6 @@ class SchedulerCore(CoreCredits):
                 affected |= self._deployments_on(change.node_id)
         return affected
 
-    def _deployments_on(self, node_id: str) -> set[str]:
-        return {self._residencies[rid].info.deployment_id for rid in self._by_node.get(node_id, ())}
-
     def _unqueue(self, work_id: str, deployment_id: str, now: float) -> QueuedWork | None:
         """Queued work leaves unserved: its tenant's queued count and budget charge go back."""
         del self._queued_where[work_id]
@@ -723,13 +492,6 @@ class SchedulerCore(CoreCredits):
         if residency is not None:
             residency.in_flight = max(0, residency.in_flight - assignment.slots)
         return residency
-
-    def _forget_residency(self, residency: ResidencySlots) -> None:
-        info = residency.info
-        self._residencies.pop(info.residency_id, None)
-        self._by_deployment.get(info.deployment_id, set()).discard(info.residency_id)
-        self._by_node.get(info.node_id, set()).discard(info.residency_id)
-        self._breakers.forget(info.node_id, info.deployment_id)
 
     def _work_of(self, deployment_id: str) -> DeploymentWork:
         work = self._work.get(deployment_id)

@@ -20,7 +20,8 @@ from gantry.scheduler.policy.types import BreakerState, Outcome, Priority, Tenan
 if TYPE_CHECKING:
     from gantry.scheduler.policy.admission import TenantBook
     from gantry.scheduler.policy.breakers import BreakerBoard, BreakerChange
-    from gantry.scheduler.policy.core import CoreSettings, _Route, _Totals
+    from gantry.scheduler.policy.core import CoreSettings, _Totals
+    from gantry.scheduler.policy.core_routes import _Route
     from gantry.scheduler.policy.deployment_work import DeploymentWork
 
 
