@@ -42,7 +42,9 @@ interval Gantry tells N streams and then reads and drops every message. Its CPU 
 GANTRY_BENCH_FLEET_WORKERS (default 1000; 0 skips), GANTRY_BENCH_FLEET_WINDOW_S (default 30),
 GANTRY_BENCH_FLEET_HEARTBEAT_S (default: the production base heartbeat interval, 3 s),
 GANTRY_BENCH_FLEET_MAX_HEARTBEATS_PER_S (default: the production bound, 200),
-GANTRY_BENCH_FLEET_EMBED_CALLS (default 1000) spread over GANTRY_BENCH_FLEET_EMBED_S (default 20).
+GANTRY_BENCH_FLEET_EMBED_CALLS (default 1000) spread over GANTRY_BENCH_FLEET_EMBED_S (default 20),
+GANTRY_BENCH_FLEET_GPUS (default 0: empty heartbeats; G: each carries a G-GPU reading, as a worker
+agent's does; tests/bench/fleet_simulator.py).
 """
 
 from __future__ import annotations
@@ -93,10 +95,11 @@ PACING = HeartbeatPacing(
         os.environ.get("GANTRY_BENCH_FLEET_MAX_HEARTBEATS_PER_S", str(DEFAULT_MAX_HEARTBEATS_PER_S))
     ),
 )
+GPUS = int(os.environ.get("GANTRY_BENCH_FLEET_GPUS", "0"))  # read by the simulator too
 COMMAND = (
     "python -m tests.bench.fleet  (GANTRY_BENCH_FLEET_WORKERS, GANTRY_BENCH_FLEET_WINDOW_S, "
     "GANTRY_BENCH_FLEET_HEARTBEAT_S, GANTRY_BENCH_FLEET_MAX_HEARTBEATS_PER_S, "
-    "GANTRY_BENCH_FLEET_EMBED_CALLS, GANTRY_BENCH_FLEET_EMBED_S)"
+    "GANTRY_BENCH_FLEET_EMBED_CALLS, GANTRY_BENCH_FLEET_EMBED_S, GANTRY_BENCH_FLEET_GPUS)"
 )
 # Workers the detection step loses: some fall silent, as many have their stream closed.
 LOST_PER_KIND = 5
@@ -340,7 +343,8 @@ async def bench_fleet(summary: Summary | None = None) -> int:
     print(
         f"Fleet bench: {WORKERS} simulated workers, heartbeat every {HEARTBEAT_S:g}s grown to keep "
         f"under {PACING.max_per_s:g}/s ({PACING.interval_s(WORKERS + 1):g}s for {WORKERS} and "
-        f"the serving worker), stale after 3 intervals, CPU windows of {WINDOW_S:g}s; "
+        f"the serving worker), stale after 3 intervals, CPU windows of {WINDOW_S:g}s, "
+        f"heartbeats {f'each with a {GPUS}-GPU reading' if GPUS else 'empty'}; "
         f"reproduce: {COMMAND}"
     )
     base = Path(tempfile.mkdtemp(prefix="gantry-fleet-"))

@@ -4,7 +4,11 @@ It runs as its own process (`python -m tests.bench.fleet_simulator ADDRESS CREDE
 so that the control plane's CPU figures never include the simulator's. Each worker is a
 `ScriptedWorker` (the named fake of the worker protocol, no models): a Hello, then a heartbeat
 every interval its Welcome names (or a later HeartbeatInterval, as the fleet grows), starting at
-a random phase so the fleet's heartbeats spread evenly instead of arriving in one burst. Each
+a random phase so the fleet's heartbeats spread evenly instead of arriving in one burst. By default
+a heartbeat is empty; GANTRY_BENCH_FLEET_GPUS=G makes each carry what a worker agent sends: the
+time, and a reading of G GPUs with 3 processes each (2 of them its own, 1 external) whose memory
+wobbles by a few MiB from beat to beat, under the control plane's write step (gpu_rules.py), as an
+idle GPU fleet's does. Each
 worker dials its own connection, as a real fleet would (a local subchannel pool, so gRPC does not
 share one TCP connection among them).
 
@@ -29,11 +33,13 @@ import random
 import resource
 import sys
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 import grpc
 
 from gantry.common.grpc_server import CHANNEL_OPTIONS
+from gantry.v1 import common_pb2
 from gantry.v1 import worker_gateway_pb2 as wg
 from tests.integration.scripted_worker import ScriptedWorker
 
@@ -41,6 +47,32 @@ from tests.integration.scripted_worker import ScriptedWorker
 # never waits out the scripted worker's 10 s Welcome timeout behind the others.
 CONNECT_CONCURRENCY = 16
 CONNECT_ATTEMPTS = 5
+GPUS = int(os.environ.get("GANTRY_BENCH_FLEET_GPUS", "0"))
+GIB = 1 << 30
+
+
+def gpu_reading(gpus: int) -> list[wg.GpuUsage]:
+    """`gpus` devices of 80 GiB, each with 3 processes of about 6 GiB (the first 2 managed)."""
+    reading = []
+    for device in range(gpus):
+        processes = [
+            wg.GpuProcess(
+                pid=1000 + 3 * device + index,
+                managed=index < 2,
+                used=common_pb2.Measurement(bytes=6 * GIB + random.randrange(16 << 20)),
+            )
+            for index in range(3)
+        ]
+        used = sum(process.used.bytes for process in processes)
+        reading.append(
+            wg.GpuUsage(
+                device=device,
+                total=common_pb2.Measurement(bytes=80 * GIB),
+                used=common_pb2.Measurement(bytes=used),
+                processes=processes,
+            )
+        )
+    return reading
 
 
 class PacedWorker(ScriptedWorker):
@@ -48,6 +80,16 @@ class PacedWorker(ScriptedWorker):
     HeartbeatInterval), as a worker agent does."""
 
     interval_s = 0.0
+
+    def heartbeat(self, active_job_ids: Iterable[str] = ()) -> None:
+        if not GPUS:
+            super().heartbeat(active_job_ids)
+            return
+        heartbeat = wg.Heartbeat(
+            active_job_ids=list(active_job_ids), resident_count=2, gpus=gpu_reading(GPUS)
+        )
+        heartbeat.sent_at.GetCurrentTime()
+        self.send(wg.WorkerMessage(heartbeat=heartbeat))
 
     def _handle(self, message: wg.ControlMessage) -> None:
         kind = message.WhichOneof("kind")

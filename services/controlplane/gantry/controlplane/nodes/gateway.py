@@ -159,8 +159,8 @@ class WorkerGatewayService(worker_gateway_pb2_grpc.WorkerGatewayServicer):
         self._clock = clock
         self._settings = settings
         self._endings: set[asyncio.Task[None]] = set()
-        # node id -> the heartbeat whose GPU reading its row holds (gpu_rules.worth_writing).
-        self._gpus_written: dict[str, wg.Heartbeat] = {}
+        # node id -> the GPU reading its row holds, as gpu_rules.worth_writing compares it.
+        self._gpus_written: dict[str, gpu_rules.Written] = {}
         # How often each stream here is told to beat; a test may bound it lower.
         self.pacing = HeartbeatPacing(
             base_interval_s=settings.heartbeat_interval_s,
@@ -426,9 +426,10 @@ class WorkerGatewayService(worker_gateway_pb2_grpc.WorkerGatewayServicer):
         in memory: note it here rather than wake the writer for it. Most heartbeats of a fleet are
         these; the queue hop cost a task switch each (fleet bench, issue 9). With writes pending,
         it waits its turn behind them as `_heartbeat` says."""
-        if message.heartbeat.active_job_ids or not writes.empty():
+        heartbeat = message.heartbeat
+        if heartbeat.active_job_ids or not writes.empty():
             return False
-        if gpu_rules.worth_writing(self._gpus_written.get(stream.node_id), message.heartbeat):
+        if gpu_rules.worth_writing(self._gpus_written.get(stream.node_id), heartbeat):
             return False
         self._liveness.heard(stream.node_id, stream.generation, self._clock.now())
         return True
@@ -497,7 +498,7 @@ class WorkerGatewayService(worker_gateway_pb2_grpc.WorkerGatewayServicer):
             record(db, NodeChanged(node, (stream.node_id,)))
             if freed:
                 record(db, CapacityFreed())  # after the node: the scheduler hears it first
-        self._gpus_written[stream.node_id] = heartbeat
+        self._gpus_written[stream.node_id] = gpu_rules.Written.of(heartbeat)
 
     async def _job_result(self, stream: WorkerStream, result: wg.JobResult) -> None:
         try:

@@ -10,12 +10,18 @@ node announced to the scheduler) only when it changed in a way placement or an o
 notice: the processes or their marks, why there is no reading, or a device's used or external
 memory moving by `WRITE_STEP_BYTES` or more since the last write. So the row lags the worker by
 less than that step, and a fleet whose GPU memory wobbles costs no transaction per heartbeat.
+
+That judgement runs on every heartbeat of the fleet, so it is cheap where nothing changed: a
+reading equal to the one written (an idle node's, one with no GPU) is settled by one comparison
+of the messages, and the written reading's shape and byte counts are worked out once, when it is
+written (`Written`), not again at each heartbeat compared with it.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from google.protobuf import json_format
@@ -51,40 +57,74 @@ def external_usage(gpus: Sequence[wg.GpuUsage]) -> list[common_pb2.ResourceClaim
     ]
 
 
-def worth_writing(written: wg.Heartbeat | None, heard: wg.Heartbeat) -> bool:
+@dataclass(frozen=True, slots=True)
+class Written:
+    """A reading the node's row holds, as `worth_writing` compares it (worked out once)."""
+
+    heartbeat: wg.Heartbeat
+    shape: tuple[object, ...]
+    amounts: tuple[tuple[int, int], ...]  # per device: used and external bytes
+
+    @classmethod
+    def of(cls, heartbeat: wg.Heartbeat) -> Written:
+        shape, amounts = _shape_and_amounts(heartbeat)
+        return cls(heartbeat=heartbeat, shape=shape, amounts=amounts)
+
+
+def worth_writing(written: Written | wg.Heartbeat | None, heard: wg.Heartbeat) -> bool:
     """Whether `heard`'s GPU reading differs from the one last written (None: none yet) in a way
     worth a write (see the module's docstring)."""
     if written is None:
         return True
-    if _shape(written) != _shape(heard):
+    if isinstance(written, wg.Heartbeat):
+        written = Written.of(written)
+    kept = written.heartbeat
+    if heard.gpus_unavailable == kept.gpus_unavailable and heard.gpus == kept.gpus:
+        return False  # the same reading to the byte: nothing to judge
+    shape, amounts = _shape_and_amounts(heard)
+    if written.shape != shape:
         return True
-    for before, now in zip(written.gpus, heard.gpus, strict=True):
-        for a, b in ((_used(before), _used(now)), (external_bytes(before), external_bytes(now))):
-            if abs(a - b) >= WRITE_STEP_BYTES:
-                return True
+    for (used_before, external_before), (used_now, external_now) in zip(
+        written.amounts, amounts, strict=True
+    ):
+        if abs(used_before - used_now) >= WRITE_STEP_BYTES:
+            return True
+        if abs(external_before - external_now) >= WRITE_STEP_BYTES:
+            return True
     return False
 
 
-def _shape(heartbeat: wg.Heartbeat) -> tuple[object, ...]:
-    """Everything of a reading but its byte counts."""
-    return (
-        heartbeat.gpus_unavailable,
-        tuple(
+def _shape_and_amounts(
+    heartbeat: wg.Heartbeat,
+) -> tuple[tuple[object, ...], tuple[tuple[int, int], ...]]:
+    """Everything of a reading but its byte counts; and per device, in the order sent, its used
+    memory and its external processes' memory (`external_bytes`). One pass over the devices:
+    this runs on every heartbeat whose reading is not the one written. A measurement that is
+    unavailable reads 0 bytes (its oneof's other member), as `external_bytes` counts it."""
+    devices = []
+    amounts = []
+    for gpu in heartbeat.gpus:
+        total, used = gpu.total, gpu.used
+        processes = []
+        external = 0
+        for process in gpu.processes:
+            measured = process.used
+            processes.append((process.pid, process.managed, measured.unavailable))
+            if not process.managed:
+                external += measured.bytes
+        processes.sort()
+        devices.append(
             (
                 gpu.device,
-                gpu.total.bytes,
-                gpu.total.unavailable,
-                gpu.used.unavailable,
+                total.bytes,
+                total.unavailable,
+                used.unavailable,
                 gpu.processes_unavailable,
-                tuple(sorted((p.pid, p.managed, p.used.unavailable) for p in gpu.processes)),
+                tuple(processes),
             )
-            for gpu in heartbeat.gpus
-        ),
-    )
-
-
-def _used(gpu: wg.GpuUsage) -> int:
-    return gpu.used.bytes if gpu.used.WhichOneof("value") == "bytes" else 0
+        )
+        amounts.append((used.bytes, external))
+    return (heartbeat.gpus_unavailable, tuple(devices)), tuple(amounts)
 
 
 def with_reading(

@@ -10,15 +10,25 @@ Strings are bounded in characters, bytes fields in bytes, repeated and map field
 each entry by `size` when it is a string). The bounds are far above what a real worker sends
 (a UUID job id is 36 characters, a model host's failure carries at most its 50-line stderr tail)
 and the results' bounds follow the inference limits' ceilings (`worker_receive_limit_bytes`).
+
+No field can be longer than the message that holds it is on the wire (a character is at least a
+byte, an entry of a repeated or map field at least one), so a message whose serialized size is
+within the smallest bound of every field its type can reach breaks none, and is not walked. A
+heartbeat is the message of a fleet (each worker's, every interval): an idle one is a few bytes,
+and a GPU reading's devices are each within the smallest bound under them, so its check costs a
+size per level instead of a Python step per field. Types that can carry a bytes field (results)
+are always walked: their size is what the wire carries in bulk, and computing it would cost an
+encoding of all of it.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import Message
 
 from gantry.common.errors import GantryError
@@ -105,6 +115,7 @@ FIELD_BOUNDS: Mapping[str, Bound] = {
 }
 
 
+@functools.cache  # per field: looked up for every field of every message a fleet sends
 def bound_of(field: FieldDescriptor) -> Bound:
     return FIELD_BOUNDS.get(field.full_name, DEFAULT_BOUND)
 
@@ -112,6 +123,8 @@ def bound_of(field: FieldDescriptor) -> Bound:
 def check_worker_message(message: Message) -> None:
     """Refuse (INVALID_ARGUMENT, naming the field, its limit and its size) a message any field of
     which is past its bound. The error carries no text of the message itself."""
+    if _too_small_to_break_any(message):
+        return
     for path, limit, size in _violations(message, message.DESCRIPTOR.name):
         raise GantryError(
             "INVALID_ARGUMENT",
@@ -122,21 +135,85 @@ def check_worker_message(message: Message) -> None:
         )
 
 
+@functools.cache
+def smallest_bound(
+    descriptor: Descriptor, chosen: tuple[str | None, ...] | None = None
+) -> int | None:
+    """The smallest bound (characters, bytes or entries) of any field a message of this type can
+    reach, its own and those of every message type under it; None when one of them is a bytes
+    field (such a message is always walked, never sized: see the module's docstring).
+
+    `chosen`: the member set in each of the type's own oneofs (`_chosen`), the others left out:
+    an envelope whose oneof may hold a result but holds a heartbeat is sized as a heartbeat's."""
+    left_out: frozenset[str] = frozenset()
+    if chosen is not None:
+        left_out = frozenset(
+            field.name
+            for oneof, member in zip(descriptor.oneofs, chosen, strict=True)
+            for field in oneof.fields
+            if field.name != member
+        )
+    smallest: int | None = None
+    # The message itself as its oneofs are set; every type under it in full, once (the
+    # message's own type too, should it hold one: that one's oneofs may be set otherwise).
+    seen: set[str] = set()
+    pending = [(descriptor, left_out)]
+    while pending:  # every type reachable once: a recursive type ends the walk, not the process
+        current, skipped = pending.pop()
+        for field in current.fields:
+            if field.name in skipped:
+                continue
+            if field.type == FieldDescriptor.TYPE_BYTES:
+                return None
+            bound = bound_of(field)
+            # Both limits, whatever the field's kind: a lower bound than needed only walks more.
+            least = min(bound.size, bound.items)
+            smallest = least if smallest is None else min(smallest, least)
+            if field.type == FieldDescriptor.TYPE_MESSAGE:
+                nested = field.message_type
+                if nested.full_name not in seen:
+                    seen.add(nested.full_name)
+                    pending.append((nested, frozenset()))
+    return smallest
+
+
+@functools.cache
+def _oneof_names(descriptor: Descriptor) -> tuple[str, ...]:
+    return tuple(oneof.name for oneof in descriptor.oneofs)
+
+
+def _chosen(message: Message) -> tuple[str | None, ...]:
+    """The member set in each of the message's oneofs (None where none is)."""
+    return tuple(message.WhichOneof(name) for name in _oneof_names(message.DESCRIPTOR))
+
+
+def _too_small_to_break_any(message: Message) -> bool:
+    """No field is longer than the whole message: one within the smallest bound its type reaches
+    (its oneofs as they are set) breaks none, and is not walked."""
+    descriptor = message.DESCRIPTOR
+    # Most types have no oneof (a GPU's reading, each of its processes): no tuple to build.
+    chosen = _chosen(message) if _oneof_names(descriptor) else None
+    smallest = smallest_bound(descriptor, chosen)
+    return smallest is not None and message.ByteSize() <= smallest
+
+
 def _violations(message: Message, path: str) -> Iterator[tuple[str, int, int]]:
-    """(field path, limit, size) of each bound `message` breaks, depth first; set fields only."""
+    """(field path, limit, size) of each bound `message` breaks, depth first; set fields only.
+    The caller has sized `message` already (`_too_small_to_break_any`)."""
     for field, value in message.ListFields():
         bound = bound_of(field)
-        where = f"{path}.{field.name}"
+        # The path is spelled only where it may be needed: most set fields are numbers.
         if field.is_repeated:
             if len(value) > bound.items:
-                yield where, bound.items, len(value)
+                yield f"{path}.{field.name}", bound.items, len(value)
                 continue
-            yield from _entries(field, value, bound, where)
+            yield from _entries(field, value, bound, f"{path}.{field.name}")
         elif field.type == FieldDescriptor.TYPE_MESSAGE:
-            yield from _violations(value, where)
+            if not _too_small_to_break_any(value):
+                yield from _violations(value, f"{path}.{field.name}")
         elif field.type in (FieldDescriptor.TYPE_STRING, FieldDescriptor.TYPE_BYTES):
             if len(value) > bound.size:
-                yield where, bound.size, len(value)
+                yield f"{path}.{field.name}", bound.size, len(value)
 
 
 def _entries(
@@ -148,12 +225,13 @@ def _entries(
             for text in (key, item):
                 if isinstance(text, str | bytes) and len(text) > bound.size:
                     yield f"{where}[]", bound.size, len(text)
-                elif isinstance(text, Message):
+                elif isinstance(text, Message) and not _too_small_to_break_any(text):
                     yield from _violations(text, f"{where}[]")
         return
     for index, item in enumerate(value):
         if isinstance(item, Message):
-            yield from _violations(item, f"{where}[{index}]")
+            if not _too_small_to_break_any(item):
+                yield from _violations(item, f"{where}[{index}]")
         elif isinstance(item, str | bytes) and len(item) > bound.size:
             yield f"{where}[{index}]", bound.size, len(item)
         elif not isinstance(item, str | bytes):
