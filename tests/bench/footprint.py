@@ -1,7 +1,8 @@
 """Idle footprint: `gantry controlplane`, `gantry scheduler` and `gantry worker` as the separate
 processes `gantry up` starts, no model loaded, against PERFORMANCE.md's target of <= 300 MB RSS
-for the three together; then the memory of a further model host (`resident_memory`): the PSS of a
-second MiniLM host forked from the warm pool beside a first, against <= its weights + 50 MiB.
+for the three together; then the memory of a further model host (`resident_memory`): what a
+second MiniLM host forked from the warm pool beside a first adds to the PSS of the server and the
+hosts, against <= its weights + 50 MiB (its own PSS beside it).
 
 The processes are started exactly as `gantry up` starts them (its `child_specs`, `migrate`,
 node credential and connection wait), only without the deployment: once the worker's stream is
@@ -207,11 +208,11 @@ def bench_further_resident(summary: Summary | None = None) -> ResidentMemory:
         print(f"  {line}")
     if summary is not None:
         summary.add(
-            "PSS of a further resident, MiniLM",
-            f"{memory.further_pss_mib:.0f} MiB",
-            f"weights {memory.weights_mib:.0f} MiB; empty forked host "
-            f"{memory.empty_host_pss_mib:.0f} MiB; the machine's PSS grew "
-            f"{memory.added_mib:.0f} MiB with it",
+            "memory a further resident adds, MiniLM",
+            f"{memory.added_mib:.0f} MiB",
+            f"weights {memory.weights_mib:.0f} MiB; its own PSS {memory.further_pss_mib:.0f} MiB "
+            f"(an empty forked host's {memory.empty_host_pss_mib:.0f}), mostly its third of the "
+            "fork server's heap, shared",
             f"<= weights + 50 MiB ({memory.target_mib:.0f})",
             memory.met,
             "the floor: an empty forked host (the tiny fixture model) holds "

@@ -33,6 +33,10 @@ class UntunedDirect:
     def __init__(self, process: asyncio.subprocess.Process) -> None:
         self._process = process
 
+    @property
+    def pid(self) -> int:
+        return self._process.pid
+
     async def encode(self, size: int) -> float:
         assert self._process.stdin is not None and self._process.stdout is not None
         self._process.stdin.write(f"{size}\n".encode())

@@ -176,9 +176,9 @@ async def bench_warm_pool(summary: Summary | None = None, *, device: str = "cpu"
         print(
             f"    direct import + load + first pass in a fresh interpreter p50 {direct:.2f}s; "
             f"cold - direct = {figures.cold_s - direct:+.2f}s (target <= +1 s); weights "
-            f"{weights:.0f} MiB, a further resident's PSS {figures.second_pss_mib:.0f} MiB "
-            f"(target <= weights + 50 MiB: the summary's row, with its breakdown, is "
-            f"tests/bench/footprint.py's)"
+            f"{weights:.0f} MiB, a further resident's own PSS {figures.second_pss_mib:.0f} MiB "
+            f"(the target, <= weights + 50 MiB, is judged on what it adds to the machine's PSS: "
+            f"the summary's row, with its breakdown, is tests/bench/footprint.py's)"
         )
         if summary is not None:
             add_rows(summary, figures, direct_s=direct)
