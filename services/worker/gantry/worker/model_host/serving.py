@@ -45,6 +45,7 @@ from gantry.worker.model_host.generation_serving import GENERATE_KIND, GenerateR
 from gantry.worker.model_host.inbox import ChannelClosed, Inbox, InboxItem, Queued, ResponseWriter
 from gantry.worker.model_host.input_lengths import length_refusal
 from gantry.worker.model_host.media_serving import MediaRequests
+from gantry.worker.model_host.pass_threads import PassThreads
 from gantry.worker.model_host.probe_evidence import LoadRecord
 
 logger = logging.getLogger("gantry.model_host")
@@ -178,6 +179,7 @@ class ModelServer:
         # A frame taken off the inbox that did not fit the current batch; it starts the next one.
         self._carried: collections.deque[InboxItem] = collections.deque()
         self._tracer = tracer("gantry.model_host")
+        self._pass_threads = PassThreads.for_adapter(adapter)
         self._media = MediaRequests(
             adapter=adapter, responses=responses, tracer=self._tracer, fail=self._fail
         )
@@ -240,7 +242,15 @@ class ModelServer:
             return
         if self._refused_for_length(request):
             return
-        self._run_batch(self._collect_batch(item))
+        batch = self._collect_batch(item)
+        if self._pass_threads is None:
+            self._run_batch(batch)
+            return
+        self._pass_threads.before_pass()
+        try:
+            self._run_batch(batch)
+        finally:
+            self._pass_threads.after_pass()
 
     def _wrong_kind(self, kind: str) -> GantryError:
         adapter = self._adapter
