@@ -35,7 +35,7 @@ from tests.bench.device import BenchDeviceError, bench_device
 from tests.bench.floor import Chain
 from tests.bench.openai_http import bench_openai_http
 from tests.bench.served import CAPABILITY, Served, gantry_up, settle
-from tests.bench.summary import Summary, cpu_seconds
+from tests.bench.summary import Summary, cpu_ns, cpu_seconds
 from tests.bench.timing import Call, timed, timed_blocks, timed_pair, timed_turns
 from tests.bench.untuned import UntunedDirect, untuned_direct
 
@@ -263,28 +263,15 @@ async def _interleaved(untuned_one: Call, embed: Call, untuned_pid: int) -> None
     )
 
 
-def _cpu_ns(pid: int) -> int:
-    """CPU time of all of a process's threads, in ns (schedstat: /proc/<pid>/stat counts in clock
-    ticks, 10 ms here, too coarse for a spin of a few ms)."""
-    total = 0
-    for task in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{task}/schedstat") as schedstat:
-                total += int(schedstat.read().split()[0])
-        except (OSError, ValueError, IndexError):
-            continue  # a thread that ended meanwhile
-    return total
-
-
 async def spin_tail_ms(call: Call, pid: int, *, settle_s: float = 0.05) -> float:
     """CPU process `pid` spends after `call` (its work) returned, median of 10: its threads
     spinning before they sleep."""
     tails = []
     for _ in range(10):
         await call()
-        before = _cpu_ns(pid)
+        before = cpu_ns(pid)
         await asyncio.sleep(settle_s)
-        tails.append((_cpu_ns(pid) - before) / 1e6)
+        tails.append((cpu_ns(pid) - before) / 1e6)
     return statistics.median(tails)
 
 

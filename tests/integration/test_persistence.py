@@ -258,7 +258,10 @@ async def test_sqlite_transactions_take_turns_so_none_sees_another_half_done(sql
             async with database.transaction() as session:
                 row = await session.get(Node, node.node_id)
                 assert row is not None
-                await asyncio.sleep(0.005)  # the others are started meanwhile
+                # Give the loop turns while holding the row: the other nineteen start their
+                # transactions meanwhile and must wait for this one's turn to end.
+                for _ in range(3):
+                    await asyncio.sleep(0)
                 row.generation = row.generation + 1
 
         await asyncio.gather(*(read_then_write() for _ in range(20)))
