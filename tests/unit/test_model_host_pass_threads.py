@@ -24,6 +24,22 @@ def test_threads_for(idle_s: float, threads: int, usable_cpus: int, expected: in
     assert threads_for(idle_s, threads=threads, usable_cpus=usable_cpus) == expected
 
 
+@pytest.mark.parametrize(
+    ("requests", "threads", "usable_cpus", "expected"),
+    [
+        (1, 2, 2, 2),  # one caller back to back: the measured count
+        (2, 2, 2, 1),  # callers queued behind each other: the chain is busy beside the pass
+        (32, 8, 8, 7),
+        (32, 4, 8, 4),  # the threads leave CPUs free already
+        (32, 1, 1, 1),
+    ],
+)
+def test_threads_for_a_batch_of_several_callers(
+    requests: int, threads: int, usable_cpus: int, expected: int
+) -> None:
+    assert threads_for(0.0, threads=threads, usable_cpus=usable_cpus, requests=requests) == expected
+
+
 class _Clock:
     def __init__(self) -> None:
         self.now = 100.0
@@ -53,7 +69,17 @@ def test_sets_torch_threads_only_when_the_count_changes() -> None:
 
     clock.now += 10 * COLD_AFTER_S
     threads.before_pass()
+    threads.after_pass()
     assert calls == [1, 2, 1]
+
+    clock.now += 0.001  # back to back, but a batch of several callers
+    threads.before_pass(requests=3)
+    threads.after_pass()
+    threads.before_pass(requests=1)
+    threads.after_pass()
+    assert calls == [1, 2, 1, 2]
+    threads.before_pass(requests=2)  # from the measured count to one fewer
+    assert calls == [1, 2, 1, 2, 1]
 
 
 def test_a_gpu_host_is_left_alone() -> None:

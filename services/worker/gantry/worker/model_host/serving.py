@@ -246,7 +246,7 @@ class ModelServer:
         if self._pass_threads is None:
             self._run_batch(batch)
             return
-        self._pass_threads.before_pass()
+        self._pass_threads.before_pass(len(batch))
         try:
             self._run_batch(batch)
         finally:
