@@ -21,16 +21,27 @@ from gantry.worker.model_host.serving import ModelServer, ServingSettings
 
 
 class _CountingEncoder:
-    """Stands in for a SentenceTransformer: every text becomes a row of four ones."""
+    """Stands in for a SentenceTransformer, as the adapter's pass uses one: every text becomes a
+    row of four ones."""
 
     device = "cpu"
+    prompts: dict[str, str] = {}
+    default_prompt_name = None
+    truncate_dim = None
 
     def __init__(self) -> None:
         self.encoded: list[list[str]] = []
 
-    def encode(self, inputs: list[str], **_: object) -> np.ndarray:
-        self.encoded.append(list(inputs))
-        return np.ones((len(inputs), 4), dtype="<f4")
+    def preprocess(self, inputs: list[str], prompt: str | None = None) -> dict[str, object]:
+        return {"texts": list(inputs)}
+
+    def __call__(self, features: dict[str, object]) -> dict[str, object]:
+        import torch
+
+        texts = features["texts"]
+        assert isinstance(texts, list)
+        self.encoded.append(texts)
+        return {"sentence_embedding": torch.ones((len(texts), 4))}
 
 
 def _server(
