@@ -6,8 +6,6 @@ import io
 import time
 from pathlib import Path
 
-import numpy as np
-
 from gantry.v1 import common_pb2, model_host_pb2, worker_gateway_pb2
 from gantry.worker.model_host.adapters.sentence_transformers_embedding import (
     SentenceTransformersEmbedding,
