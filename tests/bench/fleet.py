@@ -43,8 +43,10 @@ GANTRY_BENCH_FLEET_WORKERS (default 1000; 0 skips), GANTRY_BENCH_FLEET_WINDOW_S 
 GANTRY_BENCH_FLEET_HEARTBEAT_S (default: the production base heartbeat interval, 3 s),
 GANTRY_BENCH_FLEET_MAX_HEARTBEATS_PER_S (default: the production bound, 200),
 GANTRY_BENCH_FLEET_EMBED_CALLS (default 1000) spread over GANTRY_BENCH_FLEET_EMBED_S (default 20),
-GANTRY_BENCH_FLEET_GPUS (default 0: empty heartbeats; G: each carries a G-GPU reading, as a worker
-agent's does; tests/bench/fleet_simulator.py).
+GANTRY_BENCH_FLEET_GPUS (default 0: empty heartbeats; G: each carries a G-GPU reading, or says
+it is unchanged, as a worker agent's does), GANTRY_BENCH_FLEET_GPU_CHANGES (default 0: the chance
+a worker's reading moved since its last beat), GANTRY_BENCH_FLEET_GPU_FULL=1 (the whole reading at
+every beat, as before `gpus_unchanged`); tests/bench/fleet_simulator.py.
 """
 
 from __future__ import annotations
@@ -96,10 +98,13 @@ PACING = HeartbeatPacing(
     ),
 )
 GPUS = int(os.environ.get("GANTRY_BENCH_FLEET_GPUS", "0"))  # read by the simulator too
+GPU_CHANGES = float(os.environ.get("GANTRY_BENCH_FLEET_GPU_CHANGES", "0"))  # the simulator's
+GPU_FULL = os.environ.get("GANTRY_BENCH_FLEET_GPU_FULL", "") == "1"  # the simulator's
 COMMAND = (
     "python -m tests.bench.fleet  (GANTRY_BENCH_FLEET_WORKERS, GANTRY_BENCH_FLEET_WINDOW_S, "
     "GANTRY_BENCH_FLEET_HEARTBEAT_S, GANTRY_BENCH_FLEET_MAX_HEARTBEATS_PER_S, "
-    "GANTRY_BENCH_FLEET_EMBED_CALLS, GANTRY_BENCH_FLEET_EMBED_S, GANTRY_BENCH_FLEET_GPUS)"
+    "GANTRY_BENCH_FLEET_EMBED_CALLS, GANTRY_BENCH_FLEET_EMBED_S, GANTRY_BENCH_FLEET_GPUS, "
+    "GANTRY_BENCH_FLEET_GPU_CHANGES, GANTRY_BENCH_FLEET_GPU_FULL)"
 )
 # Workers the detection step loses: some fall silent, as many have their stream closed.
 LOST_PER_KIND = 5
@@ -269,9 +274,9 @@ async def time_until_disconnected(
 class BareGateway(worker_gateway_pb2_grpc.WorkerGatewayServicer):
     """WorkerGateway.Connect with no Gantry code at all: what a heartbeat costs gRPC alone.
 
-    It reads the Hello, answers with a Welcome the scripted worker accepts (the interval it
-    heartbeats at is the only field it reads: the one Gantry tells as many streams as the bench
-    connects), then reads and drops every message to the end."""
+    It reads the Hello, answers with a Welcome the scripted worker accepts (the interval Gantry
+    tells as many streams as the bench connects, and that it takes `gpus_unchanged`, as Gantry's
+    says: its workers send what they send Gantry), then reads and drops every message to the end."""
 
     def __init__(self, heartbeat_s: float) -> None:
         self.interval = duration_pb2.Duration()
@@ -290,6 +295,7 @@ class BareGateway(worker_gateway_pb2_grpc.WorkerGatewayServicer):
                 node_id="bare",
                 accepted_generation=hello.generation,
                 heartbeat_interval=self.interval,
+                gpu_reading_unchanged_understood=True,
             )
         )
         async for _ in request_iterator:
@@ -344,7 +350,7 @@ async def bench_fleet(summary: Summary | None = None) -> int:
         f"Fleet bench: {WORKERS} simulated workers, heartbeat every {HEARTBEAT_S:g}s grown to keep "
         f"under {PACING.max_per_s:g}/s ({PACING.interval_s(WORKERS + 1):g}s for {WORKERS} and "
         f"the serving worker), stale after 3 intervals, CPU windows of {WINDOW_S:g}s, "
-        f"heartbeats {f'each with a {GPUS}-GPU reading' if GPUS else 'empty'}; "
+        f"heartbeats {_heartbeats_described()}; "
         f"reproduce: {COMMAND}"
     )
     base = Path(tempfile.mkdtemp(prefix="gantry-fleet-"))
@@ -414,6 +420,17 @@ async def bench_fleet(summary: Summary | None = None) -> int:
             summary, latencies, heartbeat_share=per_thousand_over_idle(windows[0], windows[-1])
         )
     return 0
+
+
+def _heartbeats_described() -> str:
+    if not GPUS:
+        return "empty"
+    if GPU_FULL:
+        return f"each with a {GPUS}-GPU reading, whole at every beat (GANTRY_BENCH_FLEET_GPU_FULL)"
+    return (
+        f"each with a {GPUS}-GPU reading, said unchanged when it is (moved since the last beat: "
+        f"{GPU_CHANGES:.0%} of beats)"
+    )
 
 
 def _summarise(

@@ -6,9 +6,15 @@ so that the control plane's CPU figures never include the simulator's. Each work
 every interval its Welcome names (or a later HeartbeatInterval, as the fleet grows), starting at
 a random phase so the fleet's heartbeats spread evenly instead of arriving in one burst. By default
 a heartbeat is empty; GANTRY_BENCH_FLEET_GPUS=G makes each carry what a worker agent sends: the
-time, and a reading of G GPUs with 3 processes each (2 of them its own, 1 external) whose memory
-wobbles by a few MiB from beat to beat, under the control plane's write step (gpu_rules.py), as an
-idle GPU fleet's does. Each
+time, and a reading of G GPUs with 3 processes each (2 of them its own, 1 external), decided as
+the worker agent decides it (gantry.worker.gpu_reading, the same function): the whole reading on
+the stream's first heartbeat and whenever it changed, else `gpus_unchanged` where the Welcome
+says the control plane takes it. GANTRY_BENCH_FLEET_GPU_CHANGES=F (default 0) is the chance that
+a worker's reading moved since its last beat: its memory then wobbles by a few MiB, under the
+control plane's write step (gpu_rules.py); 0 is a fleet whose GPUs hold still between beats
+(NVML then reads the same bytes), 1 one whose readings all move at every beat.
+GANTRY_BENCH_FLEET_GPU_FULL=1 sends the whole reading at every beat whatever the Welcome says: a
+worker from before `gpus_unchanged` (the figure before it). Each
 worker dials its own connection, as a real fleet would (a local subchannel pool, so gRPC does not
 share one TCP connection among them).
 
@@ -41,6 +47,7 @@ import grpc
 from gantry.common.grpc_server import CHANNEL_OPTIONS
 from gantry.v1 import common_pb2
 from gantry.v1 import worker_gateway_pb2 as wg
+from gantry.worker import gpu_reading as readings
 from tests.integration.scripted_worker import ScriptedWorker
 
 # Connects in flight at once: enough to keep the control plane busy, few enough that a Hello
@@ -48,6 +55,8 @@ from tests.integration.scripted_worker import ScriptedWorker
 CONNECT_CONCURRENCY = 16
 CONNECT_ATTEMPTS = 5
 GPUS = int(os.environ.get("GANTRY_BENCH_FLEET_GPUS", "0"))
+GPU_CHANGES = float(os.environ.get("GANTRY_BENCH_FLEET_GPU_CHANGES", "0"))
+GPU_FULL = os.environ.get("GANTRY_BENCH_FLEET_GPU_FULL", "") == "1"
 GIB = 1 << 30
 
 
@@ -80,16 +89,29 @@ class PacedWorker(ScriptedWorker):
     HeartbeatInterval), as a worker agent does."""
 
     interval_s = 0.0
+    reading: readings.GpuReading | None = None  # what NVML reads now
+    sent: readings.GpuReading | None = None  # the reading last sent on this stream
 
     def heartbeat(self, active_job_ids: Iterable[str] = ()) -> None:
         if not GPUS:
             super().heartbeat(active_job_ids)
             return
-        heartbeat = wg.Heartbeat(
-            active_job_ids=list(active_job_ids), resident_count=2, gpus=gpu_reading(GPUS)
+        if self.reading is None or random.random() < GPU_CHANGES:
+            self.reading = readings.GpuReading.of(gpu_reading(GPUS), "")
+        welcome = self.welcome
+        understood = (
+            not GPU_FULL and welcome is not None and welcome.gpu_reading_unchanged_understood
+        )
+        heartbeat = readings.heartbeat(
+            self.reading,
+            self.sent,
+            understood=understood,
+            active_job_ids=list(active_job_ids),
+            resident_count=2,
         )
         heartbeat.sent_at.GetCurrentTime()
-        self.send(wg.WorkerMessage(heartbeat=heartbeat))
+        self.send(wg.WorkerMessage(heartbeat=heartbeat))  # its outbox is unbounded: never dropped
+        self.sent = self.reading
 
     def _handle(self, message: wg.ControlMessage) -> None:
         kind = message.WhichOneof("kind")

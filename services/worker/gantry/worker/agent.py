@@ -12,10 +12,11 @@ because another Hello with this node's credential took the node (STALE_GENERATIO
 again: the newest Hello wins. Each stream is dialled again with its own backoff: one replica's
 stream dropping stops nothing else. Invocations are answered on the stream they came on, job
 results and a probe's updates go back on their job's stream while it is open (else on any),
-heartbeats go on every stream, and the rest (inventory) on the first stream open. Serving
-residents are supervised by `supervision.Supervisor`, which starts, checks and stops every host
-through the runtime adapter its deployment names (the registry the PROBE job uses); every change
-of a resident sends an InventoryReport.
+heartbeats go on every stream (each stream's GPU reading whole, or said unchanged since the last
+one it carried where its Welcome allows: gpu_reading.py), and the rest (inventory) on the first
+stream open. Serving residents are supervised by `supervision.Supervisor`, which starts, checks
+and stops every host through the runtime adapter its deployment names (the registry the PROBE job
+uses); every change of a resident sends an InventoryReport.
 
 The outbox to the control plane is bounded (`outbox_limit`). When it is full the stream is not
 being read; a message that does not fit is dropped and counted: job results stay unacknowledged
@@ -38,7 +39,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mappi
 from typing import Any
 
 import grpc
-from google.protobuf import duration_pb2, timestamp_pb2
+from google.protobuf import duration_pb2
 
 from gantry.common.auth import auth_metadata
 from gantry.common.client_config import resolve_hosts
@@ -50,7 +51,7 @@ from gantry.common.status import error_from_rpc
 from gantry.common.telemetry import inject_context, tracer
 from gantry.v1 import worker_gateway_pb2 as wg
 from gantry.v1 import worker_gateway_pb2_grpc
-from gantry.worker import metrics
+from gantry.worker import gpu_reading, metrics
 from gantry.worker.adopted_endpoint import adopt_endpoint
 from gantry.worker.agent_settings import (
     WorkerSettings,
@@ -67,6 +68,7 @@ from gantry.worker.environment_facts import (
     RuntimeEnvironments,
     normalized_environment_id,
 )
+from gantry.worker.gpu_reading import GpuReading
 from gantry.worker.gpu_usage import GpuUsageReader
 from gantry.worker.heartbeat_file import HeartbeatFile
 from gantry.worker.inspect_job import run_inspect
@@ -458,24 +460,24 @@ class WorkerAgent:
 
     async def _beat(self, link: Link) -> None:
         """One heartbeat: the leases to renew, and the GPUs as NVML reads them now (on the
-        reader's own thread, within its deadline)."""
+        reader's own thread, within its deadline), or, where the stream's control plane takes
+        it, that they read as the reading last sent on this stream (gpu_reading.py)."""
         roots = [r.host.pid for r in self.residents if r.host is not None]
         roots += self.probes.running_pids
         gpus, gpus_unavailable = await self._gpus.read_within(roots)
-        sent_at = timestamp_pb2.Timestamp()
-        sent_at.GetCurrentTime()
-        self._send(
-            wg.WorkerMessage(
-                heartbeat=wg.Heartbeat(
-                    sent_at=sent_at,
-                    active_job_ids=self.active_job_ids(),
-                    resident_count=len(self.residents),
-                    gpus=gpus,
-                    gpus_unavailable=gpus_unavailable,
-                )
-            ),
-            link,
+        # Decided against the link as it is now (no await from here to the outbox): a stream
+        # renewed while NVML was read starts over with the whole reading.
+        reading = GpuReading.of(gpus, gpus_unavailable)
+        heartbeat = gpu_reading.heartbeat(
+            reading,
+            link.gpu_reading_sent,
+            understood=link.gpu_reading_understood,
+            active_job_ids=self.active_job_ids(),
+            resident_count=len(self.residents),
         )
+        heartbeat.sent_at.GetCurrentTime()
+        if self._offer(wg.WorkerMessage(heartbeat=heartbeat), link):
+            link.gpu_reading_sent = reading
 
     def _handle(self, link: Link, message: wg.ControlMessage) -> None:
         kind = message.WhichOneof("kind")
@@ -522,6 +524,7 @@ class WorkerAgent:
                     other.end()
         self.generation = welcome.accepted_generation
         self._paced(link, welcome.heartbeat_interval)
+        link.gpu_reading_understood = welcome.gpu_reading_unchanged_understood
         metrics.stream_event("reconnected" if link.welcomed_before else "connected")
         link.welcomed = link.welcomed_before = True
         self.connected.set()

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from gantry.v1 import worker_gateway_pb2 as wg
 from gantry.worker.control_planes import StreamTarget
+from gantry.worker.gpu_reading import GpuReading
 
 
 @dataclass(eq=False)
@@ -29,6 +30,10 @@ class Link:
     welcomed: bool = False
     welcomed_before: bool = False  # a later Welcome is a reconnect (the metrics say which)
     task: asyncio.Task[None] | None = None
+    # Of the stream open now (gpu_reading.py): whether its Welcome said the control plane takes
+    # Heartbeat.gpus_unchanged, and the GPU reading last put in its outbox (None: none yet).
+    gpu_reading_understood: bool = False
+    gpu_reading_sent: GpuReading | None = None
 
     def __post_init__(self) -> None:
         self.renew()
@@ -42,6 +47,9 @@ class Link:
         (job results are resent from the unacknowledged set; inventory goes whole in Hello)."""
         # One slot more than the limit, kept for the end-of-stream marker.
         self.outbox = asyncio.Queue(maxsize=self.outbox_limit + 1)
+        # A new stream: its control plane has heard no reading, nor said what it understands.
+        self.gpu_reading_understood = False
+        self.gpu_reading_sent = None
 
     def full(self) -> bool:
         return self.outbox.qsize() >= self.outbox_limit

@@ -25,7 +25,11 @@ idempotently and acknowledged. A heartbeat refreshes the stream's liveness in me
 the reconciler flushes `last_seen_at` in batches) and writes the database only to renew the leases
 of the jobs it names, or to keep its GPU reading when that changed enough to matter (gpu_rules.py:
 the node is then announced to the scheduler, which charges its external GPU processes). Any
-other message of the stream's generation counts as heard too.
+other message of the stream's generation counts as heard too. The Welcome says this control plane
+takes `Heartbeat.gpus_unchanged`: a worker then sends it instead of a GPU reading equal to the one
+it last sent on the stream, and the reader takes that heartbeat as the stream's last reading
+(gpu_rules.StreamReading); one saying so before any reading, or beside one, is refused as a
+message past its bounds is (a Reject naming the field, then the stream closes INVALID_ARGUMENT).
 
 How often a worker heartbeats is the Welcome's to say, per stream: heartbeat_pacing.py grows the
 interval with the streams this replica holds, so their heartbeats stay under a bound however large
@@ -90,6 +94,23 @@ _WRITER_DRAIN_S = 5.0
 _DISPATCH = wg.WorkerMessage()
 
 
+@dataclass(frozen=True, slots=True)
+class _Beat:
+    """A heartbeat on a stream's write queue, with the heartbeat that carries its GPU reading:
+    itself, or the stream's last reading when it says `gpus_unchanged` (the reader resolves it
+    in the order the stream sent them; the writer may handle it later)."""
+
+    heartbeat: wg.Heartbeat
+    reading: wg.Heartbeat
+
+
+_Write = wg.WorkerMessage | _Beat
+
+
+def _kind_of(message: _Write) -> str | None:
+    return "heartbeat" if isinstance(message, _Beat) else message.WhichOneof("kind")
+
+
 @dataclass(frozen=True, kw_only=True)
 class GatewaySettings:
     # The base interval: what a replica holding few streams tells each (heartbeat_pacing.py).
@@ -138,6 +159,8 @@ def welcome(
         heartbeat_interval=_interval(heartbeat_interval_s),
         adopted_deployment_ids=reconciled.adopted,
         unload_deployment_ids=reconciled.unwanted,
+        # Heartbeat.gpus_unchanged is taken on this stream (StreamReading).
+        gpu_reading_unchanged_understood=True,
     )
 
 
@@ -208,7 +231,7 @@ class WorkerGatewayService(worker_gateway_pb2_grpc.WorkerGatewayServicer):
     ) -> AsyncIterator[wg.ControlMessage]:
         """The Welcome, then what the stream's outbox holds until it closes."""
         node_id = stream.node_id
-        writes: asyncio.Queue[wg.WorkerMessage | None] = asyncio.Queue(
+        writes: asyncio.Queue[_Write | None] = asyncio.Queue(
             maxsize=self._settings.write_queue_limit + 2  # + the first dispatch and the end marker
         )
         reader: asyncio.Task[None] | None = None
@@ -241,7 +264,7 @@ class WorkerGatewayService(worker_gateway_pb2_grpc.WorkerGatewayServicer):
         stream: WorkerStream,
         reader: asyncio.Task[None] | None,
         writer: asyncio.Task[None] | None,
-        writes: asyncio.Queue[wg.WorkerMessage | None],
+        writes: asyncio.Queue[_Write | None],
     ) -> None:
         if reader is not None:
             reader.cancel()
@@ -348,7 +371,7 @@ class WorkerGatewayService(worker_gateway_pb2_grpc.WorkerGatewayServicer):
         self,
         stream: WorkerStream,
         messages: AsyncIterator[wg.WorkerMessage],
-        writes: asyncio.Queue[wg.WorkerMessage | None],
+        writes: asyncio.Queue[_Write | None],
         *,
         presented: int,
     ) -> None:
@@ -376,13 +399,20 @@ class WorkerGatewayService(worker_gateway_pb2_grpc.WorkerGatewayServicer):
                     # Inline like a result, and never waiting: a caller that falls behind has its
                     # own call failed (worker_sessions), never this reader's other calls delayed.
                     stream.progress_invoke(message.invoke_progress)
-                elif kind == "heartbeat" and self._heard_inline(stream, message, writes):
-                    continue
-                elif kind in ("heartbeat", "job_result", "job_update", "inventory_report"):
-                    if writes.qsize() >= self._settings.write_queue_limit:
-                        worker_log.error(stream.node_id, "database writes fell behind; closing")
+                elif kind == "heartbeat":
+                    heartbeat = message.heartbeat
+                    try:
+                        reading = stream.gpu_reading.reading_of(heartbeat)
+                    except GantryError as error:
+                        self._refuse(stream, message, error)
                         return
-                    writes.put_nowait(message)
+                    if self._heard_inline(stream, heartbeat, reading, writes):
+                        continue
+                    if not self._queue_write(stream, writes, _Beat(heartbeat, reading)):
+                        return
+                elif kind in ("job_result", "job_update", "inventory_report"):
+                    if not self._queue_write(stream, writes, message):
+                        return
                 else:
                     raise _unexpected_kind(kind)
         except grpc.aio.AioRpcError:
@@ -401,69 +431,86 @@ class WorkerGatewayService(worker_gateway_pb2_grpc.WorkerGatewayServicer):
                 GantryError("WORKER_UNAVAILABLE", f"lost the stream to node {stream.node_id}")
             )
 
+    def _queue_write(
+        self, stream: WorkerStream, writes: asyncio.Queue[_Write | None], item: _Write
+    ) -> bool:
+        """Queue `item` for the writer; False (logged) when the writes fell too far behind: the
+        reader then ends the stream."""
+        if writes.qsize() >= self._settings.write_queue_limit:
+            worker_log.error(stream.node_id, "database writes fell behind; closing")
+            return False
+        writes.put_nowait(item)
+        return True
+
     def _within_bounds(self, stream: WorkerStream, message: wg.WorkerMessage) -> bool:
         """Whether every field of `message` is within its bound; if not, the worker is told why
         (a Reject naming the field) before its stream is closed."""
         try:
             check_worker_message(message)
         except GantryError as error:
-            kind = message.WhichOneof("kind") or ""
-            metrics.message_refused(error.reason, kind)
-            worker_log.warning(stream.node_id, "%s refused, stream closed: %s", kind, error.message)
-            with contextlib.suppress(GantryError):
-                stream.send(_reject("", error))
-            stream.refuse(error)
+            self._refuse(stream, message, error)
             return False
         return True
+
+    def _refuse(self, stream: WorkerStream, message: wg.WorkerMessage, error: GantryError) -> None:
+        """`message` breaks the protocol: counted, logged (one bounded line, no traceback), the
+        worker told why (a Reject naming the field), and its stream closed with `error`."""
+        kind = message.WhichOneof("kind") or ""
+        metrics.message_refused(error.reason, kind)
+        worker_log.warning(stream.node_id, "%s refused, stream closed: %s", kind, error.message)
+        with contextlib.suppress(GantryError):
+            stream.send(_reject("", error))
+        stream.refuse(error)
 
     def _heard_inline(
         self,
         stream: WorkerStream,
-        message: wg.WorkerMessage,
-        writes: asyncio.Queue[wg.WorkerMessage | None],
+        heartbeat: wg.Heartbeat,
+        reading: wg.Heartbeat,
+        writes: asyncio.Queue[_Write | None],
     ) -> bool:
         """A heartbeat with no leases to renew and nothing queued before it is only liveness, kept
         in memory: note it here rather than wake the writer for it. Most heartbeats of a fleet are
         these; the queue hop cost a task switch each (fleet bench, issue 9). With writes pending,
-        it waits its turn behind them as `_heartbeat` says."""
-        heartbeat = message.heartbeat
+        it waits its turn behind them as `_heartbeat` says. `reading`: the heartbeat carrying its
+        GPU reading (`StreamReading.reading_of`)."""
         if heartbeat.active_job_ids or not writes.empty():
             return False
-        if gpu_rules.worth_writing(self._gpus_written.get(stream.node_id), heartbeat):
+        if stream.gpu_reading.worth_writing(self._gpus_written.get(stream.node_id), reading):
             return False
         self._liveness.heard(stream.node_id, stream.generation, self._clock.now())
         return True
 
-    async def _write(
-        self, stream: WorkerStream, writes: asyncio.Queue[wg.WorkerMessage | None]
-    ) -> None:
+    async def _write(self, stream: WorkerStream, writes: asyncio.Queue[_Write | None]) -> None:
         while (message := await writes.get()) is not None:
             try:
                 if message is _DISPATCH:
                     await self._lifecycle.dispatch_queued(stream.node_id)
+                elif isinstance(message, _Beat):
+                    await self._heartbeat(stream, message.heartbeat, message.reading)
                 else:
                     await self._handle(stream, message)
             except GantryError as error:
-                kind = message.WhichOneof("kind") or ""
+                kind = _kind_of(message) or ""
                 worker_log.warning(stream.node_id, "%s refused: %s", kind, str(error))
             except Exception:
-                worker_log.exception(
-                    stream.node_id, "handling %s failed", message.WhichOneof("kind")
-                )
+                worker_log.exception(stream.node_id, "handling %s failed", _kind_of(message))
 
     async def _handle(self, stream: WorkerStream, message: wg.WorkerMessage) -> None:
         kind = message.WhichOneof("kind")
-        if kind == "heartbeat":
-            await self._heartbeat(stream, message.heartbeat)
-        elif kind == "job_result":
+        if kind == "job_result":
             await self._job_result(stream, message.job_result)
         elif kind == "job_update":
             await self._job_update(stream, message.job_update)
         elif kind == "inventory_report":
             await self._inventory(stream, message.inventory_report.inventory)
 
-    async def _heartbeat(self, stream: WorkerStream, heartbeat: wg.Heartbeat) -> None:
+    async def _heartbeat(
+        self, stream: WorkerStream, heartbeat: wg.Heartbeat, reading: wg.Heartbeat
+    ) -> None:
         """Note the stream as heard, and renew the leases of the jobs the worker still runs.
+        `reading`: the heartbeat carrying its GPU reading (itself, or the stream's last reading
+        when it says `gpus_unchanged`).
 
         On the writer, so it counts only once the messages sent before it were handled. Only the
         generation that holds the node refreshes its liveness, and only the one that holds a job
@@ -483,8 +530,9 @@ class WorkerGatewayService(worker_gateway_pb2_grpc.WorkerGatewayServicer):
                     now=self._clock.now(),
                 )
         # Otherwise no transaction: liveness alone is kept in memory.
-        if holds and gpu_rules.worth_writing(self._gpus_written.get(stream.node_id), heartbeat):
-            await retry_on_conflict(lambda: self._write_gpus(stream, heartbeat))
+        written = self._gpus_written.get(stream.node_id)
+        if holds and stream.gpu_reading.worth_writing(written, reading):
+            await retry_on_conflict(lambda: self._write_gpus(stream, reading))
 
     async def _write_gpus(self, stream: WorkerStream, heartbeat: wg.Heartbeat) -> None:
         """Keep the heartbeat's GPU reading in the node's inventory and announce the node (the

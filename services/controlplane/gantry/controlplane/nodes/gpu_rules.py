@@ -15,6 +15,13 @@ That judgement runs on every heartbeat of the fleet, so it is cheap where nothin
 reading equal to the one written (an idle node's, one with no GPU) is settled by one comparison
 of the messages, and the written reading's shape and byte counts are worked out once, when it is
 written (`Written`), not again at each heartbeat compared with it.
+
+A worker whose stream's Welcome said so (Welcome.gpu_reading_unchanged_understood) sends
+`gpus_unchanged` instead of a reading equal to the last one it sent on that stream: such a
+heartbeat's reading is the last one heard on the stream (`StreamReading.reading_of`), the very
+message, so its judgement is an identity check against the one made when that reading was heard,
+never a comparison field by field. Saying unchanged on a stream that carried no reading yet, or
+beside a reading, breaks the protocol (INVALID_ARGUMENT, naming `Heartbeat.gpus_unchanged`).
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from typing import Any
 
 from google.protobuf import json_format
 
+from gantry.common.errors import GantryError
 from gantry.controlplane.platform import convert
 from gantry.v1 import common_pb2
 from gantry.v1 import control_plane_pb2 as cp
@@ -79,6 +87,8 @@ def worth_writing(written: Written | wg.Heartbeat | None, heard: wg.Heartbeat) -
     if isinstance(written, wg.Heartbeat):
         written = Written.of(written)
     kept = written.heartbeat
+    if heard is kept:
+        return False  # the written reading itself, repeated (`StreamReading`)
     if heard.gpus_unavailable == kept.gpus_unavailable and heard.gpus == kept.gpus:
         return False  # the same reading to the byte: nothing to judge
     shape, amounts = _shape_and_amounts(heard)
@@ -92,6 +102,54 @@ def worth_writing(written: Written | wg.Heartbeat | None, heard: wg.Heartbeat) -
         if abs(external_before - external_now) >= WRITE_STEP_BYTES:
             return True
     return False
+
+
+_UNCHANGED_FIELD = "Heartbeat.gpus_unchanged"
+
+
+@dataclass(slots=True)
+class StreamReading:
+    """The GPU reading last heard on one worker stream, which a heartbeat saying `gpus_unchanged`
+    repeats, and the last judgement that found a reading not worth writing (kept so that a
+    repeated reading is settled by identity, not judged again)."""
+
+    # The heartbeat that carried the stream's last reading (None: none heard yet).
+    heard: wg.Heartbeat | None = None
+    # (reading, written): `reading` was found not worth writing over `written`.
+    settled: tuple[wg.Heartbeat, Written] | None = None
+
+    def reading_of(self, heartbeat: wg.Heartbeat) -> wg.Heartbeat:
+        """The heartbeat whose `gpus` and `gpus_unavailable` are `heartbeat`'s reading: itself
+        (kept as the stream's last), or for `gpus_unchanged` the last one heard on the stream.
+        INVALID_ARGUMENT for `gpus_unchanged` beside a reading or before any."""
+        if not heartbeat.gpus_unchanged:
+            self.heard = heartbeat
+            return heartbeat
+        if heartbeat.gpus_unavailable or len(heartbeat.gpus):
+            raise GantryError(
+                "INVALID_ARGUMENT",
+                "a heartbeat says its GPU reading is unchanged and carries one as well",
+                field=_UNCHANGED_FIELD,
+            )
+        if self.heard is None:
+            raise GantryError(
+                "INVALID_ARGUMENT",
+                "a heartbeat says its GPU reading is unchanged before any reading on this stream",
+                field=_UNCHANGED_FIELD,
+            )
+        return self.heard
+
+    def worth_writing(self, written: Written | None, reading: wg.Heartbeat) -> bool:
+        """`worth_writing(written, reading)`, settled at once for a reading already found not
+        worth writing over the same `written` (both the same objects)."""
+        settled = self.settled
+        if settled is not None and settled[0] is reading and settled[1] is written:
+            return False
+        if worth_writing(written, reading):
+            return True
+        if written is not None:
+            self.settled = (reading, written)
+        return False
 
 
 def _shape_and_amounts(

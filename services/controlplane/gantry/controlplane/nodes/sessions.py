@@ -28,6 +28,7 @@ from google.protobuf.message import Message
 from gantry.common import operations
 from gantry.common.errors import GantryError
 from gantry.common.grpc_server import MESSAGE_LIMIT_BYTES
+from gantry.controlplane.nodes.gpu_rules import StreamReading
 from gantry.controlplane.nodes.worker_log import WorkerLog
 from gantry.v1 import worker_gateway_pb2 as wg
 
@@ -138,6 +139,8 @@ class WorkerStream:
     # Why the control plane ended the stream, when its worker broke the protocol (a message that
     # does not parse, has no known kind, or breaks a bound): the stream's status, once drained.
     refusal: GantryError | None = None
+    # The GPU reading last heard on this stream: what a heartbeat saying `gpus_unchanged` means.
+    gpu_reading: StreamReading = field(init=False, default_factory=StreamReading)
 
     def __post_init__(self) -> None:
         # The queue's own bound is a backstop: admission below keeps `send` within outbox_limit
