@@ -1,6 +1,7 @@
-"""The sentence_transformers adapter's embed pass returns what `SentenceTransformer.encode`
-returns for the same texts, with the default prompt, truncate_dim and normalisation, in the
-texts' order, also past one batch (adapters/sentence_transformers_embedding.py)."""
+"""The sentence-transformers adapters' own pass (adapters/sentence_transformers_model.one_pass)
+returns what the library returns for the same inputs, in their order, also past one batch: the
+embedding adapter's rows are `SentenceTransformer.encode`'s (with the default prompt,
+truncate_dim and normalisation), the cross-encoder's scores `CrossEncoder.predict`'s."""
 
 from __future__ import annotations
 
@@ -10,10 +11,11 @@ import numpy as np
 import pytest
 
 from gantry.v1 import common_pb2
+from gantry.worker.model_host.adapters.cross_encoder import SentenceTransformersCrossEncoder
 from gantry.worker.model_host.adapters.sentence_transformers_embedding import (
     SentenceTransformersEmbedding,
 )
-from tests.fixtures.tiny_model import build_tiny_sentence_transformer
+from tests.fixtures.tiny_model import build_tiny_cross_encoder, build_tiny_sentence_transformer
 
 # Texts of different lengths, so a batch pads, and encode() sorts them by length and back.
 TEXTS = [
@@ -78,3 +80,27 @@ def test_the_default_prompt_and_truncate_dim_apply_as_encode_applies_them(
     assert not np.allclose(vectors, plain[:, :8], atol=1e-4)  # the prompt changed the rows
     # The prompt counts in the tokens each input holds, as the pass sees them.
     assert adapter.embed_token_counts(["a"])[0] > adapter._token_counts(["a"])[0]
+
+
+@pytest.fixture(scope="module")
+def cross_encoder_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_cross_encoder(tmp_path_factory.mktemp("tiny-ce") / "model")
+
+
+@pytest.mark.parametrize("documents", [TEXTS[:1], TEXTS, TEXTS * 7], ids=["one", "six", "42"])
+def test_the_cross_encoder_s_scores_are_predict_s(
+    cross_encoder_dir: Path, documents: list[str]
+) -> None:
+    adapter = SentenceTransformersCrossEncoder()
+    adapter.load(cross_encoder_dir, common_pb2.AdapterSettings(device="cpu", max_batch_size=16))
+    query = "which model is resident"
+    scores = adapter.rerank(query, documents)
+    expected = adapter._require_loaded().predict(
+        [(query, document) for document in documents],
+        batch_size=16,
+        convert_to_numpy=True,
+        show_progress_bar=False,
+    )
+    assert scores.dtype == np.dtype("<f4") and scores.shape == (len(documents),)
+    np.testing.assert_allclose(scores, np.asarray(expected, dtype="<f4"), rtol=0, atol=1e-6)
+    assert ((scores > 0) & (scores < 1)).all()  # through the model's sigmoid, as predict() does

@@ -146,12 +146,28 @@ def test_cuda_readings_say_why_they_are_unavailable() -> None:
 
 
 class _Scorer:
-    """Stands in for a CrossEncoder: a document's score is its length."""
+    """Stands in for a CrossEncoder, as the adapter's pass uses one: a document's score is its
+    length, with no activation."""
 
     device = "cpu"
+    prompts: dict[str, str] = {}
+    default_prompt_name = None
+    activation_fn = None
 
-    def predict(self, pairs: list[tuple[str, str]], **_: object) -> np.ndarray:
-        return np.array([float(len(document)) for _, document in pairs], dtype=np.float32)
+    def score(self, document: str) -> float:
+        return float(len(document))
+
+    def preprocess(
+        self, pairs: list[tuple[str, str]], prompt: str | None = None
+    ) -> dict[str, object]:
+        return {"pairs": pairs}
+
+    def __call__(self, features: dict[str, object]) -> dict[str, object]:
+        import torch
+
+        pairs = features["pairs"]
+        assert isinstance(pairs, list)
+        return {"scores": torch.tensor([[self.score(document)] for _, document in pairs])}
 
 
 def _record() -> LoadRecord:
@@ -228,8 +244,8 @@ def test_cross_encoder_server_scores_refuses_embeds_answers_probes_and_unloads()
 
 def test_a_non_finite_score_fails_the_probe_model_layer() -> None:
     class _NanScorer(_Scorer):
-        def predict(self, pairs: list[tuple[str, str]], **_: object) -> np.ndarray:
-            return np.array([np.nan] * len(pairs), dtype=np.float32)
+        def score(self, document: str) -> float:
+            return float("nan")
 
     adapter = SentenceTransformersCrossEncoder()
     adapter._model = _NanScorer()

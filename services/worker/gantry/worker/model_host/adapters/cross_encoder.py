@@ -25,6 +25,7 @@ from gantry.worker.model_host.adapters.base import (
 
 if TYPE_CHECKING:
     import numpy as np
+    import torch
 
 
 class SentenceTransformersCrossEncoder(sentence_transformers_model.SentenceTransformersAdapter):
@@ -58,18 +59,35 @@ class SentenceTransformersCrossEncoder(sentence_transformers_model.SentenceTrans
     def rerank(self, query: str, documents: Sequence[str]) -> np.ndarray:
         import numpy as np
 
-        scores = self._require_loaded().predict(
-            [(query, document) for document in documents],
-            batch_size=self.max_batch_inputs,
-            convert_to_numpy=True,
-            show_progress_bar=False,
-        )
-        scores = np.asarray(scores, dtype="<f4")
+        model = self._require_loaded()
+        pairs = [(query, document) for document in documents]
+        size = self.max_batch_inputs
+        # The serving loop hands at most a batch of documents at a time; more still run in
+        # passes of the batch size, as predict() would.
+        parts = [
+            sentence_transformers_model.one_pass(model, pairs[i : i + size], self._scores)
+            for i in range(0, len(pairs), size)
+        ]
+        scores = np.asarray(parts[0] if len(parts) == 1 else np.concatenate(parts), dtype="<f4")
         if scores.shape != (len(documents),):
             raise RuntimeError(
                 f"cross-encoder returned shape {scores.shape} for {len(documents)} documents"
             )
         return scores
+
+    def _scores(self, outputs: dict[str, Any]) -> torch.Tensor:
+        """A pass's one score per pair, as predict() returns them: the logits in 32 bits at
+        least, through the model's activation (a sigmoid for its one label unless it names
+        another), one per pair."""
+        import torch
+
+        scores = outputs["scores"]
+        if torch.is_floating_point(scores) and torch.finfo(scores.dtype).bits < 32:
+            scores = scores.float()
+        activation = self._require_loaded().activation_fn
+        if activation is not None:
+            scores = activation(scores)
+        return scores.squeeze(-1) if scores.ndim > 1 else scores
 
     def health_check(self) -> ForwardCheck:
         started = time.monotonic()

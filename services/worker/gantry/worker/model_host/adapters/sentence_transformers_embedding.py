@@ -17,10 +17,13 @@ from gantry.worker.model_host.adapters.base import (
 )
 from gantry.worker.model_host.adapters.sentence_transformers_model import (
     SentenceTransformersAdapter,
+    default_prompt,
+    one_pass,
 )
 
 if TYPE_CHECKING:
     import numpy as np
+    import torch
 
 
 class SentenceTransformersEmbedding(SentenceTransformersAdapter):
@@ -56,7 +59,7 @@ class SentenceTransformersEmbedding(SentenceTransformersAdapter):
 
     def embed_token_counts(self, inputs: Sequence[str]) -> list[int]:
         # The pass puts the default prompt (if the model declares one) before each text.
-        prompt = _default_prompt(self._require_loaded())
+        prompt = default_prompt(self._require_loaded())
         return self._token_counts([prompt + text for text in inputs])
 
     def embed(self, inputs: Sequence[str]) -> np.ndarray:
@@ -68,13 +71,26 @@ class SentenceTransformersEmbedding(SentenceTransformersAdapter):
         # The serving loop hands at most a batch at a time (its chunks); a longer list still
         # runs in passes of the batch size, as encode() would.
         parts = [
-            _one_pass(model, texts[i : i + size], self._normalize)
-            for i in range(0, len(texts), size)
+            one_pass(model, texts[i : i + size], self._rows) for i in range(0, len(texts), size)
         ]
         vectors = parts[0] if len(parts) == 1 else np.concatenate(parts)
         if vectors.ndim != 2 or vectors.shape[0] != len(inputs):
             raise RuntimeError(f"encoder returned shape {vectors.shape} for {len(inputs)} inputs")
         return np.ascontiguousarray(vectors, dtype="<f4")
+
+    def _rows(self, outputs: dict[str, Any]) -> torch.Tensor:
+        """The sentence embeddings of a pass, as encode() returns them: cut to the model's
+        truncate_dim, normalised when the deployment asks."""
+        import torch
+        from sentence_transformers.util import truncate_embeddings
+
+        model = self._require_loaded()
+        embeddings = outputs["sentence_embedding"]
+        if model.truncate_dim is not None:
+            embeddings = truncate_embeddings(embeddings, model.truncate_dim)
+        if self._normalize:
+            embeddings = torch.nn.functional.normalize(embeddings, p=2, dim=1)
+        return embeddings
 
     def health_check(self) -> ForwardCheck:
         started = time.monotonic()
@@ -109,42 +125,3 @@ class SentenceTransformersEmbedding(SentenceTransformersAdapter):
         )
         detail = self.worst_case_detail(batch, tokens, why)
         return check, WorstCase(batch_inputs=batch, input_tokens=tokens, detail=detail)
-
-
-def _default_prompt(model: Any) -> str:
-    """The prompt encode() puts before each text: the model's default one, if it declares one."""
-    return str((model.prompts or {}).get(model.default_prompt_name or "", "") or "")
-
-
-def _one_pass(model: Any, texts: list[str], normalize: bool) -> np.ndarray:
-    """What `SentenceTransformer.encode(texts, batch_size=len(texts))` returns, as float32 rows in
-    the texts' order, from one forward pass: its preprocessing (the default prompt, the
-    tokenizer's truncation and padding), the model's modules, its truncate_dim and the optional
-    normalisation, without the work encode() repeats on every call around them (putting every
-    module in eval mode, which `load` did once; finding the device by walking every parameter;
-    sorting by length and back).
-
-    Measured on 2 CPUs with all-MiniLM-L6-v2, one sentence: in-process 10.3-10.5 ms a call through
-    encode(), 8.9-9.2 ms this way; through Gantry (`gantry up`, c=1 in blocks against the untuned
-    encode, same session) the overhead went from +4.0/+4.8 to +2.4/+2.9 ms. The rows equal
-    encode()'s (to the bit in that measurement; tests/integration/test_sentence_transformers_pass.py
-    holds them within 1e-6)."""
-    import torch
-    from sentence_transformers.util import truncate_embeddings
-
-    prompt = _default_prompt(model) or None
-    with torch.inference_mode():
-        features = model.preprocess(texts, prompt=prompt)
-        device = model.device
-        features = {
-            name: value.to(device) if isinstance(value, torch.Tensor) else value
-            for name, value in features.items()
-        }
-        embeddings = model(features)["sentence_embedding"]
-        if model.truncate_dim is not None:
-            embeddings = truncate_embeddings(embeddings, model.truncate_dim)
-        if normalize:
-            embeddings = torch.nn.functional.normalize(embeddings, p=2, dim=1)
-        if embeddings.dtype == torch.bfloat16:
-            embeddings = embeddings.float()
-        return embeddings.cpu().numpy()
