@@ -249,10 +249,21 @@ def events_command(context: CommandContext, args: argparse.Namespace) -> int:
             )
 
         def wait_ready(timeout_s: float) -> bool:
+            # A call that waits for the channel, not grpc.channel_ready_future: that one starts
+            # gRPC's connectivity-polling thread, which prints a traceback when Ctrl-C closes
+            # the channel under it (seen once in a full test run, a follower ended right after
+            # a reconnect). Any answer, a refusal included, says the control plane is back; the
+            # watch that follows surfaces a refusal.
             try:
-                grpc.channel_ready_future(channel).result(timeout=timeout_s)
-            except grpc.FutureTimeoutError:
-                return False
+                stub.ListAuditEvents(
+                    control_plane_pb2.ListAuditEventsRequest(page_size=1, filter=event_filter),
+                    metadata=metadata,
+                    timeout=timeout_s,
+                    wait_for_ready=True,
+                )
+            except grpc.RpcError as error:
+                code = error.code() if isinstance(error, grpc.Call) else None
+                return code not in RECONNECT_CODES and code is not grpc.StatusCode.DEADLINE_EXCEEDED
             return True
 
         try:
