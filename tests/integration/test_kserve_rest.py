@@ -21,6 +21,7 @@ import pytest_asyncio
 from gantry.v1 import control_plane_pb2 as cp
 from gantry.v1 import inference_pb2 as inf
 from tests.fixtures.clients_env import clients_python  # noqa: F401  (fixture)
+from tests.fixtures.vectors import assert_same_vectors
 from tests.integration.harness import Harness, running_gantry
 from tests.integration.kserve_support import infer_rest
 from tests.integration.test_openai_http_door_bounds import _read_to_end as read_to_end
@@ -127,8 +128,9 @@ async def test_tritonclient_http_works_unchanged(
             "deployment_id",
             "node_id",
         }
-        # Bit for bit: the binary output is the worker's block, the JSON one reads back to it.
-        np.testing.assert_array_equal(np.array(got["vectors"], dtype=np.float32), expected)
+        # The binary output is the worker's block, the JSON one reads back to it; against
+        # another call's vectors, to float rounding (tests/fixtures/vectors.py).
+        assert_same_vectors(np.array(got["vectors"], dtype=np.float32), expected)
     assert "binary_data_size" in answer["binary"]["output"]["parameters"]
 
     ranked = await gantry.inference.Rerank(
@@ -190,7 +192,7 @@ async def test_refusals_are_kserve_shaped_with_gantry_reason(gantry: Harness) ->
         assert answer.status_code == 200 and "inference-header-content-length" not in answer.headers
         (output,) = answer.json()["outputs"]
         got = np.array(output["data"], dtype=np.float32).reshape(output["shape"])
-        np.testing.assert_array_equal(got, await _embedded(gantry))
+        assert_same_vectors(got, await _embedded(gantry))
 
 
 async def test_a_body_past_the_bound_is_refused_before_it_is_read(gantry: Harness) -> None:
@@ -217,7 +219,7 @@ async def test_binary_tensors_in_and_out_over_raw_http(gantry: Harness) -> None:
     JSON part's length in the header, each input's bytes after it; the outputs' bytes after the
     answer's JSON part."""
     got = await infer_rest(gantry, CAPABILITY, {"text": [text.encode() for text in TEXTS]})
-    np.testing.assert_array_equal(got["embedding"], await _embedded(gantry))
+    assert_same_vectors(got["embedding"], await _embedded(gantry))
 
 
 async def test_model_stream_infer_streams_a_generation_as_triton_decoupled_responses(
