@@ -68,7 +68,8 @@ class SentenceTransformersCrossEncoder(sentence_transformers_model.SentenceTrans
             sentence_transformers_model.one_pass(model, pairs[i : i + size], self._scores)
             for i in range(0, len(pairs), size)
         ]
-        scores = np.asarray(parts[0] if len(parts) == 1 else np.concatenate(parts), dtype="<f4")
+        # No document: no score, as predict() answers.
+        scores = np.asarray(np.concatenate(parts) if parts else np.zeros((0,)), dtype="<f4")
         if scores.shape != (len(documents),):
             raise RuntimeError(
                 f"cross-encoder returned shape {scores.shape} for {len(documents)} documents"

@@ -73,7 +73,8 @@ class SentenceTransformersEmbedding(SentenceTransformersAdapter):
         parts = [
             one_pass(model, texts[i : i + size], self._rows) for i in range(0, len(texts), size)
         ]
-        vectors = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        # No input: encode()'s empty answer, refused below like any row count that is off.
+        vectors = np.concatenate(parts) if parts else np.zeros((0,), dtype="<f4")
         if vectors.ndim != 2 or vectors.shape[0] != len(inputs):
             raise RuntimeError(f"encoder returned shape {vectors.shape} for {len(inputs)} inputs")
         return np.ascontiguousarray(vectors, dtype="<f4")
