@@ -12,7 +12,7 @@ from gantry.controlplane.deployments.requirements import (
     constraints_from_json,
 )
 from gantry.controlplane.nodes.capabilities import gpus_from_json, gpus_to_json, registered_labels
-from gantry.controlplane.nodes.gateway import node_inventory
+from gantry.controlplane.nodes.handshake import node_inventory
 from gantry.controlplane.platform.announcer import scheduler_node
 from gantry.v1 import common_pb2
 from gantry.v1 import worker_gateway_pb2 as wg

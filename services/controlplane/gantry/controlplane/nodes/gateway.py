@@ -45,10 +45,9 @@ import datetime as dt
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
 
 import grpc
-from google.protobuf import duration_pb2, json_format
+from google.protobuf import json_format
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gantry.common.auth import current_principal
@@ -60,7 +59,7 @@ from gantry.controlplane.jobs import store as jobs
 from gantry.controlplane.jobs.handlers import jobs_requeued
 from gantry.controlplane.nodes import gpu_rules, inventory_rules
 from gantry.controlplane.nodes import store as nodes
-from gantry.controlplane.nodes.capabilities import domains_to_json, gpus_to_json
+from gantry.controlplane.nodes.handshake import check_hello, interval, node_inventory, welcome
 from gantry.controlplane.nodes.heartbeat_pacing import (
     DEFAULT_MAX_HEARTBEATS_PER_S,
     HeartbeatPacing,
@@ -120,48 +119,6 @@ class GatewaySettings:
     # Database work waiting per stream; past it the stream is closed (the worker reconnects and
     # resends what was not acknowledged) rather than holding an unbounded backlog.
     write_queue_limit: int = 1024
-
-
-def check_hello(first: wg.WorkerMessage, node_id: str) -> None:
-    """A stream's first message, refused before anything of it is read, kept or logged: within
-    the protocol's bounds (wire_bounds.py, INVALID_ARGUMENT naming the field), a Hello, and for
-    the node the credential names."""
-    check_worker_message(first)
-    if first.WhichOneof("kind") != "hello":
-        raise GantryError("INVALID_ARGUMENT", "the first message on a worker stream is Hello")
-    if first.node_id and first.node_id != node_id:
-        raise GantryError("PERMISSION_DENIED", "Hello names another node than the credential")
-
-
-def node_inventory(hello: wg.Hello) -> dict[str, Any]:
-    """What a Hello says the node offers, as its row keeps it."""
-    adapters = sorted({a for env in hello.environments for a in env.adapters})
-    return {
-        "adapters": adapters,
-        # What the node offers placement: the scheduler's ledger charges these.
-        "domains": domains_to_json(hello.resource_domains),
-        # The worker's bound on model hosts: placement sends it no more (0: not said).
-        "max_residents": hello.max_residents,
-        "inventory": json_format.MessageToDict(hello.inventory),
-        "environments": [json_format.MessageToDict(e) for e in hello.environments],
-        # What an operator's GPU constraints match: its GPUs by model and compute capability.
-        "gpu_devices": gpus_to_json(hello.gpus),
-    }
-
-
-def welcome(
-    node_id: str, generation: int, reconciled: Reconciled, *, heartbeat_interval_s: float
-) -> wg.Welcome:
-    """The answer to an accepted Hello: what was adopted, what to unload, how often to beat."""
-    return wg.Welcome(
-        node_id=node_id,
-        accepted_generation=generation,
-        heartbeat_interval=_interval(heartbeat_interval_s),
-        adopted_deployment_ids=reconciled.adopted,
-        unload_deployment_ids=reconciled.unwanted,
-        # Heartbeat.gpus_unchanged is taken on this stream (StreamReading).
-        gpu_reading_unchanged_understood=True,
-    )
 
 
 class WorkerGatewayService(worker_gateway_pb2_grpc.WorkerGatewayServicer):
@@ -355,7 +312,7 @@ class WorkerGatewayService(worker_gateway_pb2_grpc.WorkerGatewayServicer):
         if multiple > self._paced_multiple:
             told = wg.ControlMessage(
                 heartbeat_interval=wg.HeartbeatInterval(
-                    heartbeat_interval=_interval(self.pacing.base_interval_s * multiple)
+                    heartbeat_interval=interval(self.pacing.base_interval_s * multiple)
                 )
             )
             for stream in self._hub.streams():
@@ -730,9 +687,3 @@ def _unexpected_kind(kind: str | None) -> GantryError:
 
 def _reject(job_id: str, error: GantryError) -> wg.ControlMessage:
     return wg.ControlMessage(reject=wg.Reject(job_id=job_id, failure=error.to_failure()))
-
-
-def _interval(seconds: float) -> duration_pb2.Duration:
-    interval = duration_pb2.Duration()
-    interval.FromTimedelta(dt.timedelta(seconds=seconds))
-    return interval
