@@ -59,17 +59,13 @@ class SentenceTransformersCrossEncoder(sentence_transformers_model.SentenceTrans
     def rerank(self, query: str, documents: Sequence[str]) -> np.ndarray:
         import numpy as np
 
-        model = self._require_loaded()
         pairs = [(query, document) for document in documents]
-        size = self.max_batch_inputs
-        # The serving loop hands at most a batch of documents at a time; more still run in
-        # passes of the batch size, as predict() would.
-        parts = [
-            sentence_transformers_model.one_pass(model, pairs[i : i + size], self._scores)
-            for i in range(0, len(pairs), size)
-        ]
-        # No document: no score, as predict() answers.
-        scores = np.asarray(np.concatenate(parts) if parts else np.zeros((0,)), dtype="<f4")
+        scores = np.asarray(
+            sentence_transformers_model.in_passes(
+                self._require_loaded(), pairs, self.max_batch_inputs, self._scores
+            ),
+            dtype="<f4",
+        )
         if scores.shape != (len(documents),):
             raise RuntimeError(
                 f"cross-encoder returned shape {scores.shape} for {len(documents)} documents"

@@ -18,7 +18,7 @@ from gantry.worker.model_host.adapters.base import (
 from gantry.worker.model_host.adapters.sentence_transformers_model import (
     SentenceTransformersAdapter,
     default_prompt,
-    one_pass,
+    in_passes,
 )
 
 if TYPE_CHECKING:
@@ -65,16 +65,8 @@ class SentenceTransformersEmbedding(SentenceTransformersAdapter):
     def embed(self, inputs: Sequence[str]) -> np.ndarray:
         import numpy as np
 
-        model = self._require_loaded()
-        texts = list(inputs)
-        size = self.max_batch_inputs
-        # The serving loop hands at most a batch at a time (its chunks); a longer list still
-        # runs in passes of the batch size, as encode() would.
-        parts = [
-            one_pass(model, texts[i : i + size], self._rows) for i in range(0, len(texts), size)
-        ]
-        # No input: encode()'s empty answer, refused below like any row count that is off.
-        vectors = np.concatenate(parts) if parts else np.zeros((0,), dtype="<f4")
+        # No input: an empty answer, refused below like any row count that is off.
+        vectors = in_passes(self._require_loaded(), list(inputs), self.max_batch_inputs, self._rows)
         if vectors.ndim != 2 or vectors.shape[0] != len(inputs):
             raise RuntimeError(f"encoder returned shape {vectors.shape} for {len(inputs)} inputs")
         return np.ascontiguousarray(vectors, dtype="<f4")

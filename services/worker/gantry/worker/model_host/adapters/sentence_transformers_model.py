@@ -93,3 +93,18 @@ def one_pass(
         if torch.is_floating_point(rows) and torch.finfo(rows.dtype).bits < 32:
             rows = rows.float()
         return rows.cpu().numpy()
+
+
+def in_passes(
+    model: Any,
+    inputs: Sequence[Any],
+    size: int,
+    output: Callable[[dict[str, Any]], torch.Tensor],
+) -> np.ndarray:
+    """`one_pass` over `inputs` in passes of at most `size` (the batch size), as encode() and
+    predict() batch them; the rows in the inputs' order (none: an empty array). The serving loop
+    hands at most a batch at a time, so this is one pass there."""
+    import numpy as np
+
+    parts = [one_pass(model, inputs[i : i + size], output) for i in range(0, len(inputs), size)]
+    return np.concatenate(parts) if parts else np.zeros((0,), dtype="<f4")
