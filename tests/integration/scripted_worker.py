@@ -168,6 +168,9 @@ class ScriptedWorker:
         # The value every component of a text's vector takes (1.0 unless a test tells texts apart).
         self.embed_value: Callable[[str], float] = lambda text: 1.0
         self.answered_invokes: list[wg.Invoke] = []
+        # Whether its Hello says it reads ControlMessage.batch; the size of each batch it got.
+        self.reads_batches = False
+        self.batches: list[int] = []
         self._task: asyncio.Task[None] | None = None
         self._next_pid = 4242
 
@@ -179,6 +182,7 @@ class ScriptedWorker:
             inventory=self.inventory(),
             resource_domains=self.resource_domains,
             gpus=self.gpus,
+            control_batches_understood=self.reads_batches,
         )
         self.send(wg.WorkerMessage(hello=hello))
         call = stub.Connect(self._messages(), metadata=auth_metadata(credential))
@@ -315,7 +319,11 @@ class ScriptedWorker:
 
     def _handle(self, message: wg.ControlMessage) -> None:
         kind = message.WhichOneof("kind")
-        if kind == "welcome":
+        if kind == "batch":
+            self.batches.append(len(message.batch.messages))
+            for inner in message.batch.messages:
+                self._handle(inner)
+        elif kind == "welcome":
             self.welcome = message.welcome
             # The generation the control plane issued, stamped from here on (as a worker does).
             self.generation = message.welcome.accepted_generation

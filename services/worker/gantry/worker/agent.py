@@ -448,6 +448,8 @@ class WorkerAgent:
             resource_domains=[domain.to_proto() for domain in self.resource_domains],
             max_residents=self.settings.max_residents,
             gpus=self.gpu_devices,
+            # ControlMessage.batch is read here (`_handle`).
+            control_batches_understood=True,
         )
 
     async def _heartbeats(self, link: Link) -> None:
@@ -481,7 +483,16 @@ class WorkerAgent:
 
     def _handle(self, link: Link, message: wg.ControlMessage) -> None:
         kind = message.WhichOneof("kind")
-        if kind == "welcome":
+        if kind == "batch":
+            # What the control plane's outbox held together: each in order, as if alone.
+            for inner in message.batch.messages:
+                if inner.WhichOneof("kind") in ("batch", "welcome"):
+                    raise GantryError(
+                        "INVALID_ARGUMENT",
+                        f"a control message batch holds a {inner.WhichOneof('kind')}",
+                    )
+                self._handle(link, inner)
+        elif kind == "welcome":
             self._welcome(link, message.welcome)
         elif kind == "job_assignment":
             self._job_links[message.job_assignment.job_id] = link
@@ -525,6 +536,7 @@ class WorkerAgent:
         self.generation = welcome.accepted_generation
         self._paced(link, welcome.heartbeat_interval)
         link.gpu_reading_understood = welcome.gpu_reading_unchanged_understood
+        link.batches_understood = welcome.worker_batches_understood
         metrics.stream_event("reconnected" if link.welcomed_before else "connected")
         link.welcomed = link.welcomed_before = True
         self.connected.set()

@@ -13,6 +13,7 @@ import contextlib
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 
+from gantry.common.stream_batches import batched
 from gantry.v1 import worker_gateway_pb2 as wg
 from gantry.worker.control_planes import StreamTarget
 from gantry.worker.gpu_reading import GpuReading
@@ -34,6 +35,8 @@ class Link:
     # Heartbeat.gpus_unchanged, and the GPU reading last put in its outbox (None: none yet).
     gpu_reading_understood: bool = False
     gpu_reading_sent: GpuReading | None = None
+    # Of the stream open now: whether its Welcome said the control plane reads WorkerMessage.batch.
+    batches_understood: bool = False
 
     def __post_init__(self) -> None:
         self.renew()
@@ -50,6 +53,7 @@ class Link:
         # A new stream: its control plane has heard no reading, nor said what it understands.
         self.gpu_reading_understood = False
         self.gpu_reading_sent = None
+        self.batches_understood = False
 
     def full(self) -> bool:
         return self.outbox.qsize() >= self.outbox_limit
@@ -63,10 +67,20 @@ class Link:
         with contextlib.suppress(asyncio.QueueFull):
             self.outbox.put_nowait(None)
 
-    async def outgoing(self) -> AsyncIterator[wg.WorkerMessage]:
-        outbox = self.outbox
-        while (message := await outbox.get()) is not None:
-            yield message
+    def outgoing(self) -> AsyncIterator[wg.WorkerMessage]:
+        """The outbox in order; what waits in it goes as one WorkerBatch once the stream's Welcome
+        said its control plane reads that (never the Hello: it goes before any Welcome)."""
+        return batched(self.outbox, wrap=_worker_batch, allowed=lambda: self.batches_understood)
+
+
+def _worker_batch(messages: list[wg.WorkerMessage]) -> wg.WorkerMessage:
+    # The envelope carries the first message's stamp; each message keeps its own.
+    first = messages[0]
+    return wg.WorkerMessage(
+        node_id=first.node_id,
+        generation=first.generation,
+        batch=wg.WorkerBatch(messages=messages),
+    )
 
 
 def first_welcomed(links: Iterable[Link]) -> Link | None:

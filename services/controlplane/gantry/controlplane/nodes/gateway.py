@@ -53,6 +53,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from gantry.common.auth import current_principal
 from gantry.common.clock import Clock
 from gantry.common.errors import GantryError
+from gantry.common.stream_batches import batched
 from gantry.controlplane.deployments.lifecycle import DeploymentLifecycle
 from gantry.controlplane.deployments.settle import settle_node_deployments
 from gantry.controlplane.jobs import store as jobs
@@ -67,7 +68,7 @@ from gantry.controlplane.nodes.heartbeat_pacing import (
 from gantry.controlplane.nodes.inventory import Reconciled
 from gantry.controlplane.nodes.liveness import Liveness
 from gantry.controlplane.nodes.sessions import WorkerHub, WorkerStream
-from gantry.controlplane.nodes.wire_bounds import check_worker_message
+from gantry.controlplane.nodes.wire_bounds import check_batch, check_worker_message
 from gantry.controlplane.nodes.worker_log import WorkerLog
 from gantry.controlplane.platform import metrics
 from gantry.controlplane.platform.database import Database
@@ -161,6 +162,7 @@ class WorkerGatewayService(worker_gateway_pb2_grpc.WorkerGatewayServicer):
             return
         check_hello(first, node_id)
         stream, welcome = await self._hello(node_id, first.generation, first.hello)
+        stream.batches_understood = first.hello.control_batches_understood
         self._hub.attach(stream)
         metrics.worker_stream("connected")
         served = self._serve(stream, welcome, first.generation, request_iterator)
@@ -203,7 +205,10 @@ class WorkerGatewayService(worker_gateway_pb2_grpc.WorkerGatewayServicer):
             # The first pump pass runs on the writer too: database work on a stream is never cut
             # in half by the handler's cancellation (a client going away, a server stopping).
             writes.put_nowait(_DISPATCH)
-            while (message := await stream.outbox.get()) is not None:
+            # What waits in the outbox goes as one ControlBatch to a worker that reads it.
+            async for message in batched(
+                stream.outbox, wrap=_control_batch, allowed=lambda: stream.batches_understood
+            ):
                 yield message
         finally:
             # The end runs as its own task, shielded: a handler cancelled by a stopping server
@@ -341,37 +346,16 @@ class WorkerGatewayService(worker_gateway_pb2_grpc.WorkerGatewayServicer):
             async for message in messages:
                 if stream.closed:
                     return
-                if not self._within_bounds(stream, message):
-                    return  # the stream closes: a worker that breaks a bound is broken or hostile
-                if message.generation not in stamps:
-                    _refuse_stamp(stream, message)
+                if message.WhichOneof("kind") != "batch":
+                    if not self._take(stream, message, writes, stamps):
+                        return
                     continue
-                kind = message.WhichOneof("kind")
-                if kind != "heartbeat":
-                    # Any message is proof of life; a heartbeat's is noted in its own turn.
-                    self._liveness.heard(stream.node_id, stream.generation, self._clock.now())
-                if kind == "invoke_result":
-                    stream.resolve_invoke(message.invoke_result)
-                elif kind == "invoke_progress":
-                    # Inline like a result, and never waiting: a caller that falls behind has its
-                    # own call failed (worker_sessions), never this reader's other calls delayed.
-                    stream.progress_invoke(message.invoke_progress)
-                elif kind == "heartbeat":
-                    heartbeat = message.heartbeat
-                    try:
-                        reading = stream.gpu_reading.reading_of(heartbeat)
-                    except GantryError as error:
-                        self._refuse(stream, message, error)
+                # A batch (WorkerBatch): its messages in order, each as if it had come alone.
+                if not self._within_bounds(stream, message, walk=False):
+                    return
+                for inner in message.batch.messages:
+                    if stream.closed or not self._take(stream, inner, writes, stamps):
                         return
-                    if self._heard_inline(stream, heartbeat, reading, writes):
-                        continue
-                    if not self._queue_write(stream, writes, _Beat(heartbeat, reading)):
-                        return
-                elif kind in ("job_result", "job_update", "inventory_report"):
-                    if not self._queue_write(stream, writes, message):
-                        return
-                else:
-                    raise _unexpected_kind(kind)
         except grpc.aio.AioRpcError:
             pass
         except GantryError as error:
@@ -388,6 +372,47 @@ class WorkerGatewayService(worker_gateway_pb2_grpc.WorkerGatewayServicer):
                 GantryError("WORKER_UNAVAILABLE", f"lost the stream to node {stream.node_id}")
             )
 
+    def _take(
+        self,
+        stream: WorkerStream,
+        message: wg.WorkerMessage,
+        writes: asyncio.Queue[_Write | None],
+        stamps: set[int],
+    ) -> bool:
+        """One message: bounded, from this stream's generation, then handed over inline (invoke
+        results) or queued for the writer. False when the stream must end."""
+        if not self._within_bounds(stream, message):
+            return False  # the stream closes: a worker that breaks a bound is broken or hostile
+        if message.generation not in stamps:
+            _refuse_stamp(stream, message)
+            return True
+        kind = message.WhichOneof("kind")
+        if kind != "heartbeat":
+            # Any message is proof of life; a heartbeat's is noted in its own turn.
+            self._liveness.heard(stream.node_id, stream.generation, self._clock.now())
+        if kind == "invoke_result":
+            stream.resolve_invoke(message.invoke_result)
+        elif kind == "invoke_progress":
+            # Inline like a result, and never waiting: a caller that falls behind has its
+            # own call failed (worker_sessions), never this reader's other calls delayed.
+            stream.progress_invoke(message.invoke_progress)
+        elif kind == "heartbeat":
+            heartbeat = message.heartbeat
+            try:
+                reading = stream.gpu_reading.reading_of(heartbeat)
+            except GantryError as error:
+                self._refuse(stream, message, error)
+                return False
+            if self._heard_inline(stream, heartbeat, reading, writes):
+                return True
+            return self._queue_write(stream, writes, _Beat(heartbeat, reading))
+        elif kind in ("job_result", "job_update", "inventory_report"):
+            return self._queue_write(stream, writes, message)
+        else:
+            # A Hello after the first message, a batch inside a batch, or no kind at all.
+            raise _unexpected_kind(kind)
+        return True
+
     def _queue_write(
         self, stream: WorkerStream, writes: asyncio.Queue[_Write | None], item: _Write
     ) -> bool:
@@ -399,11 +424,17 @@ class WorkerGatewayService(worker_gateway_pb2_grpc.WorkerGatewayServicer):
         writes.put_nowait(item)
         return True
 
-    def _within_bounds(self, stream: WorkerStream, message: wg.WorkerMessage) -> bool:
+    def _within_bounds(
+        self, stream: WorkerStream, message: wg.WorkerMessage, *, walk: bool = True
+    ) -> bool:
         """Whether every field of `message` is within its bound; if not, the worker is told why
-        (a Reject naming the field) before its stream is closed."""
+        (a Reject naming the field) before its stream is closed. `walk=False`: a batch's own
+        fields only (its count); each of its messages is checked as it is taken."""
         try:
-            check_worker_message(message)
+            if walk:
+                check_worker_message(message)
+            else:
+                check_batch(message)
         except GantryError as error:
             self._refuse(stream, message, error)
             return False
@@ -683,6 +714,10 @@ def _unexpected_kind(kind: str | None) -> GantryError:
         f"a worker message with {said if kind is None else f'kind {kind!r}'} after Hello",
         field="WorkerMessage.kind",
     )
+
+
+def _control_batch(messages: list[wg.ControlMessage]) -> wg.ControlMessage:
+    return wg.ControlMessage(batch=wg.ControlBatch(messages=messages))
 
 
 def _reject(job_id: str, error: GantryError) -> wg.ControlMessage:

@@ -55,6 +55,8 @@ def welcome(
         unload_deployment_ids=reconciled.unwanted,
         # Heartbeat.gpus_unchanged is taken on this stream (StreamReading).
         gpu_reading_unchanged_understood=True,
+        # WorkerMessage.batch is read on this stream (gateway.py, `_read`).
+        worker_batches_understood=True,
     )
 
 

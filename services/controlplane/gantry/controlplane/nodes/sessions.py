@@ -141,6 +141,8 @@ class WorkerStream:
     refusal: GantryError | None = None
     # The GPU reading last heard on this stream: what a heartbeat saying `gpus_unchanged` means.
     gpu_reading: StreamReading = field(init=False, default_factory=StreamReading)
+    # Its worker's Hello said it reads ControlMessage.batch (gantry.common.stream_batches).
+    batches_understood: bool = False
 
     def __post_init__(self) -> None:
         # The queue's own bound is a backstop: admission below keeps `send` within outbox_limit

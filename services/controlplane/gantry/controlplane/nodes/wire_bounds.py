@@ -24,7 +24,7 @@ encoding of all of it.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +39,7 @@ from gantry.common.inference_limits import (
     REQUEST_ENVELOPE_BYTES,
     InferenceLimits,
 )
+from gantry.common.stream_batches import MAX_BATCH_MESSAGES
 
 # The widest embedding a worker may return (vectors per call x this x 4 bytes bounds a result).
 MAX_EMBED_DIM = 8192
@@ -70,6 +71,8 @@ FIELD_BOUNDS: Mapping[str, Bound] = {
     # The envelope.
     _P + "WorkerMessage.node_id": Bound(size=ID_CHARS),
     _P + "WorkerMessage.trace_context": Bound(size=512, items=16),
+    # A batch's messages: what a worker's outbox sends together (gantry.common.stream_batches).
+    _P + "WorkerBatch.messages": Bound(items=MAX_BATCH_MESSAGES),
     # Jobs: ids and lease tokens the control plane minted, progress a line of text.
     _P + "JobUpdate.job_id": Bound(size=ID_CHARS),
     _P + "JobUpdate.lease_token": Bound(size=TOKEN_CHARS),
@@ -125,7 +128,24 @@ def check_worker_message(message: Message) -> None:
     which is past its bound. The error carries no text of the message itself."""
     if _too_small_to_break_any(message):
         return
-    for path, limit, size in _violations(message, message.DESCRIPTOR.name):
+    _refuse_first(_violations(message, message.DESCRIPTOR.name))
+
+
+def check_batch(message: Message) -> None:
+    """A WorkerBatch envelope's own bounds (how many messages it holds, its stamp and trace
+    context), refused as `check_worker_message` refuses; each of its messages is checked on its
+    own when it is taken, as if it had come alone."""
+    name = message.DESCRIPTOR.name
+    count = len(message.batch.messages)  # type: ignore[attr-defined]
+    batch = message.DESCRIPTOR.fields_by_name["batch"].message_type
+    limit = bound_of(batch.fields_by_name["messages"]).items
+    if count > limit:
+        _refuse_first([(f"{name}.batch.messages", limit, count)])
+    _refuse_first(_violations(message, name, skip="batch"))
+
+
+def _refuse_first(found: Iterable[tuple[str, int, int]]) -> None:
+    for path, limit, size in found:
         raise GantryError(
             "INVALID_ARGUMENT",
             f"worker message field {path} is {size} long; the worker protocol allows {limit}",
@@ -197,10 +217,12 @@ def _too_small_to_break_any(message: Message) -> bool:
     return smallest is not None and message.ByteSize() <= smallest
 
 
-def _violations(message: Message, path: str) -> Iterator[tuple[str, int, int]]:
-    """(field path, limit, size) of each bound `message` breaks, depth first; set fields only.
-    The caller has sized `message` already (`_too_small_to_break_any`)."""
+def _violations(message: Message, path: str, *, skip: str = "") -> Iterator[tuple[str, int, int]]:
+    """(field path, limit, size) of each bound `message` breaks, depth first; set fields only
+    (but `skip`). The caller has sized `message` already (`_too_small_to_break_any`)."""
     for field, value in message.ListFields():
+        if field.name == skip:
+            continue
         bound = bound_of(field)
         # The path is spelled only where it may be needed: most set fields are numbers.
         if field.is_repeated:
