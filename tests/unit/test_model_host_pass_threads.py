@@ -1,11 +1,19 @@
-"""model_host/pass_threads.py: a CPU host's pass after idle leaves one CPU to the rest of the call;
-back to back it runs on its measured threads."""
+"""model_host/pass_threads.py: a CPU host's pass of several callers leaves one CPU to the rest of
+the calls; a lone call's pass after idle runs on whichever of its measured threads and one fewer
+its own timed passes found faster; back to back it runs on its measured threads."""
 
 from __future__ import annotations
 
 import pytest
 
-from gantry.worker.model_host.pass_threads import COLD_AFTER_S, PassThreads, threads_for
+from gantry.worker.model_host.pass_threads import (
+    COLD_AFTER_S,
+    COLD_RETRY_EVERY,
+    COLD_SAMPLES,
+    ColdPasses,
+    PassThreads,
+    threads_for,
+)
 
 
 @pytest.mark.parametrize(
@@ -22,6 +30,14 @@ from gantry.worker.model_host.pass_threads import COLD_AFTER_S, PassThreads, thr
 )
 def test_threads_for(idle_s: float, threads: int, usable_cpus: int, expected: int) -> None:
     assert threads_for(idle_s, threads=threads, usable_cpus=usable_cpus) == expected
+
+
+def test_threads_for_after_idle_takes_the_learnt_count() -> None:
+    assert threads_for(1.0, threads=2, usable_cpus=2, cold_threads=2) == 2
+    assert threads_for(1.0, threads=2, usable_cpus=2, cold_threads=1) == 1
+    # Back to back, or a batch of several callers, the learnt count plays no part.
+    assert threads_for(0.0, threads=2, usable_cpus=2, cold_threads=1) == 2
+    assert threads_for(1.0, threads=2, usable_cpus=2, requests=3, cold_threads=2) == 1
 
 
 @pytest.mark.parametrize(
@@ -53,7 +69,7 @@ def test_sets_torch_threads_only_when_the_count_changes() -> None:
     calls: list[int] = []
     threads = PassThreads(threads=2, usable_cpus=2, set_threads=calls.append, clock=clock)
 
-    clock.now += 1.0  # the first call after the load finds the host idle
+    clock.now += 1.0  # the first call after the load finds the host idle: one fewer timed first
     threads.before_pass()
     clock.now += 0.01
     threads.after_pass()
@@ -67,11 +83,6 @@ def test_sets_torch_threads_only_when_the_count_changes() -> None:
     threads.after_pass()
     assert calls == [1, 2]
 
-    clock.now += 10 * COLD_AFTER_S
-    threads.before_pass()
-    threads.after_pass()
-    assert calls == [1, 2, 1]
-
     clock.now += 0.001  # back to back, but a batch of several callers
     threads.before_pass(requests=3)
     threads.after_pass()
@@ -80,6 +91,47 @@ def test_sets_torch_threads_only_when_the_count_changes() -> None:
     assert calls == [1, 2, 1, 2]
     threads.before_pass(requests=2)  # from the measured count to one fewer
     assert calls == [1, 2, 1, 2, 1]
+
+
+def cold_pass(
+    threads: PassThreads, clock: _Clock, seconds: dict[int, float], inputs: int = 1
+) -> int:
+    """One lone call's pass after idle, taking `seconds[count]` per input on the count it runs
+    on; that count."""
+    ran: list[int] = []
+    threads._set_threads = ran.append  # type: ignore[method-assign]
+    clock.now += 1.0
+    threads.before_pass(inputs=inputs)
+    count = ran[-1] if ran else threads._current
+    clock.now += seconds[count] * inputs
+    threads.after_pass()
+    return count
+
+
+@pytest.mark.parametrize(("faster", "slower"), [(1, 2), (2, 1)])
+def test_passes_after_idle_learn_the_faster_count(faster: int, slower: int) -> None:
+    clock = _Clock()
+    threads = PassThreads(threads=2, usable_cpus=2, set_threads=lambda _: None, clock=clock)
+    seconds = {faster: 0.004, slower: 0.009}
+    explored = [cold_pass(threads, clock, seconds) for _ in range(2 * COLD_SAMPLES)]
+    assert explored == [1, 2] * COLD_SAMPLES  # each in turn, one fewer first
+    chosen = [cold_pass(threads, clock, seconds, inputs=3) for _ in range(2 * COLD_RETRY_EVERY)]
+    # The faster from then on, but the other every COLD_RETRY_EVERY-th pass.
+    assert chosen.count(slower) == 2
+    assert chosen[COLD_RETRY_EVERY - 1] == slower
+    assert set(chosen) - {slower} == {faster}
+
+
+def test_the_choice_follows_the_recent_passes() -> None:
+    cold = ColdPasses((1, 2))
+    for _ in range(COLD_SAMPLES):
+        cold.record(1, 0.004)
+        cold.record(2, 0.009)
+    assert cold.choose() == 1
+    for _ in range(16):  # the machine changed: 1 thread got slow, the window forgets the old
+        cold.record(1, 0.020)
+    assert cold.choose() == 2 and cold.faster == 2
+    assert "1 threads 20.00 ms per input, 2 threads 9.00 ms per input" == cold.said()
 
 
 def test_a_gpu_host_is_left_alone() -> None:

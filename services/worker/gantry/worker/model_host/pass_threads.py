@@ -16,17 +16,35 @@ clients on 2 CPUs: the host's CPU per sentence 5.5-6.2 ms on 2 threads against 3
 and 175-223 sentences/s against 194-253 (the same session, two runs each way). So a pass of
 several callers runs on one CPU fewer too; one caller back to back keeps the measured count.
 
-`threads_for` decides (pure); `PassThreads` applies it through torch before each pass.
+Which count a lone call's pass after idle runs on is learnt, not fixed (`ColdPasses`): the same
+2-CPU machine measured the opposite in two sessions (a call after 100 ms idle 37.9 ms on 2 threads
+against 22.5 ms on 1 in one; 14.0-14.5 and 11.8-11.9 ms on 2 against 16.2-17.3 ms on 1 in another,
+runs alternated), so the host times its own such passes on both counts, then runs them on the
+faster (the median per input of the last 16 on each), and gives the other every 20th to keep its
+figure current.
+
+`threads_for` and `ColdPasses.choose` decide (pure); `PassThreads` applies them through torch
+before each pass and times the cold ones.
 """
 
 from __future__ import annotations
 
+import collections
+import logging
 import os
+import statistics
 import time
 from collections.abc import Callable
 
 # Between the gaps measured: 20 ms idle still favoured all the threads, 50 ms one fewer.
 COLD_AFTER_S = 0.03
+# Cold passes timed on each count before the faster is chosen; how many recent ones count; and
+# how often the other count gets one again.
+COLD_SAMPLES = 5
+COLD_WINDOW = 16
+COLD_RETRY_EVERY = 20
+
+logger = logging.getLogger("gantry.model_host")
 
 
 def threads_for(
@@ -36,16 +54,55 @@ def threads_for(
     usable_cpus: int,
     requests: int = 1,
     cold_after_s: float = COLD_AFTER_S,
+    cold_threads: int | None = None,
 ) -> int:
     """The threads of a pass over `requests` callers' inputs that follows `idle_s` seconds
     without one: `threads` (the measured count), or one CPU fewer than the host may use when
     those threads take every one of them and the rest of the chain is awake beside the pass: the
-    host sat idle at least `cold_after_s`, or the pass batches several callers."""
+    pass batches several callers, or the host sat idle at least `cold_after_s` (then
+    `cold_threads`, the count `ColdPasses` learnt, where it has one)."""
     if threads < usable_cpus or usable_cpus < 2:
         return threads
-    if idle_s < cold_after_s and requests < 2:
+    if requests >= 2:
+        return usable_cpus - 1
+    if idle_s < cold_after_s:
         return threads
-    return usable_cpus - 1
+    return usable_cpus - 1 if cold_threads is None else cold_threads
+
+
+class ColdPasses:
+    """Which of two thread counts a lone call's pass after idle runs on, from this host's own
+    such passes: each count's seconds per input, timed."""
+
+    def __init__(self, counts: tuple[int, int]) -> None:
+        self.counts = counts  # (one CPU fewer, the measured count): the first explored first
+        self._seconds = {count: collections.deque[float](maxlen=COLD_WINDOW) for count in counts}
+        self._chosen = 0  # passes given to the faster since both were timed
+        self.faster: int | None = None
+
+    def choose(self) -> int:
+        """The count for the next cold pass: each in turn until both have COLD_SAMPLES, then
+        the one with the lower median, but the other every COLD_RETRY_EVERY-th pass."""
+        fewest = min(self.counts, key=lambda count: len(self._seconds[count]))
+        if len(self._seconds[fewest]) < COLD_SAMPLES:
+            return fewest
+        self.faster = min(self.counts, key=self.median)
+        self._chosen += 1
+        if self._chosen % COLD_RETRY_EVERY == 0:
+            return next(count for count in self.counts if count != self.faster)
+        return self.faster
+
+    def record(self, count: int, seconds_per_input: float) -> None:
+        self._seconds[count].append(seconds_per_input)
+
+    def median(self, count: int) -> float:
+        return statistics.median(self._seconds[count])
+
+    def said(self) -> str:
+        """The figures behind the choice, for the log."""
+        return ", ".join(
+            f"{count} threads {self.median(count) * 1000:.2f} ms per input" for count in self.counts
+        )
 
 
 class PassThreads:
@@ -67,6 +124,10 @@ class PassThreads:
         self._current = threads
         # From the start: the first call after the load finds the host as idle as any other.
         self._last_pass_end = clock()
+        # Where the measured count takes every CPU, a lone call's pass after idle runs on the
+        # faster of it and one fewer, as timed here.
+        self._cold = ColdPasses((usable_cpus - 1, threads)) if threads >= usable_cpus >= 2 else None
+        self._timing: tuple[int, float, int] | None = None
 
     @classmethod
     def for_adapter(cls, adapter: object) -> PassThreads | None:
@@ -83,14 +144,39 @@ class PassThreads:
             set_threads=torch.set_num_threads,
         )
 
-    def before_pass(self, requests: int = 1) -> None:
-        idle_s = self._clock() - self._last_pass_end
+    def before_pass(self, requests: int = 1, inputs: int = 1) -> None:
+        now = self._clock()
+        idle_s = now - self._last_pass_end
+        cold = (
+            self._cold is not None
+            and requests == 1
+            and idle_s >= COLD_AFTER_S
+            and self._threads >= self._usable_cpus >= 2
+        )
+        cold_threads = None
+        if cold and self._cold is not None:
+            before = self._cold.faster
+            cold_threads = self._cold.choose()
+            if self._cold.faster != before:
+                logger.info(
+                    "passes after idle run on %d threads: %s", self._cold.faster, self._cold.said()
+                )
         wanted = threads_for(
-            idle_s, threads=self._threads, usable_cpus=self._usable_cpus, requests=requests
+            idle_s,
+            threads=self._threads,
+            usable_cpus=self._usable_cpus,
+            requests=requests,
+            cold_threads=cold_threads,
         )
         if wanted != self._current:
             self._set_threads(wanted)
             self._current = wanted
+        # A cold pass is timed from here: its count's figure in `ColdPasses`.
+        self._timing = (wanted, now, max(1, inputs)) if cold_threads is not None else None
 
     def after_pass(self) -> None:
         self._last_pass_end = self._clock()
+        if self._timing is not None and self._cold is not None:
+            count, started, inputs = self._timing
+            self._cold.record(count, (self._last_pass_end - started) / inputs)
+            self._timing = None

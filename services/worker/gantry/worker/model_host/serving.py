@@ -246,7 +246,9 @@ class ModelServer:
         if self._pass_threads is None:
             self._run_batch(batch)
             return
-        self._pass_threads.before_pass(len(batch))
+        self._pass_threads.before_pass(
+            len(batch), sum(len(item.request.embed.inputs) for item in batch)
+        )
         try:
             self._run_batch(batch)
         finally:
