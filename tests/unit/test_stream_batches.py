@@ -5,8 +5,9 @@ always alone when nothing else waits (no timer: a message never waits for compan
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 
-from gantry.common.stream_batches import batched, take_batch
+from gantry.common.stream_batches import Batches, take_batch
 from gantry.v1 import worker_gateway_pb2 as wg
 from gantry.worker.control_planes import StreamTarget
 from gantry.worker.links import Link
@@ -35,7 +36,13 @@ async def sent(
     outbox: asyncio.Queue[wg.ControlMessage | None] = asyncio.Queue()
     for message in [*queued, None]:
         outbox.put_nowait(message)
-    return [ids(m) async for m in batched(outbox, wrap=wrap, allowed=lambda: allowed, **bounds)]
+    batches = Batches(outbox, wrap=wrap, allowed=lambda: allowed, **bounds)
+    return [ids(m) async for m in drain(batches)]
+
+
+async def drain(batches: Batches[wg.ControlMessage]) -> AsyncIterator[wg.ControlMessage]:
+    while (message := await batches.next()) is not None:
+        yield message
 
 
 async def test_what_waits_goes_in_one_message_in_order():
@@ -45,11 +52,12 @@ async def test_what_waits_goes_in_one_message_in_order():
 async def test_a_lone_message_goes_alone_not_wrapped():
     outbox: asyncio.Queue[wg.ControlMessage | None] = asyncio.Queue()
     outbox.put_nowait(ack("a"))
-    stream = batched(outbox, wrap=wrap, allowed=lambda: True)
-    first = await anext(stream)
-    assert first.WhichOneof("kind") == "ack"  # sent at once, without waiting for company
+    batches = Batches(outbox, wrap=wrap, allowed=lambda: True)
+    first = await batches.next()
+    assert first is not None and first.WhichOneof("kind") == "ack"  # at once, not waiting
     outbox.put_nowait(None)
-    assert [m async for m in stream] == []
+    assert await batches.next() is None
+    assert await batches.next() is None  # ended stays ended
 
 
 async def test_a_peer_that_did_not_say_it_reads_batches_gets_each_alone():
@@ -72,7 +80,7 @@ async def test_the_end_marker_still_sends_what_was_taken_before_it():
     outbox: asyncio.Queue[wg.ControlMessage | None] = asyncio.Queue()
     for message in (ack("a"), ack("b"), None, ack("late")):
         outbox.put_nowait(message)
-    result = [ids(m) async for m in batched(outbox, wrap=wrap, allowed=lambda: True)]
+    result = [ids(m) async for m in drain(Batches(outbox, wrap=wrap, allowed=lambda: True))]
     assert result == [["a", "b"]]  # what followed the end is not sent
 
 

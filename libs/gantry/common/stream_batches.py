@@ -6,7 +6,7 @@ Taking what already waits in the outbox when the sender wakes costs an idle stre
 message waiting goes alone, at once) and, under load, one message for many calls. No timer: a
 message never waits for company.
 
-`batches` decides (pure: which waiting messages go together); `batched` applies it to an
+`take_batch` decides (pure: which waiting messages go together); `Batches` applies it to an
 `asyncio.Queue` outbox whose `None` ends the stream.
 """
 
@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from collections.abc import AsyncIterator, Callable, Sequence
-from typing import Protocol, TypeVar
+from collections.abc import Callable, Sequence
+from typing import Generic, Protocol, TypeVar
 
 # At most this many messages in one batch, and this many bytes of them (the inner messages'
 # encodings): far below the streams' 64 MiB frame limit, so a batch never nears it; a message
@@ -53,44 +53,57 @@ def take_batch(
     return taken
 
 
-async def batched(
-    outbox: asyncio.Queue[M | None],
-    *,
-    wrap: Callable[[list[M]], M],
-    allowed: Callable[[], bool],
-    max_messages: int = MAX_BATCH_MESSAGES,
-    max_bytes: int = MAX_BATCH_BYTES,
-) -> AsyncIterator[M]:
-    """The outbox's messages in order until its `None`: alone while `allowed()` is false (the
-    peer has not said it reads batches) or nothing else waits, else what waits, within the
-    bounds, as one `wrap`ped message."""
-    held: collections.deque[M] = collections.deque()  # taken off the outbox, not yet sent
-    ending = False  # the outbox's `None` was taken: stop once `held` is sent
-    while True:
-        if held:
-            message = held.popleft()
-        elif ending:
-            return
+class Batches(Generic[M]):
+    """What a stream sends next from its outbox (an `asyncio.Queue` whose `None` ends the
+    stream): alone while `allowed()` is false (the peer has not said it reads batches) or
+    nothing else waits, else what waits, within the bounds, as one `wrap`ped message.
+
+    A sender awaits `next()` in its own loop, as it awaited the outbox itself: no generator of
+    its own to be closed when the sender is cancelled or closed."""
+
+    def __init__(
+        self,
+        outbox: asyncio.Queue[M | None],
+        *,
+        wrap: Callable[[list[M]], M],
+        allowed: Callable[[], bool],
+        max_messages: int = MAX_BATCH_MESSAGES,
+        max_bytes: int = MAX_BATCH_BYTES,
+    ) -> None:
+        self._outbox = outbox
+        self._wrap = wrap
+        self._allowed = allowed
+        self._max_messages = max_messages
+        self._max_bytes = max_bytes
+        self._held: collections.deque[M] = collections.deque()  # taken off, not yet sent
+        self._ending = False  # the outbox's `None` was taken: end once `_held` is sent
+
+    async def next(self) -> M | None:
+        """The next message to send, or None: the stream ends (after what came before its end)."""
+        if self._held:
+            message = self._held.popleft()
+        elif self._ending:
+            return None
         else:
-            taken_message = await outbox.get()
-            if taken_message is None:
-                return
-            message = taken_message
-        if not allowed():
-            yield message
-            continue
-        while not ending and len(held) < max_messages and not outbox.empty():
+            taken = await self._outbox.get()
+            if taken is None:
+                self._ending = True
+                return None
+            message = taken
+        if not self._allowed():
+            return message
+        outbox, held = self._outbox, self._held
+        while not self._ending and len(held) < self._max_messages and not outbox.empty():
             more = outbox.get_nowait()
             if more is None:
-                ending = True
+                self._ending = True
             else:
                 held.append(more)
         if not held:
-            yield message
-            continue
-        taken = take_batch(message, held, max_messages=max_messages, max_bytes=max_bytes)
-        if taken == 0:
-            yield message
-            continue
-        together = [message] + [held.popleft() for _ in range(taken)]
-        yield wrap(together)
+            return message
+        count = take_batch(
+            message, held, max_messages=self._max_messages, max_bytes=self._max_bytes
+        )
+        if count == 0:
+            return message
+        return self._wrap([message] + [held.popleft() for _ in range(count)])

@@ -13,7 +13,7 @@ import contextlib
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 
-from gantry.common.stream_batches import batched
+from gantry.common.stream_batches import Batches
 from gantry.v1 import worker_gateway_pb2 as wg
 from gantry.worker.control_planes import StreamTarget
 from gantry.worker.gpu_reading import GpuReading
@@ -67,10 +67,12 @@ class Link:
         with contextlib.suppress(asyncio.QueueFull):
             self.outbox.put_nowait(None)
 
-    def outgoing(self) -> AsyncIterator[wg.WorkerMessage]:
+    async def outgoing(self) -> AsyncIterator[wg.WorkerMessage]:
         """The outbox in order; what waits in it goes as one WorkerBatch once the stream's Welcome
         said its control plane reads that (never the Hello: it goes before any Welcome)."""
-        return batched(self.outbox, wrap=_worker_batch, allowed=lambda: self.batches_understood)
+        batches = Batches(self.outbox, wrap=_worker_batch, allowed=lambda: self.batches_understood)
+        while (message := await batches.next()) is not None:
+            yield message
 
 
 def _worker_batch(messages: list[wg.WorkerMessage]) -> wg.WorkerMessage:

@@ -53,7 +53,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from gantry.common.auth import current_principal
 from gantry.common.clock import Clock
 from gantry.common.errors import GantryError
-from gantry.common.stream_batches import batched
+from gantry.common.stream_batches import Batches
 from gantry.controlplane.deployments.lifecycle import DeploymentLifecycle
 from gantry.controlplane.deployments.settle import settle_node_deployments
 from gantry.controlplane.jobs import store as jobs
@@ -206,9 +206,10 @@ class WorkerGatewayService(worker_gateway_pb2_grpc.WorkerGatewayServicer):
             # in half by the handler's cancellation (a client going away, a server stopping).
             writes.put_nowait(_DISPATCH)
             # What waits in the outbox goes as one ControlBatch to a worker that reads it.
-            async for message in batched(
+            outgoing = Batches(
                 stream.outbox, wrap=_control_batch, allowed=lambda: stream.batches_understood
-            ):
+            )
+            while (message := await outgoing.next()) is not None:
                 yield message
         finally:
             # The end runs as its own task, shielded: a handler cancelled by a stopping server
