@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
+import pytest
+
 from gantry.common.stream_batches import Batches, take_batch
 from gantry.v1 import worker_gateway_pb2 as wg
 from gantry.worker.control_planes import StreamTarget
@@ -114,3 +116,16 @@ async def test_a_worker_link_batches_only_once_its_welcome_said_so():
     assert (batch.node_id, batch.generation, len(batch.batch.messages)) == ("n", 3, 2)
     link.renew()  # a new stream: its control plane has not said it yet
     assert not link.batches_understood
+
+
+def test_a_worker_reads_a_batchs_messages_in_order_and_refuses_a_nested_one():
+    from gantry.common.errors import GantryError
+    from gantry.worker.links import unbatched
+
+    alone = ack("a")
+    assert list(unbatched(alone)) == [alone]
+    assert [m.ack.job_id for m in unbatched(wrap([ack("a"), ack("b")]))] == ["a", "b"]
+    for inside in (wrap([ack("a")]), wg.ControlMessage(welcome=wg.Welcome())):
+        with pytest.raises(GantryError) as refused:
+            unbatched(wrap([ack("a"), inside]))
+        assert refused.value.reason == "INVALID_ARGUMENT"

@@ -74,7 +74,7 @@ from gantry.worker.heartbeat_file import HeartbeatFile
 from gantry.worker.inspect_job import run_inspect
 from gantry.worker.invocations import Invocations
 from gantry.worker.jobs import DeploymentJobQueues
-from gantry.worker.links import Link, first_welcomed
+from gantry.worker.links import Link, first_welcomed, unbatched
 from gantry.worker.model_host.cpu_calibration import HostCpu
 from gantry.worker.model_host.cpu_policy import Choice
 from gantry.worker.model_host.environments import resolve_python
@@ -395,7 +395,8 @@ class WorkerAgent:
                         heartbeat.cancel()
                         heartbeat = asyncio.create_task(self._heartbeats(link), name="heartbeats")
                 async for message in messages:
-                    self._handle(link, message)
+                    for each in unbatched(message):  # a ControlBatch's, in order, as if alone
+                        self._handle(link, each)
             finally:
                 if heartbeat is not None:
                     heartbeat.cancel()
@@ -483,16 +484,7 @@ class WorkerAgent:
 
     def _handle(self, link: Link, message: wg.ControlMessage) -> None:
         kind = message.WhichOneof("kind")
-        if kind == "batch":
-            # What the control plane's outbox held together: each in order, as if alone.
-            for inner in message.batch.messages:
-                if inner.WhichOneof("kind") in ("batch", "welcome"):
-                    raise GantryError(
-                        "INVALID_ARGUMENT",
-                        f"a control message batch holds a {inner.WhichOneof('kind')}",
-                    )
-                self._handle(link, inner)
-        elif kind == "welcome":
+        if kind == "welcome":
             self._welcome(link, message.welcome)
         elif kind == "job_assignment":
             self._job_links[message.job_assignment.job_id] = link

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass, field
 
+from gantry.common.errors import GantryError
 from gantry.common.stream_batches import Batches
 from gantry.v1 import worker_gateway_pb2 as wg
 from gantry.worker.control_planes import StreamTarget
@@ -83,6 +84,17 @@ def _worker_batch(messages: list[wg.WorkerMessage]) -> wg.WorkerMessage:
         generation=first.generation,
         batch=wg.WorkerBatch(messages=messages),
     )
+
+
+def unbatched(message: wg.ControlMessage) -> Sequence[wg.ControlMessage]:
+    """The messages a stream message carries: a ControlBatch's, in order, or itself. A batch
+    holding a batch or a Welcome breaks the protocol (INVALID_ARGUMENT: the stream ends)."""
+    if message.WhichOneof("kind") != "batch":
+        return (message,)
+    for inner in message.batch.messages:
+        if (kind := inner.WhichOneof("kind")) in ("batch", "welcome"):
+            raise GantryError("INVALID_ARGUMENT", f"a control message batch holds a {kind}")
+    return message.batch.messages
 
 
 def first_welcomed(links: Iterable[Link]) -> Link | None:

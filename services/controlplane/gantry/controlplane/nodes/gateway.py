@@ -67,7 +67,8 @@ from gantry.controlplane.nodes.heartbeat_pacing import (
 )
 from gantry.controlplane.nodes.inventory import Reconciled
 from gantry.controlplane.nodes.liveness import Liveness
-from gantry.controlplane.nodes.sessions import WorkerHub, WorkerStream
+from gantry.controlplane.nodes.sessions import WorkerHub, WorkerStream, control_batch
+from gantry.controlplane.nodes.stream_refusals import refuse_stamp, reject, unexpected_kind
 from gantry.controlplane.nodes.wire_bounds import check_batch, check_worker_message
 from gantry.controlplane.nodes.worker_log import WorkerLog
 from gantry.controlplane.platform import metrics
@@ -207,7 +208,7 @@ class WorkerGatewayService(worker_gateway_pb2_grpc.WorkerGatewayServicer):
             writes.put_nowait(_DISPATCH)
             # What waits in the outbox goes as one ControlBatch to a worker that reads it.
             outgoing = Batches(
-                stream.outbox, wrap=_control_batch, allowed=lambda: stream.batches_understood
+                stream.outbox, wrap=control_batch, allowed=lambda: stream.batches_understood
             )
             while (message := await outgoing.next()) is not None:
                 yield message
@@ -385,7 +386,7 @@ class WorkerGatewayService(worker_gateway_pb2_grpc.WorkerGatewayServicer):
         if not self._within_bounds(stream, message):
             return False  # the stream closes: a worker that breaks a bound is broken or hostile
         if message.generation not in stamps:
-            _refuse_stamp(stream, message)
+            refuse_stamp(stream, message)
             return True
         kind = message.WhichOneof("kind")
         if kind != "heartbeat":
@@ -411,7 +412,7 @@ class WorkerGatewayService(worker_gateway_pb2_grpc.WorkerGatewayServicer):
             return self._queue_write(stream, writes, message)
         else:
             # A Hello after the first message, a batch inside a batch, or no kind at all.
-            raise _unexpected_kind(kind)
+            raise unexpected_kind(kind)
         return True
 
     def _queue_write(
@@ -448,7 +449,7 @@ class WorkerGatewayService(worker_gateway_pb2_grpc.WorkerGatewayServicer):
         metrics.message_refused(error.reason, kind)
         worker_log.warning(stream.node_id, "%s refused, stream closed: %s", kind, error.message)
         with contextlib.suppress(GantryError):
-            stream.send(_reject("", error))
+            stream.send(reject("", error))
         stream.refuse(error)
 
     def _heard_inline(
@@ -549,7 +550,7 @@ class WorkerGatewayService(worker_gateway_pb2_grpc.WorkerGatewayServicer):
                 stream.node_id, "job result %s refused: %s", result.job_id, str(error)
             )
             metrics.message_refused(error.reason, "job_result")
-            stream.send(_reject(result.job_id, error))
+            stream.send(reject(result.job_id, error))
             return
         stream.send(wg.ControlMessage(ack=wg.Ack(job_id=result.job_id)))
 
@@ -694,32 +695,3 @@ async def _release_generation(
         db, node_id=node_id, generation=generation, now=now
     )
     await jobs_requeued(db, released, now=now)
-
-
-def _refuse_stamp(stream: WorkerStream, message: wg.WorkerMessage) -> None:
-    """A message stamped with another generation than its stream's: counted and rejected."""
-    metrics.message_refused("STALE_GENERATION", message.WhichOneof("kind") or "")
-    error = GantryError(
-        "STALE_GENERATION",
-        f"message from generation {message.generation}, stream holds {stream.generation}",
-    )
-    stream.send(_reject("", error))
-
-
-def _unexpected_kind(kind: str | None) -> GantryError:
-    """A message after Hello whose kind this stream does not take: none set (empty, or only a
-    field this version does not know), or one only a stream's first message may be."""
-    said = "no known kind (empty, or a field this control plane does not know)"
-    return GantryError(
-        "INVALID_ARGUMENT",
-        f"a worker message with {said if kind is None else f'kind {kind!r}'} after Hello",
-        field="WorkerMessage.kind",
-    )
-
-
-def _control_batch(messages: list[wg.ControlMessage]) -> wg.ControlMessage:
-    return wg.ControlMessage(batch=wg.ControlBatch(messages=messages))
-
-
-def _reject(job_id: str, error: GantryError) -> wg.ControlMessage:
-    return wg.ControlMessage(reject=wg.Reject(job_id=job_id, failure=error.to_failure()))

@@ -581,6 +581,11 @@ def check_fits_stream(message: wg.ControlMessage) -> None:
         )
 
 
+def control_batch(messages: list[wg.ControlMessage]) -> wg.ControlMessage:
+    """What a stream's outbox sends together, to a worker whose Hello said it reads it."""
+    return wg.ControlMessage(batch=wg.ControlBatch(messages=messages))
+
+
 def _duration(seconds: float) -> duration_pb2.Duration:
     duration = duration_pb2.Duration()
     duration.FromNanoseconds(max(0, int(seconds * 1e9)))
