@@ -16,7 +16,7 @@ import grpc
 from gantry.common import tokens
 from gantry.common.artifact_walk import build_manifest
 from gantry.common.auth import auth_metadata
-from gantry.common.clock import Clock
+from gantry.common.clock import Clock, ManualClock
 from gantry.common.grpc_server import RunningServer, insecure_channel
 from gantry.common.ids import new_id
 from gantry.controlplane.app import ControlPlane, ControlPlaneSettings, start_control_plane
@@ -406,3 +406,18 @@ async def running_gantry(
         await control_plane.stop()
         for server in (scheduler_server, *(s for s, _ in standbys)):
             await server.stop(grace=0.5)
+
+
+@contextlib.asynccontextmanager
+async def gantry_on_a_manual_clock(
+    database_url: str, tmp_path: Path, reconciler: ReconcilerSettings
+) -> AsyncIterator[tuple[Harness, ManualClock]]:
+    """`running_gantry` with its artifacts under `tmp_path`, time a ManualClock and no reconciler
+    loop: the test advances the clock and runs the passes itself."""
+    root = tmp_path / "artifacts"
+    root.mkdir()
+    clock = ManualClock()
+    async with running_gantry(
+        database_url, root, clock=clock, reconciler=reconciler, run_reconciler=False
+    ) as harness:
+        yield harness, clock

@@ -24,7 +24,7 @@ from gantry.controlplane.nodes import store as nodes
 from gantry.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 from gantry.v1 import control_plane_pb2 as cp
 from gantry.worker.resource_domains import parse_declaration
-from tests.integration.harness import Harness, running_gantry, wait_for
+from tests.integration.harness import Harness, gantry_on_a_manual_clock, running_gantry, wait_for
 from tests.integration.scripted_worker import ScriptedWorker, host_ram
 
 MIB = 1 << 20
@@ -77,12 +77,7 @@ async def real_time(database_url: str, tmp_path: Path) -> AsyncIterator[Harness]
 
 @pytest.fixture
 async def world(database_url: str, tmp_path: Path) -> AsyncIterator[World]:
-    root = tmp_path / "artifacts"
-    root.mkdir()
-    clock = ManualClock()
-    async with running_gantry(
-        database_url, root, clock=clock, reconciler=SETTINGS, run_reconciler=False
-    ) as harness:
+    async with gantry_on_a_manual_clock(database_url, tmp_path, SETTINGS) as (harness, clock):
         world = World(harness=harness, clock=clock, workers=[])
         try:
             yield world

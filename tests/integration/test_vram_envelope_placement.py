@@ -13,12 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from gantry.common.clock import ManualClock
 from gantry.controlplane.evidence.envelope import vram_with_margin
 from gantry.v1 import common_pb2
 from gantry.v1 import control_plane_pb2 as cp
 from gantry.v1 import worker_gateway_pb2 as wg
-from tests.integration.harness import running_gantry
+from tests.integration.harness import gantry_on_a_manual_clock
 from tests.integration.scripted_worker import ScriptedWorker, healthy_probe_evidence, host_ram
 from tests.integration.test_resource_domains import SETTINGS, World, scheduler_snapshot
 
@@ -30,12 +29,7 @@ GPU0 = common_pb2.ResourceDomain(
 
 @pytest.fixture
 async def world(database_url: str, tmp_path: Path) -> AsyncIterator[World]:
-    root = tmp_path / "artifacts"
-    root.mkdir()
-    clock = ManualClock()
-    async with running_gantry(
-        database_url, root, clock=clock, reconciler=SETTINGS, run_reconciler=False
-    ) as harness:
+    async with gantry_on_a_manual_clock(database_url, tmp_path, SETTINGS) as (harness, clock):
         world = World(harness=harness, clock=clock, workers=[])
         try:
             yield world

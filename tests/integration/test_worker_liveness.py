@@ -21,7 +21,7 @@ from gantry.controlplane.nodes import store as nodes
 from gantry.controlplane.platform.state_machines import NodeState
 from gantry.v1 import common_pb2
 from gantry.v1 import control_plane_pb2 as cp
-from tests.integration.harness import Harness, running_gantry, wait_for
+from tests.integration.harness import Harness, gantry_on_a_manual_clock, wait_for
 from tests.integration.scripted_worker import ScriptedWorker
 
 SETTINGS = ReconcilerSettings(heartbeat_interval_s=5.0, stale_after_heartbeats=3.0)
@@ -69,12 +69,7 @@ class Fleet:
 
 @pytest.fixture
 async def fleet(database_url: str, tmp_path: Path) -> AsyncIterator[Fleet]:
-    root = tmp_path / "artifacts"
-    root.mkdir()
-    clock = ManualClock()
-    async with running_gantry(
-        database_url, root, clock=clock, reconciler=SETTINGS, run_reconciler=False
-    ) as harness:
+    async with gantry_on_a_manual_clock(database_url, tmp_path, SETTINGS) as (harness, clock):
         fleet = Fleet(harness=harness, clock=clock, workers=[])
         try:
             yield fleet

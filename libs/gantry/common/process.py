@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import logging
 import os
 import signal
@@ -57,6 +58,16 @@ def setup_logging(
 
 
 async def run_until_signalled() -> None:
+    """Wait for SIGINT or SIGTERM, once the service is up.
+
+    What the process built to start (its modules, settings, servers, database engine) lives as
+    long as it does, so it is moved out of the collector's sight first (`gc.freeze`): a full
+    collection then walks only what was made since, instead of pausing the event loop for all of
+    it. Measured under `gantry up` (issue 29), 4,000 Embeds one at a time: the control plane ran
+    one full collection while serving, a 43 ms pause that was the run's slowest call (58 ms;
+    55-72 ms in eight such runs); frozen, it ran none, and the slowest call took 26-27 ms."""
+    gc.collect()
+    gc.freeze()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):

@@ -43,6 +43,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from gantry.common.errors import GantryError
 from gantry.common.metrics import metrics_enabled
+from gantry.controlplane.deployments import reconcile_survey as survey
 from gantry.controlplane.deployments import store as deployments
 from gantry.controlplane.deployments.autoscaler import Autoscaler, ScaleAdviceInbox
 from gantry.controlplane.deployments.drain_rules import DrainingResidency
@@ -203,16 +204,30 @@ class Reconciler(LifecycleService):
     async def reconcile_once(self) -> None:
         now = self._clock.now()
         dispatch: set[str] = set()
-        dispatch |= await self._expire_leases(now)
+        # A rule with nothing to act on opens no transaction of its own (reconcile_survey.py).
+        async with self._database.transaction() as session:
+            first = await survey.first_rules(
+                session,
+                now=now,
+                seen_before=self._seen_before(now),
+                gone_before=self._gone_before(now),
+            )
+        if first.expired_leases:
+            dispatch |= await self._expire_leases(now)
         await self._flush_last_seen(now)
-        await self._disconnect_stale(now)
-        await self._forget_absent(now)
+        await self._disconnect_stale(now, rows=first.stale_rows)
+        if first.absent:
+            await self._forget_absent(now)
         dispatch |= await self._apply_scale_advice()
         dispatch |= await self._place_missing_replicas()
-        dispatch |= await self._reload_adopted_endpoints(now)
-        dispatch |= await self._retry_uncertain(now)
-        dispatch |= await self._finish_drains(now)
-        dispatch |= await self._nodes_with_queued_jobs()
+        async with self._database.transaction() as session:
+            later = await survey.later_rules(session)
+        dispatch |= await self._reload_adopted_endpoints(now, any_adopted=later.adopted)
+        dispatch |= await self._retry_uncertain(now, any_uncertain=later.uncertain)
+        if later.draining:
+            dispatch |= await self._finish_drains(now)
+        if later.queued_jobs:
+            dispatch |= await self._nodes_with_queued_jobs()
         await evaluate_degradation(self._database, self.degradation, now=now)
         if metrics_enabled():
             await self._publish_state_counts()
@@ -265,17 +280,27 @@ class Reconciler(LifecycleService):
         # node through another replica) is closed: its worker dials again and is told.
         self._hub.close_superseded(generations)
 
-    async def _disconnect_stale(self, now: dt.datetime) -> None:
+    def _seen_before(self, now: dt.datetime) -> dt.datetime:
         # A row is refreshed as seldom as its stream beats: past 600 streams a replica tells its
         # workers a longer interval (nodes/heartbeat_pacing.py), and the rows of the fleet it and
         # its peers hold age as long between flushes, so the row's grace grows the same.
-        seen_before = now - dt.timedelta(
+        return now - dt.timedelta(
             seconds=self.settings.stale_after_s * self._hub.heartbeat_multiple
         )
+
+    def _gone_before(self, now: dt.datetime) -> dt.datetime:
+        return now - dt.timedelta(seconds=self.settings.absence_grace_s)
+
+    async def _disconnect_stale(self, now: dt.datetime, *, rows: bool = True) -> None:
+        """`rows`: whether the database holds stale CONNECTED rows (the pass's survey); without
+        them, only the streams liveness names silent are decided, and without those nothing."""
+        seen_before = self._seen_before(now)
         silent = {
             heard.node_id: heard
             for heard in self._liveness.stale(now, stale_after_s=self.settings.stale_after_s)
         }
+        if not silent and not rows:
+            return
         disconnected: list[tuple[DisconnectNode, Node]] = []
         silent_here: list[Heard] = []
         async with self._database.transaction() as session:
@@ -353,7 +378,7 @@ class Reconciler(LifecycleService):
         )
 
     async def _forget_absent(self, now: dt.datetime) -> None:
-        gone_before = now - dt.timedelta(seconds=self.settings.absence_grace_s)
+        gone_before = self._gone_before(now)
         async with self._database.transaction() as session:
             # Rows a replica that died left (its streams' goodbyes never ran).
             await nodes.forget_silent_streams(session, heard_before=gone_before)
@@ -428,9 +453,15 @@ class Reconciler(LifecycleService):
 
     # ---- 5. adopted endpoints ------------------------------------------------------------------
 
-    async def _reload_adopted_endpoints(self, now: dt.datetime) -> set[str]:
+    async def _reload_adopted_endpoints(
+        self, now: dt.datetime, *, any_adopted: bool = True
+    ) -> set[str]:
         """A new LOAD for each adopted endpoint whose residency went COLD while it is wanted, on
-        the endpoint's own node (never placed elsewhere: the server runs there)."""
+        the endpoint's own node (never placed elsewhere: the server runs there). Without a live
+        adopted deployment (`any_adopted`, the pass's survey) only the backoffs are forgotten."""
+        if not any_adopted:
+            self._endpoint_loads.forget_except(set())
+            return set()
         async with self._database.transaction() as session:
             adopted = await self._adopted_residencies(session)
             planned = plan_reload_adopted(adopted)
@@ -489,7 +520,10 @@ class Reconciler(LifecycleService):
 
     # ---- 6. uncertain residencies -------------------------------------------------------------
 
-    async def _retry_uncertain(self, now: dt.datetime) -> set[str]:
+    async def _retry_uncertain(self, now: dt.datetime, *, any_uncertain: bool = True) -> set[str]:
+        if not any_uncertain:  # the pass's survey found none: only the backoffs are forgotten
+            self._unloads.forget_except(set())
+            return set()
         async with self._database.transaction() as session:
             uncertain = await self._uncertain_residencies(session)
             planned = plan_retry_uncertain(uncertain)

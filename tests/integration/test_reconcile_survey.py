@@ -1,0 +1,139 @@
+"""The reconciler's survey (deployments/reconcile_survey.py): a pass asks in one statement which
+rules have rows to act on, and a rule with none opens no transaction; each answer turns yes when
+its rows appear.
+
+Real control plane and scheduler on port 0, a scripted worker on a real stream, both stores; time
+is a ManualClock and the test runs the reconciler's passes itself.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+from sqlalchemy import event, update
+
+from gantry.common.clock import ManualClock
+from gantry.controlplane.deployments import reconcile_survey as survey
+from gantry.controlplane.deployments.reconciler import ReconcilerSettings
+from gantry.controlplane.platform.database import Database
+from gantry.controlplane.platform.models import Node
+from gantry.v1 import common_pb2
+from gantry.v1 import control_plane_pb2 as cp
+from tests.integration.harness import Harness, gantry_on_a_manual_clock, wait_for
+from tests.integration.scripted_worker import ScriptedWorker
+
+SETTINGS = ReconcilerSettings(heartbeat_interval_s=5.0, stale_after_heartbeats=3.0)
+# An idle pass's transactions: the two surveys, placement's read of the live deployments, the
+# degradation signal's and, where metrics are on, the state gauges'. Before the survey each rule
+# began its own: nine here, with metrics off.
+IDLE_PASS_TRANSACTIONS = 5
+NODE_STATE_CONNECTED = common_pb2.NODE_STATE_CONNECTED
+
+
+@pytest.fixture
+async def harness(database_url: str, tmp_path: Path) -> AsyncIterator[tuple[Harness, ManualClock]]:
+    async with gantry_on_a_manual_clock(database_url, tmp_path, SETTINGS) as (harness, clock):
+        yield harness, clock
+
+
+@contextmanager
+def counted_transactions(database: Database) -> Iterator[list[int]]:
+    """The transactions begun on `database` inside the block (a list holding their count)."""
+    begun = [0]
+
+    def on_begin(_connection: object) -> None:
+        begun[0] += 1
+
+    event.listen(database.engine.sync_engine, "begin", on_begin)
+    try:
+        yield begun
+    finally:
+        event.remove(database.engine.sync_engine, "begin", on_begin)
+
+
+async def _connected_worker(harness: Harness) -> tuple[str, ScriptedWorker]:
+    credential = await harness.register_node("surveyed")
+    worker = ScriptedWorker()
+    await worker.start(harness.channel, credential)
+    listed = await harness.operator.ListNodes(cp.ListNodesRequest(), metadata=harness.op_md)
+    node_id = {n.name: n for n in listed.nodes}["surveyed"].node_id
+
+    async def connected() -> bool:
+        listed = await harness.operator.ListNodes(cp.ListNodesRequest(), metadata=harness.op_md)
+        return {n.name: n for n in listed.nodes}["surveyed"].state == NODE_STATE_CONNECTED
+
+    await wait_for(connected, what="the scripted worker CONNECTED")
+    return node_id, worker
+
+
+async def _first(harness: Harness, clock: ManualClock) -> survey.FirstRules:
+    now = clock.now()
+    async with harness.control_plane.database.transaction() as session:
+        return await survey.first_rules(
+            session,
+            now=now,
+            seen_before=now - dt.timedelta(seconds=SETTINGS.stale_after_s),
+            gone_before=now - dt.timedelta(seconds=SETTINGS.absence_grace_s),
+        )
+
+
+async def test_an_idle_pass_asks_once_and_opens_no_transaction_per_rule(
+    harness: tuple[Harness, ManualClock],
+):
+    gantry, clock = harness
+    _, worker = await _connected_worker(gantry)
+    try:
+        reconciler = gantry.control_plane.reconciler
+        await reconciler.reconcile_once()  # the first pass flushes what the Hello left
+        assert await _first(gantry, clock) == survey.FirstRules(
+            expired_leases=False, stale_rows=False, absent=False
+        )
+        async with gantry.control_plane.database.transaction() as session:
+            assert await survey.later_rules(session) == survey.LaterRules(
+                adopted=False, uncertain=False, draining=False, queued_jobs=False
+            )
+        with counted_transactions(gantry.control_plane.database) as begun:
+            await reconciler.reconcile_once()
+        assert 2 <= begun[0] <= IDLE_PASS_TRANSACTIONS, begun[0]
+    finally:
+        await worker.stop()
+
+
+async def test_stale_and_absent_rows_are_answered_yes_and_then_acted_on(
+    harness: tuple[Harness, ManualClock],
+):
+    gantry, clock = harness
+    node_id, worker = await _connected_worker(gantry)
+    reconciler = gantry.control_plane.reconciler
+
+    async def node_state() -> int:
+        listed = await gantry.operator.ListNodes(cp.ListNodesRequest(), metadata=gantry.op_md)
+        return {n.node_id: n for n in listed.nodes}[node_id].state
+
+    try:
+        await reconciler.reconcile_once()
+        async with gantry.control_plane.database.transaction() as session:
+            await session.execute(
+                update(Node)
+                .where(Node.node_id == node_id)
+                .values(last_seen_at=clock.now() - dt.timedelta(seconds=SETTINGS.stale_after_s + 1))
+            )
+        assert (await _first(gantry, clock)).stale_rows
+        # Silent past the grace: the pass disconnects it, and nothing is stale any more...
+        clock.advance(SETTINGS.stale_after_s + 1)
+        await reconciler.reconcile_once()
+        assert await node_state() == common_pb2.NODE_STATE_DISCONNECTED
+        assert await _first(gantry, clock) == survey.FirstRules(
+            expired_leases=False, stale_rows=False, absent=False
+        )
+        # ...until it has been away past the absence grace.
+        clock.advance(SETTINGS.absence_grace_s)
+        assert await _first(gantry, clock) == survey.FirstRules(
+            expired_leases=False, stale_rows=False, absent=True
+        )
+    finally:
+        await worker.stop()

@@ -1,0 +1,35 @@
+"""What every service process does once it is up (gantry.common.process.run_until_signalled):
+what it built to start is frozen out of the collector's sight, and SIGTERM ends the wait.
+
+A real child interpreter: freezing is process-wide, so it is never done to the test's own."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+SCRIPT = """
+import asyncio, gc, os, signal
+from gantry.common.process import run_until_signalled
+
+async def main():
+    waiting = asyncio.create_task(run_until_signalled())
+    await asyncio.sleep(0)  # one turn: the task runs until it waits for the signal
+    print(gc.get_freeze_count(), flush=True)
+    os.kill(os.getpid(), signal.SIGTERM)
+    await waiting
+    print("stopped", flush=True)
+
+asyncio.run(main())
+"""
+
+
+def test_a_service_freezes_its_start_up_objects_then_waits_for_sigterm():
+    done = subprocess.run(
+        [sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    frozen, stopped = done.stdout.split()
+    # The interpreter, asyncio and gantry.common alone hold thousands of tracked objects.
+    assert int(frozen) > 1000
+    assert stopped == "stopped"
