@@ -27,10 +27,9 @@ from tests.integration.harness import Harness, gantry_on_a_manual_clock, wait_fo
 from tests.integration.scripted_worker import ScriptedWorker
 
 SETTINGS = ReconcilerSettings(heartbeat_interval_s=5.0, stale_after_heartbeats=3.0)
-# An idle pass's transactions: the two surveys, placement's read of the live deployments, the
-# degradation signal's and, where metrics are on, the state gauges'. Before the survey each rule
-# began its own: nine here, with metrics off.
-IDLE_PASS_TRANSACTIONS = 5
+# An idle pass's transactions: the two surveys, the degradation signal's and, where metrics are
+# on, the state gauges'. Before the survey each rule began its own: nine here, with metrics off.
+IDLE_PASS_TRANSACTIONS = 4
 NODE_STATE_CONNECTED = common_pb2.NODE_STATE_CONNECTED
 
 
@@ -94,7 +93,7 @@ async def test_an_idle_pass_asks_once_and_opens_no_transaction_per_rule(
         )
         async with gantry.control_plane.database.transaction() as session:
             assert await survey.later_rules(session) == survey.LaterRules(
-                adopted=False, uncertain=False, draining=False, queued_jobs=False
+                unplaced=False, adopted=False, uncertain=False, draining=False, queued_jobs=False
             )
         with counted_transactions(gantry.control_plane.database) as begun:
             await reconciler.reconcile_once()

@@ -10,9 +10,10 @@ once; a rule runs only where its answer is yes (or, for staleness, where livenes
 a silent stream).
 
 Each question is the rule's own query (reconciler.py) asked as EXISTS, so a no means the rule
-would have read no rows and done nothing. The rules that can make work for later ones in the same
-pass (leases requeued, placement, scale advice) come before the questions about that work are
-asked (`after_placement`), or hand their nodes to the pass's dispatch themselves.
+would have read no rows and done nothing. Rules that can make work for later ones in the same
+pass (staleness and absence leave replicas to place, scale advice drains a surplus) run before the
+questions about that work are asked (`later_rules`); those that queue jobs hand their nodes to
+the pass's dispatch themselves.
 """
 
 from __future__ import annotations
@@ -20,12 +21,13 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass
 
-from sqlalchemy import ColumnElement, Exists, select
+from sqlalchemy import ColumnElement, Exists, func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Mapped
 
 from gantry.controlplane.deployments.health_rules import LIVE_STATES
 from gantry.controlplane.endpoints.store import ORIGIN_ADOPTED
+from gantry.controlplane.jobs.result_plans import MAX_LOAD_ATTEMPTS
 from gantry.controlplane.jobs.store import LEASED_JOB_STATES
 from gantry.controlplane.platform.models import (
     Deployment,
@@ -48,8 +50,10 @@ class FirstRules:
 
 @dataclass(frozen=True, slots=True)
 class LaterRules:
-    """Rules 5-7: adopted endpoints, UNCERTAIN and DRAINING residencies, queued jobs."""
+    """Rules 4-7, asked once scale advice is applied: placement, adopted endpoints, UNCERTAIN
+    and DRAINING residencies, queued jobs."""
 
+    unplaced: bool  # a live deployment with fewer replicas placed than wanted
     adopted: bool
     uncertain: bool
     draining: bool
@@ -96,8 +100,37 @@ async def first_rules(
     )
 
 
+def _unplaced() -> Exists:
+    """`placement.missing_replicas` > 0 for some live deployment that placement still tries
+    (fewer than MAX_LOAD_ATTEMPTS failed loads): its residencies that are not COLD, on nodes that
+    are not DISABLED, fewer than its replicas. Never an adopted one (its endpoint is its only
+    residency)."""
+    placed = (
+        select(func.count(Residency.residency_id))
+        .join(Node, Node.node_id == Residency.node_id)
+        .where(
+            Residency.deployment_id == Deployment.deployment_id,
+            Residency.state != ResidencyState.COLD,
+            Node.state != NodeState.DISABLED,
+        )
+        .correlate(Deployment)
+        .scalar_subquery()
+    )
+    return (
+        select(Deployment.deployment_id)
+        .where(
+            Deployment.state.in_(list(LIVE_STATES)),
+            Deployment.deleted_at.is_(None),
+            Deployment.origin != ORIGIN_ADOPTED,
+            Deployment.load_failure_count < MAX_LOAD_ATTEMPTS,
+            Deployment.replicas > placed,
+        )
+        .exists()
+    )
+
+
 async def later_rules(session: AsyncSession) -> LaterRules:
-    """Whether rules 5-7 have rows."""
+    """Whether rules 4-7 have rows."""
     adopted = (
         select(Deployment.deployment_id)
         .where(
@@ -115,6 +148,7 @@ async def later_rules(session: AsyncSession) -> LaterRules:
     row = (
         await session.execute(
             select(
+                _unplaced(),
                 adopted,
                 residencies_in(ResidencyState.UNCERTAIN),
                 residencies_in(ResidencyState.DRAINING),
@@ -123,8 +157,9 @@ async def later_rules(session: AsyncSession) -> LaterRules:
         )
     ).one()
     return LaterRules(
-        adopted=bool(row[0]),
-        uncertain=bool(row[1]),
-        draining=bool(row[2]),
-        queued_jobs=bool(row[3]),
+        unplaced=bool(row[0]),
+        adopted=bool(row[1]),
+        uncertain=bool(row[2]),
+        draining=bool(row[3]),
+        queued_jobs=bool(row[4]),
     )

@@ -219,9 +219,9 @@ class Reconciler(LifecycleService):
         if first.absent:
             await self._forget_absent(now)
         dispatch |= await self._apply_scale_advice()
-        dispatch |= await self._place_missing_replicas()
         async with self._database.transaction() as session:
             later = await survey.later_rules(session)
+        dispatch |= await self._place_missing_replicas(any_unplaced=later.unplaced)
         dispatch |= await self._reload_adopted_endpoints(now, any_adopted=later.adopted)
         dispatch |= await self._retry_uncertain(now, any_uncertain=later.uncertain)
         if later.draining:
@@ -419,7 +419,10 @@ class Reconciler(LifecycleService):
                 log.warning("scale advice for %s not applied: %s", advice.deployment_id, error)
         return dispatch
 
-    async def _place_missing_replicas(self) -> set[str]:
+    async def _place_missing_replicas(self, *, any_unplaced: bool = True) -> set[str]:
+        if not any_unplaced:  # the pass's survey found every live deployment placed
+            self._placements.forget_except(set())
+            return set()
         wanted: set[str] = set()
         async with self._database.transaction() as session:
             for deployment in await deployments.deployments_in_states(session, LIVE_STATES):
