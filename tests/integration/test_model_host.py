@@ -16,8 +16,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +30,7 @@ from gantry.worker.model_host.serving import (
     TEST_HOOK_SLOW_INPUT,
 )
 from tests.integration.harness import forked_host
+from tests.integration.polling import wait_until
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT_SPAN_ID = "00f067aa0ba902b7"
@@ -89,14 +88,6 @@ def _pids_titled(title: str) -> list[int]:
             if cmdline.split(b"\0")[0].decode(errors="replace") == title:
                 pids.append(int(entry.name))
     return pids
-
-
-async def _wait_until(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout_s}s waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 @pytest.fixture(scope="module")
@@ -205,7 +196,7 @@ async def test_ping_is_answered_during_a_forward_pass_and_rss_is_current(
         hung = asyncio.create_task(
             host.embed([TEST_HOOK_HANG_INPUT], trace_context={}, timeout_s=60)
         )
-        await _wait_until(
+        await wait_until(
             lambda: any("test hook: hanging" in line for line in host.stderr_tail()),
             timeout_s=30,
             what="the child to enter the hung forward pass",
@@ -231,7 +222,7 @@ async def test_timeout_is_honoured_in_the_child_and_cancel_drops_queued_work(
         slow = asyncio.create_task(
             host.embed([TEST_HOOK_SLOW_INPUT], trace_context={}, timeout_s=30)
         )
-        await _wait_until(
+        await wait_until(
             lambda: any("test hook: slow" in line for line in host.stderr_tail()),
             timeout_s=30,
             what="the slow forward pass to start",
@@ -245,12 +236,12 @@ async def test_timeout_is_honoured_in_the_child_and_cancel_drops_queued_work(
         cancelled = asyncio.create_task(
             host.embed(["cancelled while queued"], trace_context={}, timeout_s=30)
         )
-        await _wait_until(lambda: host.pending_count == 2, 5, "the second request to be sent")
+        await wait_until(lambda: host.pending_count == 2, 5, "the second request to be sent")
         cancelled.cancel()
         with pytest.raises(asyncio.CancelledError):
             await cancelled
         await slow
-        await _wait_until(
+        await wait_until(
             lambda: sum("before running it" in line for line in host.stderr_tail()) == 2,
             timeout_s=10,
             what="the child to drop both queued requests unrun",
@@ -273,7 +264,7 @@ async def test_stop_that_cannot_confirm_the_exit_claims_no_exit_code(
     os.kill(host.pid, signal.SIGSTOP)
     try:
         embed = asyncio.create_task(host.embed(["x"], trace_context={}, timeout_s=30))
-        await _wait_until(lambda: host.pending_count == 1, 5, "the request to be pending")
+        await wait_until(lambda: host.pending_count == 1, 5, "the request to be pending")
         host.kill_unresponsive("test: stopped")
         with pytest.raises(GantryError) as caught:
             await embed
@@ -301,7 +292,7 @@ async def test_child_killed_mid_request_raises_runtime_crashed_and_reports_the_e
     pending = asyncio.create_task(
         host.embed([TEST_HOOK_HANG_INPUT], trace_context={}, timeout_s=60)
     )
-    await _wait_until(
+    await wait_until(
         lambda: any("test hook: hanging" in line for line in host.stderr_tail()),
         timeout_s=30,
         what="the child to enter the hung forward pass",
@@ -394,7 +385,7 @@ async def test_child_dies_with_its_parent(tiny_model_dir: Path) -> None:
     finally:
         parent.kill()
         await parent.wait()
-    await _wait_until(lambda: _process_gone(child_pid), timeout_s=10, what="the orphan to die")
+    await wait_until(lambda: _process_gone(child_pid), timeout_s=10, what="the orphan to die")
 
 
 async def test_network_guard_refuses_internet_sockets_but_not_unix_ones() -> None:

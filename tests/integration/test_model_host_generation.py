@@ -16,7 +16,7 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,7 @@ from gantry.worker.model_host.process import HostLaunchSpec, ModelHost
 from tests.fixtures.tiny_causal_lm import CONTEXT_LENGTH, DirectCausalLM
 from tests.integration.generation_support import tokens_before_the_cancel
 from tests.integration.harness import forked_host
+from tests.integration.polling import wait_until
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(300)]
 
@@ -92,14 +93,6 @@ async def lm_host(tiny_causal_lm_dir: Path) -> AsyncIterator[ModelHost]:
         yield host
     finally:
         await host.stop()
-
-
-async def _wait_until(condition: Callable[[], bool], *, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout_s}s waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 async def _generate(host: ModelHost, **fields: Any) -> wg.GenerateResult:
@@ -310,7 +303,7 @@ async def test_a_cancelled_generation_stops_between_tokens_and_the_host_answers_
     answered = await _generate(lm_host, prompt="hi", max_tokens=2)
     assert answered.completion_tokens >= 1
     # Said on the child's stderr before it answered; the parent reads that pipe on its own.
-    await _wait_until(
+    await wait_until(
         lambda: tokens_before_the_cancel(lm_host.stderr_tail()) is not None,
         timeout_s=10,
         what="the host to log the cancelled generation",
@@ -403,7 +396,7 @@ async def test_cancel_invoke_stops_a_streamed_generation_in_the_host(lm_host: Mo
     await invocations.close()
     seen = progress[-1].generate.completion_tokens
     await _generate(lm_host, prompt="hi", max_tokens=2)  # answered once the slow one stopped
-    await _wait_until(
+    await wait_until(
         lambda: tokens_before_the_cancel(lm_host.stderr_tail()) is not None,
         timeout_s=10,
         what="the host to log the cancelled generation",

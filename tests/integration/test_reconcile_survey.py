@@ -27,9 +27,9 @@ from tests.integration.harness import Harness, gantry_on_a_manual_clock, wait_fo
 from tests.integration.scripted_worker import ScriptedWorker
 
 SETTINGS = ReconcilerSettings(heartbeat_interval_s=5.0, stale_after_heartbeats=3.0)
-# An idle pass's transactions: the two surveys, the degradation signal's and, where metrics are
-# on, the state gauges'. Before the survey each rule began its own: nine here, with metrics off.
-IDLE_PASS_TRANSACTIONS = 4
+# An idle pass's transactions: the two surveys, and the degradation signal's with the state
+# gauges'. Before the survey each rule began its own: nine here, with metrics off.
+IDLE_PASS_TRANSACTIONS = 3
 NODE_STATE_CONNECTED = common_pb2.NODE_STATE_CONNECTED
 
 

@@ -3,13 +3,12 @@ serve, sandboxed and reaped like spawned ones, and a server whose death leaves t
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import socket
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +25,7 @@ from gantry.worker.model_host.environments import (
 from gantry.worker.model_host.process import HostLaunchSpec, ModelHost
 from gantry.worker.model_host.warm_pool import ForkServer, WarmPool
 from tests.integration.harness import shared_warm_pool
+from tests.integration.polling import wait_until
 from tests.integration.sandbox_probe import sandbox_report
 
 # What a host may find in its environment: allow-listed names, the forced flags, its own dirs,
@@ -73,14 +73,6 @@ def _server(pool: WarmPool) -> ForkServer:
     server = pool.server_for_environment(sys.executable, os.environ)
     assert server is not None, "the pool has no running server for this environment"
     return server
-
-
-async def _wait_until(condition: Callable[[], bool], *, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout_s}s waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 @pytest.fixture
@@ -223,7 +215,7 @@ async def test_killing_the_fork_server_leaves_its_hosts_serving_and_the_next_loa
     try:
         server = _server(pool)
         os.kill(server.process.pid, signal.SIGKILL)
-        await _wait_until(lambda: not server.alive, timeout_s=10, what="the server to die")
+        await wait_until(lambda: not server.alive, timeout_s=10, what="the server to die")
 
         # Its host is the worker's child, not the server's: it lives on and serves.
         assert first.alive

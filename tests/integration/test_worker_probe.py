@@ -8,7 +8,6 @@ import contextlib
 import json
 import os
 import shutil
-import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -29,6 +28,7 @@ from gantry.worker.model_host.environments import ENV_MAP_JSON
 from gantry.worker.model_host.process import HostLaunchSpec, ModelHost, OnExit
 from gantry.worker.probe_job import ProbeHost, ProbeRunner, ProbeSettings
 from tests.integration.harness import Harness, running_gantry, wait_for
+from tests.integration.polling import wait_until
 
 STAGES = [
     common_pb2.PROBE_STATE_PREPARING,
@@ -126,14 +126,6 @@ def _pids_titled(title: str) -> list[int]:
             if cmdline.split(b"\0")[0].decode(errors="replace") == title:
                 pids.append(int(entry.name))
     return pids
-
-
-async def _wait_until(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout_s}s waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 @pytest.fixture
@@ -332,7 +324,7 @@ async def test_cancel_mid_check_kills_and_reaps_the_child_and_sends_no_result(
     updates: list[wg.JobUpdate] = []
     assignment = _assignment(_artifact(root, tiny_model_dir, "tiny"))
     probe = asyncio.create_task(_runner(root, verified_root, hosts).run(assignment, updates.append))
-    await _wait_until(lambda: bool(held) and held[0].checking.is_set(), 90, "the probe check")
+    await wait_until(lambda: bool(held) and held[0].checking.is_set(), 90, "the probe check")
     pid = held[0].host.pid
     assert not _process_gone(pid)
 
@@ -371,7 +363,7 @@ async def test_cancel_while_the_child_loads_leaves_no_process(
     probe = asyncio.create_task(
         _runner(root, verified_root, _Hosts()).run(assignment, updates.append)
     )
-    await _wait_until(lambda: bool(_own_children(title)), 60, "the probe's child to start")
+    await wait_until(lambda: bool(_own_children(title)), 60, "the probe's child to start")
     (pid,) = _own_children(title)
 
     probe.cancel()
@@ -473,7 +465,7 @@ async def test_cancel_probe_through_the_control_plane_kills_the_child_on_the_wor
             cp.StartProbeRequest(profile_id=profile.profile_id), metadata=harness.op_md
         )
         title = f"gantry model-host probe-{started.probe_id}"
-        await _wait_until(lambda: bool(_pids_titled(title)), 60, "the probe's child to start")
+        await wait_until(lambda: bool(_pids_titled(title)), 60, "the probe's child to start")
         (pid,) = _pids_titled(title)
         # The worker renews the probe's lease: its job is active there.
         assert len(agent.active_job_ids()) == 1
@@ -481,6 +473,6 @@ async def test_cancel_probe_through_the_control_plane_kills_the_child_on_the_wor
             cp.CancelProbeRequest(probe_id=started.probe_id), metadata=harness.op_md
         )
         await _ended_probe(harness, started.probe_id, common_pb2.PROBE_STATE_CANCELLED)
-        await _wait_until(lambda: _process_gone(pid), 15, "the probe's child to be reaped")
-        await _wait_until(lambda: agent.active_job_ids() == [], 15, "the job to end")
+        await wait_until(lambda: _process_gone(pid), 15, "the probe's child to be reaped")
+        await wait_until(lambda: agent.active_job_ids() == [], 15, "the job to end")
         await harness.stop_worker(agent)

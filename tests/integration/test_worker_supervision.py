@@ -22,6 +22,7 @@ from gantry.worker.residents import LOADING, RESIDENT, Resident, ResidentFacts
 from gantry.worker.supervision import ServingLoad, SupervisionSettings, Supervisor
 from tests.fixtures.serving_adapters import RecordingAdapters, no_nvml, serving_load
 from tests.integration.harness import shared_warm_pool
+from tests.integration.polling import wait_until
 
 FACTS = ResidentFacts(
     artifact_digest="sha256:artifact",
@@ -70,14 +71,6 @@ def supervised(settings: SupervisionSettings) -> tuple[Supervisor, _Inventories]
     return supervisor, inventories
 
 
-async def _wait_until(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout_s}s waiting for {what}")
-        await asyncio.sleep(0.01)
-
-
 def _pids_titled(title: str) -> list[int]:
     pids = []
     for entry in Path("/proc").iterdir():
@@ -118,7 +111,7 @@ async def test_killed_host_is_restarted_in_place_with_a_new_pid_and_serves_again
 
         os.kill(old_pid, signal.SIGKILL)
         killed_at = time.monotonic()
-        await _wait_until(lambda: resident.state == LOADING, 10, "the crash to be noticed")
+        await wait_until(lambda: resident.state == LOADING, 10, "the crash to be noticed")
         down = inventories.states_of("dep-restart")[-1]
         assert down.state == common_pb2.RESIDENCY_STATE_LOADING
         assert down.pid == 0
@@ -134,7 +127,7 @@ async def test_killed_host_is_restarted_in_place_with_a_new_pid_and_serves_again
             supervisor.host_for_invoke("dep-restart")
         assert while_down.value.reason == "RUNTIME_CRASHED"
 
-        await _wait_until(_serving_with_new_pid(resident, old_pid), 90, "the in-place restart")
+        await wait_until(_serving_with_new_pid(resident, old_pid), 90, "the in-place restart")
         await _embed_ok(supervisor, "dep-restart")
         print(f"\nkill -9 to serving again: {time.monotonic() - killed_at:.2f}s")
         up = inventories.states_of("dep-restart")[-1]
@@ -175,12 +168,12 @@ async def test_three_crashes_within_the_window_are_a_crash_loop_with_the_long_ba
         for crash in range(2):
             old_pid = _host_pid(resident)
             os.kill(old_pid, signal.SIGKILL)
-            await _wait_until(
+            await wait_until(
                 _serving_with_new_pid(resident, old_pid), 90, f"restart after crash {crash + 1}"
             )
         killed_wall = dt.datetime.now(dt.UTC)
         os.kill(_host_pid(resident), signal.SIGKILL)
-        await _wait_until(lambda: resident.crash_loop, 10, "the crash loop")
+        await wait_until(lambda: resident.crash_loop, 10, "the crash loop")
         seen_wall = dt.datetime.now(dt.UTC)
         looping = inventories.states_of("dep-loop")[-1]
         assert looping.state == common_pb2.RESIDENCY_STATE_LOADING
@@ -223,7 +216,7 @@ async def test_stopped_host_misses_its_ping_fails_invokes_fast_and_is_restarted(
         resident = await supervisor.load(
             "dep-hung", FACTS, _prepare(tiny_model_dir, "dep-hung"), trace_context={}
         )
-        await _wait_until(
+        await wait_until(
             lambda: (
                 resident.health is not None
                 and resident.health.runtime.status == wg.HEALTH_STATUS_OK
@@ -244,7 +237,7 @@ async def test_stopped_host_misses_its_ping_fails_invokes_fast_and_is_restarted(
         assert caught.value.reason == "RUNTIME_UNRESPONSIVE"
         assert "no answer to a ping within 0.5s" in caught.value.message, caught.value.message
 
-        await _wait_until(_serving_with_new_pid(resident, old_pid), 90, "the restart")
+        await wait_until(_serving_with_new_pid(resident, old_pid), 90, "the restart")
         assert not Path(f"/proc/{old_pid}").exists()  # killed and reaped
         assert resident.restart_count == 1
         assert resident.last_failure is not None
@@ -274,7 +267,7 @@ async def test_unload_during_load_cancels_it_and_leaves_no_process(
         )
     )
     try:
-        await _wait_until(lambda: bool(_pids_titled(title)), 60, "the child to start loading")
+        await wait_until(lambda: bool(_pids_titled(title)), 60, "the child to start loading")
         (child_pid,) = _pids_titled(title)
         assert inventories.states_of("dep-unload-mid-load")[-1].state == LOADING
         evidence = await supervisor.unload("dep-unload-mid-load")

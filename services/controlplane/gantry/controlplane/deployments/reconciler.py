@@ -228,9 +228,7 @@ class Reconciler(LifecycleService):
             dispatch |= await self._finish_drains(now)
         if later.queued_jobs:
             dispatch |= await self._nodes_with_queued_jobs()
-        await evaluate_degradation(self._database, self.degradation, now=now)
-        if metrics_enabled():
-            await self._publish_state_counts()
+        await self._degradation_and_gauges(now)
         for node_id in sorted(dispatch):
             if self._hub.get(node_id) is not None:
                 await self._lifecycle.dispatch_queued(node_id)
@@ -253,11 +251,14 @@ class Reconciler(LifecycleService):
             await jobs_requeued(session, expired, now=now)
             return {job.node_id for job in expired}
 
-    async def _publish_state_counts(self) -> None:
-        """The state gauges, computed here (once a pass) so a scrape never reads the database."""
+    async def _degradation_and_gauges(self, now: dt.datetime) -> None:
+        """Step 8, and the state gauges (computed here, once a pass, so a scrape never reads the
+        database): one transaction for both, after the pass's writes."""
         async with self._database.transaction() as session:
-            counts = await count_by_state(session)
-        metrics.publish_state_counts(counts)
+            await evaluate_degradation(session, self.degradation, now=now)
+            counts = await count_by_state(session) if metrics_enabled() else None
+        if counts is not None:
+            metrics.publish_state_counts(counts)
 
     # ---- 2. and 3. liveness -------------------------------------------------------------------
 

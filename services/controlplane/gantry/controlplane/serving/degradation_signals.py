@@ -10,10 +10,10 @@ from __future__ import annotations
 import datetime as dt
 
 from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from gantry.common.metrics import BoundedValues, Labels, meter, observable_gauge
 from gantry.controlplane.observability import audit
-from gantry.controlplane.platform.database import Database
 from gantry.controlplane.platform.models import Deployment, Residency
 from gantry.controlplane.platform.state_machines import ResidencyState
 from gantry.controlplane.serving.capability_degradation import (
@@ -45,43 +45,44 @@ def publish_degradation(degradation: CapabilityDegradation) -> None:
 
 
 async def evaluate_degradation(
-    database: Database, degradation: CapabilityDegradation, *, now: dt.datetime
+    session: AsyncSession, degradation: CapabilityDegradation, *, now: dt.datetime
 ) -> list[CapabilityHealth]:
-    async with database.transaction() as session:
-        crash_looping = set(
-            (
-                await session.scalars(
-                    select(Deployment.capability)
-                    .join(Residency, Residency.deployment_id == Deployment.deployment_id)
-                    .where(
-                        Residency.state != ResidencyState.COLD,
-                        Residency.last_failure_reason == CRASH_LOOP,
-                    )
-                    .distinct()
+    """Evaluate each capability's degradation from the outcomes recorded and the crash loops the
+    database holds, in the caller's transaction (the reconciler's pass), auditing each change."""
+    crash_looping = set(
+        (
+            await session.scalars(
+                select(Deployment.capability)
+                .join(Residency, Residency.deployment_id == Deployment.deployment_id)
+                .where(
+                    Residency.state != ResidencyState.COLD,
+                    Residency.last_failure_reason == CRASH_LOOP,
                 )
-            ).all()
-        )
-        existing = set(
-            (
-                await session.scalars(
-                    select(Deployment.capability).where(Deployment.deleted_at.is_(None)).distinct()
-                )
-            ).all()
-        )
-        degradation.retain(existing)
-        changed = degradation.evaluate(crash_looping=crash_looping)
-        for health in changed:
-            degraded = health.condition is Condition.DEGRADED
-            await audit.record_event(
-                session,
-                actor=DEGRADATION_ACTOR,
-                action="capability.degraded" if degraded else "capability.recovered",
-                subject_kind="capability",
-                subject_id=health.capability,
-                now=now,
-                reason=health.reason,
-                success_rate=f"{health.success_rate:.3f}",
-                outcomes=health.outcomes,
+                .distinct()
             )
+        ).all()
+    )
+    existing = set(
+        (
+            await session.scalars(
+                select(Deployment.capability).where(Deployment.deleted_at.is_(None)).distinct()
+            )
+        ).all()
+    )
+    degradation.retain(existing)
+    changed = degradation.evaluate(crash_looping=crash_looping)
+    for health in changed:
+        degraded = health.condition is Condition.DEGRADED
+        await audit.record_event(
+            session,
+            actor=DEGRADATION_ACTOR,
+            action="capability.degraded" if degraded else "capability.recovered",
+            subject_kind="capability",
+            subject_id=health.capability,
+            now=now,
+            reason=health.reason,
+            success_rate=f"{health.success_rate:.3f}",
+            outcomes=health.outcomes,
+        )
     publish_degradation(degradation)
     return changed
