@@ -9,20 +9,19 @@ is a ManualClock and the test runs the reconciler's passes itself.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import AsyncIterator, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from sqlalchemy import event, update
+from sqlalchemy import update
 
 from gantry.common.clock import ManualClock
 from gantry.controlplane.deployments import reconcile_survey as survey
 from gantry.controlplane.deployments.reconciler import ReconcilerSettings
-from gantry.controlplane.platform.database import Database
 from gantry.controlplane.platform.models import Node
 from gantry.v1 import common_pb2
 from gantry.v1 import control_plane_pb2 as cp
+from tests.integration.db_events import BEGIN, counted
 from tests.integration.harness import Harness, gantry_on_a_manual_clock, wait_for
 from tests.integration.scripted_worker import ScriptedWorker
 
@@ -37,21 +36,6 @@ NODE_STATE_CONNECTED = common_pb2.NODE_STATE_CONNECTED
 async def harness(database_url: str, tmp_path: Path) -> AsyncIterator[tuple[Harness, ManualClock]]:
     async with gantry_on_a_manual_clock(database_url, tmp_path, SETTINGS) as (harness, clock):
         yield harness, clock
-
-
-@contextmanager
-def counted_transactions(database: Database) -> Iterator[list[int]]:
-    """The transactions begun on `database` inside the block (a list holding their count)."""
-    begun = [0]
-
-    def on_begin(_connection: object) -> None:
-        begun[0] += 1
-
-    event.listen(database.engine.sync_engine, "begin", on_begin)
-    try:
-        yield begun
-    finally:
-        event.remove(database.engine.sync_engine, "begin", on_begin)
 
 
 async def _connected_worker(harness: Harness) -> tuple[str, ScriptedWorker]:
@@ -95,7 +79,7 @@ async def test_an_idle_pass_asks_once_and_opens_no_transaction_per_rule(
             assert await survey.later_rules(session) == survey.LaterRules(
                 unplaced=False, adopted=False, uncertain=False, draining=False, queued_jobs=False
             )
-        with counted_transactions(gantry.control_plane.database) as begun:
+        with counted(gantry.control_plane.database, BEGIN) as begun:
             await reconciler.reconcile_once()
         assert 2 <= begun[0] <= IDLE_PASS_TRANSACTIONS, begun[0]
     finally:

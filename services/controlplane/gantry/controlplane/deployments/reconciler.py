@@ -622,17 +622,13 @@ class Reconciler(LifecycleService):
 
 async def _residency_jobs(session: AsyncSession, node_id: str) -> tuple[ResidencyJobs, ...]:
     """The node's residencies, each with its open jobs."""
+    open_jobs = await jobs.open_jobs_by_residency_on_node(session, node_id)
     return tuple(
-        [
-            ResidencyJobs(
-                residency_id=residency.residency_id,
-                deployment_id=residency.deployment_id,
-                state=ResidencyState(residency.state),
-                open_job_ids=tuple(
-                    job.job_id
-                    for job in await jobs.open_jobs_for_residency(session, residency.residency_id)
-                ),
-            )
-            for residency in await deployments.residencies_on_node(session, node_id)
-        ]
+        ResidencyJobs(
+            residency_id=residency.residency_id,
+            deployment_id=residency.deployment_id,
+            state=ResidencyState(residency.state),
+            open_job_ids=tuple(job.job_id for job in open_jobs.get(residency.residency_id, [])),
+        )
+        for residency in await deployments.residencies_on_node(session, node_id)
     )

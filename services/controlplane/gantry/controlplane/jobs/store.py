@@ -21,7 +21,7 @@ from gantry.common import tokens
 from gantry.common.errors import GantryError
 from gantry.common.ids import new_id
 from gantry.controlplane.observability import state_history
-from gantry.controlplane.platform.models import ServingJob
+from gantry.controlplane.platform.models import Residency, ServingJob
 from gantry.controlplane.platform.rows import get_row
 from gantry.controlplane.platform.state_machines import TERMINAL_JOB_STATES, JobState, JobType
 from gantry.controlplane.platform.transitions import compare_and_set
@@ -266,6 +266,23 @@ async def open_jobs_for_residency(
     if job_type is not None:
         query = query.where(ServingJob.job_type == job_type)
     return (await session.scalars(query)).all()
+
+
+async def open_jobs_by_residency_on_node(
+    session: AsyncSession, node_id: str
+) -> dict[str, list[ServingJob]]:
+    """`open_jobs_for_residency` of every residency on the node, in one query: a node keeps the
+    rows of every residency it ever had (COLD ones too), and one query each made an inventory of a
+    node with a long history cost a query per past load (issue 29: 100 load/unload cycles took
+    each cycle from 0.72 to 1.06 s)."""
+    on_node = select(Residency.residency_id).where(Residency.node_id == node_id)
+    query = select(ServingJob).where(
+        ServingJob.residency_id.in_(on_node), ServingJob.state.in_(OPEN_JOB_STATES)
+    )
+    found: dict[str, list[ServingJob]] = {}
+    for job in (await session.scalars(query)).all():
+        found.setdefault(job.residency_id or "", []).append(job)
+    return found
 
 
 async def cancel_job(session: AsyncSession, job: ServingJob, *, now: dt.datetime) -> None:

@@ -83,9 +83,10 @@ async def reconcile_inventory(
     # Under the stream's generation: a new process's Hello presents none in its inventory.
     stamp = rules.Stamp(generation, inventory.sequence)
     rows = {r.residency_id: r for r in await deployments.residencies_on_node(session, node_id)}
+    open_by_residency = await jobs.open_jobs_by_residency_on_node(session, node_id)
     records = []
     for row in rows.values():
-        open_jobs = await jobs.open_jobs_for_residency(session, row.residency_id)
+        open_jobs = open_by_residency.get(row.residency_id, [])
         endpoint_url = ""
         if row.state != ResidencyState.COLD and (
             (await deployments.get_deployment(session, row.deployment_id)).origin == ORIGIN_ADOPTED
