@@ -21,6 +21,8 @@ Each pass, with time from the injected clock:
 Before placement, the latest scale advice per deployment (autoscaler.py) is applied: it moves
 the replicas wanted within the deployment's bounds, and drains any surplus.
 Handlers never sleep or poll: they record facts and `wake()` this loop.
+A pass first asks, in one statement, which rules have rows to act on (reconcile_survey.py: steps
+1-3 at its start, 4-7 once scale advice is applied); a rule with none opens no transaction.
 Steps 2, 3, 5, 6 and 6b decide: each reads a snapshot in its transaction, asks its pure plan
 (reconciler_plans.py), applies the actions with jobs/executor.py and records what changed as
 domain events (platform/events.py, published after the commit); stream closes, which are not
