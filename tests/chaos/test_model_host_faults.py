@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from gantry.v1 import common_pb2
 from gantry.v1 import control_plane_pb2 as cp
 from tests.chaos.cluster import (
     HANG_INPUT,
@@ -143,14 +144,25 @@ async def _crash_loop(cluster: Cluster, deployment_id: str) -> None:
     os.kill(killed[0], signal.SIGKILL)
     started = time.monotonic()
     for _ in range(2):
-        # Kill each restarted host as soon as it exists (mid-load): three crashes in the window.
-        def restarted() -> bool:
-            fresh = [p for p in model_host_pids(deployment_id) if p not in killed]
+        # Kill each restarted host once the control plane has it RESIDENT under its new pid:
+        # three crashes of a running host in the window. A kill as soon as its process exists
+        # can land on a host still starting, which the worker reports as a failed load
+        # (LOAD_FAILED, retried) and not as a crash: the loop then never reached three (seen
+        # twice in fresh-clone runs of the suite).
+        async def restarted() -> bool:
+            deployment = await cluster.deployment(deployment_id)
+            fresh = [
+                r.pid
+                for r in deployment.residencies
+                if r.state == common_pb2.RESIDENCY_STATE_RESIDENT and r.pid and r.pid not in killed
+            ]
             if fresh:
                 killed.append(fresh[0])
             return bool(fresh)
 
-        await wait_until(restarted, timeout_s=20, what="the host restarted", interval_s=0.01)
+        await wait_until(
+            restarted, timeout_s=30, what="the host restarted and RESIDENT", interval_s=0.01
+        )
         os.kill(killed[-1], signal.SIGKILL)
     degraded = await cluster.wait_deployment(
         deployment_id,

@@ -22,7 +22,8 @@ from gantry.v1 import common_pb2
 from gantry.worker.model_host.process import HostLaunchSpec, ModelHost
 from gantry.worker.model_host.serving import TEST_HOOK_SLOW_INPUT
 from tests.integration.harness import forked_host
-from tests.integration.test_model_host import _assert_same_embeddings, _vectors, _wait_until
+from tests.integration.polling import wait_until
+from tests.integration.test_model_host import _assert_same_embeddings, _vectors
 
 CHUNK_INPUTS = 2
 CHUNKS = 20
@@ -59,7 +60,7 @@ def _slow_chunks(host: ModelHost) -> int:
 
 
 async def _started(host: ModelHost) -> None:
-    await _wait_until(lambda: _slow_chunks(host) >= 1, 30, "the long request's first chunk")
+    await wait_until(lambda: _slow_chunks(host) >= 1, 30, "the long request's first chunk")
 
 
 async def _cancel_with_a_caller_behind(
@@ -70,7 +71,7 @@ async def _cancel_with_a_caller_behind(
     long_task = asyncio.create_task(long)
     await _started(host)
     second_task = asyncio.create_task(second)
-    await _wait_until(lambda: host.pending_count == 2, 10, "the second request to be sent")
+    await wait_until(lambda: host.pending_count == 2, 10, "the second request to be sent")
     long_task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await long_task
