@@ -19,7 +19,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +35,7 @@ from gantry.v1 import common_pb2
 from gantry.v1 import control_plane_pb2 as cp
 from gantry.v1 import inference_pb2 as inf
 from tests.integration.harness import Harness, running_gantry, wait_for
+from tests.integration.polling import wait_for_file
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 MODEL = "tiny-recovering"
@@ -79,11 +79,7 @@ def external_server(
         env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
     )
     try:
-        for _ in range(1200):
-            if port_file.exists() or process.poll() is not None:
-                break
-            time.sleep(0.05)  # a separate process's start: nothing to wait on but its file
-        assert process.poll() is None, "the external server exited at start"
+        wait_for_file(port_file, process, 60, "the external server to listen")
         port = json.loads(port_file.read_text())["port"]
         yield ExternalServer(pid=process.pid, port=port, unavailable_file=unavailable_file)
     finally:

@@ -12,7 +12,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ import pytest
 
 from gantry.v1 import control_plane_pb2 as cp
 from tests.integration.harness import Harness, running_gantry, wait_for
+from tests.integration.polling import wait_for_file
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 GRPCURL = REPO_ROOT / ".venv" / "bin" / "grpcurl"
@@ -46,11 +46,7 @@ def external_url(
         env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
     )
     try:
-        for _ in range(1200):
-            if port_file.exists() or process.poll() is not None:
-                break
-            time.sleep(0.05)  # a separate process's start: nothing to wait on but its file
-        assert process.poll() is None, "the external server exited at start"
+        wait_for_file(port_file, process, 60, "the external server to listen")
         yield f"http://127.0.0.1:{json.loads(port_file.read_text())['port']}"
     finally:
         process.terminate()
