@@ -13,6 +13,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from gantry.scheduler.policy.breakers import BreakerChange
 from gantry.scheduler.policy.core import CoreSettings, SchedulerCore
 from gantry.scheduler.policy.credits import (
+    DEFAULT_CREDITS_PER_TENANT,
     CreditGranted,
     CreditsRevoked,
     GrantFacts,
@@ -106,6 +107,19 @@ def test_credits_stop_at_per_tenant_per_stream_and_at_half_the_deployments_slots
     # Stream b's credits count against the same slots: 2 of 4 are leased already.
     assert grants(served(core, "w4", origin="b")) == []
     assert in_flight(core) == 2
+
+
+def test_by_default_a_lone_tenants_burst_is_credited_up_to_half_the_slots() -> None:
+    """The default lets one tenant's concurrent calls run on credits, not two of them: 32
+    concurrent clients of one tenant went 94 % through the queue with 2 per stream (issue 29)."""
+    assert DEFAULT_CREDITS_PER_TENANT == 16
+    for slots, credited in ((32, 16), (64, DEFAULT_CREDITS_PER_TENANT)):
+        core = core_with(slots=slots, per_tenant=DEFAULT_CREDITS_PER_TENANT)
+        earned = [len(grants(served(core, f"w{i}"))) for i in range(credited + 4)]
+        assert earned == [1] * credited + [0] * 4  # half the slots, or the per-stream cap
+        assert in_flight(core) == credited
+        # The other half serves the queue at once: another tenant's call does not wait.
+        assert [type(d) for d in core.submit(work("b1", "t2", origin="b"), 0.0)] == [Dispatched]
 
 
 def test_work_that_waits_revokes_the_deployments_credits_and_their_return_serves_it() -> None:
