@@ -5,7 +5,6 @@ pending binding moves in the transaction that makes its deployment READY."""
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import pytest
@@ -24,14 +23,6 @@ from gantry.controlplane.platform.state_machines import DeploymentState
 from gantry.controlplane.platform.transitions import lost_a_race
 
 NOW = dt.datetime(2026, 12, 1, 12, 0, tzinfo=dt.UTC)
-
-
-@pytest.fixture
-async def database(database_url: str) -> AsyncIterator[Database]:
-    db = Database.connect(database_url)
-    await db.migrate()
-    yield db
-    await db.close()
 
 
 @dataclass

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import datetime as dt
 
-import pytest
-
 from gantry.common.errors import GantryError
 from gantry.controlplane.nodes import store as nodes
 from gantry.controlplane.nodes.liveness import SeenBatch
@@ -16,14 +14,6 @@ from gantry.controlplane.platform.database import Database
 
 NOW = dt.datetime(2026, 12, 5, 9, 0, tzinfo=dt.UTC)
 GRACE = dt.timedelta(seconds=9)
-
-
-@pytest.fixture
-async def database(database_url: str):  # type: ignore[no-untyped-def]
-    db = Database.connect(database_url)
-    await db.migrate()
-    yield db
-    await db.close()
 
 
 async def _node(database: Database) -> tuple[str, int]:

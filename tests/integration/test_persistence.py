@@ -25,14 +25,6 @@ NOW = dt.datetime(2026, 11, 29, 12, 0, tzinfo=dt.UTC)
 SHA = "a" * 64
 
 
-@pytest.fixture
-async def database(database_url: str):  # type: ignore[no-untyped-def]
-    db = Database.connect(database_url)
-    await db.migrate()
-    yield db
-    await db.close()
-
-
 async def test_alembic_upgrade_from_empty_creates_every_table_and_is_repeatable(database_url: str):
     db = Database.connect(database_url)
     await db.migrate()

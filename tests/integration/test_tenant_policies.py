@@ -64,14 +64,6 @@ async def gantry(database_url: str, tmp_path: Path) -> AsyncIterator[Harness]:
         yield harness
 
 
-@pytest.fixture
-async def database(database_url: str) -> AsyncIterator[Database]:
-    db = Database.connect(database_url)
-    await db.migrate()
-    yield db
-    await db.close()
-
-
 # ---- the RPCs, on both stores ------------------------------------------------------------------
 
 
