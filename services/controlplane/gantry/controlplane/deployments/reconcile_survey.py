@@ -47,6 +47,9 @@ class FirstRules:
     stale_rows: bool  # CONNECTED rows not seen since the staleness grace
     absent: bool  # rows of streams or nodes not heard since the absence grace
 
+    def any(self) -> bool:
+        return self.expired_leases or self.stale_rows or self.absent
+
 
 @dataclass(frozen=True, slots=True)
 class LaterRules:
@@ -58,6 +61,9 @@ class LaterRules:
     uncertain: bool
     draining: bool
     queued_jobs: bool
+
+    def any(self) -> bool:
+        return self.unplaced or self.adopted or self.uncertain or self.draining or self.queued_jobs
 
 
 def _seen_before(column: Mapped[dt.datetime | None], when: dt.datetime) -> ColumnElement[bool]:
