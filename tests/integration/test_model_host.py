@@ -31,6 +31,7 @@ from gantry.worker.model_host.serving import (
 )
 from tests.integration.harness import forked_host
 from tests.integration.polling import wait_until
+from tests.integration.process_titles import pids_titled
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT_SPAN_ID = "00f067aa0ba902b7"
@@ -76,20 +77,6 @@ def _process_gone(pid: int) -> bool:
     return stat[stat.rindex(")") + 2] == "Z"
 
 
-def _pids_titled(title: str) -> list[int]:
-    """Processes whose /proc/<pid>/cmdline (what `ps` shows) is exactly `title`."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                cmdline = (entry / "cmdline").read_bytes()
-            except OSError:
-                continue
-            if cmdline.split(b"\0")[0].decode(errors="replace") == title:
-                pids.append(int(entry.name))
-    return pids
-
-
 @pytest.fixture(scope="module")
 def reference_model(tiny_model_dir: Path):
     from sentence_transformers import SentenceTransformer
@@ -123,7 +110,7 @@ async def test_host_embeds_like_the_model_in_process_alone_and_concurrently_then
             "LANDLOCK_FS_NET",
         }
         assert host.ready.isolation_reason
-        assert _pids_titled("gantry model-host dep-embed") == [host.pid]
+        assert pids_titled("gantry model-host dep-embed") == [host.pid]
 
         sentences = ["hello world", "the quick brown fox jumps over the lazy dog"]
         result = await host.embed(sentences, trace_context=TRACEPARENT, timeout_s=30)
@@ -147,7 +134,7 @@ async def test_host_embeds_like_the_model_in_process_alone_and_concurrently_then
         pid=host.pid, process_exited=True, has_exit_code=True, exit_code=0
     )
     assert not _pid_exists(host.pid)  # reaped by the parent, not just a zombie
-    assert _pids_titled("gantry model-host dep-embed") == []
+    assert pids_titled("gantry model-host dep-embed") == []
     assert not host.alive
     spans = [json.loads(line) for line in trace_file.read_text().splitlines()]
     embed_spans = [
@@ -324,7 +311,7 @@ async def test_unloadable_model_directory_fails_the_start_with_the_cause(tmp_pat
     assert caught.value.reason == "LOAD_FAILED"
     assert "loading the model failed" in caught.value.message
     assert caught.value.metadata["deployment_id"] == "dep-broken"
-    assert _pids_titled("gantry model-host dep-broken") == []
+    assert pids_titled("gantry model-host dep-broken") == []
 
 
 async def test_missing_model_directory_fails_the_start(tmp_path: Path) -> None:
@@ -341,7 +328,7 @@ async def test_start_that_times_out_kills_the_child(tiny_model_dir: Path) -> Non
         await ModelHost.start(spec)
     assert caught.value.reason == "LOAD_FAILED"
     assert "not ready within" in caught.value.message
-    assert _pids_titled("gantry model-host dep-slow-load") == []
+    assert pids_titled("gantry model-host dep-slow-load") == []
 
 
 async def test_missing_python_executable_is_an_unavailable_environment(tmp_path: Path) -> None:

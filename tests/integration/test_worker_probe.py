@@ -29,6 +29,7 @@ from gantry.worker.model_host.process import HostLaunchSpec, ModelHost, OnExit
 from gantry.worker.probe_job import ProbeHost, ProbeRunner, ProbeSettings
 from tests.integration.harness import Harness, running_gantry, wait_for
 from tests.integration.polling import wait_until
+from tests.integration.process_titles import pids_titled
 
 STAGES = [
     common_pb2.PROBE_STATE_PREPARING,
@@ -113,19 +114,6 @@ def _runner(
 
 def _process_gone(pid: int) -> bool:
     return not Path(f"/proc/{pid}").exists()
-
-
-def _pids_titled(title: str) -> list[int]:
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                cmdline = (entry / "cmdline").read_bytes()
-            except OSError:
-                continue
-            if cmdline.split(b"\0")[0].decode(errors="replace") == title:
-                pids.append(int(entry.name))
-    return pids
 
 
 @pytest.fixture
@@ -290,7 +278,7 @@ async def test_a_model_that_cannot_load_fails_the_probe_and_leaves_no_process(
     with pytest.raises(GantryError) as caught:
         await _runner(root, verified_root, _Hosts()).run(assignment, lambda update: None)
     assert caught.value.reason == "LOAD_FAILED"
-    assert _pids_titled(f"gantry model-host probe-{probe_id}") == []
+    assert pids_titled(f"gantry model-host probe-{probe_id}") == []
     assert list(verified_root.iterdir()) == []
 
 
@@ -345,7 +333,7 @@ def _own_children(title: str) -> list[int]:
     """This process's children titled `title`: the host itself. A process it forks while it
     loads (a library's helper) carries its title for a moment, and is not it."""
     own = []
-    for pid in _pids_titled(title):
+    for pid in pids_titled(title):
         with contextlib.suppress(psutil.Error):
             if psutil.Process(pid).ppid() == os.getpid():
                 own.append(pid)
@@ -465,8 +453,11 @@ async def test_cancel_probe_through_the_control_plane_kills_the_child_on_the_wor
             cp.StartProbeRequest(profile_id=profile.profile_id), metadata=harness.op_md
         )
         title = f"gantry model-host probe-{started.probe_id}"
-        await wait_until(lambda: bool(_pids_titled(title)), 60, "the probe's child to start")
-        (pid,) = _pids_titled(title)
+        # The host itself: the worker (this process) is its parent.
+        await wait_until(
+            lambda: bool(pids_titled(title, parent=os.getpid())), 60, "the probe's child to start"
+        )
+        (pid,) = pids_titled(title, parent=os.getpid())
         # The worker renews the probe's lease: its job is active there.
         assert len(agent.active_job_ids()) == 1
         await harness.operator.CancelProbe(

@@ -23,6 +23,7 @@ from gantry.worker.supervision import ServingLoad, SupervisionSettings, Supervis
 from tests.fixtures.serving_adapters import RecordingAdapters, no_nvml, serving_load
 from tests.integration.harness import shared_warm_pool
 from tests.integration.polling import wait_until
+from tests.integration.process_titles import pids_titled
 
 FACTS = ResidentFacts(
     artifact_digest="sha256:artifact",
@@ -69,19 +70,6 @@ def supervised(settings: SupervisionSettings) -> tuple[Supervisor, _Inventories]
     )
     inventories.supervisor = supervisor
     return supervisor, inventories
-
-
-def _pids_titled(title: str) -> list[int]:
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                cmdline = (entry / "cmdline").read_bytes()
-            except OSError:
-                continue
-            if cmdline.split(b"\0")[0].decode(errors="replace") == title:
-                pids.append(int(entry.name))
-    return pids
 
 
 def _host_pid(resident: Resident) -> int:
@@ -145,7 +133,7 @@ async def test_killed_host_is_restarted_in_place_with_a_new_pid_and_serves_again
     finally:
         await supervisor.shutdown()
     assert len(supervisor.residents) == 0
-    assert _pids_titled("gantry model-host dep-restart") == []
+    assert pids_titled("gantry model-host dep-restart") == []
 
 
 async def test_three_crashes_within_the_window_are_a_crash_loop_with_the_long_backoff(
@@ -201,7 +189,7 @@ async def test_three_crashes_within_the_window_are_a_crash_loop_with_the_long_ba
         assert inventories.reports[-1].residents == []
     finally:
         await supervisor.shutdown()
-    assert _pids_titled("gantry model-host dep-loop") == []
+    assert pids_titled("gantry model-host dep-loop") == []
 
 
 async def test_stopped_host_misses_its_ping_fails_invokes_fast_and_is_restarted(
@@ -250,7 +238,7 @@ async def test_stopped_host_misses_its_ping_fails_invokes_fast_and_is_restarted(
     finally:
         liveness.cancel()
         await supervisor.shutdown()
-    assert _pids_titled("gantry model-host dep-hung") == []
+    assert pids_titled("gantry model-host dep-hung") == []
 
 
 async def test_unload_during_load_cancels_it_and_leaves_no_process(
@@ -267,8 +255,11 @@ async def test_unload_during_load_cancels_it_and_leaves_no_process(
         )
     )
     try:
-        await wait_until(lambda: bool(_pids_titled(title)), 60, "the child to start loading")
-        (child_pid,) = _pids_titled(title)
+        # The host itself: the worker (this process) is its parent.
+        await wait_until(
+            lambda: bool(pids_titled(title, parent=os.getpid())), 60, "the child to start loading"
+        )
+        (child_pid,) = pids_titled(title, parent=os.getpid())
         assert inventories.states_of("dep-unload-mid-load")[-1].state == LOADING
         evidence = await supervisor.unload("dep-unload-mid-load")
         assert evidence.process_exited
@@ -276,7 +267,7 @@ async def test_unload_during_load_cancels_it_and_leaves_no_process(
             await loading
         assert overtaken.value.reason == "INVALID_STATE_TRANSITION"
         assert not Path(f"/proc/{child_pid}").exists()  # killed and reaped, not a zombie
-        assert _pids_titled(title) == []
+        assert pids_titled(title) == []
         assert supervisor.residents.get("dep-unload-mid-load") is None
         assert inventories.reports[-1].residents == []
     finally:
@@ -323,7 +314,7 @@ async def test_a_cancel_landing_just_after_the_host_is_ready_stops_the_host(
             await loading[0]
         (pid,) = started
         assert not Path(f"/proc/{pid}").exists()  # stopped and reaped, not left running
-        assert _pids_titled(title) == []
+        assert pids_titled(title) == []
         assert supervisor.residents.get("dep-cancel-at-ready") is None
         evidence = await supervisor.unload("dep-cancel-at-ready")  # the unload behind it
         assert evidence.process_exited
