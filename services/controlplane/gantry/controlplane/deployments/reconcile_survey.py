@@ -19,9 +19,10 @@ the pass's dispatch themselves.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 from dataclasses import dataclass
 
-from sqlalchemy import ColumnElement, Exists, func, select
+from sqlalchemy import ColumnElement, Exists, Select, func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Mapped
 
@@ -135,8 +136,10 @@ def _unplaced() -> Exists:
     )
 
 
-async def later_rules(session: AsyncSession) -> LaterRules:
-    """Whether rules 4-7 have rows."""
+@functools.cache
+def _later_questions() -> Select[bool, bool, bool, bool, bool]:
+    """Rules 4-7's questions, built once: the statement holds no value of its own, and building
+    it (and its cache key) on every pass cost the event loop more than running it."""
     adopted = (
         select(Deployment.deployment_id)
         .where(
@@ -151,17 +154,18 @@ async def later_rules(session: AsyncSession) -> LaterRules:
         return select(Residency.residency_id).where(Residency.state == state).exists()
 
     queued = select(ServingJob.job_id).where(ServingJob.state == JobState.QUEUED).exists()
-    row = (
-        await session.execute(
-            select(
-                _unplaced(),
-                adopted,
-                residencies_in(ResidencyState.UNCERTAIN),
-                residencies_in(ResidencyState.DRAINING),
-                queued,
-            )
-        )
-    ).one()
+    return select(
+        _unplaced(),
+        adopted,
+        residencies_in(ResidencyState.UNCERTAIN),
+        residencies_in(ResidencyState.DRAINING),
+        queued,
+    )
+
+
+async def later_rules(session: AsyncSession) -> LaterRules:
+    """Whether rules 4-7 have rows."""
+    row = (await session.execute(_later_questions())).one()
     return LaterRules(
         unplaced=bool(row[0]),
         adopted=bool(row[1]),

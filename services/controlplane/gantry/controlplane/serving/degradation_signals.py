@@ -8,8 +8,9 @@ of condition as `capability.degraded` or `capability.recovered`. It sends nothin
 from __future__ import annotations
 
 import datetime as dt
+import functools
 
-from sqlalchemy import select
+from sqlalchemy import Select, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gantry.common.metrics import BoundedValues, Labels, meter, observable_gauge
@@ -44,31 +45,31 @@ def publish_degradation(degradation: CapabilityDegradation) -> None:
     _degraded.publish(values)
 
 
+@functools.cache
+def _questions() -> tuple[Select[str], Select[str]]:
+    """The capabilities whose deployments crash-loop, and those of live deployments: built once,
+    since the reconciler asks them on every pass and they hold no value of their own."""
+    crash_looping = (
+        select(Deployment.capability)
+        .join(Residency, Residency.deployment_id == Deployment.deployment_id)
+        .where(
+            Residency.state != ResidencyState.COLD,
+            Residency.last_failure_reason == CRASH_LOOP,
+        )
+        .distinct()
+    )
+    existing = select(Deployment.capability).where(Deployment.deleted_at.is_(None)).distinct()
+    return crash_looping, existing
+
+
 async def evaluate_degradation(
     session: AsyncSession, degradation: CapabilityDegradation, *, now: dt.datetime
 ) -> list[CapabilityHealth]:
     """Evaluate each capability's degradation from the outcomes recorded and the crash loops the
     database holds, in the caller's transaction (the reconciler's pass), auditing each change."""
-    crash_looping = set(
-        (
-            await session.scalars(
-                select(Deployment.capability)
-                .join(Residency, Residency.deployment_id == Deployment.deployment_id)
-                .where(
-                    Residency.state != ResidencyState.COLD,
-                    Residency.last_failure_reason == CRASH_LOOP,
-                )
-                .distinct()
-            )
-        ).all()
-    )
-    existing = set(
-        (
-            await session.scalars(
-                select(Deployment.capability).where(Deployment.deleted_at.is_(None)).distinct()
-            )
-        ).all()
-    )
+    crash_looping_query, existing_query = _questions()
+    crash_looping = set((await session.scalars(crash_looping_query)).all())
+    existing = set((await session.scalars(existing_query)).all())
     degradation.retain(existing)
     changed = degradation.evaluate(crash_looping=crash_looping)
     for health in changed:
