@@ -22,7 +22,7 @@ import datetime as dt
 import functools
 from dataclasses import dataclass
 
-from sqlalchemy import ColumnElement, Exists, Select, func, select
+from sqlalchemy import BindParameter, ColumnElement, Exists, Select, bindparam, func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Mapped
 
@@ -67,16 +67,21 @@ class LaterRules:
         return self.unplaced or self.adopted or self.uncertain or self.draining or self.queued_jobs
 
 
-def _seen_before(column: Mapped[dt.datetime | None], when: dt.datetime) -> ColumnElement[bool]:
+def _seen_before(
+    column: Mapped[dt.datetime | None], when: BindParameter[dt.datetime]
+) -> ColumnElement[bool]:
     """The rule's own cut: seen before `when`, or never."""
     return (column < when) | (column.is_(None))
 
 
-async def first_rules(
-    session: AsyncSession, *, now: dt.datetime, seen_before: dt.datetime, gone_before: dt.datetime
-) -> FirstRules:
-    """Whether rules 1-3 have rows: `seen_before` is the staleness grace's cut, `gone_before`
-    the absence grace's (as reconciler.py computes them)."""
+@functools.cache
+def _first_questions() -> Select[bool, bool, bool, bool]:
+    """Rules 1-3's questions, built once with their cuts as parameters (`first_rules` binds the
+    pass's): building the statement and its cache key on every pass cost the event loop more
+    than running it, as for the later questions."""
+    now: BindParameter[dt.datetime] = bindparam("now")
+    seen_before: BindParameter[dt.datetime] = bindparam("seen_before")
+    gone_before: BindParameter[dt.datetime] = bindparam("gone_before")
     expired = (
         select(ServingJob.job_id)
         .where(ServingJob.state.in_(LEASED_JOB_STATES), ServingJob.lease_expires_at < now)
@@ -101,7 +106,16 @@ async def first_rules(
         .exists()
     )
     silent_streams = select(NodeStream.node_id).where(NodeStream.heard_at < gone_before).exists()
-    row = (await session.execute(select(expired, stale, absent_nodes, silent_streams))).one()
+    return select(expired, stale, absent_nodes, silent_streams)
+
+
+async def first_rules(
+    session: AsyncSession, *, now: dt.datetime, seen_before: dt.datetime, gone_before: dt.datetime
+) -> FirstRules:
+    """Whether rules 1-3 have rows: `seen_before` is the staleness grace's cut, `gone_before`
+    the absence grace's (as reconciler.py computes them)."""
+    cuts = {"now": now, "seen_before": seen_before, "gone_before": gone_before}
+    row = (await session.execute(_first_questions(), cuts)).one()
     return FirstRules(
         expired_leases=bool(row[0]), stale_rows=bool(row[1]), absent=bool(row[2] or row[3])
     )
