@@ -28,7 +28,7 @@ loop's lag over the same span (a 10 ms sleep's overshoot), the stall a call wait
 
 Each worker beats at the interval the control plane tells its stream (heartbeat_pacing.py: the
 base interval, grown with the streams the replica holds so they send at most
-GANTRY_BENCH_FLEET_MAX_HEARTBEATS_PER_S in all; 200/s by default, as in production); a silent
+GANTRY_BENCH_FLEET_MAX_HEARTBEATS_PER_S in all; 150/s by default, as in production); a silent
 worker's detection is judged against the bound that interval gives (3 intervals and a reconcile
 pass). GANTRY_BENCH_FLEET_MAX_HEARTBEATS_PER_S=inf keeps every stream at the base interval: the
 fleet's figures before pacing.
@@ -41,7 +41,7 @@ interval Gantry tells N streams and then reads and drops every message. Its CPU 
 
 GANTRY_BENCH_FLEET_WORKERS (default 1000; 0 skips), GANTRY_BENCH_FLEET_WINDOW_S (default 30),
 GANTRY_BENCH_FLEET_HEARTBEAT_S (default: the production base heartbeat interval, 3 s),
-GANTRY_BENCH_FLEET_MAX_HEARTBEATS_PER_S (default: the production bound, 200),
+GANTRY_BENCH_FLEET_MAX_HEARTBEATS_PER_S (default: the production bound, 150),
 GANTRY_BENCH_FLEET_EMBED_CALLS (default 1000) spread over GANTRY_BENCH_FLEET_EMBED_S (default 20),
 GANTRY_BENCH_FLEET_GPUS (default 0: empty heartbeats; G: each carries a G-GPU reading, or says
 it is unchanged, as a worker agent's does), GANTRY_BENCH_FLEET_GPU_CHANGES (default 0: the chance

@@ -17,7 +17,7 @@ from gantry.common import tokens
 from gantry.common.artifact_walk import build_manifest
 from gantry.common.auth import auth_metadata
 from gantry.common.clock import Clock, ManualClock
-from gantry.common.grpc_server import RunningServer, insecure_channel
+from gantry.common.grpc_server import SERVER_KEEPALIVE, Keepalive, RunningServer, insecure_channel
 from gantry.common.ids import new_id
 from gantry.controlplane.app import ControlPlane, ControlPlaneSettings, start_control_plane
 from gantry.controlplane.deployments.lifecycle import DEFAULT_LEASE_SECONDS
@@ -349,6 +349,7 @@ async def running_gantry(
     endpoint_key_file: Path | None = None,
     http_listen: str | None = None,
     standby_schedulers: int = 0,
+    keepalive: Keepalive = SERVER_KEEPALIVE,
 ) -> AsyncIterator[Harness]:
     """Scheduler and control plane in this process (and `standby_schedulers` more schedulers,
     after the first in the control plane's --scheduler list)."""
@@ -375,6 +376,7 @@ async def running_gantry(
             inference=inference or InferenceSettings(),
             endpoint_key_file=endpoint_key_file,
             http_listen=http_listen,
+            keepalive=keepalive,
         ),
         clock=clock,
     )

@@ -11,9 +11,13 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import itertools
+import os
+import signal
+import sys
 from pathlib import Path
 
 from gantry.common.clock import ManualClock
+from gantry.common.grpc_server import Keepalive
 from gantry.controlplane.deployments.reconciler import ReconcilerSettings
 from gantry.controlplane.nodes.heartbeat_pacing import HeartbeatPacing
 from gantry.v1 import common_pb2
@@ -22,6 +26,8 @@ from gantry.v1 import worker_gateway_pb2 as wg
 from gantry.worker.heartbeat_file import HeartbeatRecord, read_heartbeat
 from tests.integration.harness import Harness, running_gantry, wait_for
 from tests.integration.scripted_worker import ScriptedWorker
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def one_beat_per_interval(harness: Harness, base_interval_s: float) -> None:
@@ -137,3 +143,67 @@ async def test_a_worker_beats_at_the_interval_it_was_told(database_url: str, tmp
             assert await state_of(harness, "real") == common_pb2.NODE_STATE_CONNECTED
         finally:
             await silent.stop()
+
+
+# A worker stream held by a process of its own, which the test freezes: it says nothing after
+# its Hello, as a PacedWorker.
+FROZEN_PEER = """
+import asyncio, sys
+from gantry.common.grpc_server import insecure_channel
+from tests.integration.test_heartbeat_pacing import PacedWorker
+
+async def main():
+    worker = PacedWorker()
+    async with insecure_channel(sys.argv[1]) as channel:
+        await worker.start(channel, sys.argv[2])
+        print("welcomed", flush=True)
+        await worker.ended.wait()
+
+asyncio.run(main())
+"""
+
+
+async def test_a_frozen_worker_is_found_by_the_transport_before_its_long_interval_ends(
+    database_url: str, tmp_path: Path
+):
+    """A fleet large enough to give each worker a long interval does not leave a frozen one
+    (SIGSTOP: its socket open, its process answering nothing) connected for three of them: the
+    control plane's keepalive ping goes unanswered and the transport ends its stream. A quiet
+    worker whose process runs answers the same pings and stays connected."""
+    root = tmp_path / "artifacts"
+    root.mkdir()
+    async with running_gantry(
+        database_url,
+        root,
+        reconciler=ReconcilerSettings(interval_s=0.2, heartbeat_interval_s=600.0),
+        keepalive=Keepalive(idle_s=0.5, timeout_s=0.5),
+    ) as harness:
+        quiet = PacedWorker()
+        frozen = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-c",
+            FROZEN_PEER,
+            f"127.0.0.1:{harness.control_plane.port}",
+            await harness.register_node("frozen"),
+            stdout=asyncio.subprocess.PIPE,
+            cwd=REPO_ROOT,
+            env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+        )
+        try:
+            await quiet.start(harness.channel, await harness.register_node("quiet"))
+            assert frozen.stdout is not None
+            assert await asyncio.wait_for(frozen.stdout.readline(), 30) == b"welcomed\n"
+            assert await state_of(harness, "frozen") == common_pb2.NODE_STATE_CONNECTED
+            frozen.send_signal(signal.SIGSTOP)
+
+            async def frozen_disconnected() -> bool:
+                return await state_of(harness, "frozen") == common_pb2.NODE_STATE_DISCONNECTED
+
+            # Its grace, 3 intervals of 600 s, is far off: only the transport can find it.
+            await wait_for(frozen_disconnected, what="the frozen worker DISCONNECTED")
+            assert await state_of(harness, "quiet") == common_pb2.NODE_STATE_CONNECTED
+            assert not quiet.ended.is_set()
+        finally:
+            frozen.kill()  # a stopped process takes SIGKILL
+            await frozen.wait()
+            await quiet.stop()

@@ -79,3 +79,13 @@ def test_another_replicas_row_counts_as_held_for_the_grace_of_the_longest_interv
     assert hub.held_since(clock.now()) == clock.now() - dt.timedelta(seconds=9)
     hub.heartbeat_multiple = 2  # this replica told its streams 6 s: the others' rows lag as much
     assert hub.held_since(clock.now()) == clock.now() - dt.timedelta(seconds=18)
+
+
+@pytest.mark.parametrize(
+    ("streams", "interval_s"),
+    [(450, 3.0), (451, 6.0), (900, 6.0), (901, 9.0), (1001, 9.0), (1350, 9.0), (1351, 12.0)],
+)
+def test_the_default_bound_gives_the_steps_docs_limits_names(streams: int, interval_s: float):
+    """docs/limits.md: 3 s up to 450 streams, 6 s up to 900, 9 s up to 1,350 (a fleet of 1,000
+    and its serving worker: 9 s)."""
+    assert HeartbeatPacing(base_interval_s=3.0).interval_s(streams) == interval_s

@@ -29,6 +29,9 @@ CHANNEL_OPTIONS: tuple[tuple[str, Any], ...] = (
     ("grpc.max_receive_message_length", MESSAGE_LIMIT_BYTES),
     ("grpc.keepalive_time_ms", 20_000),
     ("grpc.keepalive_timeout_ms", 10_000),
+    # gRPC core (1.85) waits this long for a ping's answer, not keepalive_timeout_ms (its own
+    # default is a minute): without it an unanswered ping closed the link after 80 s, not 30.
+    ("grpc.http2.ping_timeout_ms", 10_000),
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.max_pings_without_data", 0),
     # BDP probing answers received data with pings to size the flow-control window; on a control
@@ -42,11 +45,51 @@ CHANNEL_OPTIONS: tuple[tuple[str, Any], ...] = (
 HEALTH_RECEIVE_LIMIT_BYTES = 64 * 1024
 
 
-def server_options(max_receive_bytes: int) -> tuple[tuple[str, Any], ...]:
+@dataclass(frozen=True, slots=True)
+class Keepalive:
+    """A server's own liveness check of each peer, in gRPC's transport threads (no Python): an
+    HTTP/2 ping to a connection nothing has been read from for `idle_s`, and the connection closed
+    when the ping is not answered within `timeout_s`, which ends every stream on it.
+
+    A peer whose process is frozen (SIGSTOP), whose host died without closing its sockets, or
+    that a partition cut off, answers no ping: its worker stream ends within `idle_s + timeout_s`
+    of the last thing it sent, however long the heartbeat interval its fleet's size gave it
+    (nodes/heartbeat_pacing.py). A peer that answers pings but sends nothing (a worker whose own
+    loop hangs) is still found by its missed heartbeats. Any message read resets the idle time,
+    so a worker that heartbeats more often than `idle_s` is never pinged."""
+
+    idle_s: float
+    timeout_s: float
+
+    def __post_init__(self) -> None:
+        if self.idle_s <= 0 or self.timeout_s <= 0:
+            raise ValueError("a keepalive's idle time and timeout must be positive")
+
+    def options(self) -> tuple[tuple[str, Any], ...]:
+        timeout_ms = round(self.timeout_s * 1000)
+        return (
+            ("grpc.keepalive_time_ms", round(self.idle_s * 1000)),
+            ("grpc.keepalive_timeout_ms", timeout_ms),
+            ("grpc.http2.ping_timeout_ms", timeout_ms),  # what gRPC core waits (as above)
+            # gRPC stops pinging after 2 pings with no data sent between them (its default):
+            # an idle worker stream would then be checked twice, never again.
+            ("grpc.http2.max_pings_without_data", 0),
+        )
+
+
+# docs/limits.md: a silent peer's connection closed within 20 s of the last thing it sent.
+SERVER_KEEPALIVE = Keepalive(idle_s=10.0, timeout_s=10.0)
+
+
+def server_options(
+    max_receive_bytes: int, keepalive: Keepalive = SERVER_KEEPALIVE
+) -> tuple[tuple[str, Any], ...]:
     """A server's channel arguments: `max_receive_bytes` is the largest message gRPC buffers for
     it; a larger one is refused by the transport, RESOURCE_EXHAUSTED, before any interceptor or
-    handler sees it (docs/errors.md, "the transport's refusal")."""
+    handler sees it (docs/errors.md, "the transport's refusal"). `keepalive`: how it finds a
+    peer that stopped answering."""
     return (
+        *keepalive.options(),
         ("grpc.max_send_message_length", MESSAGE_LIMIT_BYTES),
         ("grpc.max_receive_message_length", max_receive_bytes),
         ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
@@ -96,6 +139,7 @@ async def create_server(
     health_listen: str | None = None,
     limits: Mapping[str, ServiceLimit] = DEFAULT_LIMITS,
     max_receive_bytes: int = MESSAGE_LIMIT_BYTES,
+    keepalive: Keepalive = SERVER_KEEPALIVE,
 ) -> RunningServer:
     """Bind and start a server; `listen` may use port 0 (tests), the bound port is returned.
 
@@ -104,10 +148,11 @@ async def create_server(
     one message on the transport, before it is buffered whole: at least the largest message any of
     `services` legally accepts. Each service's server declares its own (the control plane's in
     app.py, the scheduler's in scheduler/server.py); the default, what a channel may send, is for
-    tests' servers."""
+    tests' servers. `keepalive`: how the server finds a peer that stopped answering (tests
+    shorten it)."""
     server = grpc.aio.server(
         interceptors=[GantryServerInterceptor(authenticator, limits=limits)],
-        options=server_options(max_receive_bytes),
+        options=server_options(max_receive_bytes, keepalive),
     )
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

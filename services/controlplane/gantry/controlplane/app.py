@@ -12,7 +12,13 @@ from pathlib import Path
 
 from gantry.common import tokens
 from gantry.common.clock import Clock, SystemClock
-from gantry.common.grpc_server import RunningServer, ServiceBinding, create_server
+from gantry.common.grpc_server import (
+    SERVER_KEEPALIVE,
+    Keepalive,
+    RunningServer,
+    ServiceBinding,
+    create_server,
+)
 from gantry.common.interceptors import DEFAULT_LIMITS, ServiceLimit
 from gantry.common.tls import ClientTls, ServerTls
 from gantry.controlplane.deployments.autoscaler import ScaleAdviceInbox
@@ -95,6 +101,9 @@ class ControlPlaneSettings:
     # before it is refused SCHEDULER_UNAVAILABLE (never past its own deadline).
     scheduler_failover_hold_s: float = DEFAULT_FAILOVER_HOLD_SECONDS
     tls: ServerTls | None = None  # the one port (ControlPlane, Inference, WorkerGateway)
+    # How the port finds a peer that stopped answering (a frozen or cut-off worker among them),
+    # whatever heartbeat interval the fleet's size gave it (tests shorten it).
+    keepalive: Keepalive = SERVER_KEEPALIVE
     health_listen: str | None = None  # plaintext health-only port for probes that lack TLS
     scheduler_tls: ClientTls | None = None  # the link to the scheduler
     # The bounds on each Embed/Rerank call (flags --max-inputs ...) and the server's deadline cap.
@@ -618,6 +627,7 @@ async def start_control_plane(
         health_listen=settings.health_listen,
         limits=limits,
         max_receive_bytes=receive_limit_bytes(settings.inference, limits),
+        keepalive=settings.keepalive,
     )
     try:
         http_api = await _start_http_api(

@@ -102,7 +102,7 @@ class ReconcilerSettings:
     # A node is stale after this many missed heartbeats (the default: 3 intervals).
     stale_after_heartbeats: float = 3.0
     # Heartbeats a second one replica takes from the streams it holds before it tells them a
-    # longer interval (nodes/heartbeat_pacing.py): 200 keeps 3 s up to 600 streams.
+    # longer interval (nodes/heartbeat_pacing.py): 150 keeps 3 s up to 450 streams.
     max_heartbeats_per_s: float = DEFAULT_MAX_HEARTBEATS_PER_S
     # Past this absence its residencies are COLD and their work is re-placed elsewhere.
     absence_grace_s: float = 60.0
@@ -306,7 +306,7 @@ class Reconciler(LifecycleService):
         self._hub.close_superseded(generations)
 
     def _seen_before(self, now: dt.datetime) -> dt.datetime:
-        # A row is refreshed as seldom as its stream beats: past 600 streams a replica tells its
+        # A row is refreshed as seldom as its stream beats: past 450 streams a replica tells its
         # workers a longer interval (nodes/heartbeat_pacing.py), and the rows of the fleet it and
         # its peers hold age as long between flushes, so the row's grace grows the same.
         return now - dt.timedelta(

@@ -6,7 +6,7 @@ large the fleet grows (as Nomad bounds its heartbeats per second).
 
 the smallest whole multiple of the base interval at which n streams beat at most `max_per_s`
 times a second. Whole multiples, so the interval changes only every `max_per_s * base` streams
-(600 with the defaults: 3 s and 200/s), and each change is told to each stream once.
+(450 with the defaults: 3 s and 150/s), and each change is told to each stream once.
 
 A Welcome names the interval for the replica's streams at that moment (the new one counted). When
 the replica holds enough streams for the interval to rise, every stream told less is told the new
@@ -20,8 +20,11 @@ a worker silent on its stream is found within
 
     stale_after_heartbeats * interval(n) + one reconcile pass
 
-(3 * 3 s + 1 s up to 600 streams; 3 * 6 s + 1 s up to 1,200). One whose process exited is
-found sooner: its connection closes, its stream ends, and the goodbye marks it DISCONNECTED.
+(3 * 3 s + 1 s up to 450 streams; 3 * 6 s + 1 s up to 900; 3 * 9 s + 1 s up to 1,350). One whose
+process exited is found sooner: its connection closes, its stream ends, and the goodbye marks it
+DISCONNECTED. So is one whose process is frozen or whose host is cut off: the server's keepalive
+(gantry.common.grpc_server.SERVER_KEEPALIVE) pings a connection silent for 10 s and closes it when
+the ping goes unanswered for 10 s more, whatever the interval.
 
 Pure: no IO, no clock.
 """
@@ -32,9 +35,11 @@ import math
 from dataclasses import dataclass
 
 # Heartbeats one replica takes per second from its whole fleet before the interval grows: 1,000
-# workers at the 3 s base send 333/s, which cost 7.7 % of a core (fleet bench, issue 29); at this
-# bound they send at most 200/s.
-DEFAULT_MAX_HEARTBEATS_PER_S = 200.0
+# workers at the 3 s base send 333/s, which cost 7.7 % of a core (fleet bench, issue 29). At
+# 200/s (6 s) they cost 5.6-6.4 % where a bare grpc.aio server took 4.3-5.1 % for the same
+# beats: only fewer beats go under 5 %. At 150/s they beat every 9 s (111/s); a frozen or cut-off
+# worker is still found within 20 s by the transport's keepalive, a hung one within 28 s.
+DEFAULT_MAX_HEARTBEATS_PER_S = 150.0
 
 
 @dataclass(frozen=True, kw_only=True)
