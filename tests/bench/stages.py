@@ -22,9 +22,6 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-# The services export in batches (every 0.5 s); the model host writes each span at once.
-_FLUSH_WAIT_S = 1.5
-
 SPANS = ("controlplane.embed", "scheduler.dispatch", "worker.invoke", "model_host.embed")
 # An uncontended Embed is admitted on the control plane's credits, with no scheduler hop (issue
 # 29): its trace has no scheduler span, and its decision stage is nil.
@@ -45,6 +42,10 @@ def _traces(path: Path) -> dict[str, dict[str, dict[str, Any]]]:
             traces[span["context"]["trace_id"]][span["name"]] = span
     required = set(SPANS) - OPTIONAL_SPANS
     return {tid: spans for tid, spans in traces.items() if required <= set(spans)}
+
+
+def _started(spans: dict[str, dict[str, Any]]) -> float:
+    return _seconds(spans["controlplane.embed"]["start_time"])
 
 
 def stages_of(spans: dict[str, dict[str, Any]], client_seconds: float) -> dict[str, float]:
@@ -72,8 +73,10 @@ async def breakdown(
     """Print the stages' medians and return them, in ms ({}: no complete trace was written)."""
     for _ in range(10):  # warm-up, not measured
         await call()
-    await asyncio.sleep(_FLUSH_WAIT_S)
-    skipped = len(_traces(trace_file)) if trace_file.exists() else 0
+    # The measured calls' traces are those that start from here (the spans' clock is this
+    # machine's): the warm-up's, which the services export in batches every 0.5 s, need not be
+    # written yet to be told apart.
+    measured_from = time.time()
     client: list[float] = []
     for _ in range(iterations):
         started = time.perf_counter()
@@ -82,9 +85,9 @@ async def breakdown(
     traces: list[dict[str, dict[str, Any]]] = []
     for _ in range(100):
         traces = sorted(
-            _traces(trace_file).values(),
-            key=lambda s: _seconds(s["controlplane.embed"]["start_time"]),
-        )[skipped:]
+            (s for s in _traces(trace_file).values() if _started(s) >= measured_from),
+            key=_started,
+        )
         if len(traces) >= iterations:
             break
         await asyncio.sleep(0.1)

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
+import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from gantry.common import tokens
@@ -31,6 +32,7 @@ from gantry.v1 import common_pb2, inference_pb2, inference_pb2_grpc
 from gantry.v1 import control_plane_pb2 as cp
 from gantry.v1 import control_plane_pb2_grpc as cp_grpc
 from tests.fixtures.host_test_hooks import worker_argv
+from tests.integration import polling
 from tests.integration.harness import walk_the_gates
 from tests.ports import free_port
 
@@ -156,11 +158,7 @@ class Service:
 
     async def wait_exit(self, timeout_s: float) -> int:
         assert self.process is not None
-        deadline = time.monotonic() + timeout_s
-        while self.process.poll() is None:
-            if time.monotonic() > deadline:
-                raise AssertionError(f"{self.role} did not exit within {timeout_s}s")
-            await asyncio.sleep(0.02)
+        await polling.wait_until(self.exited, timeout_s, f"{self.role} to exit")
         return self.process.returncode
 
     def log_tail(self, lines: int = 40) -> str:
@@ -195,18 +193,11 @@ async def wait_until(
     interval_s: float = 0.05,
     last: Callable[[], object] | None = None,
 ) -> float:
-    """Poll state owned by other processes until it holds; returns the seconds it took."""
+    """Poll state owned by other processes until it holds (the shared `polling.wait_until`);
+    returns the seconds it took, which the chaos tests print."""
     started = time.monotonic()
-    while True:
-        outcome = condition()
-        if not isinstance(outcome, bool):
-            outcome = await outcome
-        if outcome:
-            return time.monotonic() - started
-        if time.monotonic() - started > timeout_s:
-            seen = f"; last seen: {last()}" if last is not None else ""
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}{seen}")
-        await asyncio.sleep(interval_s)
+    await polling.wait_until(condition, timeout_s, what, interval_s=interval_s, last=last)
+    return time.monotonic() - started
 
 
 @dataclass(frozen=True)
@@ -434,7 +425,7 @@ class Cluster:
             found = [pid for d in self.deployment_ids for pid in model_host_pids(d)]
             return found + [pid for pid in pids_in_groups(groups) if pid not in found]
 
-        with contextlib.suppress(AssertionError):  # what is still running is named below
+        with contextlib.suppress(pytest.fail.Exception):  # what is still running is named below
             await wait_until(
                 lambda: not left_running(),
                 timeout_s=ORPHAN_EXIT_S,

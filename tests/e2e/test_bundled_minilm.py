@@ -18,6 +18,7 @@ import pytest_asyncio
 from gantry.v1 import control_plane_pb2 as cp
 from gantry.v1 import inference_pb2 as inf
 from tests.integration.harness import Harness, running_gantry
+from tests.integration.polling import wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="module")]
 SENTENCE = "Gantry keeps models resident and accounted for."
@@ -149,12 +150,17 @@ async def _grpcurl_json(harness: Harness, method: str, body: dict[str, object]) 
 
 
 async def _poll(harness: Harness, method: str, body: dict[str, object], done: set[str]) -> dict:  # type: ignore[type-arg]
-    for _ in range(240):
-        record = await _grpcurl_json(harness, method, body)
-        if record.get("state") in done:
-            return record
-        await asyncio.sleep(0.5)
-    raise AssertionError(f"{method} never reached {done}: {record}")
+    latest: list[dict[str, object]] = [{}]
+
+    async def reached() -> bool:
+        latest[0] = await _grpcurl_json(harness, method, body)
+        return latest[0].get("state") in done
+
+    # Each try spawns grpcurl: every half second, for the 2 minutes its 240 tries waited.
+    await wait_until(
+        reached, 120, f"{method} to reach {sorted(done)}", interval_s=0.5, last=lambda: latest[0]
+    )
+    return latest[0]
 
 
 async def test_grpcurl_walks_every_gate_as_the_readme_does_and_the_cli_shows_the_evidence(

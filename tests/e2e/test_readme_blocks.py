@@ -44,6 +44,7 @@ from gantry.v1 import inference_pb2, inference_pb2_grpc
 from gantry.worker.model_host.environments import ENV_MAP_JSON
 from tests.fixtures.clients_env import clients_python  # noqa: F401  (fixture)
 from tests.fixtures.llama_env import llama_python  # noqa: F401  (fixture)
+from tests.integration.polling import wait_until_sync
 
 REPO = Path(__file__).resolve().parents[2]
 README = REPO / "README.md"
@@ -208,23 +209,28 @@ def _wait_serving(process: subprocess.Popen[bytes], instance: Instance) -> None:
     """Until an Embed of the bundled model answers (what `gantry up` prints as ready)."""
     key = instance.root / ".gantry" / "client.key"
     request = inference_pb2.EmbedRequest(capability="minilm", inputs=["ready?"])
-    deadline = time.monotonic() + READY_TIMEOUT_S
     with grpc.insecure_channel(instance.address) as channel:
         stub = inference_pb2_grpc.InferenceStub(channel)
-        while True:
+
+        def serving() -> bool:
             if process.poll() is not None:
                 pytest.fail(f"gantry up exited {process.returncode}:\n{_tail(instance.log)}")
-            if key.exists():
-                try:
-                    stub.Embed(request, metadata=auth_metadata(key.read_text().strip()), timeout=30)
-                    return
-                except grpc.RpcError:
-                    pass  # not deployed yet
-            if time.monotonic() > deadline:
-                pytest.fail(
-                    f"gantry up not serving in {READY_TIMEOUT_S:g}s:\n{_tail(instance.log)}"
-                )
-            time.sleep(0.5)
+            if not key.exists():
+                return False
+            try:
+                stub.Embed(request, metadata=auth_metadata(key.read_text().strip()), timeout=30)
+            except grpc.RpcError:
+                return False  # not deployed yet
+            return True
+
+        # Each try is a call `gantry up` serves: every half second is often enough.
+        wait_until_sync(
+            serving,
+            READY_TIMEOUT_S,
+            "gantry up to serve an Embed",
+            interval_s=0.5,
+            last=lambda: "\n" + _tail(instance.log),
+        )
 
 
 @pytest.fixture(scope="module")

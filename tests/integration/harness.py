@@ -35,6 +35,7 @@ from gantry.worker.agent import WorkerAgent, WorkerSettings
 from gantry.worker.model_host.process import HostLaunchSpec, ModelHost
 from gantry.worker.model_host.warm_pool import WarmPool
 from tests.fixtures.migrated_copy import migrate_fresh
+from tests.integration.polling import wait_until
 
 _shared_warm_pool: WarmPool | None = None
 
@@ -224,18 +225,16 @@ async def wait_for(
     what: str = "condition",
     last: object = None,
 ) -> None:
-    """Poll a condition (state owned by another process or stream) until it holds."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while True:
-        outcome = condition()
-        if not isinstance(outcome, bool):
-            outcome = await outcome
-        if outcome:
-            return
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}; last seen: {last}")
-        await asyncio.sleep(0.05)
+    """Poll a condition (state owned by another process or stream) until it holds: the shared
+    `polling.wait_until`, every 50 ms as this helper always polled; `last` (a list the condition
+    refills, say) is shown as it stands when the wait fails."""
+    await wait_until(
+        condition,
+        timeout,
+        what,
+        interval_s=0.05,
+        last=None if last is None else lambda: last,
+    )
 
 
 async def walk_the_gates(

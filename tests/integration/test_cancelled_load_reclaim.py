@@ -26,10 +26,9 @@ from tests.integration.test_failed_load_reclaim import FACTS, QUIET, SwitchableN
 
 # Says it started (a file), then never answers: its start can only end by being cancelled.
 _NEVER_ANSWERS = """
-import pathlib, sys, time
+import pathlib, signal, sys
 pathlib.Path(sys.argv[1]).write_text("started")
-while True:
-    time.sleep(60)
+signal.pause()  # until it is killed
 """
 
 

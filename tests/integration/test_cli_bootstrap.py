@@ -12,7 +12,6 @@ import signal
 import stat
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from concurrent import futures
 from contextlib import contextmanager
@@ -35,6 +34,7 @@ from gantry.v1 import (
     inference_pb2_grpc,
     worker_gateway_pb2,
 )
+from tests.integration.polling import wait_until_sync
 
 OPERATOR_TOKEN = "gop_test_secret"
 FAKE_WORKER_STOP_ENV = "GANTRY_TEST_FAKE_WORKER_ON_SIGTERM"
@@ -602,9 +602,9 @@ def _run_fake_role(role: str, argv: list[str]) -> int:
     if on_sigterm.startswith("hold:"):
         print(f"fake {role} stopping, held", flush=True)
         release = Path(on_sigterm.removeprefix("hold:"))
-        deadline = time.monotonic() + 60
-        while not release.exists() and time.monotonic() < deadline:
-            time.sleep(0.02)  # a file another process creates: nothing to wait on but its presence
+        # A file the test creates: nothing to wait on but its presence. Never created, this
+        # stand-in fails (its log says why) rather than stopping as if released.
+        wait_until_sync(release.exists, 60, f"the test to release the held stop ({release})")
     if server is not None:
         server.stop(None)
     print(f"fake {role} stopped", flush=True)

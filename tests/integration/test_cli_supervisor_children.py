@@ -12,8 +12,6 @@ from __future__ import annotations
 import dataclasses
 import sys
 import threading
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -21,18 +19,11 @@ import pytest
 from gantry.cli.restart_policy import BackoffSettings
 from gantry.cli.supervisor import ChildSpec, StopResult, Supervisor
 from gantry.common.clock import ManualClock
+from tests.integration.polling import wait_until_sync
 from tests.unit.test_cli_supervisor import python_child
 
-
-def wait_for(condition: Callable[[], bool], *, timeout_s: float = 10.0, what: str = "") -> None:
-    """Poll state another process changes (a file, an exit) until it holds, up to a deadline."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(
-                f"timed out after {timeout_s}s waiting for {what or condition.__name__}"
-            )
-        time.sleep(0.02)
+# State another process changes (a file, an exit) is polled, up to this deadline.
+STATE_DEADLINE_S = 10.0
 
 
 def test_crashed_child_is_restarted_only_once_its_backoff_elapsed(tmp_path: Path) -> None:
@@ -45,7 +36,7 @@ def test_crashed_child_is_restarted_only_once_its_backoff_elapsed(tmp_path: Path
         supervisor.poll()
         return any("exited with exit code 3" in line for line in lines)
 
-    wait_for(exit_noticed, what="the crasher's first exit")
+    wait_until_sync(exit_noticed, STATE_DEADLINE_S, "the crasher's first exit")
     assert "restarting in 1s" in lines[-1]
     supervisor.poll()
     assert supervisor.start_count("crasher") == 1  # the clock has not moved: no restart yet
@@ -56,7 +47,7 @@ def test_crashed_child_is_restarted_only_once_its_backoff_elapsed(tmp_path: Path
     assert any(line.startswith("restarted crasher") for line in lines)
 
     lines.clear()
-    wait_for(exit_noticed, what="the crasher's second exit")
+    wait_until_sync(exit_noticed, STATE_DEADLINE_S, "the crasher's second exit")
     assert "restarting in 2s" in lines[-1]  # the second crash in a row waits twice as long
     supervisor.stop_all()
     log = (tmp_path / "crasher.log").read_text()
@@ -72,8 +63,10 @@ def test_background_supervision_restarts_a_crashed_child(tmp_path: Path) -> None
     supervisor.start(python_child("flaky", code, tmp_path))
     supervisor.run_in_background(interval_s=0.02)
     try:
-        wait_for(
-            lambda: marker.exists() and len(marker.read_text()) >= 3, what="three starts of flaky"
+        wait_until_sync(
+            lambda: marker.exists() and len(marker.read_text()) >= 3,
+            STATE_DEADLINE_S,
+            "three starts of flaky",
         )
     finally:
         supervisor.stop_all()
@@ -84,13 +77,13 @@ def test_children_stop_in_reverse_start_order_and_each_exit_is_confirmed(tmp_pat
     order_file = tmp_path / "order"
     ready = tmp_path / "ready"
     code = (
-        "import signal, sys, time, pathlib\n"
+        "import signal, sys, pathlib\n"
         "name = sys.argv[1]\n"
         "def stop(*_):\n"
         f"    open({str(order_file)!r}, 'a').write(name + '\\n'); sys.exit(0)\n"
         "signal.signal(signal.SIGTERM, stop)\n"
         f"pathlib.Path({str(ready)!r} + name).touch()\n"
-        "while True: time.sleep(1)\n"
+        "signal.pause()\n"  # until the SIGTERM
     )
     lines: list[str] = []
     supervisor = Supervisor(report=lines.append)
@@ -103,8 +96,10 @@ def test_children_stop_in_reverse_start_order_and_each_exit_is_confirmed(tmp_pat
                 log_path=tmp_path / f"{name}.log",
             )
         )
-    wait_for(
-        lambda: all(Path(f"{ready}{name}").exists() for name in names), what="every child ready"
+    wait_until_sync(
+        lambda: all(Path(f"{ready}{name}").exists() for name in names),
+        STATE_DEADLINE_S,
+        "every child ready",
     )
     pids = {name: supervisor.pid(name) for name in names}
 
@@ -120,14 +115,14 @@ def test_children_stop_in_reverse_start_order_and_each_exit_is_confirmed(tmp_pat
 def test_a_child_that_ignores_sigterm_is_killed(tmp_path: Path) -> None:
     ready = tmp_path / "ready"
     code = (
-        "import signal, time, pathlib\n"
+        "import signal, pathlib\n"
         "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
         f"pathlib.Path({str(ready)!r}).touch()\n"
-        "while True: time.sleep(1)\n"
+        "signal.pause()\n"  # until the SIGKILL
     )
     supervisor = Supervisor(report=lambda line: None, stop_timeout_s=0.3)
     supervisor.start(python_child("stubborn", code, tmp_path))
-    wait_for(ready.exists, what="the stubborn child ready")
+    wait_until_sync(ready.exists, STATE_DEADLINE_S, "the stubborn child ready")
     [result] = supervisor.stop_all()
     assert result.killed
     assert result.returncode == -9
@@ -146,7 +141,7 @@ def test_no_restart_after_shutdown_began(tmp_path: Path) -> None:
 
 def test_duplicate_names_are_refused(tmp_path: Path) -> None:
     supervisor = Supervisor(report=lambda line: None)
-    supervisor.start(python_child("one", "import time; time.sleep(30)", tmp_path))
+    supervisor.start(python_child("one", "import signal; signal.pause()", tmp_path))
     try:
         with pytest.raises(ValueError, match="already supervised"):
             supervisor.start(python_child("one", "pass", tmp_path))
@@ -158,12 +153,12 @@ def test_forcing_during_an_ordered_stop_kills_every_child_at_once(tmp_path: Path
     # Children that note SIGTERM and carry on: an ordered stop would give each the full timeout.
     ready, terminated = tmp_path / "ready", tmp_path / "terminated"
     code = (
-        "import signal, sys, time, pathlib\n"
+        "import signal, sys, pathlib\n"
         "name = sys.argv[1]\n"
         f"on_term = lambda *_: pathlib.Path({str(terminated)!r} + name).touch()\n"
         "signal.signal(signal.SIGTERM, on_term)\n"
         f"pathlib.Path({str(ready)!r} + name).touch()\n"
-        "while True: time.sleep(1)\n"
+        "while True: signal.pause()\n"  # the SIGTERM handler returns: until the SIGKILL
     )
     lines: list[str] = []
     supervisor = Supervisor(report=lines.append, stop_timeout_s=60)
@@ -172,11 +167,17 @@ def test_forcing_during_an_ordered_stop_kills_every_child_at_once(tmp_path: Path
         supervisor.start(
             ChildSpec(name=name, argv=[sys.executable, "-c", code, name], log_path=tmp_path / name)
         )
-    wait_for(lambda: all(Path(f"{ready}{n}").exists() for n in names), what="every child ready")
+    wait_until_sync(
+        lambda: all(Path(f"{ready}{n}").exists() for n in names),
+        STATE_DEADLINE_S,
+        "every child ready",
+    )
     results: list[StopResult] = []
     stopping = threading.Thread(target=lambda: results.extend(supervisor.stop_all()))
     stopping.start()
-    wait_for(lambda: Path(f"{terminated}worker").exists(), what="the worker's SIGTERM")
+    wait_until_sync(
+        lambda: Path(f"{terminated}worker").exists(), STATE_DEADLINE_S, "the worker's SIGTERM"
+    )
 
     supervisor.force_stop()
     # Each child was given 60 s to stop: a stop_all() still running at 30 s waited on them.
@@ -194,15 +195,15 @@ def test_forcing_during_an_ordered_stop_kills_every_child_at_once(tmp_path: Path
 def test_a_childs_own_stop_timeout_overrides_the_supervisors(tmp_path: Path) -> None:
     ready = tmp_path / "ready"
     code = (
-        "import signal, time, pathlib\n"
+        "import signal, pathlib\n"
         "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
         f"pathlib.Path({str(ready)!r}).touch()\n"
-        "while True: time.sleep(1)\n"
+        "signal.pause()\n"  # until the SIGKILL
     )
     # The supervisor's own timeout would outlast the test's: only the child's can end this stop.
     supervisor = Supervisor(report=lambda line: None, stop_timeout_s=3600)
     spec = python_child("stubborn", code, tmp_path)
     supervisor.start(dataclasses.replace(spec, stop_timeout_s=0.3))
-    wait_for(ready.exists, what="the stubborn child ready")
+    wait_until_sync(ready.exists, STATE_DEADLINE_S, "the stubborn child ready")
     [result] = supervisor.stop_all()
     assert (result.killed, result.returncode) == (True, -9)

@@ -17,6 +17,7 @@ import pytest
 
 from gantry.cli.main import main
 from tests.fixtures.migrated_copy import migrate_fresh
+from tests.integration.polling import wait_until_sync
 from tests.integration.test_cli_bootstrap import FAKE_WORKER_STOP_ENV
 from tests.ports import free_port
 
@@ -62,13 +63,15 @@ def read_lines(stream: object) -> queue.Queue[str]:
 
 
 def wait_for_line(lines: queue.Queue[str], text: str, *, timeout_s: float = 60.0) -> list[str]:
+    """The lines read until one holds `text`: each wait is on the queue itself, for what is left
+    of the deadline."""
     seen: list[str] = []
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    while (left_s := deadline - time.monotonic()) > 0:
         try:
-            line = lines.get(timeout=0.2)
+            line = lines.get(timeout=left_s)
         except queue.Empty:
-            continue
+            break
         seen.append(line)
         if text in line:
             return seen
@@ -76,14 +79,17 @@ def wait_for_line(lines: queue.Queue[str], text: str, *, timeout_s: float = 60.0
 
 
 def wait_for_file_text(path: Path, text: str, *, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    content = ""
-    while time.monotonic() < deadline:
-        content = path.read_text() if path.exists() else ""
-        if text in content:
-            return
-        time.sleep(0.02)  # another process writes the file: poll it, up to the deadline
-    raise AssertionError(f"{text!r} never appeared in {path}; it holds {content[-2000:]!r}")
+    """Until another process has written `text` to `path`: a file offers nothing to wait on."""
+
+    def content() -> str:
+        return path.read_text() if path.exists() else ""
+
+    wait_until_sync(
+        lambda: text in content(),
+        timeout_s,
+        f"{text!r} in {path}",
+        last=lambda: repr(content()[-2000:]),
+    )
 
 
 def stopped_lines(said: list[str]) -> list[tuple[str, int, str]]:
@@ -118,7 +124,7 @@ def test_up_bootstraps_serves_and_stops_children_in_reverse_order(
     try:
         wait_for_line(stdout, "Ctrl-C stops everything.")
         # The real `gantry migrate` ran before the control plane started.
-        migrated = wait_for_line(stderr, "is at schema revision", timeout_s=1)
+        migrated = wait_for_line(stderr, "is at schema revision")
         assert any("migrating the database" in line for line in migrated)
         assert (state / "gantry.db").is_file()
         for secret in ("operator.token", "scheduler.token", "node.credential", "client.key"):

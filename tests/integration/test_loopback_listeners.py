@@ -17,13 +17,13 @@ from gantry.worker.managed_server.loopback import server_listeners
 # A parent listening on 127.0.0.1 and a child listening on every address; the parent prints its
 # port and its child's pid, then waits to be killed.
 _TREE = """
-import socket, subprocess, sys, time
+import signal, socket, subprocess, sys
 s = socket.socket(); s.bind(("127.0.0.1", 0)); s.listen()
 child = subprocess.Popen([sys.executable, "-c",
-    "import socket, sys, time; c = socket.socket(); c.bind(('0.0.0.0', 0)); c.listen();"
-    "print(c.getsockname()[1], flush=True); time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    "import signal, socket; c = socket.socket(); c.bind(('0.0.0.0', 0)); c.listen();"
+    "print(c.getsockname()[1], flush=True); signal.pause()"], stdout=subprocess.PIPE, text=True)
 print(s.getsockname()[1], child.stdout.readline().strip(), flush=True)
-time.sleep(60)
+signal.pause()
 """
 
 

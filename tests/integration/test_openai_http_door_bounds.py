@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import ssl
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,7 @@ from gantry.controlplane.serving.openai_http import (
     start_http_api,
 )
 from gantry.controlplane.serving.openai_http.connections import connection_cap
+from tests.integration.polling import wait_until
 
 HANG_GUARD_S = 30.0
 REQUEST = (
@@ -77,13 +78,6 @@ def _connect(port: int) -> socket.socket:
     return sock
 
 
-async def _until(condition: Callable[[], bool], what: str) -> None:
-    deadline = asyncio.get_running_loop().time() + HANG_GUARD_S
-    while not condition():
-        assert asyncio.get_running_loop().time() < deadline, f"never saw {what}"
-        await asyncio.sleep(0.01)
-
-
 async def _read_to_end(sock: socket.socket) -> bytes:
     """Everything the server sends until it closes (b'' for a close with nothing said)."""
 
@@ -112,10 +106,12 @@ async def test_at_its_cap_a_new_connection_takes_the_place_of_the_longest_idle_o
     api = await _door(max_connections=5, header_timeout_s=HANG_GUARD_S * 4)
     try:
         oldest = _connect(api.port)
-        await _until(lambda: api.open_connections() == 1, "the first connection held")
+        await wait_until(
+            lambda: api.open_connections() == 1, HANG_GUARD_S, "the first connection held"
+        )
         held.append(oldest)
         held.extend(_connect(api.port) for _ in range(4))
-        await _until(lambda: api.open_connections() == 5, "five connections held")
+        await wait_until(lambda: api.open_connections() == 5, HANG_GUARD_S, "five connections held")
 
         answer = await _answer(api.port)  # a sixth, with a whole request
         assert answer.startswith(b"HTTP/1.1 401"), answer[:200]
@@ -134,7 +130,9 @@ async def test_at_its_cap_with_every_connection_mid_request_a_new_one_is_shed(
             busy = _connect(api.port)
             held.append(busy)
             busy.sendall(_post_head("a", 100) + b"{")
-        await _until(lambda: api.in_flight.count("tenant-a") == 3, "three calls mid-body")
+        await wait_until(
+            lambda: api.in_flight.count("tenant-a") == 3, HANG_GUARD_S, "three calls mid-body"
+        )
         with _connect(api.port) as shed:
             assert await _read_to_end(shed) == b""  # reset before anything was read
         assert (api.counters.shed, api.counters.evicted) == (1, 0)
@@ -207,7 +205,9 @@ async def test_a_door_full_of_idle_connections_still_answers_a_whole_request(
     api = await _door(header_timeout_s=HANG_GUARD_S * 4)
     try:
         held.extend(_connect(api.port) for _ in range(500))
-        await _until(lambda: api.open_connections() == 500, "500 idle connections held")
+        await wait_until(
+            lambda: api.open_connections() == 500, HANG_GUARD_S, "500 idle connections held"
+        )
         answer = await _answer(api.port)
         assert answer.startswith(b"HTTP/1.1 401"), answer[:200]
         assert (api.counters.shed, api.counters.evicted) == (0, 0)
@@ -239,7 +239,9 @@ async def test_one_tenants_slow_bodies_fill_its_own_bound_and_not_anothers(
             slow = _connect(api.port)
             held.append(slow)
             slow.sendall(_post_head("a", 100) + b"{")
-        await _until(lambda: api.in_flight.count("tenant-a") == 2, "tenant-a's two calls held")
+        await wait_until(
+            lambda: api.in_flight.count("tenant-a") == 2, HANG_GUARD_S, "tenant-a's two calls held"
+        )
 
         def call(key: str) -> bytes:
             return _post_head(key, 1) + b"{"

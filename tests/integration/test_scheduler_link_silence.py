@@ -26,6 +26,7 @@ from gantry.common.errors import GantryError
 from gantry.common.grpc_server import insecure_channel
 from gantry.controlplane.platform.scheduler_link import Liveness, SchedulerLink
 from gantry.v1 import scheduler_pb2
+from tests.integration.polling import wait_until
 from tests.integration.test_scheduler_link import one_residency_cluster
 from tests.ports import free_port
 
@@ -45,14 +46,16 @@ class SchedulerProcess:
 
 
 async def _wait_serving(address: str) -> None:
-    async with asyncio.timeout(STATE_DEADLINE_S), insecure_channel(address) as channel:
+    async with insecure_channel(address) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
-        while True:
-            with contextlib.suppress(Exception):
+
+        async def serving() -> bool:
+            with contextlib.suppress(Exception):  # not listening yet
                 reply = await stub.Check(health_pb2.HealthCheckRequest(), timeout=1)
-                if reply.status == health_pb2.HealthCheckResponse.SERVING:
-                    return
-            await asyncio.sleep(0.05)
+                return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
+            return False
+
+        await wait_until(serving, STATE_DEADLINE_S, "the scheduler process SERVING")
 
 
 @pytest.fixture

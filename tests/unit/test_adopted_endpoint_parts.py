@@ -206,7 +206,7 @@ async def test_a_ping_that_misses_the_model_or_hangs_is_unresponsive_never_a_kil
     assert refused.value.reason == "RUNTIME_UNRESPONSIVE"
 
     async def hang(request: httpx.Request) -> httpx.Response:
-        await asyncio.sleep(10)
+        await asyncio.Event().wait()  # never set: only the ping's timeout, cancelling, ends it
         raise AssertionError("not reached")
 
     hung = _endpoint(httpx.MockTransport(hang))

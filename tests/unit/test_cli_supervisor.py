@@ -54,7 +54,7 @@ def test_a_child_started_after_forcing_is_killed_by_the_stop(tmp_path: Path) -> 
     supervisor = Supervisor(report=lambda line: None, stop_timeout_s=60)
     supervisor.force_stop()
     with pytest.raises(RuntimeError, match="shutting down"):
-        supervisor.start(python_child("late", "import time; time.sleep(30)", tmp_path))
+        supervisor.start(python_child("late", "import signal; signal.pause()", tmp_path))
     assert supervisor.stop_all() == []
 
 
