@@ -83,6 +83,8 @@ async def test_a_host_runs_with_the_choice_and_says_so_in_its_load_evidence(
         await host.stop()
     assert evidence["host_cpu"] == "GOMP_SPINCOUNT=10000 threads=1"
     assert evidence["host_cpu_trials"] == "10000x1:7.50/9.00 0x2:9.90/8.00"
+    # The pass it serves, traced and checked inside its sandbox (adapters/traced_encoder.py).
+    assert evidence["forward_pass"].startswith("traced: "), evidence["forward_pass"]
     environment = report["environ"]
     assert isinstance(environment, dict)
     assert (environment["GOMP_SPINCOUNT"], environment["OMP_NUM_THREADS"]) == ("10000", "1")

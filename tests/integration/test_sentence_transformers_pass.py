@@ -1,7 +1,11 @@
 """The sentence-transformers adapters' own pass (adapters/sentence_transformers_model.one_pass)
 returns what the library returns for the same inputs, in their order, also past one batch: the
 embedding adapter's rows are `SentenceTransformer.encode`'s (with the default prompt,
-truncate_dim and normalisation), the cross-encoder's scores `CrossEncoder.predict`'s."""
+truncate_dim and normalisation), the cross-encoder's scores `CrossEncoder.predict`'s.
+
+On the CPU the embedding adapter serves its transformer traced (adapters/traced_encoder.py), so
+the rows above are the traced pass's against the library's eager encode(); where the trace is not
+checked equal, or cannot be made, the eager pass serves and the load's evidence says why."""
 
 from __future__ import annotations
 
@@ -11,6 +15,8 @@ import numpy as np
 import pytest
 
 from gantry.v1 import common_pb2
+from gantry.worker.model_host.adapters import traced_encoder
+from gantry.worker.model_host.adapters.base import HEALTH_PROBE_TEXT
 from gantry.worker.model_host.adapters.cross_encoder import SentenceTransformersCrossEncoder
 from gantry.worker.model_host.adapters.sentence_transformers_embedding import (
     SentenceTransformersEmbedding,
@@ -34,9 +40,16 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _loaded(model_dir: Path, **settings: object) -> SentenceTransformersEmbedding:
+    return _loaded_with_evidence(model_dir, **settings)[0]
+
+
+def _loaded_with_evidence(
+    model_dir: Path, **settings: object
+) -> tuple[SentenceTransformersEmbedding, str]:
+    """The adapter, loaded, and its load evidence's line on the pass it serves."""
     adapter = SentenceTransformersEmbedding()
-    adapter.load(model_dir, common_pb2.AdapterSettings(device="cpu", **settings))  # type: ignore[arg-type]
-    return adapter
+    facts = adapter.load(model_dir, common_pb2.AdapterSettings(device="cpu", **settings))  # type: ignore[arg-type]
+    return adapter, facts.versions[traced_encoder.FORWARD_PASS_KEY]
 
 
 def _encoded(
@@ -80,6 +93,52 @@ def test_the_default_prompt_and_truncate_dim_apply_as_encode_applies_them(
     assert not np.allclose(vectors, plain[:, :8], atol=1e-4)  # the prompt changed the rows
     # The prompt counts in the tokens each input holds, as the pass sees them.
     assert adapter.embed_token_counts(["a"])[0] > adapter._token_counts(["a"])[0]
+
+
+def test_on_the_cpu_the_traced_pass_serves_and_the_evidence_says_so(model_dir: Path) -> None:
+    adapter, evidence = _loaded_with_evidence(model_dir)
+    assert evidence.startswith("traced: torch.jit trace, freeze, optimize_for_inference"), evidence
+    assert evidence.endswith("on 3 texts, alone and as one batch")
+    assert adapter._forward is not adapter._require_loaded()  # the rows above are the traced's
+    # Inputs of shapes it was not traced with, one by one and padded together: encode()'s rows.
+    for texts in ([TEXTS[0]], [TEXTS[2]], TEXTS, [" ".join(TEXTS * 3)]):
+        np.testing.assert_allclose(adapter.embed(texts), _encoded(adapter, texts), atol=1e-6)
+
+
+def test_a_traced_pass_that_differs_from_the_eager_one_is_not_served(
+    model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Any difference at all, float rounding included, counts as past the bound.
+    monkeypatch.setattr(traced_encoder, "TOLERANCE", -1.0)
+    adapter, evidence = _loaded_with_evidence(model_dir)
+    assert evidence.startswith("eager: the traced pass differed from it by "), evidence
+    assert adapter._forward is adapter._require_loaded()
+    np.testing.assert_allclose(adapter.embed(TEXTS), _encoded(adapter, TEXTS), rtol=0, atol=0)
+
+
+def test_a_model_tracing_cannot_record_is_served_eagerly_with_the_reason(
+    model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import torch
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("this model's forward cannot be recorded")
+
+    monkeypatch.setattr(torch.jit, "trace", refuse)
+    adapter, evidence = _loaded_with_evidence(model_dir)
+    assert evidence == (
+        "eager: tracing failed (RuntimeError: this model's forward cannot be recorded)"
+    )
+    np.testing.assert_allclose(adapter.embed(TEXTS), _encoded(adapter, TEXTS), rtol=0, atol=0)
+
+
+def test_weights_other_than_float32_are_served_eagerly_without_a_trace(model_dir: Path) -> None:
+    import torch
+
+    model = _loaded(model_dir)._require_loaded().to(torch.bfloat16)
+    choice = traced_encoder.choose_forward(model, [HEALTH_PROBE_TEXT])
+    assert choice.forward is model
+    assert choice.evidence == "eager: weights in ['torch.bfloat16'], not float32 alone"
 
 
 @pytest.fixture(scope="module")

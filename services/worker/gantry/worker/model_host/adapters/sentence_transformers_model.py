@@ -63,13 +63,18 @@ def default_prompt(model: Any) -> str:
 
 
 def one_pass(
-    model: Any, inputs: Sequence[Any], output: Callable[[dict[str, Any]], torch.Tensor]
+    model: Any,
+    inputs: Sequence[Any],
+    output: Callable[[dict[str, Any]], torch.Tensor],
+    forward: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
 ) -> np.ndarray:
     """One forward pass over `inputs` (texts, or query/document pairs) as the library's encode()
     and predict() run one batch: its preprocessing (the default prompt, the tokenizer's
     truncation and padding) and the model's modules; `output` takes the rows from what the
     modules return (an adapter's own part: which output, truncation, normalisation, activation).
-    The rows come back in the inputs' order, as float32 where the model ran in 16 bits.
+    `forward` runs the modules instead of the model's own call where the adapter compiled them
+    (traced_encoder.py). The rows come back in the inputs' order, as float32 where the model ran
+    in 16 bits.
 
     What it leaves out is what those calls repeat on every call around the pass: putting every
     module in eval mode (`load` did that once), finding the device by walking every parameter,
@@ -89,7 +94,7 @@ def one_pass(
             name: value.to(device) if isinstance(value, torch.Tensor) else value
             for name, value in features.items()
         }
-        rows = output(model(features))
+        rows = output((forward or model)(features))
         if torch.is_floating_point(rows) and torch.finfo(rows.dtype).bits < 32:
             rows = rows.float()
         return rows.cpu().numpy()
@@ -100,11 +105,14 @@ def in_passes(
     inputs: Sequence[Any],
     size: int,
     output: Callable[[dict[str, Any]], torch.Tensor],
+    forward: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
 ) -> np.ndarray:
     """`one_pass` over `inputs` in passes of at most `size` (the batch size), as encode() and
     predict() batch them; the rows in the inputs' order (none: an empty array). The serving loop
     hands at most a batch at a time, so this is one pass there."""
     import numpy as np
 
-    parts = [one_pass(model, inputs[i : i + size], output) for i in range(0, len(inputs), size)]
+    parts = [
+        one_pass(model, inputs[i : i + size], output, forward) for i in range(0, len(inputs), size)
+    ]
     return np.concatenate(parts) if parts else np.zeros((0,), dtype="<f4")
