@@ -98,7 +98,7 @@ def test_the_default_prompt_and_truncate_dim_apply_as_encode_applies_them(
 def test_on_the_cpu_the_traced_pass_serves_and_the_evidence_says_so(model_dir: Path) -> None:
     adapter, evidence = _loaded_with_evidence(model_dir)
     assert evidence.startswith("traced: torch.jit trace, freeze, optimize_for_inference"), evidence
-    assert evidence.endswith("on 3 texts, alone and as one batch")
+    assert evidence.endswith("on 3 inputs alone and 2 as one padded batch")
     assert adapter._forward is not adapter._require_loaded()  # the rows above are the traced's
     # Inputs of shapes it was not traced with, one by one and padded together: encode()'s rows.
     for texts in ([TEXTS[0]], [TEXTS[2]], TEXTS, [" ".join(TEXTS * 3)]):
@@ -136,7 +136,7 @@ def test_weights_other_than_float32_are_served_eagerly_without_a_trace(model_dir
     import torch
 
     model = _loaded(model_dir)._require_loaded().to(torch.bfloat16)
-    choice = traced_encoder.choose_forward(model, [HEALTH_PROBE_TEXT])
+    choice = traced_encoder.choose_forward(model, alone=[HEALTH_PROBE_TEXT], together=[])
     assert choice.forward is model
     assert choice.evidence == "eager: weights in ['torch.bfloat16'], not float32 alone"
 

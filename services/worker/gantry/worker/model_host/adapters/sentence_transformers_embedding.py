@@ -31,10 +31,11 @@ if TYPE_CHECKING:
     import numpy as np
     import torch
 
-# The traced pass is checked on one input this many tokens long at most (or at the model's limit,
-# if lower): an eager pass at a long model's limit (8,192 tokens) would take the load minutes.
-CHECK_TOKENS_MAX = 512
-# A second check input between the probe's and the long one, so the padded batch pads two.
+# The traced pass is checked on one input this many tokens long (or the model's limit, if lower):
+# a shape well past the trace's, at a cost the load can bear (an eager pass at a long model's
+# limit, 8,192 tokens, would take it minutes; MiniLM's 256, padded three together, 0.24 s).
+CHECK_TOKENS_MAX = 128
+# A second short check input, longer than the probe's: the two as one batch pad the shorter one.
 _CHECK_TEXT = "A model host serves what it checked; the traced pass is checked before it serves."
 
 
@@ -56,7 +57,8 @@ class SentenceTransformersEmbedding(SentenceTransformersAdapter):
         length = min(self.worst_case_length()[0], CHECK_TOKENS_MAX)
         choice = choose_forward(
             self._require_loaded(),
-            [HEALTH_PROBE_TEXT, _CHECK_TEXT, worst_case_text(length)],
+            alone=[HEALTH_PROBE_TEXT, _CHECK_TEXT, worst_case_text(length)],
+            together=[HEALTH_PROBE_TEXT, _CHECK_TEXT],
         )
         self._forward = choice.forward
         facts.versions[FORWARD_PASS_KEY] = choice.evidence

@@ -4,20 +4,20 @@ matrix products and fused ops), then checked against the eager pass before it se
 
 Why: on the CPU a short input's pass is mostly transformers' eager matrix products and the ops
 around them, which oneDNN's prepacked and fused kernels do in less. all-MiniLM-L6-v2 alone in a
-process, one sentence on 2 threads of a 2-vCPU machine, four rounds alternated: eager 6.3-10.1 ms
-a pass, traced and frozen 4.3-7.2 ms, also optimised 3.3-4.9 ms; `torch.export` alone, with no
-such kernels, ran as eager did (11.2 against 11.2 ms in one run), so the gain is the kernels, not
-Python. The trace and the check take about 0.9 s at load; the prepacked weights are a copy (a
-further MiniLM host adds about 120 MiB to the machine's PSS, against about 57 MiB eager).
+process, one sentence on 2 threads of a 2-vCPU machine, four rounds alternated: eager 6.3-10.1 ms a
+pass, traced and frozen 4.3-7.2 ms, also optimised 3.3-4.9 ms; `torch.export` alone, with no such
+kernels, ran as eager did (11.2 against 11.2 ms in one run), so the gain is the kernels, not
+Python. The trace and the check take 0.4-0.6 s at load; the prepacked weights are a copy (a further
+MiniLM host adds 123-132 MiB to the machine's PSS, against about 57 MiB eager).
 
 Only where it is checked: the traced graph is a recording of one pass, and a model whose Python
 takes a branch on its input's shape or values would record that branch only. So before it is used
-it runs beside the eager pass on inputs of other shapes than it was traced with (one short text,
-a padded batch of three lengths, one input at the token limit) and is kept only if every sentence
-embedding agrees to float rounding (`TOLERANCE`). Otherwise, on any other device than the CPU, for
-a model that is not float32, or when tracing fails (`torch.jit` is deprecated in torch 2.13 and
-may go), the host serves the eager pass. Either way the load's evidence says which pass serves
-and why (`FORWARD_PASS_KEY` in runtime_versions): never a silent fallback.
+it runs beside the eager pass on inputs of other shapes than it was traced with (the caller's: two
+short texts and a long one, each alone, and the short ones as one padded batch) and is kept only if
+every sentence embedding agrees to float rounding (`TOLERANCE`). Otherwise, on any other device
+than the CPU, for a model that is not float32, or when tracing fails (`torch.jit` is deprecated in
+torch 2.13 and may go), the host serves the eager pass. Either way the load's evidence says which
+pass serves and why (`FORWARD_PASS_KEY` in runtime_versions): never a silent fallback.
 """
 
 from __future__ import annotations
@@ -51,16 +51,18 @@ class EncoderChoice:
     evidence: str
 
 
-def choose_forward(model: Any, check_texts: Sequence[str]) -> EncoderChoice:
+def choose_forward(model: Any, *, alone: Sequence[str], together: Sequence[str]) -> EncoderChoice:
     """The traced encoder for a loaded SentenceTransformer where it is checked equal to the eager
-    pass on `check_texts` (of other shapes than the trace's), else the model itself, with why."""
+    pass on other shapes than the trace's (each of `alone` by itself, then `together` as one
+    padded batch), else the model itself, with why."""
     started = time.monotonic()
     try:
         why_not = _why_not_traceable(model)
         if why_not:
             return EncoderChoice(model, f"eager: {why_not}")
         traced = _TracedEncoder.build(model)
-        worst = traced.difference_from(model, check_texts)
+        batches = [[text] for text in alone] + ([list(together)] if together else [])
+        worst = traced.difference_from(model, batches)
     except Exception as exc:  # a model tracing cannot record, or a torch without torch.jit
         logger.warning("serving the eager pass: tracing failed (%s)", exc)
         return EncoderChoice(model, f"eager: tracing failed ({type(exc).__name__}: {exc})"[:256])
@@ -73,7 +75,7 @@ def choose_forward(model: Any, check_texts: Sequence[str]) -> EncoderChoice:
         traced,
         f"traced: torch.jit trace, freeze, optimize_for_inference in "
         f"{time.monotonic() - started:.1f}s; equal to the eager pass within {worst:.2g} on "
-        f"{len(check_texts)} texts, alone and as one batch",
+        f"{len(alone)} inputs alone and {len(together)} as one padded batch",
     )
 
 
@@ -143,19 +145,25 @@ class _TracedEncoder:
         return cls(model, graph, names, transformer.module_output_name, output)
 
     def __call__(self, features: Features) -> Features:
-        features[self._output_name] = self._graph(*(features[name] for name in self._names))
+        import torch
+
+        # Run as frozen and optimised, not re-profiled: TorchScript's profiling executor would
+        # time each new input shape's first runs and compile again (31-57 ms for a first call of
+        # a new shape, measured) for no faster pass than this one (4.3 ms against 4.3-4.5).
+        with torch.jit.optimized_execution(False):
+            states = self._graph(*(features[name] for name in self._names))
+        features[self._output_name] = states
         for module in self._rest:
             features = module(features)
         return features
 
-    def difference_from(self, model: Any, texts: Sequence[str]) -> float:
-        """The largest difference of the sentence embeddings of the two passes over `texts`:
-        each alone, then all of them as one padded batch."""
+    def difference_from(self, model: Any, batches: Sequence[list[str]]) -> float:
+        """The largest difference of the sentence embeddings of the two passes over `batches`."""
         import torch
 
         worst = 0.0
         with torch.inference_mode():
-            for batch in [*([text] for text in texts), list(texts)]:
+            for batch in batches:
                 eager = model(model.preprocess(batch))["sentence_embedding"]
                 traced = self(model.preprocess(batch))["sentence_embedding"]
                 if traced.shape != eager.shape:
