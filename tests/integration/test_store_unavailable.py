@@ -17,6 +17,7 @@ import asyncpg
 import grpc
 import httpx
 import pytest
+from sqlalchemy import text
 
 from gantry.common.errors import GantryError
 from gantry.common.status import error_info_of
@@ -25,6 +26,7 @@ from gantry.controlplane.platform import database as database_module
 from gantry.controlplane.platform.database import Database, sqlite_file
 from gantry.v1 import control_plane_pb2 as cp
 from tests.integration.harness import Harness, running_gantry
+from tests.integration.polling import wait_until
 
 NOW = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 # Short, so a test waits little for the bound it checks: the default is database.STORE_WAIT_S.
@@ -235,3 +237,49 @@ async def test_a_write_behind_a_postgres_lock_is_refused_at_the_bound(
         await admin.close()
     assert "behind-a-lock" not in await _node_names(postgres_gantry)
     await _register(postgres_gantry, "behind-a-lock")
+
+
+@pytest.mark.postgres
+async def test_a_replica_stopped_inside_a_transaction_holds_its_locks_only_for_the_bound(
+    postgres_gantry: Harness, postgres_url: str, monkeypatch: pytest.MonkeyPatch
+):
+    """Another replica's control plane (its own Database) takes a lock in a transaction and then
+    sends nothing, as one SIGSTOPped between two statements does: PostgreSQL ends its session
+    after IDLE_IN_TRANSACTION_S, so the writes it blocked go through, and the stalled replica,
+    once it runs again, finds its transaction gone (typed, nothing of it committed)."""
+    monkeypatch.setattr(database_module, "IDLE_IN_TRANSACTION_S", 1.0)
+    stalled_replica = Database.connect(postgres_url)
+    holding, resume = asyncio.Event(), asyncio.Event()
+
+    async def stopped_inside_a_transaction() -> None:
+        async with stalled_replica.transaction() as session:
+            await session.execute(text("LOCK TABLE nodes IN EXCLUSIVE MODE"))
+            holding.set()
+            await resume.wait()  # no statement while "stopped"
+            await session.execute(text("SELECT 1"))
+
+    stalled = asyncio.create_task(stopped_inside_a_transaction())
+    try:
+        await holding.wait()
+
+        async def written() -> bool:
+            try:
+                await _register(postgres_gantry, "after-a-stall")
+            except grpc.aio.AioRpcError as refused:
+                _assert_store_unavailable(refused)  # behind the lock, at lock_timeout
+                return False
+            return True
+
+        # Refused at the store's wait (0.5 s) while the lock is held, then written once the
+        # server has ended the idle session (1 s): far sooner than the wait below.
+        await wait_until(written, 30, "a node registered once the stalled lock is ended")
+        resume.set()
+        with pytest.raises(GantryError) as ended:
+            await stalled
+        assert ended.value.reason == "STORE_UNAVAILABLE", ended.value
+    finally:
+        resume.set()
+        with contextlib.suppress(GantryError):
+            await stalled
+        await stalled_replica.close()
+    assert "after-a-stall" in await _node_names(postgres_gantry)

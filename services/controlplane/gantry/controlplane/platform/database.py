@@ -53,6 +53,14 @@ log = logging.getLogger(__name__)
 # deadline: a locked or stalled database is answered, typed and retryable, not at the deadline.
 # Read when a Database connects (tests lower it to keep a lock wait short).
 STORE_WAIT_S = 5.0
+# How long PostgreSQL keeps a session idle inside a transaction before it ends it, rolling the
+# transaction back (idle_in_transaction_session_timeout). A replica stopped (SIGSTOP), hung or cut
+# off between two statements of a transaction would otherwise hold its row locks for ever: a
+# fresh clone's chaos test saw the new leader's every reconciler pass refused at lock_timeout for
+# 60 s behind the stopped leader's open transaction, its placement never made. Far above any
+# pause between two statements of one transaction here, which awaits only the database. Read
+# when a Database connects (tests lower it).
+IDLE_IN_TRANSACTION_S = 15.0
 # SQLite's primary result codes that mean the store cannot take work now, not a bug:
 # BUSY, LOCKED, READONLY, IOERR, FULL, CANTOPEN, PROTOCOL (sqlite.org/rescode.html).
 _SQLITE_OUTAGE_CODES = frozenset({5, 6, 8, 10, 13, 14, 15})
@@ -134,11 +142,15 @@ def _sqlite_begin_immediate(connection: Connection) -> None:
     connection.exec_driver_sql("BEGIN IMMEDIATE")
 
 
-def _postgres_waits(wait_s: float) -> dict[str, object]:
-    """asyncpg's connect arguments: a connect and every lock wait bounded by `wait_s`."""
+def _postgres_waits(wait_s: float, idle_s: float) -> dict[str, object]:
+    """asyncpg's connect arguments: a connect and every lock wait bounded by `wait_s`, a session
+    idle inside a transaction ended after `idle_s`."""
     return {
         "timeout": wait_s,
-        "server_settings": {"lock_timeout": str(int(wait_s * 1000))},
+        "server_settings": {
+            "lock_timeout": str(int(wait_s * 1000)),
+            "idle_in_transaction_session_timeout": str(int(idle_s * 1000)),
+        },
     }
 
 
@@ -208,11 +220,15 @@ class Database:
     @classmethod
     def connect(cls, url: str) -> Database:
         """An engine for url; nothing is opened (or, for SQLite, created) until first use. Every
-        wait for the database is bounded by STORE_WAIT_S (see there)."""
+        wait for the database is bounded by STORE_WAIT_S, and on PostgreSQL every transaction's
+        pause between statements by IDLE_IN_TRANSACTION_S (see there)."""
         wait_s = STORE_WAIT_S
         if make_url(url).get_backend_name() == "postgresql":
             engine = create_async_engine(
-                url, pool_pre_ping=True, pool_timeout=wait_s, connect_args=_postgres_waits(wait_s)
+                url,
+                pool_pre_ping=True,
+                pool_timeout=wait_s,
+                connect_args=_postgres_waits(wait_s, IDLE_IN_TRANSACTION_S),
             )
         else:
             engine = create_async_engine(url, pool_pre_ping=True)
