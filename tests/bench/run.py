@@ -222,10 +222,10 @@ async def _concurrency_one(
     await _interleaved(untuned_one, embed, untuned.pid)
     over_p50, over_p99 = gantry_p50 - direct.untuned_p50, gantry_p99 - direct.untuned_p99
     print(
-        f"  invoke overhead over the untuned encode: p50 +{over_p50:.2f} ms, p99 "
-        f"+{over_p99:.2f} ms  (targets: p50 <= 2.0 ms, p99 <= 5 ms); over the in-process "
-        f"PASSIVE one: p50 +{gantry_p50 - direct.passive_p50:.2f} ms, "
-        f"p99 +{gantry_p99 - direct.passive_p99:.2f} ms"
+        f"  invoke overhead over the untuned encode: p50 {over_p50:+.2f} ms, p99 "
+        f"{over_p99:+.2f} ms  (targets: p50 <= 2.0 ms, p99 <= 5 ms); over the in-process "
+        f"PASSIVE one: p50 {gantry_p50 - direct.passive_p50:+.2f} ms, "
+        f"p99 {gantry_p99 - direct.passive_p99:+.2f} ms"
     )
     where = (
         "; the rest is Gantry's own work in those processes, stage by stage in the "
@@ -238,9 +238,9 @@ async def _concurrency_one(
     ):  # fmt: skip
         summary.add(
             f"invoke overhead, one sentence, {measure}",
-            f"+{over:.2f} ms ({gantry:.2f})",
+            f"{over:+.2f} ms ({gantry:.2f})",
             f"untuned direct {untuned_ms_:.2f} ms (in-process PASSIVE {passive:.2f}: "
-            f"+{gantry - passive:.2f})",
+            f"{gantry - passive:+.2f})",
             f"<= +{target:g} ms",
             over <= target,
             f"the same 4 processes chained with no Gantry code cost {floor_ms:.2f} ms {measure} "
@@ -256,7 +256,7 @@ async def _interleaved(untuned_one: Call, embed: Call, untuned_pid: int) -> None
     untuned_p50, gantry_p50 = statistics.median(untuned_ms), statistics.median(gantry_ms)
     print(
         f"  interleaved call by call instead: untuned {untuned_p50:.2f} ms, Gantry "
-        f"{gantry_p50:.2f} ms (+{gantry_p50 - untuned_p50:.2f}); the untuned encode's threads "
+        f"{gantry_p50:.2f} ms ({gantry_p50 - untuned_p50:+.2f}); the untuned encode's threads "
         f"spin {await spin_tail_ms(untuned_one, untuned_pid):.1f} ms of CPU after each encode "
         "returns, "
         "while the call after it runs"
@@ -305,7 +305,7 @@ async def _sporadic(summary: Summary, untuned: UntunedDirect, h: Served) -> None
     gantry_p50, _ = report("Embed via Gantry", gantry_ms)
     summary.add(
         f"one sentence after {SPORADIC_GAP_S * 1000:.0f} ms idle, p50",
-        f"+{gantry_p50 - untuned_p50:.2f} ms ({gantry_p50:.2f})",
+        f"{gantry_p50 - untuned_p50:+.2f} ms ({gantry_p50:.2f})",
         f"untuned direct {untuned_p50:.2f} ms",
         "- (reported)",
         None,
