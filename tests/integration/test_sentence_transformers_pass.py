@@ -3,9 +3,10 @@ returns what the library returns for the same inputs, in their order, also past 
 embedding adapter's rows are `SentenceTransformer.encode`'s (with the default prompt,
 truncate_dim and normalisation), the cross-encoder's scores `CrossEncoder.predict`'s.
 
-On the CPU the embedding adapter serves its transformer traced (adapters/traced_encoder.py), so
-the rows above are the traced pass's against the library's eager encode(); where the trace is not
-checked equal, or cannot be made, the eager pass serves and the load's evidence says why."""
+On the CPU both adapters serve their transformer traced (adapters/traced_encoder.py), so the rows
+and scores above are the traced pass's against the library's eager encode() and predict(); where
+the trace is not checked equal, or cannot be made, the eager pass serves and the load's evidence
+says why."""
 
 from __future__ import annotations
 
@@ -136,7 +137,9 @@ def test_weights_other_than_float32_are_served_eagerly_without_a_trace(model_dir
     import torch
 
     model = _loaded(model_dir)._require_loaded().to(torch.bfloat16)
-    choice = traced_encoder.choose_forward(model, alone=[HEALTH_PROBE_TEXT], together=[])
+    choice = traced_encoder.choose_forward(
+        model, alone=[HEALTH_PROBE_TEXT], together=[], output="sentence_embedding"
+    )
     assert choice.forward is model
     assert choice.evidence == "eager: weights in ['torch.bfloat16'], not float32 alone"
 
@@ -163,3 +166,22 @@ def test_the_cross_encoder_s_scores_are_predict_s(
     assert scores.dtype == np.dtype("<f4") and scores.shape == (len(documents),)
     np.testing.assert_allclose(scores, np.asarray(expected, dtype="<f4"), rtol=0, atol=1e-6)
     assert ((scores > 0) & (scores < 1)).all()  # through the model's sigmoid, as predict() does
+
+
+def test_the_cross_encoder_serves_its_traced_pass_and_says_so(cross_encoder_dir: Path) -> None:
+    adapter = SentenceTransformersCrossEncoder()
+    facts = adapter.load(cross_encoder_dir, common_pb2.AdapterSettings(device="cpu"))
+    evidence = facts.versions[traced_encoder.FORWARD_PASS_KEY]
+    assert evidence.startswith("traced: ") and evidence.endswith(
+        "on 3 inputs alone and 2 as one padded batch"
+    ), evidence
+    model = adapter._require_loaded()
+    assert adapter._forward is not model
+    query = "which model is resident"
+    for documents in ([TEXTS[0]], TEXTS, [" ".join(TEXTS * 3)]):
+        expected = model.predict(
+            [(query, document) for document in documents], show_progress_bar=False
+        )
+        np.testing.assert_allclose(
+            adapter.rerank(query, documents), np.asarray(expected, dtype="<f4"), atol=1e-6
+        )

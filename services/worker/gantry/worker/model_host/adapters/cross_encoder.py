@@ -27,6 +27,10 @@ if TYPE_CHECKING:
     import numpy as np
     import torch
 
+# A second short document for the traced pass's check, longer than the probe's: the two pairs as
+# one batch pad the shorter one.
+_CHECK_DOCUMENT = "A model host serves the pass it checked; a traced one is checked first."
+
 
 class SentenceTransformersCrossEncoder(sentence_transformers_model.SentenceTransformersAdapter):
     name = "sentence_transformers_cross_encoder"
@@ -53,6 +57,15 @@ class SentenceTransformersCrossEncoder(sentence_transformers_model.SentenceTrans
             )
         return model
 
+    def _trace_checks(self, long_tokens: int) -> sentence_transformers_model.TraceChecks:
+        short = (HEALTH_PROBE_QUERY, HEALTH_PROBE_DOCUMENT)
+        longer = (HEALTH_PROBE_QUERY, _CHECK_DOCUMENT)
+        return sentence_transformers_model.TraceChecks(
+            alone=[short, longer, (HEALTH_PROBE_QUERY, worst_case_text(long_tokens))],
+            together=[short, longer],
+            output="scores",
+        )
+
     def rerank_token_counts(self, query: str, documents: Sequence[str]) -> list[int]:
         return self._token_counts([query] * len(documents), documents)
 
@@ -61,9 +74,7 @@ class SentenceTransformersCrossEncoder(sentence_transformers_model.SentenceTrans
 
         pairs = [(query, document) for document in documents]
         scores = np.asarray(
-            sentence_transformers_model.in_passes(
-                self._require_loaded(), pairs, self.max_batch_inputs, self._scores
-            ),
+            self._passes(pairs, self._scores),
             dtype="<f4",
         )
         if scores.shape != (len(documents),):

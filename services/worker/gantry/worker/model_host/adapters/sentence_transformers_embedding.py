@@ -11,30 +11,20 @@ from gantry.v1 import common_pb2
 from gantry.worker.model_host.adapters.base import (
     HEALTH_PROBE_TEXT,
     ForwardCheck,
-    RuntimeFacts,
     WorstCase,
     check_output,
     worst_case_text,
 )
 from gantry.worker.model_host.adapters.sentence_transformers_model import (
     SentenceTransformersAdapter,
+    TraceChecks,
     default_prompt,
-    in_passes,
-)
-from gantry.worker.model_host.adapters.traced_encoder import (
-    FORWARD_PASS_KEY,
-    Forward,
-    choose_forward,
 )
 
 if TYPE_CHECKING:
     import numpy as np
     import torch
 
-# The traced pass is checked on one input this many tokens long (or the model's limit, if lower):
-# a shape well past the trace's, at a cost the load can bear (an eager pass at a long model's
-# limit, 8,192 tokens, would take it minutes; MiniLM's 256, padded three together, 0.24 s).
-CHECK_TOKENS_MAX = 128
 # A second short check input, longer than the probe's: the two as one batch pad the shorter one.
 _CHECK_TEXT = "A model host serves what it checked; the traced pass is checked before it serves."
 
@@ -49,24 +39,13 @@ class SentenceTransformersEmbedding(SentenceTransformersAdapter):
         self._normalize = False
         # The model's declared width; until known, the first probe's width is taken as it.
         self._dim = 0
-        # The modules' pass: the traced encoder where it was checked, else the model's own call.
-        self._forward: Forward | None = None
 
-    def load(self, model_directory: Path, settings: common_pb2.AdapterSettings) -> RuntimeFacts:
-        facts = super().load(model_directory, settings)
-        length = min(self.worst_case_length()[0], CHECK_TOKENS_MAX)
-        choice = choose_forward(
-            self._require_loaded(),
-            alone=[HEALTH_PROBE_TEXT, _CHECK_TEXT, worst_case_text(length)],
+    def _trace_checks(self, long_tokens: int) -> TraceChecks:
+        return TraceChecks(
+            alone=[HEALTH_PROBE_TEXT, _CHECK_TEXT, worst_case_text(long_tokens)],
             together=[HEALTH_PROBE_TEXT, _CHECK_TEXT],
+            output="sentence_embedding",
         )
-        self._forward = choice.forward
-        facts.versions[FORWARD_PASS_KEY] = choice.evidence
-        return facts
-
-    def release(self) -> None:
-        self._forward = None  # it holds the model, and its graph the weights
-        super().release()
 
     def _load(self, model_directory: Path, settings: common_pb2.AdapterSettings) -> Any:
         # Imported here, after the offline flags, the network guard and the sandbox.
@@ -97,9 +76,7 @@ class SentenceTransformersEmbedding(SentenceTransformersAdapter):
         import numpy as np
 
         # No input: an empty answer, refused below like any row count that is off.
-        vectors = in_passes(
-            self._require_loaded(), list(inputs), self.max_batch_inputs, self._rows, self._forward
-        )
+        vectors = self._passes(list(inputs), self._rows)
         if vectors.ndim != 2 or vectors.shape[0] != len(inputs):
             raise RuntimeError(f"encoder returned shape {vectors.shape} for {len(inputs)} inputs")
         return np.ascontiguousarray(vectors, dtype="<f4")

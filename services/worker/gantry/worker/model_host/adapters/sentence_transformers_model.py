@@ -4,24 +4,86 @@ library's encode()/predict() runs it for one batch (`one_pass`)."""
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gantry.v1 import common_pb2
 from gantry.worker.model_host.adapters.base import (
     UNDECLARED_LENGTH_PROBED,
     ModelAdapter,
+    RuntimeFacts,
     declared_token_limit,
     token_counts,
+)
+from gantry.worker.model_host.adapters.traced_encoder import (
+    FORWARD_PASS_KEY,
+    Forward,
+    choose_forward,
 )
 
 if TYPE_CHECKING:
     import numpy as np
     import torch
 
+# The traced pass is checked on one input this many tokens long (or the model's limit, if lower):
+# a shape well past the trace's, at a cost the load can bear (an eager pass at a long model's
+# limit, 8,192 tokens, would take it minutes; MiniLM's 256, padded three together, 0.24 s).
+CHECK_TOKENS_MAX = 128
+
+
+@dataclass(frozen=True)
+class TraceChecks:
+    """What an adapter's traced pass is traced and checked on (traced_encoder.choose_forward):
+    `together`, two short inputs of different lengths (texts, or query/document pairs) as one
+    padded batch, and each of `alone` by itself; `output` is the features key it reads."""
+
+    alone: list[Any]
+    together: list[Any]
+    output: str
+
 
 class SentenceTransformersAdapter(ModelAdapter):
     """An adapter whose loaded model is a sentence-transformers object (a SentenceTransformer or
-    a CrossEncoder): it carries its tokenizer and its `max_seq_length`."""
+    a CrossEncoder): it carries its tokenizer and its `max_seq_length`. On the CPU its passes run
+    the traced encoder where it was checked equal to the eager pass (traced_encoder.py), and the
+    load's evidence says which pass serves."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        # The modules' pass: the traced encoder where it was checked, else the model's own call.
+        self._forward: Forward | None = None
+
+    def load(self, model_directory: Path, settings: common_pb2.AdapterSettings) -> RuntimeFacts:
+        facts = super().load(model_directory, settings)
+        checks = self._trace_checks(min(self.worst_case_length()[0], CHECK_TOKENS_MAX))
+        choice = choose_forward(
+            self._require_loaded(),
+            alone=checks.alone,
+            together=checks.together,
+            output=checks.output,
+        )
+        self._forward = choice.forward
+        facts.versions[FORWARD_PASS_KEY] = choice.evidence
+        return facts
+
+    @abc.abstractmethod
+    def _trace_checks(self, long_tokens: int) -> TraceChecks:
+        """The inputs the traced pass is checked on, one of them `long_tokens` long."""
+
+    def release(self) -> None:
+        self._forward = None  # it holds the model, and its graph the weights
+        super().release()
+
+    def _passes(
+        self, inputs: Sequence[Any], output: Callable[[dict[str, Any]], torch.Tensor]
+    ) -> np.ndarray:
+        """`in_passes` over `inputs` on the loaded model, through the pass that serves."""
+        return in_passes(
+            self._require_loaded(), inputs, self.max_batch_inputs, output, self._forward
+        )
 
     @property
     def token_limit(self) -> int:

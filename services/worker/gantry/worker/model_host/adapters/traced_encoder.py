@@ -1,6 +1,7 @@
-"""A CPU host's compiled encoder: a sentence-transformers model's transformer traced once at load,
-frozen (its weights as the graph's constants) and optimised for inference (oneDNN's prepacked
-matrix products and fused ops), then checked against the eager pass before it serves a call.
+"""A CPU host's compiled encoder: a sentence-transformers model's transformer (an embedding
+model's, a cross-encoder's) traced once at load, frozen (its weights as the graph's constants)
+and optimised for inference (oneDNN's prepacked matrix products and fused ops), then checked
+against the eager pass before it serves a call.
 
 Why: on the CPU a short input's pass is mostly transformers' eager matrix products and the ops
 around them, which oneDNN's prepacked and fused kernels do in less. all-MiniLM-L6-v2 alone in a
@@ -8,16 +9,17 @@ process, one sentence on 2 threads of a 2-vCPU machine, four rounds alternated: 
 pass, traced and frozen 4.3-7.2 ms, also optimised 3.3-4.9 ms; `torch.export` alone, with no such
 kernels, ran as eager did (11.2 against 11.2 ms in one run), so the gain is the kernels, not
 Python. The trace and the check take 0.4-0.6 s at load; the prepacked weights are a copy (a further
-MiniLM host adds 123-132 MiB to the machine's PSS, against about 57 MiB eager).
+MiniLM host adds 118-132 MiB to the machine's PSS, against about 57 MiB eager).
 
 Only where it is checked: the traced graph is a recording of one pass, and a model whose Python
 takes a branch on its input's shape or values would record that branch only. So before it is used
-it runs beside the eager pass on inputs of other shapes than it was traced with (the caller's: two
-short texts and a long one, each alone, and the short ones as one padded batch) and is kept only if
-every sentence embedding agrees to float rounding (`TOLERANCE`). Otherwise, on any other device
-than the CPU, for a model that is not float32, or when tracing fails (`torch.jit` is deprecated in
-torch 2.13 and may go), the host serves the eager pass. Either way the load's evidence says which
-pass serves and why (`FORWARD_PASS_KEY` in runtime_versions): never a silent fallback.
+it runs beside the eager pass on inputs of other shapes than it was traced with (the adapter's: two
+short inputs, texts or query/document pairs, and a long one, each alone, and the short ones as one
+padded batch, which it was traced on) and is kept only if every output (sentence embedding, score)
+agrees to float rounding (`TOLERANCE`). Otherwise, on any other device than the CPU, for a model
+that is not float32, or when tracing fails (`torch.jit` is deprecated in torch 2.13 and may go),
+the host serves the eager pass. Either way the load's evidence says which pass serves and why
+(`FORWARD_PASS_KEY` in runtime_versions): never a silent fallback.
 """
 
 from __future__ import annotations
@@ -51,18 +53,25 @@ class EncoderChoice:
     evidence: str
 
 
-def choose_forward(model: Any, *, alone: Sequence[str], together: Sequence[str]) -> EncoderChoice:
-    """The traced encoder for a loaded SentenceTransformer where it is checked equal to the eager
-    pass on other shapes than the trace's (each of `alone` by itself, then `together` as one
-    padded batch), else the model itself, with why."""
+def choose_forward(
+    model: Any, *, alone: Sequence[Any], together: Sequence[Any], output: str
+) -> EncoderChoice:
+    """The traced encoder for a loaded sentence-transformers model (a SentenceTransformer, a
+    CrossEncoder) where it is checked equal to the eager pass, else the model itself, with why.
+
+    `together` (two inputs or more, of different lengths: texts, or query/document pairs) is
+    what it is traced on, as one padded batch; each of `alone` by itself gives it other shapes to
+    be checked on, and `together` is checked too. `output` is the features key compared: what
+    the adapter reads of the modules' pass (a SentenceTransformer's `sentence_embedding`, a
+    CrossEncoder's `scores`)."""
     started = time.monotonic()
     try:
         why_not = _why_not_traceable(model)
         if why_not:
             return EncoderChoice(model, f"eager: {why_not}")
-        traced = _TracedEncoder.build(model)
+        traced = _TracedEncoder.build(model, together)
         batches = [[text] for text in alone] + ([list(together)] if together else [])
-        worst = traced.difference_from(model, batches)
+        worst = traced.difference_from(model, batches, output)
     except Exception as exc:  # a model tracing cannot record, or a torch without torch.jit
         logger.warning("serving the eager pass: tracing failed (%s)", exc)
         return EncoderChoice(model, f"eager: tracing failed ({type(exc).__name__}: {exc})"[:256])
@@ -100,26 +109,23 @@ def _why_not_traceable(model: Any) -> str:
 class _TracedEncoder:
     """The model's modules with its first (the transformer) replaced by a frozen graph of it."""
 
-    def __init__(
-        self, model: Any, graph: Any, names: tuple[str, ...], output_name: str, output: str
-    ) -> None:
+    def __init__(self, model: Any, graph: Any, names: tuple[str, ...], output_name: str) -> None:
         self._rest = list(model)[1:]  # pooling, normalisation, ...: run as the model runs them
         self._graph = graph
         self._names = names  # the tensor features the graph takes, in order
         self._output_name = output_name  # where the transformer puts its states (features key)
-        self._output = output  # which of the transformer's outputs that is
 
     @classmethod
-    def build(cls, model: Any) -> _TracedEncoder:
+    def build(cls, model: Any, together: Sequence[Any]) -> _TracedEncoder:
         import torch
 
         transformer = model[0]
-        output = transformer.modality_config["text"]["method_output_name"]
-        if not isinstance(output, str):
-            (output,) = output  # one named output, e.g. last_hidden_state
+        states_name = transformer.modality_config["text"]["method_output_name"]
+        if not isinstance(states_name, str):
+            (states_name,) = states_name  # one named output: last_hidden_state, logits
         # Traced on a padded batch, so the graph records the attention mask's use: traced on an
         # unpadded one, a model may record "no mask needed" and ignore a later batch's padding.
-        example = model.preprocess(["a traced example", "a longer traced example, padded less"])
+        example = model.preprocess(list(together))
         names = tuple(name for name in _TENSOR_FEATURES if name in example)
         hf_model = transformer.model
 
@@ -130,7 +136,7 @@ class _TracedEncoder:
 
             def forward(self, *tensors: torch.Tensor) -> torch.Tensor:
                 states = self.inner(**dict(zip(names, tensors, strict=True)), return_dict=True)
-                return states[output]  # type: ignore[no-any-return]
+                return states[states_name]  # type: ignore[no-any-return]
 
         with torch.inference_mode(), warnings.catch_warnings():
             # The tracer's warnings name each Python branch it records: the check below is what
@@ -142,7 +148,7 @@ class _TracedEncoder:
                 check_trace=False,
             )
             graph = torch.jit.optimize_for_inference(torch.jit.freeze(graph))
-        return cls(model, graph, names, transformer.module_output_name, output)
+        return cls(model, graph, names, transformer.module_output_name)
 
     def __call__(self, features: Features) -> Features:
         import torch
@@ -157,15 +163,15 @@ class _TracedEncoder:
             features = module(features)
         return features
 
-    def difference_from(self, model: Any, batches: Sequence[list[str]]) -> float:
-        """The largest difference of the sentence embeddings of the two passes over `batches`."""
+    def difference_from(self, model: Any, batches: Sequence[list[Any]], output: str) -> float:
+        """The largest difference of the two passes' `output` over `batches`."""
         import torch
 
         worst = 0.0
         with torch.inference_mode():
             for batch in batches:
-                eager = model(model.preprocess(batch))["sentence_embedding"]
-                traced = self(model.preprocess(batch))["sentence_embedding"]
+                eager = model(model.preprocess(batch))[output]
+                traced = self(model.preprocess(batch))[output]
                 if traced.shape != eager.shape:
                     return float("inf")
                 worst = max(worst, float((traced - eager).abs().max()))
