@@ -185,3 +185,38 @@ def test_the_cross_encoder_serves_its_traced_pass_and_says_so(cross_encoder_dir:
         np.testing.assert_allclose(
             adapter.rerank(query, documents), np.asarray(expected, dtype="<f4"), atol=1e-6
         )
+
+
+def test_two_traced_passes_at_once_on_lanes_return_encode_s_rows(model_dir: Path) -> None:
+    """Two batches side by side on a host's lanes (model_host/pass_lanes.py), each on its own
+    thread with one intra-op thread, while the serving loop counts tokens (untruncated) beside
+    them: every batch's rows are still encode()'s, long inputs truncated as encode() cuts them."""
+    import torch
+
+    from gantry.worker.model_host.pass_lanes import LANES, PassLanes
+
+    adapter, evidence = _loaded_with_evidence(model_dir)
+    assert evidence.startswith("traced:"), evidence
+    long_text = " ".join(TEXTS * 20)  # past the tiny model's token limit: the pass truncates it
+    batches = [[*TEXTS[i % len(TEXTS) :], long_text, f"batch {i}"] for i in range(12)]
+    expected = [_encoded(adapter, batch) for batch in batches]
+    counts = adapter.embed_token_counts([long_text])
+    rows: dict[int, np.ndarray] = {}
+    threads_seen: list[int] = []
+    lanes = PassLanes(threads=2, set_threads=torch.set_num_threads)
+
+    def run(index: int) -> None:
+        threads_seen.append(torch.get_num_threads())
+        rows[index] = adapter.embed(batches[index])
+
+    try:
+        for index in range(len(batches)):
+            lanes.submit(lambda index=index: run(index))  # type: ignore[misc]
+            assert adapter.embed_token_counts([long_text]) == counts
+        lanes.wait_idle()
+    finally:
+        lanes.close()
+    assert sorted(rows) == list(range(len(batches)))
+    for index, batch_rows in rows.items():
+        np.testing.assert_allclose(batch_rows, expected[index], rtol=0, atol=1e-6)
+    assert set(threads_seen) == {1} and LANES == 2  # each lane's share of the host's 2 threads

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import threading
 import time
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from gantry.worker.model_host.framing import read_frame
 from gantry.worker.model_host.inbox import Inbox, InboxItem, Queued, ResponseWriter
 from gantry.worker.model_host.landlock import Isolation, IsolationLevel
 from gantry.worker.model_host.memory_readings import CudaAllocator
+from gantry.worker.model_host.pass_lanes import PassLanes
 from gantry.worker.model_host.probe_evidence import LoadRecord
 from gantry.worker.model_host.serving import ModelServer, ServingSettings
 
@@ -43,7 +45,12 @@ class _CountingEncoder:
 
 
 def _server(
-    encoder: _CountingEncoder, *, inbox: Inbox, stream: io.BytesIO, dim: int
+    encoder: _CountingEncoder,
+    *,
+    inbox: Inbox,
+    stream: io.BytesIO,
+    dim: int,
+    lanes: PassLanes | None = None,
 ) -> ModelServer:
     adapter = SentenceTransformersEmbedding()
     # What `load` would have set from a real model.
@@ -66,6 +73,7 @@ def _server(
         settings=ServingSettings(max_batch_inputs=8, test_hooks=False),
         inbox=inbox,
         responses=ResponseWriter(stream),
+        lanes=lanes,
     )
 
 
@@ -170,3 +178,73 @@ def test_a_lone_embed_runs_at_once_without_waiting_for_company() -> None:
     assert inbox.waits[0] is None
     assert inbox.waits[1] == 0
     assert _answers(stream)[1].embed.count == 1
+
+
+class _ThreadRecordingEncoder(_CountingEncoder):
+    """Also remembers which thread ran each pass."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.threads: list[str] = []
+
+    def __call__(self, features: dict[str, object]) -> dict[str, object]:
+        self.threads.append(threading.current_thread().name)
+        return super().__call__(features)
+
+
+def _served_with_lanes(*items: Queued) -> tuple[_ThreadRecordingEncoder, io.BytesIO]:
+    """Queue `items` and a shutdown, serve them all on a host with two lanes (max_batch_inputs
+    8); the encoder that ran the passes and the answers' stream."""
+    inbox = Inbox(limit=16)
+    stream = io.BytesIO()
+    encoder = _ThreadRecordingEncoder()
+    lanes = PassLanes(threads=2, set_threads=lambda _: None)
+    server = _server(encoder, inbox=inbox, stream=stream, dim=4, lanes=lanes)
+    for item in (*items, _shutdown(99)):
+        inbox.offer(item)
+    assert server.serve() == 0
+    return encoder, stream
+
+
+def _order(stream: io.BytesIO) -> list[int]:
+    stream.seek(0)
+    order = []
+    while (payload := read_frame(stream)) is not None:
+        order.append(model_host_pb2.HostResponse.FromString(payload).request_id)
+    return order
+
+
+def test_with_lanes_batches_of_several_callers_run_on_them_at_half_the_bound() -> None:
+    encoder, stream = _served_with_lanes(*(_embed(i, f"text {i}") for i in range(1, 12)))
+
+    # Two lanes of 4 inputs each hold no more than the bound of 8 that one pass would.
+    assert sorted(len(batch) for batch in encoder.encoded) == [3, 4, 4]
+    assert all(name.startswith("pass-lane") for name in encoder.threads)
+    answers = _answers(stream)
+    assert all(answers[request_id].embed.count == 1 for request_id in range(1, 12))
+    # The unload runs alone: after every batch on a lane was answered.
+    assert _order(stream)[-1] == 99
+
+
+def test_with_lanes_a_lone_call_on_an_idle_host_runs_on_the_serving_loop_s_thread() -> None:
+    encoder, stream = _served_with_lanes(_embed(1, "alone"))
+
+    assert encoder.encoded == [["alone"]]
+    assert encoder.threads == [threading.current_thread().name]
+    assert _order(stream) == [1, 99]
+
+
+def test_with_lanes_a_health_check_runs_alone_after_the_batches_before_it() -> None:
+    health = model_host_pb2.HostRequest(request_id=50, health=model_host_pb2.HealthCheck())
+    encoder, stream = _served_with_lanes(
+        *(_embed(i, f"text {i}") for i in range(1, 7)),
+        Queued(health, None),
+        _embed(7, "after the check"),
+    )
+
+    order = _order(stream)
+    # Every embed queued before the check was answered before it; the one after, after it.
+    assert set(order[: order.index(50)]) == {1, 2, 3, 4, 5, 6}
+    assert order[order.index(50) + 1 :] == [7, 99]
+    assert encoder.encoded[-2] == ["Gantry model host health probe."]
+    assert encoder.threads[-2] == threading.current_thread().name

@@ -295,6 +295,7 @@ def _serve(
     writer: ResponseWriter,
 ) -> int:
     """The serving loop on this thread, fed by a reader thread of the channel; its exit code."""
+    from gantry.worker.model_host.pass_lanes import PassLanes
     from gantry.worker.model_host.serving import ModelServer, ServingSettings
 
     inbox = Inbox(limit=args.inbox_limit)
@@ -312,6 +313,7 @@ def _serve(
         settings=ServingSettings.from_adapter(load.adapter),
         inbox=inbox,
         responses=writer,
+        lanes=PassLanes.for_adapter(adapter),
     )
     try:
         return server.serve()

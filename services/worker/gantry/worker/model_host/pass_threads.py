@@ -174,6 +174,10 @@ class PassThreads:
         # A cold pass is timed from here: its count's figure in `ColdPasses`.
         self._timing = (wanted, now, max(1, inputs)) if cold_threads is not None else None
 
+    def after_lane_pass(self) -> None:
+        """A pass on a lane (pass_lanes.py) ended: the host was not idle until now."""
+        self._last_pass_end = self._clock()
+
     def after_pass(self) -> None:
         self._last_pass_end = self._clock()
         if self._timing is not None and self._cold is not None:

@@ -45,6 +45,7 @@ from gantry.worker.model_host.generation_serving import GENERATE_KIND, GenerateR
 from gantry.worker.model_host.inbox import ChannelClosed, Inbox, InboxItem, Queued, ResponseWriter
 from gantry.worker.model_host.input_lengths import length_refusal
 from gantry.worker.model_host.media_serving import MediaRequests
+from gantry.worker.model_host.pass_lanes import PassLanes, lane_batch_inputs, use_lane
 from gantry.worker.model_host.pass_threads import PassThreads
 from gantry.worker.model_host.probe_evidence import LoadRecord
 
@@ -169,7 +170,11 @@ class ModelServer:
         settings: ServingSettings,
         inbox: Inbox,
         responses: ResponseWriter,
+        lanes: PassLanes | None = None,
     ) -> None:
+        """`lanes`: where embed batches run side by side under load (pass_lanes.py;
+        `PassLanes.for_adapter` says whether a host gets them); None runs every pass on the
+        serving loop's thread."""
         self._deployment_id = deployment_id
         self._adapter = adapter
         self._record = record
@@ -180,6 +185,9 @@ class ModelServer:
         self._carried: collections.deque[InboxItem] = collections.deque()
         self._tracer = tracer("gantry.model_host")
         self._pass_threads = PassThreads.for_adapter(adapter)
+        self._lanes = lanes
+        if self._lanes is not None and self._pass_threads is not None:
+            self._lanes.on_pass_end(self._pass_threads.after_lane_pass)
         self._media = MediaRequests(
             adapter=adapter, responses=responses, tracer=self._tracer, fail=self._fail
         )
@@ -204,6 +212,10 @@ class ModelServer:
     def serve(self) -> int:
         while True:
             item = self._carried.popleft() if self._carried else self._inbox.get()
+            runs_alone = isinstance(item, ChannelClosed) or item.kind != "embed"
+            if self._lanes is not None and runs_alone:
+                # Only embeds share the model; everything else runs alone (or ends the host).
+                self._lanes.wait_idle()
             if isinstance(item, ChannelClosed):
                 # Nobody is left to hear a HostUnloaded; the process's exit releases the model.
                 logger.info("channel closed by the parent; exiting")
@@ -242,7 +254,16 @@ class ModelServer:
             return
         if self._refused_for_length(request):
             return
-        batch = self._collect_batch(item)
+        if self._lanes is not None:
+            # Collected once a lane is free, as late as it can be: the fuller for it.
+            self._lanes.wait_free()
+            bound = lane_batch_inputs(self._settings.max_batch_inputs)
+            batch = self._collect_batch(item, bound)
+            if use_lane(requests=len(batch), running=self._lanes.running):
+                self._lanes.submit(lambda: self._run_batch(batch, bound))
+                return
+        else:
+            batch = self._collect_batch(item)
         if self._pass_threads is None:
             self._run_batch(batch)
             return
@@ -290,16 +311,18 @@ class ModelServer:
             return False
         return True
 
-    def _collect_batch(self, first: Queued) -> list[Queued]:
-        """`first` and the embeds already queued behind it, up to the batch bound.
+    def _collect_batch(self, first: Queued, bound: int | None = None) -> list[Queued]:
+        """`first` and the embeds already queued behind it, up to the batch bound (`bound`, a
+        lane's, where given).
 
         Adaptive, with no timer: an idle host runs a lone request at once (waiting for company
         would only add latency), and while a forward pass runs, concurrent callers queue up in the
         inbox and become the next batch. Under load batches fill by themselves.
         """
+        bound = bound or self._settings.max_batch_inputs
         batch = [first]
         total_inputs = len(first.request.embed.inputs)
-        while total_inputs < self._settings.max_batch_inputs:
+        while total_inputs < bound:
             try:
                 item = self._inbox.get(timeout=0)
             except queue.Empty:
@@ -307,9 +330,7 @@ class ModelServer:
             fits = (
                 isinstance(item, Queued)
                 and item.kind == "embed"
-                and 0
-                < len(item.request.embed.inputs)
-                <= self._settings.max_batch_inputs - total_inputs
+                and 0 < len(item.request.embed.inputs) <= bound - total_inputs
             )
             if not fits:
                 self._carried.append(item)
@@ -382,15 +403,17 @@ class ModelServer:
 
     # -- embed -----------------------------------------------------------------------------------
 
-    def _run_batch(self, batch: list[Queued]) -> None:
-        """Run the batch's inputs chunk by chunk (`plan_chunk`), answering each request once its
-        last chunk ran; before each chunk, requests cancelled or past their timeout are stopped."""
+    def _run_batch(self, batch: list[Queued], chunk_inputs: int | None = None) -> None:
+        """Run the batch's inputs chunk by chunk (`plan_chunk`, at most `chunk_inputs` each: the
+        batch bound, or a lane's), answering each request once its last chunk ran; before each
+        chunk, requests cancelled or past their timeout are stopped."""
+        size = chunk_inputs or self._settings.max_batch_inputs
         inputs = sum(len(item.request.embed.inputs) for item in batch)
         jobs = [
             _EmbedJob(item, self._embed_span(item.request, len(batch), inputs)) for item in batch
         ]
         while jobs := [job for job in jobs if job.remaining and self._job_wanted(job)]:
-            plan = plan_chunk([job.remaining for job in jobs], self._settings.max_batch_inputs)
+            plan = plan_chunk([job.remaining for job in jobs], size)
             self._run_chunk([(jobs[index], count) for index, count in plan])
 
     def _embed_span(

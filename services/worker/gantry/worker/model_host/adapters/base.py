@@ -96,6 +96,9 @@ class ModelAdapter(abc.ABC):
     # What the adapter passes to the library, recorded as offline evidence (not assumed).
     local_files_only: ClassVar[bool] = True
     trust_remote_code: ClassVar[bool] = False
+    # Whether two of its embed passes may run at once, on two threads (model_host/pass_lanes.py):
+    # only an adapter that made its pass safe to share (its tokenizer's settings included) says so.
+    concurrent_passes: ClassVar[bool] = False
 
     def __init__(self) -> None:
         self._model: Any = None

@@ -33,6 +33,9 @@ class SentenceTransformersEmbedding(SentenceTransformersAdapter):
     name = "sentence_transformers"
     task = "embedding"
     serves = frozenset({"embed"})
+    # Its tokenizer's uses are serialised (SentenceTransformersAdapter), the rest of a pass holds
+    # only its own tensors.
+    concurrent_passes = True
 
     def __init__(self) -> None:
         super().__init__()

@@ -5,6 +5,8 @@ library's encode()/predict() runs it for one batch (`one_pass`)."""
 from __future__ import annotations
 
 import abc
+import contextlib
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,6 +58,12 @@ class SentenceTransformersAdapter(ModelAdapter):
         super().__init__()
         # The modules' pass: the traced encoder where it was checked, else the model's own call.
         self._forward: Forward | None = None
+        # Held around every use of the tokenizer: a fast tokenizer's call sets its truncation and
+        # padding first when they differ from the last call's (the token count's untruncated,
+        # the pass's truncated), and a call on another thread between the two (passes side by
+        # side: pass_lanes.py) would tokenize with the other's settings, or raise "Already
+        # borrowed" from Rust.
+        self._tokenizing = threading.Lock()
 
     def load(self, model_directory: Path, settings: common_pb2.AdapterSettings) -> RuntimeFacts:
         facts = super().load(model_directory, settings)
@@ -83,7 +91,12 @@ class SentenceTransformersAdapter(ModelAdapter):
     ) -> np.ndarray:
         """`in_passes` over `inputs` on the loaded model, through the pass that serves."""
         return in_passes(
-            self._require_loaded(), inputs, self.max_batch_inputs, output, self._forward
+            self._require_loaded(),
+            inputs,
+            self.max_batch_inputs,
+            output,
+            self._forward,
+            tokenizing=self._tokenizing,
         )
 
     @property
@@ -97,7 +110,8 @@ class SentenceTransformersAdapter(ModelAdapter):
     def _token_counts(self, *texts: Sequence[str]) -> list[int]:
         """Tokens per text (or per pair, given two sequences), as the loaded model's tokenizer
         makes them (`base.token_counts`)."""
-        return token_counts(self._require_loaded().tokenizer, *texts)
+        with self._tokenizing:
+            return token_counts(self._require_loaded().tokenizer, *texts)
 
     def worst_case_length(self) -> tuple[int, str]:
         """(tokens, why) an input of the worst case holds: the model's limit, to which the
@@ -130,13 +144,15 @@ def one_pass(
     inputs: Sequence[Any],
     output: Callable[[dict[str, Any]], torch.Tensor],
     forward: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+    tokenizing: contextlib.AbstractContextManager[object] | None = None,
 ) -> np.ndarray:
     """One forward pass over `inputs` (texts, or query/document pairs) as the library's encode()
     and predict() run one batch: its preprocessing (the default prompt, the tokenizer's
     truncation and padding) and the model's modules; `output` takes the rows from what the
     modules return (an adapter's own part: which output, truncation, normalisation, activation).
     `forward` runs the modules instead of the model's own call where the adapter compiled them
-    (traced_encoder.py). The rows come back in the inputs' order, as float32 where the model ran
+    (traced_encoder.py); `tokenizing` is held while the tokenizer runs (the adapter's lock). The
+    rows come back in the inputs' order, as float32 where the model ran
     in 16 bits.
 
     What it leaves out is what those calls repeat on every call around the pass: putting every
@@ -151,7 +167,8 @@ def one_pass(
 
     prompt = default_prompt(model) or None
     with torch.inference_mode():
-        features = model.preprocess(list(inputs), prompt=prompt)
+        with tokenizing or contextlib.nullcontext():
+            features = model.preprocess(list(inputs), prompt=prompt)
         device = model.device
         features = {
             name: value.to(device) if isinstance(value, torch.Tensor) else value
@@ -169,6 +186,8 @@ def in_passes(
     size: int,
     output: Callable[[dict[str, Any]], torch.Tensor],
     forward: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+    *,
+    tokenizing: contextlib.AbstractContextManager[object] | None = None,
 ) -> np.ndarray:
     """`one_pass` over `inputs` in passes of at most `size` (the batch size), as encode() and
     predict() batch them; the rows in the inputs' order (none: an empty array). The serving loop
@@ -176,6 +195,7 @@ def in_passes(
     import numpy as np
 
     parts = [
-        one_pass(model, inputs[i : i + size], output, forward) for i in range(0, len(inputs), size)
+        one_pass(model, inputs[i : i + size], output, forward, tokenizing)
+        for i in range(0, len(inputs), size)
     ]
     return np.concatenate(parts) if parts else np.zeros((0,), dtype="<f4")
