@@ -40,6 +40,6 @@ async def show_host_cpu(summary: Summary, unset: Iterable[str]) -> None:
         "model host CPU wait policy (measured)",
         choice.evidence()["host_cpu"],
         "p50 / CPU per gapped pass of each candidate: " + choice.evidence()["host_cpu_trials"],
-        "fastest within 5 %, least CPU",
+        "within 10 % of the fastest, least spin",
         None,
     )

@@ -48,6 +48,22 @@ async def test_a_cached_choice_is_read_not_measured(tmp_path: Path) -> None:
     assert await registry.choice_for(other, UNTUNED, wait_s=30) is None
 
 
+async def test_a_cached_choice_is_decided_again_by_today_s_rule(tmp_path: Path) -> None:
+    # Kept by the rule before issue 29's third session (the least CPU among those within 5 %):
+    # 300,000, which measured 0.17 cpu-ms less than 10,000. Read back, the same trials give the
+    # least spin among those within 10 %, with nothing measured again.
+    python = str(tmp_path / "no-such-python")
+    trials = (
+        Trial(0, 2, 5.89, 8.85),
+        Trial(10_000, 2, 4.75, 11.18),
+        Trial(300_000, 2, 4.61, 11.01),
+    )
+    _keep(tmp_path, python, Choice(spin=300_000, threads=2, default_threads=2, trials=trials))
+    choice = await HostCpu(tmp_path).choice_for(python, UNTUNED, wait_s=30)
+    assert choice is not None and (choice.spin, choice.threads) == (10_000, 2)
+    assert choice.trials == trials
+
+
 async def test_nothing_is_measured_over_the_operators_choice(tmp_path: Path) -> None:
     registry = HostCpu(tmp_path)
     operator = {**UNTUNED, "OMP_WAIT_POLICY": "ACTIVE"}

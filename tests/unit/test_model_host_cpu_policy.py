@@ -18,9 +18,9 @@ def trial(spin: int, p50_ms: float, cpu_ms: float, threads: int = 2) -> Trial:
     return Trial(spin=spin, threads=threads, p50_ms=p50_ms, cpu_ms=cpu_ms)
 
 
-def test_among_the_fast_enough_the_least_cpu_wins() -> None:
+def test_among_the_fast_enough_the_bounded_spin_wins() -> None:
     # PASSIVE is 30 % slower than a spin (issue 29's case): not fast enough, whatever it saves;
-    # of the spins within tolerance of the fastest, the bounded one spends less between passes.
+    # of the spins within tolerance of the fastest, the bounded one.
     trials = [
         trial(0, p50_ms=9.6, cpu_ms=9.0),
         trial(10_000, p50_ms=7.5, cpu_ms=9.4),
@@ -51,6 +51,30 @@ def test_fewer_threads_are_chosen_and_set_only_when_they_win() -> None:
     choice = choose(trials, default_threads=4)
     assert choice.threads == 2
     assert choice.environment() == {"GOMP_SPINCOUNT": "0", "OMP_NUM_THREADS": "2"}
+
+
+def test_the_least_spin_wins_even_where_a_longer_one_measured_less_cpu() -> None:
+    # What a 2-CPU machine measured (issue 29): the CPU per gapped pass could not tell the spins
+    # apart, and the least of it fell to libgomp's own 300,000; the least spin fast enough wins.
+    trials = [
+        trial(0, p50_ms=5.89, cpu_ms=8.85),
+        trial(10_000, p50_ms=4.75, cpu_ms=11.18),
+        trial(100_000, p50_ms=6.87, cpu_ms=11.36),
+        trial(300_000, p50_ms=4.61, cpu_ms=11.01),
+    ]
+    assert choose(trials, default_threads=2).spin == 10_000
+
+
+def test_fast_enough_is_within_ten_percent_of_the_fastest() -> None:
+    within = [trial(0, p50_ms=10.9, cpu_ms=9.0), trial(300_000, p50_ms=10.0, cpu_ms=12.0)]
+    assert choose(within, default_threads=2).spin == 0
+    past = [trial(0, p50_ms=11.2, cpu_ms=9.0), trial(300_000, p50_ms=10.0, cpu_ms=12.0)]
+    assert choose(past, default_threads=2).spin == 300_000
+
+
+def test_among_the_same_spin_the_least_cpu_wins() -> None:
+    trials = [trial(10_000, 8.0, 9.5, threads=2), trial(10_000, 8.2, 7.0, threads=1)]
+    assert choose(trials, default_threads=2).threads == 1
 
 
 def test_ties_go_to_less_spin() -> None:

@@ -115,7 +115,9 @@ def _cached_or_measured(
     ]
     path = cache_dir / cpu_policy.cache_name(python_executable, facts)
     try:
-        choice = cpu_policy.Choice.from_json(path.read_text())
+        kept = cpu_policy.Choice.from_json(path.read_text())
+        # The kept trials decided by today's rule: a change of rule needs no new measurement.
+        choice = cpu_policy.choose(kept.trials, default_threads=kept.default_threads)
     except (OSError, ValueError, KeyError, TypeError):
         pass  # none kept yet (or unreadable): measure
     else:
