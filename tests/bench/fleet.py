@@ -85,6 +85,7 @@ from tests.bench.fleet_embed import (
 )
 from tests.bench.summary import Summary
 from tests.integration.harness import Harness, running_gantry
+from tests.waiting import NotInTime, poll
 
 WORKERS = int(os.environ.get("GANTRY_BENCH_FLEET_WORKERS", "1000"))
 WINDOW_S = float(os.environ.get("GANTRY_BENCH_FLEET_WINDOW_S", "30"))
@@ -257,8 +258,8 @@ async def time_until_disconnected(
 ) -> list[float]:
     """Seconds from `since` until GetNode says DISCONNECTED, per node (inf past the timeout)."""
     seen: dict[str, float] = {}
-    deadline = since + timeout_s
-    while len(seen) < len(node_ids) and time.perf_counter() < deadline:
+
+    async def all_disconnected() -> bool:
         for node_id in node_ids:
             if node_id in seen:
                 continue
@@ -267,7 +268,11 @@ async def time_until_disconnected(
             )
             if node.state == common_pb2.NODE_STATE_DISCONNECTED:
                 seen[node_id] = time.perf_counter() - since
-        await asyncio.sleep(0.1)
+        return len(seen) == len(node_ids)
+
+    left_s = since + timeout_s - time.perf_counter()
+    with contextlib.suppress(NotInTime):  # those not seen by then read inf
+        await poll(all_disconnected, left_s, "the nodes to read DISCONNECTED", interval_s=0.1)
     return [seen.get(node_id, float("inf")) for node_id in node_ids]
 
 

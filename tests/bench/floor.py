@@ -39,6 +39,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from tests.waiting import NotInTime, poll
+
 if TYPE_CHECKING:
     import grpc
 
@@ -419,12 +421,11 @@ def _gone(pid: int) -> bool:
 
 async def _reap(pid: int) -> None:
     """Make sure a grandchild (the host, whose parent waits for it) is gone; kill it if stuck."""
-    for _ in range(100):
-        if _gone(pid):
-            return
-        await asyncio.sleep(0.05)
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGKILL)
+    try:
+        await poll(lambda: _gone(pid), 5.0, f"process {pid} to exit", interval_s=0.05)
+    except NotInTime:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 async def _stop(process: asyncio.subprocess.Process) -> None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import shutil
 import sys
@@ -29,6 +30,8 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from tests.waiting import NotInTime, poll_sync
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -166,30 +169,39 @@ def wait_state(
 ) -> control_plane_pb2.Deployment:
     """Poll a deployment until it is in one of `states`, saying its state every 5 s."""
     request = control_plane_pb2.GetDeploymentRequest(deployment_id=deployment_id)
-    deadline = time.monotonic() + timeout_s
+    deployment = control_plane_pb2.Deployment()
     said = 0.0
-    while True:
+
+    def reached() -> bool:
+        nonlocal deployment, said
         deployment = stub.GetDeployment(request, metadata=md)
         if deployment.state in states:
-            return deployment
-        if time.monotonic() > deadline:
-            raise CliError(f"{deployment_id} is {bootstrap.deployment_state(deployment)}")
+            return True
         if time.monotonic() - said >= 5:
             say(f"  {deployment_id}: {bootstrap.deployment_state(deployment)}")
             said = time.monotonic()
-        time.sleep(0.2)
+        return False
+
+    try:
+        poll_sync(reached, timeout_s, f"{deployment_id}'s state", interval_s=0.2)
+    except NotInTime:
+        raise CliError(f"{deployment_id} is {bootstrap.deployment_state(deployment)}") from None
+    return deployment
 
 
 def poll_reclaimed(readings: Readings, before: int | None) -> int | None:
     """NVML's used bytes once back within the slack of `before`, or the last reading at the
     deadline: the host's exit frees its memory a moment after the worker reports the unload."""
-    deadline = time.monotonic() + RECLAIM_TIMEOUT_S
-    while True:
+    used: int | None = None
+
+    def back() -> bool:
+        nonlocal used
         used = readings.used()
-        back = used is None or before is None or used - before <= rules.RECLAIM_SLACK_BYTES
-        if back or time.monotonic() > deadline:
-            return used
-        time.sleep(0.5)
+        return used is None or before is None or used - before <= rules.RECLAIM_SLACK_BYTES
+
+    with contextlib.suppress(NotInTime):  # the last reading is the answer
+        poll_sync(back, RECLAIM_TIMEOUT_S, "the device memory back", interval_s=0.5)
+    return used
 
 
 def second_model(

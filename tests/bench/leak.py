@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from tests.waiting import NotInTime, poll
+
 if TYPE_CHECKING:
     from tests.integration.harness import Harness
 
@@ -180,22 +182,25 @@ def log_tail(log: Path, lines: int = 30) -> str:
 async def _wait_state(h: Harness, deployment_id: str, want: int, timeout: float) -> None:
     from gantry.v1 import control_plane_pb2 as cp
 
-    deadline = time.monotonic() + timeout
-    while True:
+    deployment = cp.Deployment()
+
+    async def reached() -> bool:
+        nonlocal deployment
         deployment = await h.deployment(deployment_id)
-        if deployment.state == want:
-            return
         if deployment.state == cp.DEPLOYMENT_STATE_FAILED and want != cp.DEPLOYMENT_STATE_FAILED:
             raise BenchError(
                 f"deployment {deployment_id} FAILED: {deployment.last_failure.code} "
                 f"{deployment.last_failure.message}"
             )
-        if time.monotonic() > deadline:
-            raise BenchError(
-                f"deployment {deployment_id} not in state {cp.DeploymentState.Name(want)} after "
-                f"{timeout:g}s; last {cp.DeploymentState.Name(deployment.state)}"
-            )
-        await asyncio.sleep(0.1)
+        return deployment.state == want
+
+    try:
+        await poll(reached, timeout, "the deployment's state", interval_s=0.1)
+    except NotInTime:
+        raise BenchError(
+            f"deployment {deployment_id} not in state {cp.DeploymentState.Name(want)} after "
+            f"{timeout:g}s; last {cp.DeploymentState.Name(deployment.state)}"
+        ) from None
 
 
 async def measure(cycles: int) -> int:
@@ -227,21 +232,21 @@ async def measure(cycles: int) -> int:
             worker = start_worker(h.address, credential_file, artifacts, log)
             pid = worker.pid
 
-            deadline = time.monotonic() + 60
-            while True:
+            async def connected() -> bool:
                 if worker.poll() is not None:
                     raise BenchError(
                         f"the worker exited with {worker.returncode} before connecting"
                     )
                 nodes = (await h.operator.ListNodes(cp.ListNodesRequest(), metadata=h.op_md)).nodes
-                if any(
+                return any(
                     n.node_id == node_id and n.state == common_pb2.NODE_STATE_CONNECTED
                     for n in nodes
-                ):
-                    break
-                if time.monotonic() > deadline:
-                    raise BenchError("the worker did not connect within 60s")
-                await asyncio.sleep(0.1)
+                )
+
+            try:
+                await poll(connected, 60, "the worker to connect", interval_s=0.1)
+            except NotInTime:
+                raise BenchError("the worker did not connect within 60s") from None
 
             artifact = await h.register_model(model_dir, "tiny-leak")
             loads: list[float] = []
@@ -286,10 +291,15 @@ async def measure(cycles: int) -> int:
             elapsed = time.perf_counter() - measured_started - settled
 
             leftover = model_hosts_of(pid)
-            settle_deadline = time.monotonic() + 10
-            while leftover and time.monotonic() < settle_deadline:
-                await asyncio.sleep(0.2)
+
+            def settled_hosts() -> bool:
+                nonlocal leftover
                 leftover = model_hosts_of(pid)
+                return not leftover
+
+            # What is still there after 10 s is reported as left over.
+            with contextlib.suppress(NotInTime):
+                await poll(settled_hosts, 10, "the model hosts to exit", interval_s=0.2)
             report(cycles, samples, loads, unloads, elapsed, leftover, log)
         ok = True
     except BenchError as exc:

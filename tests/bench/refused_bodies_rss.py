@@ -33,6 +33,7 @@ import psutil
 from gantry.common.grpc_server import CHANNEL_OPTIONS
 from gantry.controlplane.app import MEMORY_CHECK_S
 from gantry.v1 import inference_pb2, inference_pb2_grpc
+from tests.waiting import poll_sync
 
 CALLS = 16
 BODY_BYTES = 60 * 1000 * 1000
@@ -71,14 +72,14 @@ def _gantry_up(state: Path) -> Iterator[tuple[psutil.Process, int, int]]:
 
 
 def _control_plane(up_pid: int, http_port: int) -> psutil.Process:
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while time.monotonic() < deadline:
+    def started() -> psutil.Process | None:
         for child in psutil.Process(up_pid).children(recursive=True):
             with contextlib.suppress(psutil.Error):
                 if "controlplane" in " ".join(child.cmdline()) and _listening(http_port):
                     return child
-        time.sleep(0.5)
-    raise TimeoutError("the control plane did not start")
+        return None
+
+    return poll_sync(started, READY_TIMEOUT_S, "the control plane to start", interval_s=0.5)
 
 
 def _listening(port: int) -> bool:

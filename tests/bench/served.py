@@ -25,6 +25,7 @@ from gantry.common.auth import auth_metadata
 from gantry.v1 import inference_pb2, inference_pb2_grpc
 from tests.bench.device import bench_device
 from tests.bench.summary import cpu_seconds
+from tests.waiting import NotInTime, poll
 
 CAPABILITY = "minilm"  # what `gantry up` deploys (gantry/cli/bootstrap.py)
 ROLES = ("scheduler", "controlplane", "worker")
@@ -196,21 +197,27 @@ async def _wait_serving(
 ) -> tuple[tuple[str, str], ...]:
     stub = inference_pb2_grpc.InferenceStub(channel)
     request = inference_pb2.EmbedRequest(capability=CAPABILITY, inputs=["ready?"])
-    deadline = time.monotonic() + timeout_s
     said = time.monotonic()
-    while True:
+
+    async def serving() -> tuple[tuple[str, str], ...] | None:
+        nonlocal said
         if progress is not None and time.monotonic() - said >= PROGRESS_EVERY_S:
             progress(_tail(log, 1))
             said = time.monotonic()
         if process.returncode is not None:
             raise ServedError(f"`gantry up` exited with {process.returncode}:\n{_tail(log)}")
-        if key_file.exists():
-            client_md = auth_metadata(key_file.read_text().strip())
-            try:
-                await stub.Embed(request, metadata=client_md, timeout=30)
-                return client_md
-            except grpc.aio.AioRpcError:
-                pass  # not deployed yet
-        if time.monotonic() > deadline:
-            raise ServedError(f"`gantry up` did not serve within {timeout_s:g}s:\n{_tail(log)}")
-        await asyncio.sleep(0.5)
+        if not key_file.exists():
+            return None
+        client_md = auth_metadata(key_file.read_text().strip())
+        try:
+            await stub.Embed(request, metadata=client_md, timeout=30)
+        except grpc.aio.AioRpcError:
+            return None  # not deployed yet
+        return client_md
+
+    try:
+        return await poll(serving, timeout_s, "`gantry up` to serve", interval_s=0.5)
+    except NotInTime:
+        raise ServedError(
+            f"`gantry up` did not serve within {timeout_s:g}s:\n{_tail(log)}"
+        ) from None

@@ -12,7 +12,7 @@ other figures must not pay.
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
 import datetime as dt
 import json
 import statistics
@@ -21,6 +21,8 @@ from collections import defaultdict
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
+
+from tests.waiting import NotInTime, poll
 
 SPANS = ("controlplane.embed", "scheduler.dispatch", "worker.invoke", "model_host.embed")
 # An uncontended Embed is admitted on the control plane's credits, with no scheduler hop (issue
@@ -83,14 +85,18 @@ async def breakdown(
         await call()
         client.append(time.perf_counter() - started)
     traces: list[dict[str, dict[str, Any]]] = []
-    for _ in range(100):
+
+    def written() -> bool:
+        nonlocal traces
         traces = sorted(
             (s for s in _traces(trace_file).values() if _started(s) >= measured_from),
             key=_started,
         )
-        if len(traces) >= iterations:
-            break
-        await asyncio.sleep(0.1)
+        return len(traces) >= iterations
+
+    # Whatever was written by then is reported (the breakdown says how many calls it holds).
+    with contextlib.suppress(NotInTime):
+        await poll(written, 10.0, "the measured calls' spans", interval_s=0.1)
     rows = [stages_of(spans, seconds) for spans, seconds in zip(traces, client, strict=False)]
     if not rows:
         print("  per-stage breakdown: no complete traces were written")

@@ -5,21 +5,13 @@ twin, for code with no event loop) instead of a copy per test file."""
 
 from __future__ import annotations
 
-import asyncio
-import inspect
 import subprocess
-import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
 
-POLL_S = 0.02
-
-
-def _timed_out(timeout_s: float, what: str, last: Callable[[], object] | None) -> str:
-    seen = f"; last seen: {last()}" if last is not None else ""
-    return f"timed out after {timeout_s}s waiting for {what}{seen}"
+from tests.waiting import POLL_S, NotInTime, poll, poll_sync
 
 
 async def wait_until(
@@ -33,16 +25,10 @@ async def wait_until(
     """Return once `condition()` holds (it may be a coroutine function: an RPC that asks); fail
     the test after `timeout_s` seconds without it, naming `what` and, if given, `last()`.
     `interval_s`: longer where each try costs something (a process spawned, a call served)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        outcome = condition()
-        if inspect.isawaitable(outcome):
-            outcome = await outcome
-        if outcome:
-            return
-        if time.monotonic() > deadline:
-            pytest.fail(_timed_out(timeout_s, what, last))
-        await asyncio.sleep(interval_s)
+    try:
+        await poll(condition, timeout_s, what, interval_s=interval_s, last=last)
+    except NotInTime as late:
+        pytest.fail(str(late))
 
 
 def wait_until_sync(
@@ -54,11 +40,10 @@ def wait_until_sync(
     last: Callable[[], object] | None = None,
 ) -> None:
     """`wait_until` for a test (or a test's child process) with no event loop: blocks."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(_timed_out(timeout_s, what, last))
-        time.sleep(interval_s)
+    try:
+        poll_sync(condition, timeout_s, what, interval_s=interval_s, last=last)
+    except NotInTime as late:
+        pytest.fail(str(late))
 
 
 def wait_for_file(
@@ -67,10 +52,13 @@ def wait_for_file(
     """Return once `process` (a child that says it is ready by writing `path`) has written it;
     fail the test, saying `what` never happened, if the child exits first or `timeout_s` passes.
     A file is all such a child offers to wait on."""
-    deadline = time.monotonic() + timeout_s
-    while not path.exists():
-        if process.poll() is not None:
+
+    def written() -> bool:
+        if not path.exists() and process.poll() is not None:
             pytest.fail(f"{what}: the process exited ({process.returncode}) before writing {path}")
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout_s}s waiting for {what} ({path})")
-        time.sleep(POLL_S)
+        return path.exists()
+
+    try:
+        poll_sync(written, timeout_s, f"{what} ({path})")
+    except NotInTime as late:
+        pytest.fail(str(late))
