@@ -203,6 +203,9 @@ def test_two_traced_passes_at_once_on_lanes_return_encode_s_rows(model_dir: Path
     counts = adapter.embed_token_counts([long_text])
     rows: dict[int, np.ndarray] = {}
     threads_seen: list[int] = []
+    # A lane's count also becomes torch's default for threads started later in this process:
+    # put it back for the tests after this one.
+    before = torch.get_num_threads()
     lanes = PassLanes(threads=2, set_threads=torch.set_num_threads)
 
     def run(index: int) -> None:
@@ -216,6 +219,7 @@ def test_two_traced_passes_at_once_on_lanes_return_encode_s_rows(model_dir: Path
         lanes.wait_idle()
     finally:
         lanes.close()
+        torch.set_num_threads(before)
     assert sorted(rows) == list(range(len(batches)))
     for index, batch_rows in rows.items():
         np.testing.assert_allclose(batch_rows, expected[index], rtol=0, atol=1e-6)

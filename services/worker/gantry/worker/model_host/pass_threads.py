@@ -15,6 +15,9 @@ handles the calls behind them, on the same CPUs. Measured with 32 concurrent one
 clients on 2 CPUs: the host's CPU per sentence 5.5-6.2 ms on 2 threads against 3.7-3.9 ms on 1,
 and 175-223 sentences/s against 194-253 (the same session, two runs each way). So a pass of
 several callers runs on one CPU fewer too; one caller back to back keeps the measured count.
+Where the adapter allows passes side by side, such a batch goes to a lane instead
+(pass_lanes.py: two passes at once, each on half the threads), and this rule serves the lone
+calls on the serving loop's thread.
 
 Which count a lone call's pass after idle runs on is learnt, not fixed (`ColdPasses`): the same
 2-CPU machine measured the opposite in two sessions (a call after 100 ms idle 37.9 ms on 2 threads
