@@ -24,6 +24,7 @@ from tests.chaos.cluster import (
     resident_pid,
     wait_until,
 )
+from tests.waiting import poll
 
 # CIRCUIT_OPEN: the dead host's breaker opened on its crashes before its restart was announced.
 HOST_DOWN_REASONS = {
@@ -64,11 +65,21 @@ async def _sigkill_under_load(cluster: Cluster, deployment_id: str) -> None:
     stop = asyncio.Event()
     stream: list[CallOutcome] = []
 
+    async def host_back() -> bool:
+        if stop.is_set():
+            return True
+        deployment = await cluster.deployment(deployment_id)
+        return any(
+            r.state == common_pb2.RESIDENCY_STATE_RESIDENT and r.pid and r.pid != old_pid
+            for r in deployment.residencies
+        )
+
     async def invocations() -> None:
         while not stop.is_set():
             stream.append(await cluster.embed("killed", phase="stream"))
             if not stream[-1].ok:
-                await asyncio.sleep(0.2)  # pacing, not a wait: with no host, calls fail at once
+                # With no host, calls fail at once: the next waits for a new resident host.
+                await poll(host_back, 60, "a new resident host", interval_s=0.1)
 
     streams = [asyncio.create_task(invocations()) for _ in range(3)]
     await wait_until(lambda: sum(o.ok for o in stream) >= 5, timeout_s=20, what="the stream")
