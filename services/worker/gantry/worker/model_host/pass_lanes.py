@@ -23,10 +23,11 @@ passes together hold no more inputs than the one pass the probe measured at the 
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+
+from gantry.worker.model_host.pass_threads import CpuThreads
 
 logger = logging.getLogger("gantry.model_host")
 
@@ -73,16 +74,12 @@ class PassLanes:
         """Lanes for a CPU host whose adapter allows passes side by side (`concurrent_passes`)
         and whose measured threads take every CPU it may use (2 or more); None on a GPU, without
         torch, or where the host already leaves CPUs to the rest."""
-        if not getattr(adapter, "concurrent_passes", False) or getattr(adapter, "uses_cuda", False):
+        if not getattr(adapter, "concurrent_passes", False):
             return None
-        try:
-            import torch
-        except ImportError:
+        cpu = CpuThreads.of(adapter)
+        if cpu is None or not cpu.take_every_cpu:
             return None
-        threads, usable = torch.get_num_threads(), len(os.sched_getaffinity(0))
-        if usable < 2 or threads < usable:
-            return None
-        return cls(threads=threads, set_threads=torch.set_num_threads)
+        return cls(threads=cpu.threads, set_threads=cpu.set_threads)
 
     @property
     def running(self) -> int:

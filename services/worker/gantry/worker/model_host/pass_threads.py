@@ -38,6 +38,7 @@ import os
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 # Between the gaps measured: 20 ms idle still favoured all the threads, 50 ms one fewer.
 COLD_AFTER_S = 0.03
@@ -108,6 +109,36 @@ class ColdPasses:
         )
 
 
+@dataclass(frozen=True)
+class CpuThreads:
+    """A CPU host's torch threads as measured (its count), the CPUs it may use, and the setter:
+    what the pass's thread rules (here, and pass_lanes.py) start from."""
+
+    threads: int
+    usable_cpus: int
+    set_threads: Callable[[int], None]
+
+    @property
+    def take_every_cpu(self) -> bool:
+        """The measured threads take every CPU the host may use, and it may use two or more."""
+        return self.threads >= self.usable_cpus >= 2
+
+    @classmethod
+    def of(cls, adapter: object) -> CpuThreads | None:
+        """None for a host on a GPU (its passes do not run on these threads) or without torch."""
+        if getattr(adapter, "uses_cuda", False):
+            return None
+        try:
+            import torch
+        except ImportError:
+            return None
+        return cls(
+            threads=torch.get_num_threads(),
+            usable_cpus=len(os.sched_getaffinity(0)),
+            set_threads=torch.set_num_threads,
+        )
+
+
 class PassThreads:
     """Sets torch's thread count before each pass as `threads_for` says (only when it changes:
     libgomp keeps its pool, it only uses fewer of its threads)."""
@@ -135,17 +166,10 @@ class PassThreads:
     @classmethod
     def for_adapter(cls, adapter: object) -> PassThreads | None:
         """None for a host on a GPU (its passes do not run on these threads) or without torch."""
-        if getattr(adapter, "uses_cuda", False):
+        cpu = CpuThreads.of(adapter)
+        if cpu is None:
             return None
-        try:
-            import torch
-        except ImportError:
-            return None
-        return cls(
-            threads=torch.get_num_threads(),
-            usable_cpus=len(os.sched_getaffinity(0)),
-            set_threads=torch.set_num_threads,
-        )
+        return cls(threads=cpu.threads, usable_cpus=cpu.usable_cpus, set_threads=cpu.set_threads)
 
     def before_pass(self, requests: int = 1, inputs: int = 1) -> None:
         now = self._clock()
