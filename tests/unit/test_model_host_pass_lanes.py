@@ -14,6 +14,7 @@ from gantry.worker.model_host.pass_lanes import (
     PassLanes,
     lane_batch_inputs,
     lane_threads,
+    least_beside_inputs,
     use_lane,
 )
 
@@ -37,6 +38,13 @@ def test_each_lane_runs_on_an_equal_share_of_the_host_s_threads(threads: int, ea
 def test_the_lanes_together_hold_no_more_inputs_than_the_batch_bound(bound: int, each: int) -> None:
     assert lane_batch_inputs(bound) == each
     assert each * LANES <= max(bound, LANES)
+
+
+@pytest.mark.parametrize(("bound", "least"), [(32, 8), (8, 2), (4, 2), (2, 1), (1, 1)])
+def test_a_batch_beside_a_running_pass_needs_half_a_lane_s_inputs(bound: int, least: int) -> None:
+    # Fewer wait for company or the pass's end (serving.py): a pass of 1 on one thread spent 3x
+    # the CPU per sentence of a pass of 16.
+    assert least_beside_inputs(bound) == least
 
 
 def test_two_batches_run_at_once_on_lanes_set_to_their_share_of_threads() -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
@@ -17,6 +18,7 @@ from gantry.scheduler.policy.credits import (
     CreditGranted,
     CreditsRevoked,
     GrantFacts,
+    credit_room,
     may_grant,
 )
 from gantry.scheduler.policy.events import (
@@ -99,26 +101,36 @@ def test_a_success_through_the_queue_earns_its_stream_a_credit_that_holds_its_sl
     assert in_flight(core) == 0 and core.snapshot(1.0).credits == 0
 
 
-def test_credits_stop_at_per_tenant_per_stream_and_at_half_the_deployments_slots() -> None:
+def test_credits_stop_at_per_tenant_per_stream_and_short_of_the_deployments_reserve() -> None:
     core = core_with(slots=4, per_tenant=2)
     assert len(grants(served(core, "w1"))) == 1
     assert len(grants(served(core, "w2"))) == 1
     assert grants(served(core, "w3")) == []  # stream a holds 2 for t1
-    # Stream b's credits count against the same slots: 2 of 4 are leased already.
-    assert grants(served(core, "w4", origin="b")) == []
-    assert in_flight(core) == 2
+    # Stream b's credits count against the same slots: 2 of 4 are leased already, and the last
+    # is the reserve (an eighth of 4, at least one).
+    assert len(grants(served(core, "w4", origin="b"))) == 1
+    assert grants(served(core, "w5", origin="b")) == []
+    assert in_flight(core) == 3
 
 
-def test_by_default_a_lone_tenants_burst_is_credited_up_to_half_the_slots() -> None:
+@pytest.mark.parametrize(
+    ("slots", "room"), [(1, 1), (2, 1), (4, 3), (8, 7), (9, 7), (32, 28), (64, 56)]
+)
+def test_credits_hold_every_slot_but_an_eighth_at_least_one(slots: int, room: int) -> None:
+    assert credit_room(slots) == room
+
+
+def test_by_default_a_lone_tenants_burst_is_credited_up_to_the_reserve() -> None:
     """The default lets one tenant's concurrent calls run on credits, not two of them: 32
-    concurrent clients of one tenant went 94 % through the queue with 2 per stream (issue 29)."""
-    assert DEFAULT_CREDITS_PER_TENANT == 16
-    for slots, credited in ((32, 16), (64, DEFAULT_CREDITS_PER_TENANT)):
+    concurrent clients of one tenant went 94 % through the queue with 2 per stream, half with
+    16 and credits held to half the slots (issue 29)."""
+    assert DEFAULT_CREDITS_PER_TENANT == 32
+    for slots, credited in ((32, 28), (64, DEFAULT_CREDITS_PER_TENANT)):
         core = core_with(slots=slots, per_tenant=DEFAULT_CREDITS_PER_TENANT)
         earned = [len(grants(served(core, f"w{i}"))) for i in range(credited + 4)]
-        assert earned == [1] * credited + [0] * 4  # half the slots, or the per-stream cap
+        assert earned == [1] * credited + [0] * 4  # all but the reserve, or the per-stream cap
         assert in_flight(core) == credited
-        # The other half serves the queue at once: another tenant's call does not wait.
+        # The reserve serves the queue at once: another tenant's call does not wait.
         assert [type(d) for d in core.submit(work("b1", "t2", origin="b"), 0.0)] == [Dispatched]
 
 
@@ -237,11 +249,11 @@ def test_may_grant_needs_every_condition() -> None:
         {"routable": False},
         {"tenant_free": False},
         {"free_slots": 0},
-        {"credit_slots": 4},
+        {"credit_slots": 7},  # 8 routable slots: the eighth is the reserve
         {"slots": 5},
     ):
         assert not may_grant(dataclasses.replace(FACTS, **change)), change  # type: ignore[arg-type]
-    # A residency of one slot may still lease it (half of one rounds up to one).
+    # A residency of one slot may still lease it (it has no reserve).
     assert may_grant(dataclasses.replace(FACTS, routable_slots=1, free_slots=1))
 
 

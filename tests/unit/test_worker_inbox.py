@@ -7,7 +7,7 @@ import queue
 import pytest
 
 from gantry.v1 import model_host_pb2, worker_gateway_pb2
-from gantry.worker.model_host.inbox import ChannelClosed, Inbox, Queued
+from gantry.worker.model_host.inbox import ChannelClosed, Inbox, Queued, Woken
 
 
 def _embed(request_id: int) -> Queued:
@@ -58,3 +58,20 @@ def test_control_frames_are_bounded_too():
     accepted = sum(inbox.offer(ping) for _ in range(CONTROL_FRAME_LIMIT + 5))
     assert accepted == CONTROL_FRAME_LIMIT + 1  # the idle work slot's room included
     inbox.close()  # the close marker still fits
+
+
+def test_a_wake_ends_a_wait_for_it_and_any_other_get_passes_over_it() -> None:
+    inbox = Inbox(limit=2)
+    inbox.wake()  # nobody waited: a plain get takes the work behind it
+    assert inbox.offer(_embed(1))
+    taken = inbox.get(timeout=0)
+    assert isinstance(taken, Queued) and taken.request.request_id == 1
+    with pytest.raises(queue.Empty):
+        inbox.get(timeout=0)
+
+    inbox.wake()
+    assert isinstance(inbox.get_or_woken(), Woken)
+    assert inbox.offer(_embed(2))
+    taken = inbox.get_or_woken()
+    assert isinstance(taken, Queued) and taken.request.request_id == 2
+    assert inbox.offer(_embed(3)) and inbox.offer(_embed(4))  # taking 2 freed its slot

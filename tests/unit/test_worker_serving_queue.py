@@ -12,12 +12,13 @@ from gantry.worker.model_host.adapters.sentence_transformers_embedding import (
     SentenceTransformersEmbedding,
 )
 from gantry.worker.model_host.framing import read_frame
-from gantry.worker.model_host.inbox import Inbox, InboxItem, Queued, ResponseWriter
+from gantry.worker.model_host.inbox import Inbox, InboxItem, Queued, ResponseWriter, Woken
 from gantry.worker.model_host.landlock import Isolation, IsolationLevel
 from gantry.worker.model_host.memory_readings import CudaAllocator
 from gantry.worker.model_host.pass_lanes import PassLanes
 from gantry.worker.model_host.probe_evidence import LoadRecord
 from gantry.worker.model_host.serving import ModelServer, ServingSettings
+from tests.waiting import poll_sync
 
 
 class _CountingEncoder:
@@ -248,3 +249,79 @@ def test_with_lanes_a_health_check_runs_alone_after_the_batches_before_it() -> N
     assert order[order.index(50) + 1 :] == [7, 99]
     assert encoder.encoded[-2] == ["Gantry model host health probe."]
     assert encoder.threads[-2] == threading.current_thread().name
+
+
+class _GatedEncoder(_ThreadRecordingEncoder):
+    """Its first pass holds until `gate` is set, the way a long pass holds its lane."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = threading.Event()
+        self.holding = threading.Event()
+        self._first = True
+
+    def __call__(self, features: dict[str, object]) -> dict[str, object]:
+        first, self._first = self._first, False
+        if first:
+            self.holding.set()
+            assert self.gate.wait(timeout=60), "the test never let the first pass end"
+        return super().__call__(features)
+
+
+class _WatchedInbox(Inbox):
+    """Says when the serving loop waits for company beside a running pass."""
+
+    def __init__(self) -> None:
+        super().__init__(limit=16)
+        self.waiting = threading.Event()
+
+    def get_or_woken(self) -> InboxItem | Woken:
+        self.waiting.set()
+        return super().get_or_woken()
+
+
+def _serving_beside_a_held_pass() -> tuple[
+    _GatedEncoder, _WatchedInbox, io.BytesIO, threading.Thread
+]:
+    """A host with two lanes (max_batch_inputs 8: lanes of 4, a batch beside a pass needs 2)
+    serving in a thread: embeds 1 and 2 went to a lane whose pass holds, and embed 3, alone in
+    the inbox, waits for company."""
+    inbox, stream, encoder = _WatchedInbox(), io.BytesIO(), _GatedEncoder()
+    lanes = PassLanes(threads=2, set_threads=lambda _: None)
+    server = _server(encoder, inbox=inbox, stream=stream, dim=4, lanes=lanes)
+    inbox.offer(_embed(1, "one"))
+    inbox.offer(_embed(2, "two"))
+    serving = threading.Thread(target=server.serve, name="serving-loop")
+    serving.start()
+    assert encoder.holding.wait(timeout=60), "the batch [1, 2] never started"
+    inbox.offer(_embed(3, "three"))
+    if not inbox.waiting.wait(timeout=60):
+        encoder.gate.set()
+        raise AssertionError("embed 3 did not wait for company beside the running pass")
+    return encoder, inbox, stream, serving
+
+
+def test_with_lanes_a_short_batch_beside_a_running_pass_waits_for_company() -> None:
+    encoder, inbox, stream, serving = _serving_beside_a_held_pass()
+    inbox.offer(_embed(4, "four"))
+    poll_sync(lambda: len(encoder.encoded) == 1, timeout_s=60, what="the batch [3, 4] to run")
+    encoder.gate.set()
+    inbox.offer(_shutdown(99))
+    serving.join(timeout=60)
+
+    # 3 waited for 4 instead of running alone beside [1, 2]: two passes of two, not three.
+    assert sorted(encoder.encoded) == [["one", "two"], ["three", "four"]]
+    assert _order(stream)[-1] == 99
+
+
+def test_with_lanes_a_short_batch_starts_when_the_pass_beside_it_ends() -> None:
+    encoder, inbox, stream, serving = _serving_beside_a_held_pass()
+    encoder.gate.set()  # the pass ends, and nobody else came
+    poll_sync(lambda: len(encoder.encoded) == 2, timeout_s=60, what="embed 3 to run")
+    inbox.offer(_shutdown(99))
+    serving.join(timeout=60)
+
+    assert encoder.encoded == [["one", "two"], ["three"]]
+    # Alone on an idle host again: on the serving loop's thread with all its threads.
+    assert encoder.threads == ["pass-lane_0", "serving-loop"]
+    assert _order(stream) == [1, 2, 3, 99]

@@ -15,8 +15,8 @@ back a success through the queue on that stream, while the deployment is quiet (
 queue, and nothing has waited for `quiet_seconds`), its residency routable with closed breakers,
 the tenant free of a budget (a budget is charged at admission; a credited call is charged only
 after it ran) and under its concurrency, the stream under `per_tenant` credits for the pair, and
-the deployment's credits under half of its routable slots, so the other half always serves the
-queue at once.
+the deployment's credits within its routable slots less a reserve (`credit_room`: an eighth, at
+least one), which serves the queue at once: a newcomer's first call does not wait for a revoke.
 
 When to revoke (`CreditBook.revoke`): as soon as work waits for the deployment (contention:
 another tenant, a priority, a tenant at its share), its residency stops being routable or one of
@@ -30,12 +30,17 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-# Credits one stream holds per (deployment, tenant) at most. Enough for one tenant's concurrent
-# calls, within the half of the slots credits may hold (issue 29: at 2, 32 concurrent clients of
-# one tenant on a 32-slot residency ran 94 % through the queue, a scheduler round trip each; at
-# 16, half of them on credits, the scheduler's and the control plane's CPU per call 0.3-0.4 ms
-# lower). Contention still revokes every one of them at once.
-DEFAULT_CREDITS_PER_TENANT = 16
+# Credits one stream holds per (deployment, tenant) at most: enough for one tenant's concurrent
+# calls on a residency of 32 slots. Issue 29, 32 concurrent clients of one tenant on such a
+# residency: at 2 per stream 94 % of the calls went through the queue, a scheduler round trip each;
+# at 16, with credits held to half the slots, half of them did; with 32 and the reserve an eighth,
+# 4 in 32 can, and the scheduler's and the control plane's CPU per call fell again (the note's
+# figures). Contention still revokes every one of them at once.
+DEFAULT_CREDITS_PER_TENANT = 32
+# The share of a deployment's routable slots credits never hold, so that a call of another tenant
+# or priority is dispatched at once (its wait would revoke the credits, but the revoked ones hold
+# their slots until their calls in flight end).
+RESERVE_FRACTION = 8
 DEFAULT_QUIET_SECONDS = 1.0  # after work waited for a deployment, no credit for it this long
 
 
@@ -92,8 +97,15 @@ def may_grant(facts: GrantFacts) -> bool:
         and facts.routable
         and facts.tenant_free
         and facts.slots <= facts.free_slots
-        and facts.credit_slots + facts.slots <= max(1, facts.routable_slots // 2)
+        and facts.credit_slots + facts.slots <= credit_room(facts.routable_slots)
     )
+
+
+def credit_room(routable_slots: int) -> int:
+    """Slots a deployment's credits may hold in all: every routable slot but the reserve (an
+    eighth, at least one), and one where there is only one (a lone slot may still be leased)."""
+    reserve = max(1, -(-routable_slots // RESERVE_FRACTION))
+    return max(1, routable_slots - reserve)
 
 
 class CreditBook:

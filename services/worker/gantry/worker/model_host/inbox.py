@@ -8,6 +8,7 @@ busy. It also records `CancelRequest`s and refuses work past the inbox bound wit
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import os
 import queue
@@ -82,6 +83,13 @@ class Queued:
 InboxItem = Queued | ChannelClosed
 
 
+class Woken:
+    """Queued by `Inbox.wake`: it ends a `get_or_woken` wait; every other `get` passes over it."""
+
+
+WOKEN = Woken()
+
+
 # Control frames (pings, cancels) waiting beside the work: a flood past this is refused.
 CONTROL_FRAME_LIMIT = 1024
 
@@ -92,7 +100,9 @@ class Inbox:
     def __init__(self, *, limit: int = DEFAULT_INBOX_LIMIT) -> None:
         # Work is bounded by `limit`; control frames (pings, cancels) by the rest, and the one
         # close marker always has room.
-        self._queue: queue.Queue[InboxItem] = queue.Queue(maxsize=limit + CONTROL_FRAME_LIMIT + 1)
+        self._queue: queue.Queue[InboxItem | Woken] = queue.Queue(
+            maxsize=limit + CONTROL_FRAME_LIMIT + 1
+        )
         self._limit = limit
         self._lock = threading.Lock()
         self._queued_work = 0
@@ -121,8 +131,25 @@ class Inbox:
         self._queue.put(CHANNEL_CLOSED)
 
     def get(self, timeout: float | None = None) -> InboxItem:
-        """Block for the next frame (queue.Empty after `timeout`; 0 means do not wait)."""
-        item = self._queue.get_nowait() if timeout == 0 else self._queue.get(timeout=timeout)
+        """Block for the next frame (queue.Empty after `timeout`; 0 means do not wait); a
+        `wake` nobody waited for is passed over."""
+        while True:
+            item = self._queue.get_nowait() if timeout == 0 else self._queue.get(timeout=timeout)
+            if not isinstance(item, Woken):
+                return self._taken(item)
+
+    def get_or_woken(self) -> InboxItem | Woken:
+        """Block for the next frame or the next `wake`, whichever comes first (a wake that came
+        while nobody waited returns at once: the caller checks again what it waits for)."""
+        item = self._queue.get()
+        return item if isinstance(item, Woken) else self._taken(item)
+
+    def wake(self) -> None:
+        """End a `get_or_woken` wait from another thread (a pass lane whose batch ended)."""
+        with contextlib.suppress(queue.Full):  # a full queue wakes its waiter by itself
+            self._queue.put_nowait(WOKEN)
+
+    def _taken(self, item: InboxItem) -> InboxItem:
         if isinstance(item, Queued) and item.kind in WORK_KINDS:
             with self._lock:
                 self._queued_work -= 1

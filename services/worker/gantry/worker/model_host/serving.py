@@ -42,10 +42,22 @@ from gantry.worker.model_host.adapters import ModelAdapter
 from gantry.worker.model_host.adapters.base import DEFAULT_MAX_BATCH_INPUTS
 from gantry.worker.model_host.environments import TEST_HOOKS_VARIABLE as TEST_HOOKS_ENV
 from gantry.worker.model_host.generation_serving import GENERATE_KIND, GenerateRequests
-from gantry.worker.model_host.inbox import ChannelClosed, Inbox, InboxItem, Queued, ResponseWriter
+from gantry.worker.model_host.inbox import (
+    ChannelClosed,
+    Inbox,
+    InboxItem,
+    Queued,
+    ResponseWriter,
+    Woken,
+)
 from gantry.worker.model_host.input_lengths import length_refusal
 from gantry.worker.model_host.media_serving import MediaRequests
-from gantry.worker.model_host.pass_lanes import PassLanes, lane_batch_inputs, use_lane
+from gantry.worker.model_host.pass_lanes import (
+    PassLanes,
+    lane_batch_inputs,
+    least_beside_inputs,
+    use_lane,
+)
 from gantry.worker.model_host.pass_threads import PassThreads
 from gantry.worker.model_host.probe_evidence import LoadRecord
 
@@ -186,8 +198,8 @@ class ModelServer:
         self._tracer = tracer("gantry.model_host")
         self._pass_threads = PassThreads.for_adapter(adapter)
         self._lanes = lanes
-        if self._lanes is not None and self._pass_threads is not None:
-            self._lanes.on_pass_end(self._pass_threads.after_lane_pass)
+        if self._lanes is not None:
+            self._lanes.on_pass_end(self._lane_pass_ended)
         self._media = MediaRequests(
             adapter=adapter, responses=responses, tracer=self._tracer, fail=self._fail
         )
@@ -258,7 +270,8 @@ class ModelServer:
             # Collected once a lane is free, as late as it can be: the fuller for it.
             self._lanes.wait_free()
             bound = lane_batch_inputs(self._settings.max_batch_inputs)
-            batch = self._collect_batch(item, bound)
+            least = least_beside_inputs(self._settings.max_batch_inputs)
+            batch = self._collect_batch(item, bound, least=least)
             if use_lane(requests=len(batch), running=self._lanes.running):
                 self._lanes.submit(lambda: self._run_batch(batch, bound))
                 return
@@ -311,22 +324,28 @@ class ModelServer:
             return False
         return True
 
-    def _collect_batch(self, first: Queued, bound: int | None = None) -> list[Queued]:
+    def _collect_batch(
+        self, first: Queued, bound: int | None = None, *, least: int = 0
+    ) -> list[Queued]:
         """`first` and the embeds already queued behind it, up to the batch bound (`bound`, a
         lane's, where given).
 
         Adaptive, with no timer: an idle host runs a lone request at once (waiting for company
         would only add latency), and while a forward pass runs, concurrent callers queue up in the
-        inbox and become the next batch. Under load batches fill by themselves.
+        inbox and become the next batch. Under load batches fill by themselves. With `least`, a
+        batch that would start beside a running lane's pass waits for that many inputs, or for
+        the pass to end, whichever comes first (pass_lanes.least_beside_inputs says why).
         """
         bound = bound or self._settings.max_batch_inputs
         batch = [first]
         total_inputs = len(first.request.embed.inputs)
         while total_inputs < bound:
             try:
-                item = self._inbox.get(timeout=0)
+                item = self._next_for_batch(waits=total_inputs < least)
             except queue.Empty:
                 break
+            if isinstance(item, Woken):
+                continue  # a lane's pass ended: _next_for_batch checks again whether one runs
             fits = (
                 isinstance(item, Queued)
                 and item.kind == "embed"
@@ -341,6 +360,21 @@ class ModelServer:
             batch.append(item)
             total_inputs += len(item.request.embed.inputs)
         return batch
+
+    def _next_for_batch(self, *, waits: bool) -> InboxItem | Woken:
+        """The next queued frame for a batch being collected: waited for while `waits` and a
+        lane's pass runs (until a frame comes or a pass ends), else only one already queued
+        (queue.Empty when there is none)."""
+        if waits and self._lanes is not None and self._lanes.running:
+            return self._inbox.get_or_woken()
+        return self._inbox.get(timeout=0)
+
+    def _lane_pass_ended(self) -> None:
+        """A lane's batch ended, the lane already free: the host's idle clock, and a wake for a
+        batch waiting for company beside that pass (`_collect_batch`)."""
+        if self._pass_threads is not None:
+            self._pass_threads.after_lane_pass()
+        self._inbox.wake()
 
     def _refused_for_length(self, request: model_host_pb2.HostRequest) -> bool:
         """True (after answering INPUT_TOO_LONG) for an input past the model's token limit.
