@@ -233,10 +233,15 @@ async def test_restart_count_counts_restarts_not_inventory_reports(
 
     async def resident_again() -> bool:
         deployment = await cluster.deployment(deployment_id)
-        seen.append(deployment.residencies[0].restart_count)
-        return deployment.state == cp.DEPLOYMENT_STATE_READY and resident_pid(deployment) not in (
-            0,
-            old_pid,
+        residency = deployment.residencies[0]
+        seen.append(residency.restart_count)
+        # Right after the kill the deployment may still read READY while its residency is
+        # LOADING (the worker's report moves it): ask the residency itself, never assume one
+        # resident host.
+        return (
+            deployment.state == cp.DEPLOYMENT_STATE_READY
+            and residency.state == common_pb2.RESIDENCY_STATE_RESIDENT
+            and residency.pid not in (0, old_pid)
         )
 
     await wait_until(resident_again, timeout_s=60, what="the restarted host")
