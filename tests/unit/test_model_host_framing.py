@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import socket
 import struct
 
 import pytest
@@ -11,6 +12,7 @@ import pytest
 from gantry.v1 import model_host_pb2, worker_gateway_pb2
 from gantry.worker.model_host.framing import (
     FrameError,
+    FrameSender,
     encode_frame,
     read_frame,
     read_frame_async,
@@ -48,6 +50,38 @@ async def test_frames_round_trip_through_an_asyncio_stream() -> None:
     assert model_host_pb2.HostRequest.FromString(await read_frame_async(reader) or b"") == first
     assert model_host_pb2.HostRequest.FromString(await read_frame_async(reader) or b"") == second
     assert await read_frame_async(reader) is None
+
+
+async def test_frames_sent_in_one_turn_of_the_loop_go_in_one_write_in_their_order() -> None:
+    """The worker's side of the pipe: invocations one stream message brings leave together."""
+    near, far = socket.socketpair()
+    reader, writer = await asyncio.open_connection(sock=near)
+    far_reader, far_writer = await asyncio.open_connection(sock=far)
+    writes: list[bytes] = []
+    write = writer.write
+    writer.write = lambda data: (writes.append(bytes(data)), write(data))[1]  # type: ignore[method-assign]
+    try:
+        sender = FrameSender(writer)
+        sent = [_embed_request(request_id, f"text {request_id}") for request_id in (3, 1, 2)]
+        await asyncio.gather(*(sender.send(message) for message in sent))
+        with pytest.raises(FrameError):  # one too large fails its own caller, nothing else
+            await FrameSender(writer, max_bytes=10).send(_embed_request(4, "far too long"))
+        await asyncio.sleep(0)  # the turn ends: the queued frames are written
+        received = [
+            model_host_pb2.HostRequest.FromString(await read_frame_async(far_reader) or b"")
+            for _ in sent
+        ]
+        assert received == sent
+        assert len(writes) == 1
+        await sender.send(_embed_request(5, "later"))
+        sender.flush()  # as before the pipe closes: nothing queued is lost
+        assert len(writes) == 2
+        later = await read_frame_async(far_reader)
+        assert model_host_pb2.HostRequest.FromString(later or b"").request_id == 5
+    finally:
+        writer.close()
+        far_writer.close()
+        del reader
 
 
 def test_oversized_frame_is_refused_on_write() -> None:

@@ -164,6 +164,33 @@ def test_embeds_queued_while_the_host_was_busy_run_as_batches_up_to_the_bound() 
     assert all(answers[request_id].embed.count == 1 for request_id in range(1, 12))
 
 
+class _WritesCounted(io.BytesIO):
+    """The host's pipe, counting its writes: each is one system call on a real socket."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes = 0
+
+    def write(self, data: object) -> int:
+        self.writes += 1
+        return super().write(data)  # type: ignore[arg-type]
+
+
+def test_a_pass_answers_all_its_callers_in_one_write() -> None:
+    inbox = Inbox(limit=16)
+    stream = _WritesCounted()
+    server = _server(_CountingEncoder(), inbox=inbox, stream=stream, dim=4)  # max_batch_inputs=8
+    for request_id in range(1, 12):
+        inbox.offer(_embed(request_id, f"text {request_id}"))
+    inbox.offer(_shutdown(99))
+    assert server.serve() == 0
+
+    # Two passes (8 callers, then 3) and the shutdown's answer: three writes, not twelve.
+    assert stream.writes == 3
+    answers = _answers(stream)
+    assert sorted(answers) == [*range(1, 12), 99]
+
+
 def test_a_lone_embed_runs_at_once_without_waiting_for_company() -> None:
     inbox = _RecordingInbox(limit=4)
     stream = io.BytesIO()

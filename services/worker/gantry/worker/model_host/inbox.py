@@ -14,6 +14,7 @@ import os
 import queue
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import BinaryIO
 
@@ -22,7 +23,7 @@ from google.protobuf.message import DecodeError
 from gantry.common import operations
 from gantry.common.errors import GantryError
 from gantry.v1 import model_host_pb2
-from gantry.worker.model_host.framing import FrameError, read_frame, write_frame
+from gantry.worker.model_host.framing import FrameError, read_frame, write_frames
 from gantry.worker.model_host.proc_facts import rss_bytes_of
 
 logger = logging.getLogger("gantry.model_host")
@@ -46,12 +47,18 @@ class ResponseWriter:
         self._lock = threading.Lock()
 
     def send(self, response: model_host_pb2.HostResponse) -> None:
+        self.send_all([response])
+
+    def send_all(self, responses: Sequence[model_host_pb2.HostResponse]) -> None:
+        """Answer several requests in one write (a forward pass's answers): one system call and
+        one wake of the worker's reader, not one per request."""
         # A broken pipe means the parent is gone; the main loop ends on CHANNEL_CLOSED.
         try:
             with self._lock:
-                write_frame(self._stream, response)
+                write_frames(self._stream, responses)
         except OSError as exc:
-            logger.error("cannot answer request %d: %s", response.request_id, exc)
+            ids = ", ".join(str(response.request_id) for response in responses)
+            logger.error("cannot answer request(s) %s: %s", ids, exc)
 
     def fail(self, request: model_host_pb2.HostRequest, error: GantryError) -> None:
         self.send(

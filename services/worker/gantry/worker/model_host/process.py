@@ -24,7 +24,7 @@ from gantry.worker.model_host import sandbox
 from gantry.worker.model_host.cpu_calibration import HostCpu
 from gantry.worker.model_host.custody import ChildCustody, private_workspace
 from gantry.worker.model_host.exit_status import crashed_error, describe_returncode
-from gantry.worker.model_host.framing import FrameError, read_frame_async, write_frame_async
+from gantry.worker.model_host.framing import FrameError, FrameSender, read_frame_async
 from gantry.worker.model_host.host_calls import HostCalls, OnProgress
 from gantry.worker.model_host.host_process import HostProcess, SpawnedProcess
 from gantry.worker.model_host.inbox import DEFAULT_INBOX_LIMIT
@@ -106,7 +106,7 @@ class ModelHost(ChildCustody[HostProcess], HostCalls):
         # Where the frames before an answer go (a generation's deltas), by request id.
         self._progress: dict[int, OnProgress] = {}
         self._request_ids = itertools.count(1)
-        self._write_lock = asyncio.Lock()
+        self._frames = FrameSender(writer)
         # What the child measured after releasing the model, when it answered Shutdown so.
         self._unloaded: model_host_pb2.HostUnloaded | None = None
         self._cancel_sends: set[asyncio.Task[None]] = set()
@@ -355,8 +355,7 @@ class ModelHost(ChildCustody[HostProcess], HostCalls):
     # -- internals -----------------------------------------------------------------------------
 
     async def _send(self, request: model_host_pb2.HostRequest) -> None:
-        async with self._write_lock:
-            await write_frame_async(self._writer, request)
+        await self._frames.send(request)
 
     async def _call(
         self,
@@ -511,6 +510,7 @@ class ModelHost(ChildCustody[HostProcess], HostCalls):
         return self._process.returncode is not None
 
     async def _close_channel(self) -> None:
+        self._frames.flush()
         self._writer.close()
         with contextlib.suppress(OSError):
             await self._writer.wait_closed()

@@ -495,28 +495,32 @@ class ModelServer:
             self._fail(job.request, job.span, exc)
             return
         offset = 0
+        answers = []
         for job, count in parts:
             job.add(vectors[offset : offset + count])
             offset += count
             if not job.remaining:
                 job.over = True
-                self._answer_vectors(job.request, job.span, np.concatenate(job.chunks))
+                answers.append(
+                    self._vectors_answer(job.request, job.span, np.concatenate(job.chunks))
+                )
+        if answers:
+            self._responses.send_all(answers)
 
     def _encode(self, inputs: list[str]) -> np.ndarray:
         if self._settings.test_hooks:
             self._apply_test_hooks(inputs)
         return self._adapter.embed(inputs)
 
-    def _answer_vectors(
+    def _vectors_answer(
         self, request: model_host_pb2.HostRequest, span: trace.Span, vectors: np.ndarray
-    ) -> None:
+    ) -> model_host_pb2.HostResponse:
+        """A request's answer (its span ended), sent by the caller with the pass's others."""
         result = worker_gateway_pb2.EmbedResult(
             count=vectors.shape[0], dim=vectors.shape[1], float32_le=vectors.tobytes(order="C")
         )
         span.end()
-        self._responses.send(
-            model_host_pb2.HostResponse(request_id=request.request_id, embed=result)
-        )
+        return model_host_pb2.HostResponse(request_id=request.request_id, embed=result)
 
     # -- rerank ----------------------------------------------------------------------------------
 
