@@ -153,6 +153,57 @@ def test_work_that_waits_revokes_the_deployments_credits_and_their_return_serves
     assert len(grants(core.finish("b2", Outcome.SUCCESS, 3.0))) == 1
 
 
+def _full_with_a_new_credit(core: SchedulerCore) -> CreditGranted:
+    """Four calls of t1 through the queue fill the 4 slots; the first ends and earns stream a
+    credit, which takes its slot back at once: still 4 held, 3 calls and 1 credit."""
+    for i in range(1, 5):
+        (dispatch,) = core.submit(work(f"w{i}"), 0.0)
+        assert isinstance(dispatch, Dispatched)
+    (grant,) = grants(core.finish("w1", Outcome.SUCCESS, 0.0))
+    assert in_flight(core) == 4
+    return grant
+
+
+def test_a_call_waiting_only_behind_its_streams_new_credit_takes_back_that_credit_alone() -> None:
+    """The grant's race (issue 29): w1's client calls again before the credit its success
+    earned reaches its control plane. Its call waits for the slot that credit holds; that is
+    not contention, so only that credit comes back and credits keep being granted."""
+    core = core_with(slots=4, per_tenant=4)
+    grant = _full_with_a_new_credit(core)
+    assert core.submit(work("w5"), 0.1) == [CreditsRevoked("a", (grant.credit_id,))]
+    assert core.queued == 1
+    returned = core.return_credits("a", [grant.credit_id], 0.2)
+    assert [d.work_id for d in returned if isinstance(d, Dispatched)] == ["w5"]
+    # No quiet second began: the next success earns a credit at once.
+    assert len(grants(core.finish("w2", Outcome.SUCCESS, 0.3))) == 1
+
+
+def test_own_waits_past_the_streams_live_credits_are_contention() -> None:
+    core = core_with(slots=4, per_tenant=4)
+    grant = _full_with_a_new_credit(core)
+    assert core.submit(work("w5"), 0.1) == [CreditsRevoked("a", (grant.credit_id,))]
+    # A second call waits with no credit of its stream left to explain it: contention.
+    assert core.submit(work("w6"), 0.1) == []
+    assert core.queued == 2
+    core.return_credits("a", [grant.credit_id], 0.2)  # w5 goes; w6 waits on
+    assert core.queued == 1
+    assert grants(core.finish("w2", Outcome.SUCCESS, 0.3)) == []  # w6 takes w2's slot
+    assert grants(core.finish("w6", Outcome.SUCCESS, 0.4)) == []  # quiet until 1.1
+
+
+def test_another_tenants_or_streams_wait_beside_an_own_wait_revokes_every_credit() -> None:
+    # Another tenant on the same stream, the same tenant on another stream, a BATCH call.
+    for other in (work("x1", "t2", origin="a"), work("x1", origin="b"), work("x1", priority=2)):
+        core = core_with(slots=4, per_tenant=4)
+        _full_with_a_new_credit(core)
+        (second,) = grants(core.finish("w2", Outcome.SUCCESS, 0.0))
+        (first_back,) = core.submit(work("w5"), 0.1)  # the newest comes back alone
+        assert first_back == CreditsRevoked("a", (second.credit_id,))
+        (all_back,) = core.submit(other, 0.1)
+        assert isinstance(all_back, CreditsRevoked) and len(all_back.credit_ids) == 1
+        assert all_back.credit_ids != first_back.credit_ids
+
+
 def test_a_stream_that_ends_gives_its_credits_back_to_the_work_waiting() -> None:
     core = core_with(slots=2, per_tenant=1)
     (grant,) = grants(served(core, "w1"))

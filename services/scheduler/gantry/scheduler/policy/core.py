@@ -137,6 +137,7 @@ class SchedulerCore(CoreCluster, CoreRoutes, CoreCredits):
         self._credits.clear()
         self._contended_at: dict[str, float] = {}  # deployment -> when work last waited for it
         self._crediting: set[str] = set()
+        self._own_waits: dict[str, set[str]] = {}
 
     # ---- work -----------------------------------------------------------------------------------
 
@@ -169,7 +170,7 @@ class SchedulerCore(CoreCluster, CoreRoutes, CoreCredits):
         self._queued_where[work.work_id] = work.deployment_id
         if deadline_at is not None:
             self._deadlines.add(work.work_id, deadline_at)
-        return self._pump(work.deployment_id, now)
+        return self._pump(work.deployment_id, now, arrived=queued)
 
     def finish(
         self, work_id: str, outcome: Outcome, now: float, *, reason: str = ""
@@ -336,9 +337,12 @@ class SchedulerCore(CoreCluster, CoreRoutes, CoreCredits):
 
     # ---- the rules that move work -------------------------------------------------------------
 
-    def _pump(self, deployment_id: str, now: float) -> list[Decision]:
+    def _pump(
+        self, deployment_id: str, now: float, *, arrived: QueuedWork | None = None
+    ) -> list[Decision]:
         """Serve the deployment's queue while a residency has room, each call to a tenant still
-        under its share of the deployment's slots (slot_shares) and to a residency it fits."""
+        under its share of the deployment's slots (slot_shares) and to a residency it fits.
+        `arrived`: the call just submitted, if that is why it pumps (`_waits`)."""
         work = self._work.get(deployment_id)
         if work is None or not len(work.queue):
             return []
@@ -361,11 +365,12 @@ class SchedulerCore(CoreCluster, CoreRoutes, CoreCredits):
             if queued is None:
                 break
             del self._queued_where[queued.work_id]
-            if queued.enqueued_at < now:  # it waited: contended until now
+            own_wait = self._left_waiting(deployment_id, queued.work_id)
+            if queued.enqueued_at < now and not own_wait:  # it waited: contended until now
                 self._contended_at[deployment_id] = now
             decisions.append(self._start(queued, fitting(open_, queued.inputs), work, now))
         if len(work.queue):  # work waits: contention, so the deployment's credits come back
-            decisions.extend(self._contended(deployment_id, now))
+            decisions.extend(self._waits(deployment_id, work.queue, arrived, now))
         return decisions
 
     def _start(
@@ -409,6 +414,7 @@ class SchedulerCore(CoreCluster, CoreRoutes, CoreCredits):
             return decisions + self._pump(deployment_id, now)
         for queued in work.queue.drain():
             del self._queued_where[queued.work_id]
+            self._left_waiting(deployment_id, queued.work_id)
             self._book.dropped(queued.tenant_id, queued.cost, now, charged_at=queued.enqueued_at)
             decisions.append(self._reject(queued.work_id, queued.tenant_id, refusal))
         return decisions
@@ -477,6 +483,7 @@ class SchedulerCore(CoreCluster, CoreRoutes, CoreCredits):
     def _unqueue(self, work_id: str, deployment_id: str, now: float) -> QueuedWork | None:
         """Queued work leaves unserved: its tenant's queued count and budget charge go back."""
         del self._queued_where[work_id]
+        self._left_waiting(deployment_id, work_id)
         queued = self._work_of(deployment_id).queue.remove(work_id)
         if queued is not None:
             self._book.dropped(queued.tenant_id, queued.cost, now, charged_at=queued.enqueued_at)

@@ -18,6 +18,9 @@ from gantry.scheduler.policy.residency_slots import Assignment, ResidencySlots
 from gantry.scheduler.policy.types import BreakerState, Outcome, Priority, TenantPolicy
 
 if TYPE_CHECKING:
+    from gantry.scheduler.policy.fair_queue import FairQueue, QueuedWork
+
+if TYPE_CHECKING:
     from gantry.scheduler.policy.admission import TenantBook
     from gantry.scheduler.policy.breakers import BreakerBoard, BreakerChange
     from gantry.scheduler.policy.core import CoreSettings, _Totals
@@ -29,6 +32,9 @@ class CoreCredits:
     _credits: CreditBook
     _contended_at: dict[str, float]  # deployment -> when work last waited for it
     _crediting: set[str]  # the streams (origins) that take credits: only they are granted any
+    # deployment -> the calls waiting there that took back one of their own stream's credits
+    # instead of counting as contention (`_waits`)
+    _own_waits: dict[str, set[str]]
 
     if TYPE_CHECKING:  # what of SchedulerCore these rules read and move
         _settings: CoreSettings
@@ -140,6 +146,40 @@ class CoreCredits:
             if residency is not None:
                 residency.in_flight = max(0, residency.in_flight - grant.slots)
         return self._settle_many({g.deployment_id for g in grants}, now)
+
+    def _waits(
+        self, deployment_id: str, queue: FairQueue, arrived: QueuedWork | None, now: float
+    ) -> list[Decision]:
+        """Work is left waiting for the deployment: contention (`_contended`), unless every call
+        waiting is explained by its own stream's credits (credits.py: the grant's race). The one
+        that just `arrived` is, when it is INTERACTIVE and its stream holds a credit for its
+        (deployment, tenant) not revoked yet: that credit, the newest, is revoked alone."""
+        own = self._own_waits.get(deployment_id)
+        unexplained = len(queue) - (len(own) if own else 0)
+        if unexplained <= 0:
+            return []
+        if (
+            unexplained == 1
+            and arrived is not None
+            and arrived.priority == Priority.INTERACTIVE
+            and arrived.work_id in queue
+        ):
+            revoked = self._credits.revoke_newest(arrived.origin, deployment_id, arrived.tenant_id)
+            if revoked:
+                self._own_waits.setdefault(deployment_id, set()).add(arrived.work_id)
+                return list(revoked)
+        return self._contended(deployment_id, now)
+
+    def _left_waiting(self, deployment_id: str, work_id: str) -> bool:
+        """The call left the deployment's queue; whether its wait was its own stream's credits'
+        (`_waits`), not contention."""
+        own = self._own_waits.get(deployment_id)
+        if own is None or work_id not in own:
+            return False
+        own.discard(work_id)
+        if not own:
+            del self._own_waits[deployment_id]
+        return True
 
     def _contended(self, deployment_id: str, now: float) -> list[Decision]:
         """Work waits for the deployment: its credits come back, and none go out for a while."""

@@ -23,6 +23,17 @@ another tenant, a priority, a tenant at its share), its residency stops being ro
 its breakers leaves CLOSED, or the tenant's policy changes. A revoked credit still holds its slots
 until the control plane returns it (after its call in flight, if any); from then on it is never
 used, and its slots serve the queue. A stream that ends takes its credits with it (`drop`).
+
+One wait is not contention: an INTERACTIVE call that comes to wait while its own stream holds
+credits for its (deployment, tenant) and nothing else waits there unexplained. That is the race
+between a credit granted when a call ended and its client's next call, which reached the
+scheduler before the credit reached the control plane; the credit holds the slot the call waits
+for. Only that stream's newest credit for the pair is revoked (`revoke_newest`), one per such
+call, and no quiet period starts. Issue 29: with 32 clients of one tenant on 32 slots, the
+contention this race caused revoked every credit and, the deployment never quiet for a second
+under that load, kept them from coming back: a run went on with no credit at all, every call a
+scheduler round trip. Further waits of that tenant revoke one credit each, until none is left and
+the next is contention as before.
 """
 
 from __future__ import annotations
@@ -169,6 +180,18 @@ class CreditBook:
 
     def tenants(self) -> set[str]:
         return {c.grant.tenant_id for c in self._credits.values()}
+
+    def revoke_newest(
+        self, origin: str, deployment_id: str, tenant_id: str
+    ) -> list[CreditsRevoked]:
+        """Revoke the stream's newest credit for (deployment, tenant) not revoked yet, if any: the
+        one most likely still on its way to its control plane, unused."""
+        for credit in reversed(list(self._on(deployment_id))):
+            grant = credit.grant
+            if not credit.revoked and grant.origin == origin and grant.tenant_id == tenant_id:
+                credit.revoked = True
+                return [CreditsRevoked(origin, (grant.credit_id,))]
+        return []
 
     def revoke(
         self, which: Callable[[CreditGranted], bool], *, deployment_id: str | None = None
