@@ -47,10 +47,26 @@ class Served:
     log: Path
     root_pid: int  # `gantry up` itself
     http_address: str = ""  # the OpenAI-compatible HTTP API (a free port of its own)
+    scheduler_address: str = ""
+    state: Path | None = None  # `gantry up`'s state directory (its keys and tokens)
 
     @property
     def inference(self) -> inference_pb2_grpc.InferenceStub:
         return inference_pb2_grpc.InferenceStub(self.channel)
+
+
+async def calls_on_credits(h: Served) -> tuple[int, int]:
+    """(calls dispatched, of them on credits) so far, from the scheduler's queue snapshot: what
+    share of a window's calls went without a scheduler round trip."""
+    from gantry.v1 import scheduler_pb2, scheduler_pb2_grpc
+
+    assert h.state is not None
+    token = (h.state / "scheduler.token").read_text().strip()
+    async with grpc.aio.insecure_channel(h.scheduler_address) as channel:
+        snapshot = await scheduler_pb2_grpc.SchedulerStub(channel).GetQueueSnapshot(
+            scheduler_pb2.GetQueueSnapshotRequest(), metadata=auth_metadata(token), timeout=10
+        )
+    return snapshot.dispatched_total, snapshot.credited_total
 
 
 def _free_address() -> str:
@@ -173,7 +189,15 @@ async def gantry_up(
                 timeout_s=ready_timeout_s,
             )
             yield Served(
-                address, client_md, channel, _roles(process.pid), log, process.pid, http_address
+                address,
+                client_md,
+                channel,
+                _roles(process.pid),
+                log,
+                process.pid,
+                http_address,
+                scheduler_address,
+                state,
             )
     finally:
         with contextlib.suppress(ProcessLookupError):
