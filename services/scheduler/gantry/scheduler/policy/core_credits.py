@@ -18,14 +18,12 @@ from gantry.scheduler.policy.residency_slots import Assignment, ResidencySlots
 from gantry.scheduler.policy.types import BreakerState, Outcome, Priority, TenantPolicy
 
 if TYPE_CHECKING:
-    from gantry.scheduler.policy.fair_queue import FairQueue, QueuedWork
-
-if TYPE_CHECKING:
     from gantry.scheduler.policy.admission import TenantBook
     from gantry.scheduler.policy.breakers import BreakerBoard, BreakerChange
     from gantry.scheduler.policy.core import CoreSettings, _Totals
     from gantry.scheduler.policy.core_routes import _Route
     from gantry.scheduler.policy.deployment_work import DeploymentWork
+    from gantry.scheduler.policy.fair_queue import FairQueue, QueuedWork
 
 
 class CoreCredits:
