@@ -86,3 +86,45 @@ def poll_sync(
             raise not_in_time(timeout_s, what, last)
         time.sleep(interval_s)
     return answer
+
+
+class _Steadiness:
+    """Successive readings of a value another process moves: steady once two in a row differ by
+    at most `within`."""
+
+    def __init__(self, read: Callable[[], float], within: float) -> None:
+        self._read = read
+        self._within = within
+        self.last: float | None = None
+
+    def steady(self) -> tuple[float] | None:
+        """(the reading,) once steady (a tuple: a steady 0 is an answer too), else None."""
+        reading, before = self._read(), self.last
+        self.last = reading
+        if before is not None and abs(reading - before) <= self._within:
+            return (reading,)
+        return None
+
+
+def settled_sync(
+    read: Callable[[], float], timeout_s: float, what: str, *, within: float, apart_s: float
+) -> float:
+    """`read()` once two readings `apart_s` apart differ by at most `within` (a process's memory
+    after work, which it gives back when it gets to it): waited for, not a fixed sleep;
+    `NotInTime` saying what, and the last reading, after `timeout_s`."""
+    steadiness = _Steadiness(read, within)
+    (reading,) = poll_sync(
+        steadiness.steady, timeout_s, what, interval_s=apart_s, last=lambda: steadiness.last
+    )
+    return reading
+
+
+async def settled(
+    read: Callable[[], float], timeout_s: float, what: str, *, within: float, apart_s: float
+) -> float:
+    """`settled_sync` for code on an event loop."""
+    steadiness = _Steadiness(read, within)
+    (reading,) = await poll(
+        steadiness.steady, timeout_s, what, interval_s=apart_s, last=lambda: steadiness.last
+    )
+    return reading

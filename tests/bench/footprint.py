@@ -9,8 +9,9 @@ node credential and connection wait), only without the deployment: once the work
 connected and the services have settled, each process's RSS and PSS (/proc/<pid>/smaps_rollup)
 is read, and any process the worker started is listed apart (it is not the worker parent).
 
-GANTRY_BENCH_FOOTPRINT_SETTLE_S (default 5) sets how long the idle services run before the
-reading; GANTRY_BENCH_FOOTPRINT=0 skips it.
+The reading waits for the idle services to settle: for their RSS together to differ by at most
+1 MB between two readings GANTRY_BENCH_FOOTPRINT_SETTLE_S apart (default 1).
+GANTRY_BENCH_FOOTPRINT=0 skips it.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,9 +40,12 @@ from gantry.v1 import control_plane_pb2_grpc
 from tests.bench.resident_memory import COMMAND as RESIDENT_COMMAND
 from tests.bench.resident_memory import ResidentMemory, measure_further_resident, report
 from tests.bench.summary import Summary
+from tests.waiting import settled_sync
 
 ENABLED = os.environ.get("GANTRY_BENCH_FOOTPRINT", "1") != "0"
-SETTLE_S = float(os.environ.get("GANTRY_BENCH_FOOTPRINT_SETTLE_S", "5"))
+SETTLE_S = float(os.environ.get("GANTRY_BENCH_FOOTPRINT_SETTLE_S", "1"))  # between two readings
+SETTLE_WITHIN_MB = 1.0
+SETTLE_TIMEOUT_S = 60.0
 TARGET_MB = 300.0
 COMMAND = "python -m tests.bench.footprint  (GANTRY_BENCH_FOOTPRINT_SETTLE_S)"
 ROLES = ("scheduler", "controlplane", "worker")  # the order `gantry up` starts them in
@@ -54,6 +57,19 @@ class Footprint:
     pid: int
     rss_mb: float
     pss_mb: float
+
+
+def _rss_of_all(processes: Mapping[str, subprocess.Popen[bytes]]) -> float:
+    """The services' RSS together with whatever the worker started (its warm pool's fork server,
+    which imports torch for a while after the worker connects), MB."""
+    pids = [p.pid for p in processes.values()] + descendants(processes["worker"].pid)
+    total = 0.0
+    for pid in pids:
+        try:
+            total += memory_mb(pid)[0]
+        except OSError:  # gone between the listing and the reading
+            continue
+    return total
 
 
 def memory_mb(pid: int) -> tuple[float, float]:
@@ -144,7 +160,13 @@ def measure_idle_footprint() -> list[Footprint]:
             bootstrap.wait_until_connected(
                 stub, metadata, paths, timeout_s=60.0, say=_say, worker_log=worker.log_path
             )
-        time.sleep(SETTLE_S)
+        settled_sync(
+            lambda: _rss_of_all(processes),
+            SETTLE_TIMEOUT_S,
+            "the idle services' RSS (the worker's children's too) to hold still",
+            within=SETTLE_WITHIN_MB,
+            apart_s=SETTLE_S,
+        )
         readings = [Footprint(role, p.pid, *memory_mb(p.pid)) for role, p in processes.items()]
         for pid in descendants(processes["worker"].pid):
             try:

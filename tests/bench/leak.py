@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tests.waiting import NotInTime, poll
+from tests.waiting import NotInTime, poll, settled
 
 if TYPE_CHECKING:
     from tests.integration.harness import Harness
@@ -39,7 +39,11 @@ SAMPLE_EVERY = 10
 TARGET_MB_PER_100 = 10.0
 LOAD_TIMEOUT_S = 180.0
 UNLOAD_TIMEOUT_S = 60.0
-SETTLE_S = 0.5  # after UNLOADED, before reading /proc: let the worker finish its bookkeeping
+# After UNLOADED, before reading /proc, the worker finishes its bookkeeping: its RSS is read once
+# two readings SETTLE_APART_S apart differ by at most SETTLE_WITHIN_KB (within SETTLE_TIMEOUT_S).
+SETTLE_APART_S = 0.25
+SETTLE_WITHIN_KB = 256
+SETTLE_TIMEOUT_S = 30.0
 COMMAND = f"{CYCLES_ENV}=100 .venv/bin/python -m tests.bench.leak  (or: make bench)"
 WORKER_ENV = {
     "HF_HUB_OFFLINE": "1",
@@ -271,24 +275,35 @@ async def measure(cycles: int) -> int:
                 loads.append(ready - started)
                 unloads.append(time.perf_counter() - ready)
 
+            async def settle() -> float:
+                """Seconds until the worker's RSS held still."""
+                started = time.perf_counter()
+                await settled(
+                    lambda: _status_field(pid, "VmRSS"),
+                    SETTLE_TIMEOUT_S,
+                    "the worker's RSS to hold still after an unload",
+                    within=SETTLE_WITHIN_KB,
+                    apart_s=SETTLE_APART_S,
+                )
+                return time.perf_counter() - started
+
             for _ in range(WARMUP_CYCLES):
                 await cycle()
-            await asyncio.sleep(SETTLE_S)
+            await settle()
             print("  samples (cycle: worker RSS, threads, fds, children; s/cycle since the last):")
             samples = [show(sample(pid, 0), None)]
             loads.clear()
             unloads.clear()
             measured_started = last = time.perf_counter()
-            settled = 0.0
+            settling = 0.0
             for index in range(1, cycles + 1):
                 await cycle()
                 if index % SAMPLE_EVERY == 0 or index == cycles:
                     pace = (time.perf_counter() - last) / (index - samples[-1].cycle)
-                    await asyncio.sleep(SETTLE_S)
-                    settled += SETTLE_S
+                    settling += await settle()
                     samples.append(show(sample(pid, index), pace))
                     last = time.perf_counter()
-            elapsed = time.perf_counter() - measured_started - settled
+            elapsed = time.perf_counter() - measured_started - settling
 
             leftover = model_hosts_of(pid)
 

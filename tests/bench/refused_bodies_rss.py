@@ -33,13 +33,16 @@ import psutil
 from gantry.common.grpc_server import CHANNEL_OPTIONS
 from gantry.controlplane.app import MEMORY_CHECK_S
 from gantry.v1 import inference_pb2, inference_pb2_grpc
-from tests.waiting import poll_sync
+from tests.waiting import poll_sync, settled_sync
 
 CALLS = 16
 BODY_BYTES = 60 * 1000 * 1000
 LEGAL_BYTES = 30 * 1000 * 1000  # under the HTTP body bound and the gRPC receive limit (41 MiB)
 READY_TIMEOUT_S = 300.0
-SETTLE_S = 2 * MEMORY_CHECK_S  # past the control plane's next look at its memory
+# The control plane gives freed memory back when it next looks at its RSS (every MEMORY_CHECK_S):
+# its RSS is read once two readings that far apart differ by at most SETTLE_WITHIN_BYTES.
+SETTLE_WITHIN_BYTES = 1024 * 1024
+SETTLE_TIMEOUT_S = 12 * MEMORY_CHECK_S
 MB = 1024 * 1024
 
 
@@ -142,6 +145,18 @@ def _rss_during(process: psutil.Process, work: Callable[[], list[str]]) -> tuple
     return peak, answers
 
 
+def _settled_rss(process: psutil.Process, when: str) -> int:
+    return int(
+        settled_sync(
+            lambda: process.memory_info().rss,
+            SETTLE_TIMEOUT_S,
+            f"the control plane's RSS to hold still {when}",
+            within=SETTLE_WITHIN_BYTES,
+            apart_s=MEMORY_CHECK_S,
+        )
+    )
+
+
 def _door(process: psutil.Process, name: str, call: Callable[[], str]) -> None:
     baseline = process.memory_info().rss
 
@@ -150,8 +165,7 @@ def _door(process: psutil.Process, name: str, call: Callable[[], str]) -> None:
             return list(pool.map(lambda _: call(), range(CALLS)))
 
     peak, answers = _rss_during(process, all_at_once)
-    time.sleep(SETTLE_S)  # what the process keeps once the calls are over
-    after = process.memory_info().rss
+    after = _settled_rss(process, "once the calls are over")  # what the process keeps
     print(
         f"{name}: RSS baseline {baseline / MB:.0f} MiB, peak {peak / MB:.0f} MiB, "
         f"after {after / MB:.0f} MiB; answers: {sorted(set(answers))}"
@@ -161,7 +175,7 @@ def _door(process: psutil.Process, name: str, call: Callable[[], str]) -> None:
 def main() -> None:
     with tempfile.TemporaryDirectory() as state, _gantry_up(Path(state)) as running:
         process, grpc_port, http_port = running
-        time.sleep(SETTLE_S)  # past the start's own allocations
+        _settled_rss(process, "past the start's own allocations")
         print(f"control plane pid {process.pid}, MALLOC_* passed to it: {_malloc_env()}")
         _door(process, "HTTP /v1/embeddings, no key, 60 MB", lambda: _http_embed(http_port))
         _door(process, "gRPC Inference/Embed, no key, 60 MB", lambda: _grpc_embed(grpc_port))
