@@ -24,13 +24,62 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+import asyncio
 import json
 import secrets
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+import pytest_timeout
+
+# A test past its timeout is failed by pytest-timeout from its SIGALRM handler, which prints the
+# threads' stacks: an async test (or fixture teardown) stuck on an await shows only its event
+# loop's select. Every asyncio task's stack is printed first, so the await that never returned
+# is named (a PostgreSQL teardown hung 120 s in two fresh-clone runs, with no other trace).
+_timeout_sigalrm = pytest_timeout.timeout_sigalrm
+
+
+def _awaiting(task: asyncio.Task[Any]) -> list[str]:
+    """Where `task` waits, outermost first, through every coroutine it awaits (a task's own
+    stack shows its outermost coroutine only)."""
+    where: list[str] = []
+    awaited: Any = task.get_coro()
+    while awaited is not None:
+        frame = next(
+            (
+                f
+                for name in ("cr_frame", "ag_frame", "gi_frame")
+                if (f := getattr(awaited, name, None))
+            ),
+            None,
+        )
+        if frame is None:
+            break
+        where.append(f"{frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}")
+        awaited = next(
+            (
+                a
+                for name in ("cr_await", "ag_await", "gi_yieldfrom")
+                if (a := getattr(awaited, name, None))
+            ),
+            None,
+        )
+    return where
+
+
+def _timeout_naming_tasks(item: pytest.Item, settings: Any) -> None:
+    loop = asyncio._get_running_loop()
+    if loop is not None:
+        print(f"+++++ asyncio tasks of {item.nodeid} at its timeout +++++")
+        for task in asyncio.all_tasks(loop):
+            print(f"task {task.get_name()}:", *_awaiting(task), sep="\n  ")
+    _timeout_sigalrm(item, settings)
+
+
+pytest_timeout.timeout_sigalrm = _timeout_naming_tasks
 
 POSTGRES_URL = os.environ.get(
     "GANTRY_TEST_POSTGRES_URL", "postgresql+asyncpg://postgres@127.0.0.1:5432/test"

@@ -11,7 +11,9 @@ the control plane's (and the in-process scheduler's), never the simulator's.
 Figures, each beside the baseline of the same run (the same process with no worker connected):
 the time to connect the workers, the fraction of a core and the RSS at 0, 250 and N workers, and
 the time until ListNodes says DISCONNECTED for workers that stop heartbeating (stream kept open:
-the staleness grace decides) and for workers whose stream closes.
+the staleness grace decides) and for workers whose stream closes, and, last, for the whole fleet
+when every stream closes at once (the simulator exits: their ends share transactions,
+nodes/goodbyes.py).
 
 Embed latency under that load (issue 9: p99 within 1.5x of idle): before the simulated workers
 connect, one deployment is made READY on one more worker, a `ScriptedWorker` in this process that
@@ -112,6 +114,7 @@ LOST_PER_KIND = 5
 CPU_TARGET = 0.05  # of a core, for the heartbeats of 1,000 workers (issue 9)
 # A worker whose stream closed (its process exited) is DISCONNECTED by the goodbye, at once.
 CLOSED_DETECTION_TARGET_S = 10.0
+DROP_TIMEOUT_S = 60.0  # the whole fleet's streams closed at once: how long the bench waits
 
 
 def detection_bound_s(reconciler: ReconcilerSettings, interval_s: float) -> float:
@@ -410,6 +413,7 @@ async def bench_fleet(summary: Summary | None = None) -> int:
                 if target in (0, WORKERS):  # right after the window: never inside one
                     latencies.append(await measure_embed(client, harness.client_md, target))
             detection = await _lose_workers(harness, simulator, node_ids, reconciler)
+            dropped = await _drop_the_fleet(harness, simulator, node_ids)
         finally:
             await simulator.stop()
             await client_channel.close()
@@ -417,10 +421,24 @@ async def bench_fleet(summary: Summary | None = None) -> int:
     floor = await measure_grpc_floor(credentials_file, WORKERS)
     shutil.rmtree(base, ignore_errors=True)
     _print_figures(windows, connect_s, detection, reconciler)
+    print(
+        f"  the whole fleet dropped at once ({WORKERS} streams closed together): every node "
+        f"DISCONNECTED {dropped[0]:.1f}s after ({dropped[1]} not by {DROP_TIMEOUT_S:g}s; "
+        f"target <= {CLOSED_DETECTION_TARGET_S:g}s, as for one closed stream)"
+    )
     print_embed(latencies)
     _print_floor(floor, windows)
     if summary is not None:
         _summarise(summary, windows, detection, reconciler, floor)
+        summary.add(
+            f"{WORKERS} workers' streams closed at once",
+            f"{dropped[0]:.1f} s",
+            f"one closed stream {min(detection.get('closed') or [float('inf')]):.1f} s",
+            f"<= {CLOSED_DETECTION_TARGET_S:g} s",
+            dropped[1] == 0 and dropped[0] <= CLOSED_DETECTION_TARGET_S,
+            f"{dropped[1]} nodes still not DISCONNECTED after {DROP_TIMEOUT_S:g} s; the ends "
+            "that come together share their transactions (nodes/goodbyes.py)",
+        )
         summarise_embed(
             summary, latencies, heartbeat_share=per_thousand_over_idle(windows[0], windows[-1])
         )
@@ -502,6 +520,39 @@ async def _lose_workers(
         time_until_disconnected(harness, [node_ids[i] for i in closed], since, timeout_s),
     )
     return {"silent": silent_s, "closed": closed_s}
+
+
+async def _drop_the_fleet(
+    harness: Harness, simulator: Simulator, node_ids: list[str]
+) -> tuple[float, int]:
+    """Every simulated worker's stream closed at once (the simulator exits, as a network that
+    drops a rack would): (seconds until ListNodes says every node DISCONNECTED, how many still
+    did not by the timeout). A stream that ends is seen at once, however many end together
+    (nodes/goodbyes.py), never left to the reconciler's staleness."""
+    wanted = set(node_ids)
+    left = len(wanted)
+
+    async def all_disconnected() -> bool:
+        nonlocal left
+        states: dict[str, int] = {}
+        token = ""
+        while True:
+            page = await harness.operator.ListNodes(
+                cp.ListNodesRequest(page_size=500, page_token=token), metadata=harness.op_md
+            )
+            states.update((node.node_id, node.state) for node in page.nodes)
+            if not (token := page.next_page_token):
+                break
+        left = sum(states.get(n) != common_pb2.NODE_STATE_DISCONNECTED for n in wanted)
+        return left == 0
+
+    since = time.perf_counter()
+    await simulator.stop()
+    with contextlib.suppress(NotInTime):
+        await poll(
+            all_disconnected, DROP_TIMEOUT_S, "the dropped fleet DISCONNECTED", interval_s=0.2
+        )
+    return time.perf_counter() - since, left
 
 
 def _print_figures(

@@ -25,10 +25,15 @@ class _Watched:
         self.last_line = ""
 
     def write(self, text: str) -> int:
-        self.last_write = time.monotonic()
         lines = [line for line in text.splitlines() if line.strip()]
         if lines:
             self.last_line = lines[-1].strip()
+        return self.note(text)
+
+    def note(self, text: str) -> int:
+        """Write without becoming the last line: the watcher's own notes name the bench's line,
+        not the previous note (which named the one before, quoted once more each time)."""
+        self.last_write = time.monotonic()
         written = self._stream.write(text)
         if "\n" in text:  # a pipe (`make bench | tee`) would otherwise hold lines for minutes
             self._stream.flush()
@@ -49,7 +54,7 @@ def never_silent(silent_s: float = SILENT_S) -> Iterator[None]:
         while not stop.wait(min(5.0, silent_s / 2)):
             quiet = time.monotonic() - watched.last_write
             if quiet >= silent_s:
-                watched.write(
+                watched.note(
                     f"  ... still measuring ({time.monotonic() - started:.0f} s in; last: "
                     f"{watched.last_line[:100]!r})\n"
                 )

@@ -51,9 +51,14 @@ CONTROL_PLANE_ARGS = [
     "--absence-grace-s", "5",
     "--lease-seconds", "5",
 ]  # fmt: skip
+# A host that leaves a ping unanswered this long is killed as hung. Short, so a stopped host is
+# found in seconds, but not so short that a loaded machine (two test workers, a fork server's
+# imports taking 15 s) makes a healthy host miss it: a chaos test's host replaced unasked fails
+# its "adopted exactly" checks. 0.5 s was the bound until then.
+PING_TIMEOUT_S = 2.0
 WORKER_ARGS = [
     "--ping-interval-s", "0.3",
-    "--ping-timeout-s", "0.5",
+    "--ping-timeout-s", str(PING_TIMEOUT_S),
     "--restart-initial-backoff-s", "0.2",
     "--crash-loop-threshold", "3",
     "--crash-loop-window-s", "60",

@@ -79,7 +79,11 @@ async def _sigkill_control_plane(cluster: Cluster, deployment_id: str) -> None:
         CAPABILITY, phase="control plane restarted", timeout_s=30, since=killed_at
     )
     ready = await cluster.wait_ready(deployment_id)
-    assert resident_pid(ready) == host_pid, "the model host was not adopted exactly"
+    assert resident_pid(ready) == host_pid, "the model host was not adopted exactly: " + "; ".join(
+        f"{r.residency_id} pid {r.pid} restarts {r.restart_count} last failure "
+        f"{r.last_failure.reason}: {r.last_failure.message}"
+        for r in ready.residencies
+    )
     assert model_host_pids(deployment_id) == [host_pid]
     node = await cluster.node()
     assert node.generation == generation and node.state == common_pb2.NODE_STATE_CONNECTED

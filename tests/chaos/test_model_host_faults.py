@@ -17,6 +17,7 @@ from gantry.v1 import common_pb2
 from gantry.v1 import control_plane_pb2 as cp
 from tests.chaos.cluster import (
     HANG_INPUT,
+    PING_TIMEOUT_S,
     CallOutcome,
     Cluster,
     model_host_pids,
@@ -137,9 +138,9 @@ async def _sigstop(cluster: Cluster, deployment_id: str) -> None:
 
     await wait_until(unresponsive, timeout_s=10, what="RUNTIME_UNRESPONSIVE", interval_s=0)
     unresponsive_s = time.monotonic() - stopped_at
-    # Found hung by the worker's liveness ping (its 0.5 s deadline), not by the call's own
-    # deadline: that would have ended it DEADLINE_EXCEEDED, untyped.
-    assert "no answer to a ping within 0.5s" in first[0].details, first[0]
+    # Found hung by the worker's liveness ping (its PING_TIMEOUT_S deadline), not by the call's
+    # own deadline: that would have ended it DEADLINE_EXCEEDED, untyped.
+    assert f"no answer to a ping within {PING_TIMEOUT_S:g}s" in first[0].details, first[0]
     healed_s = await cluster.wait_serving_again(
         "stopped", phase="host stopped", timeout_s=60, since=stopped_at
     )

@@ -339,6 +339,16 @@ def _blocks_env(instance: Instance) -> dict[str, str]:
     }
 
 
+def _logs_written_since(instance: Instance, started: float) -> str:
+    """The tails of the logs written while a failed block ran (`gantry up`'s, its services' and
+    workers' in .gantry/logs, a server a block started there): what the services saw, since a
+    block's own output rarely says why they answered as they did."""
+    since = time.time() - (time.monotonic() - started)
+    logs = [instance.log, *sorted((instance.root / ".gantry" / "logs").glob("*.log"))]
+    written = [log for log in logs if log.exists() and log.stat().st_mtime >= since]
+    return "".join(f"\n----- {log.name} (tail) -----\n{_tail(log, 30)}" for log in written)
+
+
 def _run_blocks(blocks: list[Block], instance: Instance) -> list[str]:
     """Run each block that is not skipped, in order; the failures, each with its output's tail."""
     env = _blocks_env(instance)
@@ -357,9 +367,15 @@ def _run_blocks(blocks: list[Block], instance: Instance) -> list[str]:
         ran.append(f"{block.title} ({time.monotonic() - started:.1f} s)")
         output = done.stdout + done.stderr
         if done.returncode != 0:
-            failures.append(f"{block.title}: exit {done.returncode}\n{output[-2000:]}")
+            failures.append(
+                f"{block.title}: exit {done.returncode}\n{output[-2000:]}"
+                + _logs_written_since(instance, started)
+            )
         elif missing := [text for text in block.expect if text not in output]:
-            failures.append(f"{block.title}: printed none of {missing}\n{output[-2000:]}")
+            failures.append(
+                f"{block.title}: printed none of {missing}\n{output[-2000:]}"
+                + _logs_written_since(instance, started)
+            )
     print("ran:", *ran, "skipped:", *skipped, sep="\n  ")
     assert ran, "no block ran"
     return failures

@@ -28,3 +28,20 @@ def counted(database: Database, what: str) -> Iterator[list[int]]:
         yield seen
     finally:
         event.remove(database.engine.sync_engine, what, on_event)
+
+
+@contextmanager
+def queries(database: Database) -> Iterator[list[str]]:
+    """The statements `database`'s engine sent inside the block, but the BEGIN a store sends
+    for a transaction (SQLite's BEGIN IMMEDIATE; PostgreSQL's driver sends none through here)."""
+    sent: list[str] = []
+
+    def on_statement(_conn: object, _cursor: object, statement: str, *_rest: object) -> None:
+        if not statement.lstrip().upper().startswith("BEGIN"):
+            sent.append(statement)
+
+    event.listen(database.engine.sync_engine, STATEMENT, on_statement)
+    try:
+        yield sent
+    finally:
+        event.remove(database.engine.sync_engine, STATEMENT, on_statement)

@@ -410,6 +410,44 @@ async def running_gantry(
 
 
 @contextlib.asynccontextmanager
+async def restarted_control_plane(
+    harness: Harness,
+    database_url: str,
+    *,
+    same_port: bool = True,
+    clock: Clock | None = None,
+    while_down: Callable[[], object] | None = None,
+    **settings: Any,
+) -> AsyncIterator[None]:
+    """Stop the control plane and start a new one on the same database and scheduler (and port,
+    where `same_port`: a worker redials it by itself), `while_down` called in between;
+    `settings`: the new one's ControlPlaneSettings beyond those. The new one is stopped on the
+    way out (the harness stops only the one it started)."""
+    port = harness.control_plane.port if same_port else 0
+    await harness.channel.close()
+    await harness.control_plane.stop()
+    if while_down is not None:
+        while_down()
+    harness.control_plane = await start_control_plane(
+        ControlPlaneSettings(
+            listen=f"127.0.0.1:{port}",
+            database_url=database_url,
+            scheduler_address=f"127.0.0.1:{harness.scheduler_server.port}",
+            scheduler_token=harness.scheduler_token,
+            **settings,
+        ),
+        clock=clock,
+    )
+    await harness.control_plane.scheduler.wait_connected(10)
+    harness.channel = insecure_channel(harness.address)
+    try:
+        yield
+    finally:
+        await harness.channel.close()
+        await harness.control_plane.stop()
+
+
+@contextlib.asynccontextmanager
 async def gantry_on_a_manual_clock(
     database_url: str, tmp_path: Path, reconciler: ReconcilerSettings
 ) -> AsyncIterator[tuple[Harness, ManualClock]]:

@@ -4,8 +4,10 @@ capabilities. For one it answers every call HTTP 500 with a secret-looking body:
 Gantry's typed error naming the status, over gRPC and the OpenAI HTTP door, and the body goes
 only to the worker's log. For the other it streams text chunks forever, whatever max_tokens
 said: Gantry relays max_tokens of them, ends the stream with finish "length" and closes the
-connection, which the server sees as its write failing. And AdoptEndpoint refuses a URL naming
-this control plane's own listeners, storing nothing.
+connection, which the server sees as its write failing. A third's stream ends with [DONE] and no
+finish reason (as llama.cpp's server cuts one when another request arrives): the call fails
+INVOKE_FAILED saying so. And AdoptEndpoint refuses a URL naming this control plane's own
+listeners, storing nothing.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from gantry.v1 import control_plane_pb2 as cp
 from gantry.v1 import inference_pb2 as inf
 from tests.integration.harness import Harness, running_gantry, wait_for
 
-LEAKY, ENDLESS = "leaky-model", "endless-model"
+LEAKY, ENDLESS, CUT = "leaky-model", "endless-model", "cut-model"
 # What a server's error may carry: its paths, another caller's prompt, a stack trace.
 SECRET = "Traceback (most recent call last): /srv/secret-weights/w.gguf prompt='tenant-b wrote'"
 MAX_TOKENS = 6
@@ -60,13 +62,15 @@ def _handler(state: HostileServer) -> type[BaseHTTPRequestHandler]:
             self.wfile.write(data)
 
         def do_GET(self) -> None:
-            models = [{"id": LEAKY, "object": "model"}, {"id": ENDLESS, "object": "model"}]
+            models = [{"id": name, "object": "model"} for name in (LEAKY, ENDLESS, CUT)]
             self._json(200, {"object": "list", "data": models})
 
         def do_POST(self) -> None:
             body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))))
             if body.get("model") == LEAKY:
                 self._json(500, {"error": {"message": SECRET}})
+            elif body.get("stream") and body.get("model") == CUT:
+                self._stream_cut()
             elif body.get("stream"):
                 self._stream_forever()
             else:  # the prompt's token count, asked after a stream that carried no usage
@@ -74,6 +78,18 @@ def _handler(state: HostileServer) -> type[BaseHTTPRequestHandler]:
                 self._json(
                     200, {"choices": [{"text": "x", "finish_reason": "length"}], "usage": usage}
                 )
+
+        def _stream_cut(self) -> None:
+            """As llama.cpp's server ends a stream when another request arrives (its
+            interrupt_requests): two chunks, then [DONE] with no finish reason."""
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Connection", "close")
+            self.end_headers()
+            chunk = json.dumps({"choices": [{"text": "ha", "finish_reason": None}]})
+            self.wfile.write(f"data: {chunk}\n\ndata: {chunk}\n\ndata: [DONE]\n\n".encode())
+            self.wfile.flush()
+            self.close_connection = True
 
         def _stream_forever(self) -> None:
             self.send_response(200)
@@ -183,6 +199,25 @@ async def test_a_servers_error_body_reaches_only_the_log_and_an_endless_stream_i
     assert text == "ha" * MAX_TOKENS
     assert chunks[-1]["choices"][0]["finish_reason"] == "length"
     await wait_for(hostile_server.closed.is_set, what="the endless stream's connection closed")
+
+
+async def test_a_stream_the_server_ends_without_a_finish_reason_fails_saying_so(
+    harness: Harness, hostile_server: HostileServer
+) -> None:
+    await harness.start_worker(await harness.register_node("hostile-node"))
+    await _adopt(harness, hostile_server, CUT, "cut")
+    chunks: list[inf.GenerateChunk] = []
+    with pytest.raises(grpc.aio.AioRpcError) as failed:
+        async for chunk in harness.inference.GenerateStream(
+            inf.GenerateRequest(capability="cut", prompt="hi", max_tokens=MAX_TOKENS),
+            metadata=harness.client_md,
+            timeout=60,
+        ):
+            chunks.append(chunk)
+    info = error_info_of(failed.value)
+    assert info is not None and info.reason == "INVOKE_FAILED", failed.value
+    assert "without a finish reason" in (failed.value.details() or ""), failed.value
+    assert "--interrupt_requests false" in (failed.value.details() or ""), failed.value
 
 
 async def test_the_control_planes_own_listeners_are_never_adopted(

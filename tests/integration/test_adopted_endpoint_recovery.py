@@ -14,7 +14,6 @@ Both stores run every scenario.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import subprocess
@@ -27,14 +26,12 @@ import grpc
 import httpx
 import pytest
 
-from gantry.common.grpc_server import insecure_channel
 from gantry.common.status import error_info_of
-from gantry.controlplane.app import ControlPlaneSettings, start_control_plane
 from gantry.controlplane.deployments.reconciler import ReconcilerSettings
 from gantry.v1 import common_pb2
 from gantry.v1 import control_plane_pb2 as cp
 from gantry.v1 import inference_pb2 as inf
-from tests.integration.harness import Harness, running_gantry, wait_for
+from tests.integration.harness import Harness, restarted_control_plane, running_gantry, wait_for
 from tests.integration.polling import wait_for_file
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -207,35 +204,6 @@ async def test_a_worker_restart_or_absence_loads_the_endpoint_again_on_its_own_n
     assert worker.supervisor.residents.get(deployment_id) is None
 
 
-@contextlib.asynccontextmanager
-async def _restarted_control_plane(
-    harness: Harness, database_url: str, key_file: Path
-) -> AsyncIterator[None]:
-    """Stop the control plane and start a new one on the same port, database, scheduler and
-    endpoint key; the worker reconnects by itself. The new one is stopped on the way out (the
-    harness stops only the one it started)."""
-    port = harness.control_plane.port
-    await harness.channel.close()
-    await harness.control_plane.stop()
-    harness.control_plane = await start_control_plane(
-        ControlPlaneSettings(
-            listen=f"127.0.0.1:{port}",
-            database_url=database_url,
-            scheduler_address=f"127.0.0.1:{harness.scheduler_server.port}",
-            scheduler_token=harness.scheduler_token,
-            reconciler=RECONCILER,
-            endpoint_key_file=key_file,
-        )
-    )
-    await harness.control_plane.scheduler.wait_connected(10)
-    harness.channel = insecure_channel(harness.address)
-    try:
-        yield
-    finally:
-        await harness.channel.close()
-        await harness.control_plane.stop()
-
-
 async def test_a_control_plane_restart_adopts_the_running_endpoint_without_a_second_load(
     harness: Harness, external_server: ExternalServer, database_url: str, tmp_path: Path
 ) -> None:
@@ -246,7 +214,9 @@ async def test_a_control_plane_restart_adopts_the_running_endpoint_without_a_sec
     assert held is not None and held.adopted
     expected = await asyncio.to_thread(_completion, external_server, 6)
 
-    async with _restarted_control_plane(harness, database_url, tmp_path / "endpoint.key"):
+    async with restarted_control_plane(
+        harness, database_url, reconciler=RECONCILER, endpoint_key_file=tmp_path / "endpoint.key"
+    ):
         await harness.wait_deployment(deployment_id, cp.DEPLOYMENT_STATE_READY, timeout=60)
         after = (await harness.deployment(deployment_id)).residencies[0]
         assert (after.residency_id, after.generation, after.state) == (

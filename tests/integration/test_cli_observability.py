@@ -7,6 +7,7 @@ the same port."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import signal
 import sys
@@ -18,15 +19,19 @@ import pytest
 
 from gantry.cli.main import main as gantry_cli
 from gantry.common.clock import ManualClock
-from gantry.common.grpc_server import insecure_channel
 from gantry.common.ids import new_id
-from gantry.controlplane.app import ControlPlaneSettings, start_control_plane
 from gantry.controlplane.deployments.reconciler import ReconcilerSettings
 from gantry.controlplane.jobs import store as jobs
 from gantry.controlplane.platform.state_machines import JobState, JobType
 from gantry.v1 import common_pb2
 from gantry.v1 import control_plane_pb2 as cp
-from tests.integration.harness import CTRL_C_REACHES_IT, Harness, running_gantry, wait_for
+from tests.integration.harness import (
+    CTRL_C_REACHES_IT,
+    Harness,
+    restarted_control_plane,
+    running_gantry,
+    wait_for,
+)
 from tests.integration.pipeline_support import Pipeline, make_model_dir, pipeline_of
 from tests.integration.pipeline_support import two_replicas as shared_two_replicas
 from tests.integration.scripted_worker import ScriptedWorker
@@ -259,14 +264,7 @@ async def plain(database_url: str, tmp_path: Path) -> AsyncIterator[Harness]:
     root = tmp_path / "artifacts"
     root.mkdir()
     async with running_gantry(database_url, root, run_reconciler=False) as harness:
-        started = harness.control_plane
-        try:
-            yield harness
-        finally:
-            if harness.control_plane is not started:
-                # A restarted one: running_gantry stops only the control plane it started.
-                await harness.channel.close()
-                await harness.control_plane.stop()
+        yield harness
 
 
 async def test_events_lists_the_newest_page_oldest_first_and_pages_by_cursor(
@@ -312,25 +310,6 @@ async def test_events_lists_the_newest_page_oldest_first_and_pages_by_cursor(
     assert (status, out, err) == (0, "", "no events\n")
 
 
-async def restart_on_the_same_port(harness: Harness, database_url: str) -> None:
-    """Stop the control plane and start a new one on its database and port (the `plain` fixture
-    stops the new one at the end)."""
-    port = harness.control_plane.port
-    await harness.channel.close()
-    await harness.control_plane.stop()
-    harness.control_plane = await start_control_plane(
-        ControlPlaneSettings(
-            listen=f"127.0.0.1:{port}",
-            database_url=database_url,
-            scheduler_address=f"127.0.0.1:{harness.scheduler_server.port}",
-            scheduler_token=harness.scheduler_token,
-            reconciler=ReconcilerSettings(),
-            run_reconciler=False,
-        )
-    )
-    harness.channel = insecure_channel(harness.address)
-
-
 async def read_line(stream: asyncio.StreamReader) -> str:
     line = await asyncio.wait_for(stream.readline(), timeout=30)
     assert line, "the follower's stdout ended"
@@ -362,25 +341,31 @@ async def test_events_follow_streams_live_and_resumes_across_a_control_plane_res
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )
-    try:
-        assert follower.stdout is not None and follower.stderr is not None
-        # The newest two first (history), then live events as they commit.
-        seen = [await read_line(follower.stdout) for _ in range(2)]
-        assert [key_of(line) for line in seen] == history
-        [live] = await create_keys(plain, "c")
-        seen.append(await read_line(follower.stdout))
-        assert key_of(seen[-1]) == live
+    async with contextlib.AsyncExitStack() as restart:
+        try:
+            assert follower.stdout is not None and follower.stderr is not None
+            # The newest two first (history), then live events as they commit.
+            seen = [await read_line(follower.stdout) for _ in range(2)]
+            assert [key_of(line) for line in seen] == history
+            [live] = await create_keys(plain, "c")
+            seen.append(await read_line(follower.stdout))
+            assert key_of(seen[-1]) == live
 
-        await restart_on_the_same_port(plain, database_url)
-        after_restart = await create_keys(plain, "d", "e")
-        seen += [await read_line(follower.stdout) for _ in range(2)]
-        assert [key_of(line) for line in seen[-2:]] == after_restart
-        ids = [int(line.split()[0].removeprefix("#")) for line in seen]
-        assert ids == sorted(set(ids))  # in order, none twice, none skipped
-    finally:
-        if follower.returncode is None:
-            follower.send_signal(signal.SIGINT)  # Ctrl-C
-        status = await asyncio.wait_for(follower.wait(), timeout=30)
+            # Stopped after the follower (the stack's exit), so it sees one outage only.
+            await restart.enter_async_context(
+                restarted_control_plane(
+                    plain, database_url, reconciler=ReconcilerSettings(), run_reconciler=False
+                )
+            )
+            after_restart = await create_keys(plain, "d", "e")
+            seen += [await read_line(follower.stdout) for _ in range(2)]
+            assert [key_of(line) for line in seen[-2:]] == after_restart
+            ids = [int(line.split()[0].removeprefix("#")) for line in seen]
+            assert ids == sorted(set(ids))  # in order, none twice, none skipped
+        finally:
+            if follower.returncode is None:
+                follower.send_signal(signal.SIGINT)  # Ctrl-C
+            status = await asyncio.wait_for(follower.wait(), timeout=30)
     err = (await follower.stderr.read()).decode()
     assert status == 0, err
     assert "Traceback" not in err

@@ -27,6 +27,11 @@ from tests.integration.harness import wait_for
 pytestmark = pytest.mark.postgres
 
 LEASE_S = 1.0
+# A leader the test stops itself (run=False) must not be ended by its own idle_session_timeout
+# (the lease) before the test ends its session: on a loaded machine the steps between its last
+# look and the admin's terminate can take a second. These tests look once more right before,
+# and give that look a lease of a few seconds.
+STOPPED_LEADER_LEASE_S = 3.0
 WAITING_LEASE_S = 15.0
 
 
@@ -51,6 +56,15 @@ async def replica(
 
 async def _admin(url: str) -> asyncpg.Connection:
     return await asyncpg.connect(url.replace("postgresql+asyncpg://", "postgresql://"), timeout=5)
+
+
+async def _pinged_lock_holder(leader: Leadership, admin: asyncpg.Connection) -> int:
+    """The leader's lock session, just after a look that reset its idle_session_timeout."""
+    await leader.step()
+    assert leader.is_leader
+    holder = await _lock_holder(admin)
+    assert holder is not None
+    return holder
 
 
 async def _lock_holder(admin: asyncpg.Connection) -> int | None:
@@ -91,13 +105,15 @@ async def url(postgres_url: str) -> str:
 async def test_one_leads_and_a_terminated_leader_is_replaced_with_the_next_epoch(url: str):
     admin = await _admin(url)
     try:
-        async with replica(url, run=False) as (first, first_db), replica(url) as (second, _):
+        async with (
+            replica(url, run=False, lease_s=STOPPED_LEADER_LEASE_S) as (first, first_db),
+            replica(url, lease_s=STOPPED_LEADER_LEASE_S) as (second, _),
+        ):
             assert (first.is_leader, first.epoch) == (True, 1)
             assert not second.is_leader
             await _fenced_write(first, first_db, "written-at-epoch-1")
             # The leader's session ends (a failover, a network cut): its lock goes with it.
-            holder = await _lock_holder(admin)
-            assert holder is not None
+            holder = await _pinged_lock_holder(first, admin)
             assert await admin.fetchval("SELECT pg_terminate_backend($1)", holder)
             await wait_for(lambda: second.is_leader, timeout=10, what="the follower to lead")
             assert second.epoch == 2
@@ -154,7 +170,7 @@ async def test_a_new_leaders_epoch_waits_for_the_old_leaders_write_in_flight(url
                     # The fence has run: this transaction holds the row FOR SHARE to its commit.
                     session.add(Tenant(tenant_id="in-flight", created_at=_now()))
                     await session.flush()
-                    holder = await _lock_holder(admin)
+                    holder = await _pinged_lock_holder(first, admin)
                     await _end_lock_session(admin, holder)
                     # The follower takes the lock, and its epoch bump waits on the share lock.
                     taking = asyncio.create_task(second.step())
@@ -179,8 +195,8 @@ async def test_a_new_leader_ends_an_old_leaders_write_left_in_flight_and_it_neve
     admin = await _admin(url)
     try:
         async with (
-            replica(url, run=False) as (first, first_db),
-            replica(url, run=False) as (second, _),
+            replica(url, run=False, lease_s=STOPPED_LEADER_LEASE_S) as (first, first_db),
+            replica(url, run=False, lease_s=STOPPED_LEADER_LEASE_S) as (second, _),
         ):
             assert first.is_leader and not second.is_leader
             taken: tuple[bool, int | None] | None = None
@@ -190,7 +206,7 @@ async def test_a_new_leader_ends_an_old_leaders_write_left_in_flight_and_it_neve
                         # The fence has run: this transaction holds the row FOR SHARE.
                         session.add(Tenant(tenant_id="in-flight", created_at=_now()))
                         await session.flush()
-                        holder = await _lock_holder(admin)
+                        holder = await _pinged_lock_holder(first, admin)
                         await _end_lock_session(admin, holder)
                         # This transaction stays open, as a stopped leader's does.
                         await second.step()
@@ -203,7 +219,7 @@ async def test_a_new_leader_ends_an_old_leaders_write_left_in_flight_and_it_neve
         await admin.close()
 
 
-async def _end_lock_session(admin: asyncpg.Connection, holder: int | None) -> None:
+async def _end_lock_session(admin: asyncpg.Connection, holder: int) -> None:
     """End the leader's lock session and wait until PostgreSQL has let the lock go: the backend
     exits after the call returns, and a follower that looks before that finds the lock taken."""
     assert await admin.fetchval("SELECT pg_terminate_backend($1)", holder)

@@ -39,6 +39,7 @@ from gantry.worker.runtime_adapters.llama_cpp_server import LlamaCppServer
 from gantry.worker.supervision import ServingLoad, SupervisionSettings, Supervisor
 from tests.fixtures.llama_env import llama_python  # noqa: F401  (fixture)
 from tests.fixtures.tiny_causal_lm_gguf import build_tiny_causal_lm_gguf
+from tests.integration.polling import wait_until
 
 PROMPT = "the cat"
 NEW_TOKENS = 24
@@ -180,6 +181,39 @@ async def test_a_cancelled_stream_closes_the_connection_and_the_server_serves_th
         )
         assert after.completion_tokens == 2
     finally:
+        assert (await server.stop(grace_s=5)).process_exited
+
+
+async def test_a_server_busy_with_a_call_is_judged_by_that_call_not_asked_a_ping(
+    llama_python: str,  # noqa: F811
+    tiny_models: tuple[Path, Path],
+) -> None:
+    # llama.cpp's server serves one request at a time, /v1/models included: a ping asked during
+    # a generation waits behind it, and one longer than the ping's deadline had the server
+    # killed as hung. A stopped server stands in for a busy one: whatever it does, a ping while
+    # a call is in flight is answered by that call; the call's own deadline finds a server that
+    # really hangs, and the next ping is asked of it and fails.
+    server = await ManagedServer.start(_spec(llama_python, tiny_models[1]))
+    os.kill(server.pid, signal.SIGSTOP)
+    try:
+        call = asyncio.create_task(
+            server.generate(
+                wg.GeneratePayload(prompt=PROMPT, max_tokens=4, stream=True),
+                trace_context={},
+                timeout_s=2.0,
+            )
+        )
+        await wait_until(lambda: server.answered_by_its_calls, 10, "the call in flight")
+        await server.ping(timeout_s=0.5)
+        with pytest.raises(GantryError) as expired:
+            await call
+        assert expired.value.reason == "DEADLINE_EXCEEDED", expired.value
+        assert not server.answered_by_its_calls
+        with pytest.raises(GantryError) as hung:
+            await server.ping(timeout_s=0.5)
+        assert hung.value.reason == "DEADLINE_EXCEEDED", hung.value
+    finally:
+        os.kill(server.pid, signal.SIGCONT)
         assert (await server.stop(grace_s=5)).process_exited
 
 

@@ -7,7 +7,6 @@ protocol) answering jobs and Embed calls, time on a ManualClock. Both stores run
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import subprocess
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -17,15 +16,13 @@ import grpc
 import pytest
 
 from gantry.common.clock import ManualClock
-from gantry.common.grpc_server import insecure_channel
-from gantry.controlplane.app import ControlPlaneSettings, start_control_plane
 from gantry.controlplane.deployments.reconciler import ReconcilerSettings
 from gantry.controlplane.serving.capability_degradation import DegradationSettings
 from gantry.v1 import common_pb2
 from gantry.v1 import control_plane_pb2 as cp
 from gantry.v1 import inference_pb2 as inf
 from gantry.v1 import worker_gateway_pb2 as wg
-from tests.integration.harness import Harness, wait_for
+from tests.integration.harness import Harness, restarted_control_plane, wait_for
 from tests.integration.pipeline_support import (
     Pipeline,
     make_model_dir,
@@ -304,29 +301,15 @@ async def _key_ids(harness: Harness, after: int) -> list[str]:
     return [e.detail["api_key_id"] for e in listed.events]
 
 
-@contextlib.asynccontextmanager
-async def _restarted_control_plane(harness: Harness, database_url: str) -> AsyncIterator[None]:
-    """Stop the control plane and start a new one on the same database (and scheduler); the new
-    one is stopped on the way out (the harness stops only the one it started)."""
-    await harness.channel.close()
-    await harness.control_plane.stop()
-    harness.control_plane = await start_control_plane(
-        ControlPlaneSettings(
-            listen="127.0.0.1:0",
-            database_url=database_url,
-            scheduler_address=f"127.0.0.1:{harness.scheduler_server.port}",
-            scheduler_token=harness.scheduler_token,
-            reconciler=ReconcilerSettings(),
-            run_reconciler=False,
-        ),
+def _restarted_control_plane(harness: Harness, database_url: str) -> Any:
+    return restarted_control_plane(
+        harness,
+        database_url,
+        same_port=False,
         clock=ManualClock(),
+        reconciler=ReconcilerSettings(),
+        run_reconciler=False,
     )
-    harness.channel = insecure_channel(harness.address)
-    try:
-        yield
-    finally:
-        await harness.channel.close()
-        await harness.control_plane.stop()
 
 
 async def test_watch_streams_the_backlog_then_live_events_and_resumes_after_a_restart(

@@ -149,9 +149,12 @@ async def test_every_replica_follows_the_assignment_so_one_scheduler_serves_them
         first = _address(harness.scheduler_server.port)
         standby, standby_service = harness.standby_schedulers[0]
         second = _address(standby.port)
+        # The node and its deployment first, then the follower: a follower's first snapshot read
+        # before the node's registration but loaded after it would undo it in the scheduler
+        # (docs/architecture.md, the scheduler's row), and the deployment would find no node.
         async with (
-            _follower(harness, postgres_url) as (follower, _),
             serving_tiny(harness, tiny_model_dir, max_concurrency=4) as worker,
+            _follower(harness, postgres_url) as (follower, _),
         ):
             worker.answer_invokes = True
             assert leader.leadership.is_leader and not follower.leadership.is_leader

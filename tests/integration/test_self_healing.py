@@ -8,9 +8,11 @@ Both stores run every scenario.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -22,7 +24,7 @@ from gantry.controlplane.observability import audit as audit_rows
 from gantry.v1 import common_pb2
 from gantry.v1 import control_plane_pb2 as cp
 from gantry.v1 import worker_gateway_pb2 as wg
-from tests.integration.harness import Harness, running_gantry, wait_for
+from tests.integration.harness import Harness, restarted_control_plane, running_gantry, wait_for
 from tests.integration.scripted_worker import ScriptedWorker
 
 LEASE_SECONDS = 30.0
@@ -271,6 +273,76 @@ async def test_a_reconnect_adopts_an_exact_match_and_unloads_anything_else(
         exact.residencies[0].pid
     )
     await world.assert_invariants_hold()
+
+
+def _back_after(world: World, database_url: str, *, away_s: float) -> Any:
+    """The control plane stopped, `away_s` passing while none runs, and a new one started on the
+    same port, database, scheduler and clock."""
+    return restarted_control_plane(
+        world.harness,
+        database_url,
+        clock=world.clock,
+        while_down=lambda: world.clock.advance(away_s),
+        reconciler=SETTINGS,
+        lease_seconds=LEASE_SECONDS,
+        run_reconciler=False,
+    )
+
+
+@contextlib.asynccontextmanager
+async def _kept_through_a_long_restart(
+    world: World, tiny_model_dir: Path, database_url: str, name: str
+) -> AsyncIterator[tuple[ScriptedWorker, cp.Deployment]]:
+    """A deployment READY on node `name`, then the control plane away three absence graces (its
+    worker's stream ended with it). Yields once the new control plane's passes have run for a
+    grace less a second, the residency still RESIDENT: the worker and the deployment as it was."""
+    worker = await world.worker(name)
+    ready = await _ready(world, tiny_model_dir, name)
+    await worker.stop()
+    async with _back_after(world, database_url, away_s=3 * SETTINGS.absence_grace_s):
+        await world.reconcile()
+        await world.advance(SETTINGS.absence_grace_s - 1)
+        kept = await world.harness.deployment(ready.deployment_id)
+        assert kept.residencies[0].state == common_pb2.RESIDENCY_STATE_RESIDENT, kept
+        yield worker, ready
+
+
+async def test_a_control_plane_away_past_the_absence_grace_adopts_what_kept_running(
+    world: World, tiny_model_dir: Path, database_url: str
+):
+    # A control plane killed or upgraded for longer than the absence grace: the workers could
+    # not reach it, so their silence meanwhile says nothing. Each node gets the whole grace from
+    # the restart to redial, and its residents are adopted as they run, not reloaded.
+    async with _kept_through_a_long_restart(world, tiny_model_dir, database_url, "steady") as (
+        worker,
+        ready,
+    ):
+        again = ScriptedWorker(generation=worker.generation)
+        again.residents = worker.residents
+        await again.start(world.harness.channel, world.harness.credentials["steady"])
+        world.workers.append(again)
+        assert again.welcome is not None
+        assert list(again.welcome.adopted_deployment_ids) == [ready.deployment_id]
+        assert list(again.welcome.unload_deployment_ids) == []
+        healed = await world.reconcile_until(ready.deployment_id, cp.DEPLOYMENT_STATE_READY)
+        assert [(r.residency_id, r.pid) for r in healed.residencies] == [
+            (r.residency_id, r.pid) for r in ready.residencies
+        ]
+        assert not any(a.WhichOneof("spec") == "load" for a in again.assignments)
+        await world.assert_invariants_hold()
+
+
+async def test_a_node_that_does_not_come_back_is_absent_one_grace_after_the_restart(
+    world: World, tiny_model_dir: Path, database_url: str
+):
+    async with _kept_through_a_long_restart(world, tiny_model_dir, database_url, "gone") as (
+        _,
+        ready,
+    ):
+        await world.advance(2)
+        lost = await world.harness.deployment(ready.deployment_id)
+        assert lost.residencies[0].state == common_pb2.RESIDENCY_STATE_COLD, lost
+        assert lost.residencies[0].last_failure.reason == "WORKER_UNAVAILABLE", lost
 
 
 async def _rotate_in(world: World, name: str) -> str:

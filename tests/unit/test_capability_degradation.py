@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 from gantry.common.clock import ManualClock
 from gantry.controlplane.serving.capability_degradation import (
     CRASH_LOOP,
@@ -108,3 +111,35 @@ def test_a_capability_no_deployment_serves_is_forgotten_without_a_recovery():
     assert [s.capability for s in policy.states()] == ["kept"]
     clock.advance(61)
     assert policy.evaluate() == []  # no capability.recovered for one that was deleted
+
+
+@given(
+    steps=st.lists(
+        st.one_of(
+            st.booleans(),  # an outcome: succeeded or not
+            st.floats(min_value=0, max_value=40),  # time passes, then a pass evaluates
+        ),
+        max_size=120,
+    )
+)
+def test_the_kept_success_count_is_the_windows_own_through_evictions_and_age(
+    steps: list[bool | float],
+):
+    """The rate comes from a count kept as outcomes arrive, fall off the bounded window and age
+    out; whatever the order, it is the window's own count (the sum it replaced)."""
+    clock = ManualClock()
+    settings = DegradationSettings(
+        window_s=60, min_outcomes=4, min_success_rate=0.75, max_outcomes_per_capability=7
+    )
+    policy = CapabilityDegradation(clock, settings)
+    for step in steps:
+        if isinstance(step, bool):
+            policy.record("embed", succeeded=step)
+        else:
+            clock.advance(step)
+            policy.evaluate()
+        window = policy._windows.get("embed")
+        if window is not None:
+            assert window.successes == sum(ok for _, ok in window.outcomes)
+            [state] = policy.states()
+            assert state.outcomes == len(window.outcomes) <= 7

@@ -9,6 +9,7 @@ from gantry.common.errors import GantryError
 from gantry.controlplane.serving.route_cache import RouteCache
 from gantry.controlplane.serving.routing import DeploymentResolver
 from gantry.v1 import inference_pb2
+from tests.waiting import poll
 
 
 def test_a_route_expires_after_its_ttl():
@@ -54,7 +55,8 @@ def _request(capability: str = "minilm") -> inference_pb2.EmbedRequest:
 
 async def _started(resolver: _GatedResolver, count: int) -> list[asyncio.Task[str]]:
     tasks = [asyncio.create_task(resolver.resolve(_request())) for _ in range(count)]
-    await asyncio.sleep(0)  # every task reaches the cache miss
+    # The first caller's read is under way; the others, started in the same turn, share it.
+    await poll(lambda: resolver.reads == 1, 5, "the first caller's binding read")
     return tasks
 
 
@@ -92,7 +94,7 @@ async def test_when_the_reading_caller_goes_away_the_others_read_again_and_are_a
     resolver = _GatedResolver(RouteCache(ManualClock()))
     leader, *followers = await _started(resolver, 3)
     leader.cancel()
-    await asyncio.sleep(0)
+    await poll(lambda: resolver.reads == 2, 5, "a follower reading the binding again")
     resolver.gate.set()
     assert await asyncio.gather(*followers) == ["d1", "d1"]
     assert leader.cancelled()

@@ -21,6 +21,7 @@ from gantry.controlplane.serving.inference_service import (
 )
 from gantry.v1 import scheduler_pb2
 from gantry.v1 import worker_gateway_pb2 as wg
+from tests.waiting import poll
 
 
 def _hub(
@@ -201,7 +202,7 @@ async def test_an_invoke_too_large_for_the_stream_is_refused_before_it_is_sent()
     assert _drain(stream) == []
     # The stream still carries ordinary work.
     task = asyncio.ensure_future(_invoke(hub, "r-small", timeout=0.05))
-    await asyncio.sleep(0)
+    await poll(lambda: not stream.outbox.empty(), 5, "the small invoke queued on the stream")
     assert [m.invoke.request_id for m in _drain(stream)] == ["r-small"]
     with pytest.raises(GantryError):
         await task

@@ -8,6 +8,7 @@ import gc
 import logging
 import os
 import signal
+import threading
 from collections.abc import Mapping
 
 from gantry.common.json_logs import JSON, LOG_FORMAT_ENV, LOG_FORMATS, json_handler, log_format_of
@@ -73,3 +74,34 @@ async def run_until_signalled() -> None:
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
     await stop.wait()
+
+
+def exit_even_if_threads_linger(code: int, *, after_s: float) -> threading.Timer:
+    """End the process with `code` `after_s` from now unless it has exited by itself, naming in
+    the log the threads that held it. Python's exit waits for every executor thread (asyncio.run
+    joins its default executor's, the interpreter every ThreadPoolExecutor's), so one blocked in
+    a call that never returns keeps a stopped service alive past its supervisor's grace: a worker
+    that logged its stop once did not exit. The timer's thread is a daemon: a normal exit does
+    not wait for it."""
+
+    def force() -> None:
+        held_by = sorted(
+            t.name
+            for t in threading.enumerate()
+            if t not in (threading.current_thread(), threading.main_thread())
+            and not t.daemon
+            and t.is_alive()
+        )
+        logging.getLogger(__name__).error(
+            "the process had not exited %gs after its stop, held by threads %s; exiting now",
+            after_s,
+            ", ".join(held_by) or "(none left)",
+        )
+        logging.shutdown()
+        os._exit(code)
+
+    timer = threading.Timer(after_s, force)
+    timer.name = "exit-watchdog"
+    timer.daemon = True
+    timer.start()
+    return timer

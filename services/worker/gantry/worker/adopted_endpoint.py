@@ -184,7 +184,10 @@ class AdoptedEndpoint(ServerCalls):
 
     async def ping(self, *, timeout_s: float) -> model_host_pb2.Pong:
         """GET /v1/models lists the model. A miss is RUNTIME_UNRESPONSIVE (or the server's own
-        refusal), so supervision marks the runtime layer FAILED and never kills anything."""
+        refusal), so supervision marks the runtime layer FAILED and never kills anything. Not
+        asked while calls are in flight (`answered_by_its_calls`)."""
+        if self.answered_by_its_calls:
+            return model_host_pb2.Pong(rss_bytes=0)
         try:
             async with self._call("ping", timeout_s, bounded=False):
                 response = await self._client.get(MODELS)

@@ -14,7 +14,12 @@ import sys
 from gantry.common import event_loop
 from gantry.common.errors import GantryError
 from gantry.common.metrics import start_metrics
-from gantry.common.process import WORKER_STOP_BOUND_S, run_until_signalled, setup_logging
+from gantry.common.process import (
+    WORKER_STOP_BOUND_S,
+    exit_even_if_threads_linger,
+    run_until_signalled,
+    setup_logging,
+)
 from gantry.common.telemetry import setup_tracing
 from gantry.common.verified_roots import sweep_abandoned_verified_roots
 from gantry.worker.agent import WorkerAgent, WorkerSettings
@@ -86,7 +91,10 @@ async def _serve(settings: WorkerSettings) -> int:
         f"; not confirmed gone: {', '.join(unconfirmed)}" if unconfirmed else "",
     )
     # Fenced by a newer generation: exit non-zero so a supervisor restarts a fresh process.
-    return 1 if runner in done else 0
+    code = 1 if runner in done else 0
+    # A LOAD's thread blocked in a call that never returns would otherwise hold the exit.
+    exit_even_if_threads_linger(code, after_s=plan.exit_s(loop.time()))
+    return code
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ from gantry.common.process import WORKER_STOP_BOUND_S
 # hosts' channels and lets the interpreter exit.
 _TERM_SHARE = 0.5
 _REAP_SHARE = 0.8
+_MIN_EXIT_S = 1.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -26,6 +27,7 @@ class StopPlan:
     started_at: float
     kill_at: float
     give_up_at: float
+    exit_by: float = 0.0  # the bound's end: the process is ended then if it has not exited
 
     @classmethod
     def starting(cls, now: float, bound_s: float = WORKER_STOP_BOUND_S) -> StopPlan:
@@ -35,6 +37,7 @@ class StopPlan:
             started_at=now,
             kill_at=now + bound_s * _TERM_SHARE,
             give_up_at=now + bound_s * _REAP_SHARE,
+            exit_by=now + bound_s,
         )
 
     def term_grace_s(self, now: float) -> float:
@@ -45,6 +48,11 @@ class StopPlan:
         """How long to wait, after the SIGKILL due at `kill_at` (or at `now`, if later), for the
         process to be reaped."""
         return max(0.0, self.give_up_at - max(now, self.kill_at))
+
+    def exit_s(self, now: float) -> float:
+        """How long the interpreter's own exit may take from `now` before the process is ended
+        (at least a second: logs flushed, atexit handlers run)."""
+        return max(_MIN_EXIT_S, self.exit_by - now)
 
     def elapsed_s(self, now: float) -> float:
         return now - self.started_at

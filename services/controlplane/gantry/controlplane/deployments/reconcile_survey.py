@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sqlalchemy import BindParameter, ColumnElement, Exists, Select, bindparam, func, select
@@ -74,14 +75,12 @@ def _seen_before(
     return (column < when) | (column.is_(None))
 
 
-@functools.cache
-def _first_questions() -> Select[bool, bool, bool, bool]:
-    """Rules 1-3's questions, built once with their cuts as parameters (`first_rules` binds the
-    pass's): building the statement and its cache key on every pass cost the event loop more
-    than running it, as for the later questions."""
+def _first_columns() -> tuple[Exists, Exists, Exists, Exists]:
+    """Rules 1-3's questions, with their cuts as parameters (`_cuts` binds the pass's)."""
     now: BindParameter[dt.datetime] = bindparam("now")
     seen_before: BindParameter[dt.datetime] = bindparam("seen_before")
     gone_before: BindParameter[dt.datetime] = bindparam("gone_before")
+    absent_before: BindParameter[dt.datetime] = bindparam("absent_before")
     expired = (
         select(ServingJob.job_id)
         .where(ServingJob.state.in_(LEASED_JOB_STATES), ServingJob.lease_expires_at < now)
@@ -101,24 +100,66 @@ def _first_questions() -> Select[bool, bool, bool, bool]:
         .where(
             Node.state.in_([NodeState.DISCONNECTED, NodeState.DISABLED]),
             Node.deleted_at.is_(None),
-            _seen_before(Node.last_seen_at, gone_before),
+            _seen_before(Node.last_seen_at, absent_before),
         )
         .exists()
     )
     silent_streams = select(NodeStream.node_id).where(NodeStream.heard_at < gone_before).exists()
-    return select(expired, stale, absent_nodes, silent_streams)
+    return expired, stale, absent_nodes, silent_streams
 
 
-async def first_rules(
-    session: AsyncSession, *, now: dt.datetime, seen_before: dt.datetime, gone_before: dt.datetime
-) -> FirstRules:
-    """Whether rules 1-3 have rows: `seen_before` is the staleness grace's cut, `gone_before`
-    the absence grace's (as reconciler.py computes them)."""
-    cuts = {"now": now, "seen_before": seen_before, "gone_before": gone_before}
-    row = (await session.execute(_first_questions(), cuts)).one()
+def _first_answers(row: Sequence[object]) -> FirstRules:
     return FirstRules(
         expired_leases=bool(row[0]), stale_rows=bool(row[1]), absent=bool(row[2] or row[3])
     )
+
+
+def _cuts(
+    *,
+    now: dt.datetime,
+    seen_before: dt.datetime,
+    gone_before: dt.datetime,
+    absent_before: dt.datetime,
+) -> dict[str, dt.datetime]:
+    return {
+        "now": now,
+        "seen_before": seen_before,
+        "gone_before": gone_before,
+        "absent_before": absent_before,
+    }
+
+
+# Each statement is built once (with its cuts as parameters): building it and its cache key on
+# every pass cost the event loop more than running it.
+@functools.cache
+def _later_questions() -> Select[bool, bool, bool, bool, bool]:
+    return select(*_later_columns())
+
+
+@functools.cache
+def _all_questions() -> Select[bool, bool, bool, bool, bool, bool, bool, bool, bool]:
+    return select(*_first_columns(), *_later_columns())
+
+
+async def all_rules(
+    session: AsyncSession,
+    *,
+    now: dt.datetime,
+    seen_before: dt.datetime,
+    gone_before: dt.datetime,
+    absent_before: dt.datetime,
+) -> tuple[FirstRules, LaterRules]:
+    """Rules 1-3's and 4-7's answers in one statement, as a pass begins (the cuts as
+    reconciler.py computes them: `seen_before` the staleness grace's, `gone_before` the absence
+    grace's for stream rows, `absent_before` its cut for nodes): where the first rules
+    find nothing to do (the idle pass), nothing can change the later answers before they are
+    used, and one statement costs the event loop about half a millisecond whatever it asks
+    (issue 29). Where a first rule has work, the later answers are asked again after it."""
+    cuts = _cuts(
+        now=now, seen_before=seen_before, gone_before=gone_before, absent_before=absent_before
+    )
+    row = (await session.execute(_all_questions(), cuts)).one()
+    return _first_answers(row[:4]), _later_answers(row[4:])
 
 
 def _unplaced() -> Exists:
@@ -150,10 +191,8 @@ def _unplaced() -> Exists:
     )
 
 
-@functools.cache
-def _later_questions() -> Select[bool, bool, bool, bool, bool]:
-    """Rules 4-7's questions, built once: the statement holds no value of its own, and building
-    it (and its cache key) on every pass cost the event loop more than running it."""
+def _later_columns() -> tuple[Exists, Exists, Exists, Exists, Exists]:
+    """Rules 4-7's questions (they hold no value of their own)."""
     adopted = (
         select(Deployment.deployment_id)
         .where(
@@ -168,7 +207,7 @@ def _later_questions() -> Select[bool, bool, bool, bool, bool]:
         return select(Residency.residency_id).where(Residency.state == state).exists()
 
     queued = select(ServingJob.job_id).where(ServingJob.state == JobState.QUEUED).exists()
-    return select(
+    return (
         _unplaced(),
         adopted,
         residencies_in(ResidencyState.UNCERTAIN),
@@ -179,7 +218,10 @@ def _later_questions() -> Select[bool, bool, bool, bool, bool]:
 
 async def later_rules(session: AsyncSession) -> LaterRules:
     """Whether rules 4-7 have rows."""
-    row = (await session.execute(_later_questions())).one()
+    return _later_answers((await session.execute(_later_questions())).one())
+
+
+def _later_answers(row: Sequence[object]) -> LaterRules:
     return LaterRules(
         unplaced=bool(row[0]),
         adopted=bool(row[1]),

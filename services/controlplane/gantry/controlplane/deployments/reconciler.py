@@ -60,6 +60,7 @@ from gantry.controlplane.deployments.reconciler_plans import (
     ResidencyJobs,
     StaleCandidate,
     UncertainResidency,
+    absence_cut,
     awaiting_reload,
     plan_disconnect,
     plan_finish_drains,
@@ -147,6 +148,12 @@ class Reconciler(LifecycleService):
         self._autoscaler = Autoscaler(**parts)
         self._task: asyncio.Task[None] | None = None
         self.passes = 0
+        # Absence is judged only over time this process could hear workers. A control plane down
+        # past the grace (killed, upgraded, its database away) would otherwise find every node
+        # absent at its first pass, before any worker had redialled, and reload every model of
+        # the fleet: a node gets the whole grace from here to come back (as Nomad gives every
+        # node a fresh heartbeat timer under a new leader).
+        self._hearing_since = clock.now()
 
     def start(self) -> None:
         self._task = asyncio.create_task(self.run(), name="reconciler")
@@ -211,22 +218,20 @@ class Reconciler(LifecycleService):
         silent = self._liveness.stale(now, stale_after_s=self.settings.stale_after_s)
         # A rule with nothing to act on opens no transaction of its own (reconcile_survey.py).
         # Where no rule before the later questions has anything to do, nothing can change their
-        # answers meanwhile, so they are asked at once; and where those find nothing either, the
-        # pass writes nothing, so its degradation signal and gauges are read here too: a quiet
-        # pass is one transaction (issue 29: each costs the event loop about 1.6 ms of CPU).
+        # answers meanwhile, so their answers (asked in the same statement) hold; and where those
+        # find nothing either, the pass writes nothing, so its degradation signal and gauges are
+        # read here too: a quiet pass is one transaction (issue 29: each costs the event loop
+        # about 1.6 ms of CPU) of three statements.
         counts: dict[str, dict[str, int]] | None = None
         async with self._database.transaction() as session:
-            first = await survey.first_rules(
+            first, asked_early = await survey.all_rules(
                 session,
                 now=now,
                 seen_before=self._seen_before(now),
                 gone_before=self._gone_before(now),
+                absent_before=self._absent_before(now),
             )
-            early = (
-                await survey.later_rules(session)
-                if not (first.any() or silent or len(self.scale_advice))
-                else None
-            )
+            early = None if first.any() or silent or len(self.scale_advice) else asked_early
             quiet = early is not None and not early.any()
             if quiet:
                 counts = await self._read_degradation_and_gauges(session, now)
@@ -314,7 +319,16 @@ class Reconciler(LifecycleService):
         )
 
     def _gone_before(self, now: dt.datetime) -> dt.datetime:
+        """The absence grace's cut for node stream rows (a replica that died left them)."""
         return now - dt.timedelta(seconds=self.settings.absence_grace_s)
+
+    def _absent_before(self, now: dt.datetime) -> dt.datetime:
+        """The absence grace's cut for nodes: none is absent until the grace has passed since
+        this process started hearing (`_hearing_since`); a node last seen before that counts as
+        seen then."""
+        return absence_cut(
+            now, grace_s=self.settings.absence_grace_s, hearing_since=self._hearing_since
+        )
 
     async def _disconnect_stale(
         self, now: dt.datetime, stale: Sequence[Heard], *, rows: bool = True
@@ -402,11 +416,10 @@ class Reconciler(LifecycleService):
         )
 
     async def _forget_absent(self, now: dt.datetime) -> None:
-        gone_before = self._gone_before(now)
         async with self._database.transaction() as session:
             # Rows a replica that died left (its streams' goodbyes never ran).
-            await nodes.forget_silent_streams(session, heard_before=gone_before)
-            absent = await self._absent_nodes(session, gone_before=gone_before)
+            await nodes.forget_silent_streams(session, heard_before=self._gone_before(now))
+            absent = await self._absent_nodes(session, gone_before=self._absent_before(now))
             applied = await apply_actions(session, plan_forget_absent(absent), now=now)
             if applied.residencies:
                 record(session, ResidenciesChanged(tuple(applied.residencies)))

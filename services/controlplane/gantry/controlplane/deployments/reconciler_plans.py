@@ -103,6 +103,18 @@ class AbsentNode:
     residencies: tuple[ResidencyJobs, ...]
 
 
+# A cut before every node's last sighting: no node is absent.
+NONE_ABSENT = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+
+
+def absence_cut(now: dt.datetime, *, grace_s: float, hearing_since: dt.datetime) -> dt.datetime:
+    """A node last seen before the returned time is absent: not heard for the grace, where a
+    sighting before `hearing_since` (when this control plane began to listen) counts as one then,
+    since its worker had nowhere to send meanwhile. Until the grace has passed since then, none."""
+    cut = now - dt.timedelta(seconds=grace_s)
+    return cut if cut >= hearing_since else NONE_ABSENT
+
+
 def plan_forget_absent(absent: Sequence[AbsentNode]) -> tuple[act.Action, ...]:
     """Its inspections and probes FAIL, and each residency not COLD yet loses its jobs, goes
     COLD (WORKER_UNAVAILABLE) and is audited as lost; its deployment is settled."""

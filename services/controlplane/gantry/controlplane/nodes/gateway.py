@@ -42,6 +42,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import functools
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -60,6 +61,7 @@ from gantry.controlplane.jobs import store as jobs
 from gantry.controlplane.jobs.handlers import jobs_requeued
 from gantry.controlplane.nodes import gpu_rules, inventory_rules
 from gantry.controlplane.nodes import store as nodes
+from gantry.controlplane.nodes.goodbyes import Goodbyes, settle_end
 from gantry.controlplane.nodes.handshake import check_hello, interval, node_inventory, welcome
 from gantry.controlplane.nodes.heartbeat_pacing import (
     DEFAULT_MAX_HEARTBEATS_PER_S,
@@ -141,6 +143,8 @@ class WorkerGatewayService(worker_gateway_pb2_grpc.WorkerGatewayServicer):
         self._clock = clock
         self._settings = settings
         self._endings: set[asyncio.Task[None]] = set()
+        # Streams that end together are written together (a fleet that drops at once).
+        self.goodbyes = Goodbyes(database, clock, functools.partial(settle_end, hub))
         # node id -> the GPU reading its row holds, as gpu_rules.worth_writing compares it.
         self._gpus_written: dict[str, gpu_rules.Written] = {}
         # How often each stream here is told to beat; a test may bound it lower.
@@ -628,13 +632,9 @@ class WorkerGatewayService(worker_gateway_pb2_grpc.WorkerGatewayServicer):
         if not self._hub.detach(stream):
             self._liveness.disconnected(stream.node_id, holder=stream)  # a newer one's is kept
             return  # a newer generation already holds the node
-        now = self._clock.now()
         held = False
         try:
-            async with self._database.transaction() as db:
-                held = await self._forget_stream(db, stream, now=now)
-                if not held:
-                    await self._disconnect(db, stream, now=now)
+            held = await self.goodbyes.settle(stream)
         except GantryError as error:
             log.warning("could not mark node %s disconnected: %s", stream.node_id, error)
             return
@@ -649,40 +649,6 @@ class WorkerGatewayService(worker_gateway_pb2_grpc.WorkerGatewayServicer):
             )
         else:
             worker_log.info(stream.node_id, "generation %d disconnected", stream.generation)
-
-    async def _disconnect(
-        self, db: AsyncSession, stream: WorkerStream, *, now: dt.datetime
-    ) -> None:
-        """The node DISCONNECTED, if this stream's generation still holds it. A node a newer
-        generation took (on another replica's stream) is neither settled nor announced here:
-        that generation's Hello did both."""
-        marked = await nodes.mark_disconnected(
-            db, stream.node_id, generation=stream.generation, now=now
-        )
-        node = await nodes.get_node(db, stream.node_id)
-        if marked or node.generation == stream.generation:
-            await settle_node_deployments(db, stream.node_id, now=now)
-            record(db, NodeChanged(node))
-
-    async def _forget_stream(
-        self, db: AsyncSession, stream: WorkerStream, *, now: dt.datetime
-    ) -> bool:
-        """This replica's row of the stream deleted; whether another replica still holds a
-        fresh stream of its generation (then the node stays CONNECTED)."""
-        hub = self._hub
-        # Two replicas' goodbyes of one node take turns on its row: each must see the other's
-        # row gone, or both would find the other's still there and neither disconnect the node.
-        await nodes.lock_node(db, stream.node_id)
-        await nodes.forget_stream(
-            db, node_id=stream.node_id, replica_id=hub.replica_id, generation=stream.generation
-        )
-        return await nodes.held_elsewhere(
-            db,
-            node_id=stream.node_id,
-            generation=stream.generation,
-            replica_id=hub.replica_id,
-            heard_since=hub.held_since(now),
-        )
 
 
 async def _release_generation(

@@ -5,10 +5,11 @@ some replica's row of its generation is fresh)."""
 from __future__ import annotations
 
 import datetime as dt
+import functools
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import delete, select, update
+from sqlalchemy import Select, Update, bindparam, delete, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gantry.common import tokens
@@ -228,6 +229,37 @@ async def nodes_in_state(
     return (await session.scalars(query)).all()
 
 
+@functools.cache
+def _last_seen_statements() -> tuple[Update, Update, Select[str, int]]:
+    """`record_last_seen`'s two updates and `generations_of`'s read, built once with the nodes
+    and the time as parameters: the reconciler flushes every heartbeat interval, and building
+    each statement and its cache key cost its event loop more than running it (issue 29)."""
+    seen_at = bindparam("seen_at", type_=Node.last_seen_at.type)
+    nodes_seen = (
+        update(Node)
+        .where(
+            Node.node_id.in_(bindparam("node_ids", expanding=True)),
+            (Node.last_seen_at.is_(None)) | (Node.last_seen_at < seen_at),
+        )
+        .values(last_seen_at=seen_at)
+        .execution_options(synchronize_session=False)
+    )
+    streams_heard = (
+        update(NodeStream)
+        .where(
+            NodeStream.replica_id == bindparam("of_replica"),
+            NodeStream.node_id.in_(bindparam("node_ids", expanding=True)),
+            NodeStream.heard_at < seen_at,
+        )
+        .values(heard_at=seen_at)
+        .execution_options(synchronize_session=False)
+    )
+    generations = select(Node.node_id, Node.generation).where(
+        Node.node_id.in_(bindparam("node_ids", expanding=True))
+    )
+    return nodes_seen, streams_heard, generations
+
+
 async def record_last_seen(session: AsyncSession, batch: SeenBatch) -> None:
     """Write `last_seen_at = batch.seen_at` for the batch's nodes: one statement per
     `LAST_SEEN_CHUNK` nodes (a bound on bind parameters that both stores accept).
@@ -235,39 +267,24 @@ async def record_last_seen(session: AsyncSession, batch: SeenBatch) -> None:
     A row only moves forward: a flush that lands after a disconnect or a newer generation's Hello
     wrote a later time changes nothing, so no generation check is needed here.
     """
+    nodes_seen, streams_heard, _ = _last_seen_statements()
     for start in range(0, len(batch.node_ids), LAST_SEEN_CHUNK):
-        chunk = batch.node_ids[start : start + LAST_SEEN_CHUNK]
-        await session.execute(
-            update(Node)
-            .where(
-                Node.node_id.in_(chunk),
-                (Node.last_seen_at.is_(None)) | (Node.last_seen_at < batch.seen_at),
-            )
-            .values(last_seen_at=batch.seen_at)
-            .execution_options(synchronize_session=False)
-        )
+        chunk = list(batch.node_ids[start : start + LAST_SEEN_CHUNK])
+        await session.execute(nodes_seen, {"node_ids": chunk, "seen_at": batch.seen_at})
         # The same time on this replica's stream rows: what other replicas judge it by.
         await session.execute(
-            update(NodeStream)
-            .where(
-                NodeStream.replica_id == batch.replica_id,
-                NodeStream.node_id.in_(chunk),
-                NodeStream.heard_at < batch.seen_at,
-            )
-            .values(heard_at=batch.seen_at)
-            .execution_options(synchronize_session=False)
+            streams_heard,
+            {"node_ids": chunk, "seen_at": batch.seen_at, "of_replica": batch.replica_id},
         )
 
 
 async def generations_of(session: AsyncSession, node_ids: Sequence[str]) -> dict[str, int]:
     """Each node's current generation (one statement per `LAST_SEEN_CHUNK` nodes)."""
+    *_, generations = _last_seen_statements()
     found: dict[str, int] = {}
     for start in range(0, len(node_ids), LAST_SEEN_CHUNK):
-        rows = await session.execute(
-            select(Node.node_id, Node.generation).where(
-                Node.node_id.in_(node_ids[start : start + LAST_SEEN_CHUNK])
-            )
-        )
+        chunk = list(node_ids[start : start + LAST_SEEN_CHUNK])
+        rows = await session.execute(generations, {"node_ids": chunk})
         found.update({node_id: generation for node_id, generation in rows})
     return found
 

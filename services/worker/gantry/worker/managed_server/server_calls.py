@@ -127,6 +127,14 @@ class ServerCalls(abc.ABC):
                     max_tokens,
                 )
             result = accumulated.result()
+            if result.finish_reason == common_pb2.FINISH_REASON_UNSPECIFIED:
+                raise GantryError(
+                    "INVOKE_FAILED",
+                    f"the server ended its stream after {result.completion_tokens} tokens "
+                    "without a finish reason (llama.cpp's server does so when another request "
+                    "arrives while it streams, unless started with --interrupt_requests false)",
+                    deployment_id=self.deployment_id,
+                )
             if not result.prompt_tokens:
                 result.prompt_tokens = await self._prompt_tokens(request.path, request.body)
             return result
@@ -187,9 +195,21 @@ class ServerCalls(abc.ABC):
 
     # -- liveness and health -------------------------------------------------------------------
 
+    @property
+    def answered_by_its_calls(self) -> bool:
+        """Whether a liveness ping now is answered by the calls in flight, not asked of the
+        server. llama.cpp's server serves one request at a time, /v1/models included: asked
+        during a generation, the ping waits behind it (a generation longer than the ping's
+        deadline got the server killed as hung), or, where the server interrupts requests (its
+        default), cuts the stream short. Each call in flight has its own deadline, so a server
+        that hangs with calls in flight is found once they expire, at the next ping."""
+        return self._in_flight > 0
+
     async def ping(self, *, timeout_s: float) -> model_host_pb2.Pong:
         """GET /v1/models answered within `timeout_s` (DEADLINE_EXCEEDED otherwise, which
-        supervision treats as hung)."""
+        supervision treats as hung); answered by its calls while any is in flight."""
+        if self.answered_by_its_calls:
+            return model_host_pb2.Pong(rss_bytes=self.rss_bytes())
         async with self._call("ping", timeout_s, bounded=False):
             response = await self._client.get(MODELS)
             if response.status_code != 200:
