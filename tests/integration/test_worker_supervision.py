@@ -8,8 +8,9 @@ import functools
 import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -24,6 +25,9 @@ from tests.fixtures.serving_adapters import RecordingAdapters, no_nvml, serving_
 from tests.integration.harness import shared_warm_pool
 from tests.integration.polling import wait_until
 from tests.integration.process_titles import pids_titled
+
+# The deployment whose load the cancellation tests cancel.
+DEPLOYMENT_CANCELLED = "dep-cancelled"
 
 FACTS = ResidentFacts(
     artifact_digest="sha256:artifact",
@@ -281,7 +285,7 @@ async def test_a_cancel_landing_just_after_the_host_is_ready_stops_the_host(
     """The window CI once hit: the start finished (host ready, RESIDENT) but the load's caller
     had not resumed when its CancelJob or an overtaking unload cancelled it. The cancellation is
     queued by the factory just before it returns, so it lands in exactly that window."""
-    title = "gantry model-host dep-cancel-at-ready"
+    title = f"gantry model-host {DEPLOYMENT_CANCELLED}"
     loading: list[asyncio.Task[Resident]] = []
     started: list[int] = []
 
@@ -292,32 +296,83 @@ async def test_a_cancel_landing_just_after_the_host_is_ready_stops_the_host(
         asyncio.get_running_loop().call_soon(loading[0].cancel)
         return host
 
+    supervisor = _loading_in_a_task(start_then_cancel_the_caller, tiny_model_dir, loading)
+    try:
+        with pytest.raises(asyncio.CancelledError):
+            await loading[0]
+        (pid,) = started
+        await _nothing_left_of(supervisor, pid, title)  # stopped and reaped, not left running
+    finally:
+        await supervisor.shutdown()
+
+
+def _loading_in_a_task(
+    host_factory: Callable[..., Awaitable[ModelHost]],
+    model_dir: Path,
+    loading: list[asyncio.Task[Resident]],
+) -> Supervisor:
+    """A supervisor with `host_factory`, its load of `model_dir` running in `loading[0]`."""
     supervisor = Supervisor(
         QUIET,
         on_change=lambda: None,
-        host_factory=start_then_cancel_the_caller,
+        host_factory=host_factory,
         adapters=RecordingAdapters(),
         open_nvml=no_nvml,
     )
     loading.append(
         asyncio.create_task(
             supervisor.load(
-                "dep-cancel-at-ready",
+                DEPLOYMENT_CANCELLED,
                 FACTS,
-                _prepare(tiny_model_dir, "dep-cancel-at-ready"),
+                _prepare(model_dir, DEPLOYMENT_CANCELLED),
                 trace_context={},
             )
         )
     )
+    return supervisor
+
+
+async def _nothing_left_of(supervisor: Supervisor, pid: int, title: str) -> None:
+    """The cancelled load's child is reaped, no residency is left, and the unload that was
+    behind it finds nothing to stop."""
+    assert not Path(f"/proc/{pid}").exists()
+    assert pids_titled(title) == []
+    assert supervisor.residents.get(DEPLOYMENT_CANCELLED) is None
+    evidence = await supervisor.unload(DEPLOYMENT_CANCELLED)
+    assert evidence.process_exited
+
+
+class _ForkThenCancel:
+    """The shared warm pool, which queues a cancel of the loading task as its fork answers: the
+    cancel lands while the start opens its channel to the child, before custody holds it (the
+    window a fresh clone's CI hit, through an unload overtaking the load)."""
+
+    def __init__(self, loading: list[asyncio.Task[Resident]], forked: list[int]) -> None:
+        self._loading = loading
+        self._forked = forked
+
+    async def fork_host(self, **kwargs: Any) -> Any:
+        process = await shared_warm_pool().fork_host(**kwargs)
+        self._forked.append(process.pid)
+        asyncio.get_running_loop().call_soon(self._loading[0].cancel)
+        return process
+
+
+async def test_a_cancel_landing_as_the_fork_answers_kills_and_reaps_the_host(
+    tiny_model_dir: Path,
+) -> None:
+    title = f"gantry model-host {DEPLOYMENT_CANCELLED}"
+    loading: list[asyncio.Task[Resident]] = []
+    forked: list[int] = []
+    pool = _ForkThenCancel(loading, forked)
+    supervisor = _loading_in_a_task(
+        functools.partial(ModelHost.start, warm_pool=pool), tiny_model_dir, loading
+    )
     try:
         with pytest.raises(asyncio.CancelledError):
             await loading[0]
-        (pid,) = started
-        assert not Path(f"/proc/{pid}").exists()  # stopped and reaped, not left running
-        assert pids_titled(title) == []
-        assert supervisor.residents.get("dep-cancel-at-ready") is None
-        evidence = await supervisor.unload("dep-cancel-at-ready")  # the unload behind it
-        assert evidence.process_exited
+        (pid,) = forked
+        await _nothing_left_of(supervisor, pid, title)  # killed and reaped before the cancel ended
     finally:
         await supervisor.shutdown()
 

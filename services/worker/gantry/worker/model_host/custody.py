@@ -48,6 +48,27 @@ def cancelled_child(cancelled: BaseException) -> GantryError | None:
     return child if isinstance(child, GantryError) else None
 
 
+def with_child_exit(error: GantryError, *, pid: int, gone: bool) -> GantryError:
+    """`error`, naming the child `pid` of a failed start and whether it is gone (`reaped`)."""
+    error.metadata["pid"] = str(pid)
+    error.metadata["reaped"] = "true" if gone else "false"
+    return error
+
+
+def note_cancelled_child(
+    cancelled: BaseException, *, child_kind: str, deployment_id: str, pid: int, gone: bool
+) -> None:
+    """On a cancelled start's CancelledError, the child it had spawned (`cancelled_child` reads
+    it); any other exception is left as it is."""
+    if isinstance(cancelled, asyncio.CancelledError):
+        stopped = GantryError(
+            "LOAD_FAILED",
+            f"the start of {child_kind} {deployment_id!r} was cancelled",
+            deployment_id=deployment_id,
+        )
+        setattr(cancelled, _CANCELLED_CHILD, with_child_exit(stopped, pid=pid, gone=gone))
+
+
 def private_workspace(
     worker_environment: Mapping[str, str], *, prefix: str, test_hooks: bool = False
 ) -> tuple[Path, dict[str, str]]:
@@ -142,21 +163,19 @@ class ChildCustody(Generic[Child]):
         it started left): whoever holds the residency judges its reclaim on that
         (`reclaim_verdict`), not on the time its start waited."""
         gone = self._process.returncode is not None and not self._leftover_alive()
-        error.metadata["pid"] = str(self.pid)
-        error.metadata["reaped"] = "true" if gone else "false"
-        return error
+        return with_child_exit(error, pid=self.pid, gone=gone)
 
     def _note_cancelled(self, exc: BaseException) -> None:
         """A cancelled start raises no error of its own (the cancellation must propagate): its
         CancelledError carries the child's exit instead, so that whoever holds the residency
         judges it as a failed start's (`cancelled_child`), not as released."""
-        if isinstance(exc, asyncio.CancelledError):
-            stopped = GantryError(
-                "LOAD_FAILED",
-                f"the start of {self.child_kind} {self.deployment_id!r} was cancelled",
-                deployment_id=self.deployment_id,
-            )
-            setattr(exc, _CANCELLED_CHILD, self._with_exit(stopped))
+        note_cancelled_child(
+            exc,
+            child_kind=self.child_kind,
+            deployment_id=self.deployment_id,
+            pid=self.pid,
+            gone=self._process.returncode is not None and not self._leftover_alive(),
+        )
 
     def _remove_private_dir(self) -> None:
         # Only once reaped: a child still running may be writing there.

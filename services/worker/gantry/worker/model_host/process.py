@@ -22,7 +22,11 @@ from gantry.common.errors import GantryError
 from gantry.v1 import common_pb2, model_host_pb2, worker_gateway_pb2
 from gantry.worker.model_host import sandbox
 from gantry.worker.model_host.cpu_calibration import HostCpu
-from gantry.worker.model_host.custody import ChildCustody, private_workspace
+from gantry.worker.model_host.custody import (
+    ChildCustody,
+    note_cancelled_child,
+    private_workspace,
+)
 from gantry.worker.model_host.exit_status import crashed_error, describe_returncode
 from gantry.worker.model_host.framing import FrameError, FrameSender, read_frame_async
 from gantry.worker.model_host.host_calls import HostCalls, OnProgress
@@ -166,10 +170,18 @@ class ModelHost(ChildCustody[HostProcess], HostCalls):
         stderr = StderrTail(process.stderr, spec.deployment_id)
         try:
             reader, writer = await asyncio.open_unix_connection(sock=parent_end)
-        except BaseException:
-            with contextlib.suppress(ProcessLookupError):
-                process.kill()
+        except BaseException as exc:
+            # Cancelled (an overtaking unload) or failed before custody holds the child: it is
+            # killed and reaped here, so the caller's "gone" is never claimed of a live pid.
             parent_end.close()
+            gone = await _end_unconnected(process, stderr, private_dir)
+            note_cancelled_child(
+                exc,
+                child_kind=cls.child_kind,
+                deployment_id=spec.deployment_id,
+                pid=process.pid,
+                gone=gone,
+            )
             raise
         host = cls(
             spec=spec,
@@ -593,6 +605,21 @@ class ModelHost(ChildCustody[HostProcess], HostCalls):
             except Exception:
                 logger.exception("on_exit callback for model host %s failed", self.deployment_id)
         return returncode
+
+
+async def _end_unconnected(process: HostProcess, stderr: StderrTail, private_dir: Path) -> bool:
+    """Kill a child whose start ended before its channel opened, and wait (at most
+    `_KILL_GRACE_S`, a second cancellation aside) for its reap; its private directory goes once
+    it is reaped. Whether it is gone."""
+    with contextlib.suppress(ProcessLookupError):
+        process.kill()
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(asyncio.shield(process.wait()), _KILL_GRACE_S)
+    if process.returncode is None:
+        return False
+    await stderr.settle()
+    shutil.rmtree(private_dir, ignore_errors=True)
+    return True
 
 
 async def _start_child(
