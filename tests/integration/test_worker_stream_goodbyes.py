@@ -57,6 +57,66 @@ async def test_streams_that_end_together_share_their_goodbye_transactions(
             await worker.stop()
 
 
+class _GoodbyesHeldBack:
+    """The gateway's Goodbyes, each end held before its write until `release` is set."""
+
+    def __init__(self, goodbyes: Goodbyes) -> None:
+        self._goodbyes = goodbyes
+        self.entered = asyncio.Event()
+        self.release = asyncio.Event()
+        self.written = asyncio.Event()
+
+    async def settle(self, stream: object) -> bool:
+        self.entered.set()
+        await self.release.wait()
+        try:
+            return await self._goodbyes.settle(stream)  # type: ignore[arg-type]
+        finally:
+            self.written.set()
+
+
+async def test_a_worker_redialling_while_its_goodbye_is_written_stays_connected(
+    database_url: str, tmp_path: Path
+) -> None:
+    """The same worker process (the same generation) redials while its old stream's goodbye is
+    still to be written: its Hello waits for that write (the hub's turn per node), so the node
+    ends CONNECTED under the new stream, not DISCONNECTED by the old one's goodbye."""
+    root = tmp_path / "artifacts"
+    root.mkdir()
+    async with running_gantry(database_url, root) as gantry:
+        credential = await gantry.register_node("redial")
+        channel = grpc.aio.insecure_channel(
+            gantry.address, options=[("grpc.use_local_subchannel_pool", 1)]
+        )
+        worker = ScriptedWorker()
+        await worker.start(channel, credential)
+        (node,) = (
+            await gantry.operator.ListNodes(cp.ListNodesRequest(), metadata=gantry.op_md)
+        ).nodes
+        gateway = gantry.control_plane.gateway
+        held = _GoodbyesHeldBack(gateway.goodbyes)
+        gateway.goodbyes = held  # type: ignore[assignment]
+        await channel.close()  # the old stream ends; its goodbye waits before its write
+        await asyncio.wait_for(held.entered.wait(), 30)
+
+        again = ScriptedWorker(generation=worker.generation)
+        hello = asyncio.ensure_future(again.start(gantry.channel, credential))
+        hub = gantry.control_plane.hub
+        await wait_for(
+            lambda: again.welcome is not None or hub.turns_wanted(node.node_id) == 2,
+            what="the redial's Hello welcomed or waiting for the goodbye",
+        )
+        held.release.set()
+        await hello
+        await asyncio.wait_for(held.written.wait(), 30)
+        (after,) = (
+            await gantry.operator.ListNodes(cp.ListNodesRequest(), metadata=gantry.op_md)
+        ).nodes
+        assert after.state == common_pb2.NODE_STATE_CONNECTED
+        assert hub.get(node.node_id) is not None
+        await again.stop()
+
+
 class _Stream:
     def __init__(self, node_id: str) -> None:
         self.node_id = node_id
@@ -68,19 +128,19 @@ async def test_a_batch_that_fails_is_written_one_end_at_a_time() -> None:
     database = Database.connect("sqlite+aiosqlite://")
     settled: list[str] = []
 
-    async def settle(db: object, stream: _Stream, now: object) -> bool:
-        if stream.node_id == "node-b":
+    async def settle(db: object, streams: list[_Stream], now: object) -> list[bool]:
+        if any(stream.node_id == "node-b" for stream in streams):
             raise RuntimeError("node-b's row is broken")
-        settled.append(stream.node_id)
-        return stream.node_id == "node-c"
+        settled.extend(stream.node_id for stream in streams)
+        return [stream.node_id == "node-c" for stream in streams]
 
     goodbyes = Goodbyes(database, _Clock(), settle)  # type: ignore[arg-type]
     ends = [goodbyes.settle(_Stream(node)) for node in ("node-c", "node-b", "node-a")]  # type: ignore[arg-type]
     results = await asyncio.gather(*ends, return_exceptions=True)
     assert results[0] is True and results[2] is False
     assert isinstance(results[1], RuntimeError)
-    # The batch (in node order) failed at node-b after node-a; then each alone.
-    assert settled == ["node-a", "node-a", "node-c"]
+    # The batch (in node order) failed for node-b; then each alone, in node order.
+    assert settled == ["node-a", "node-c"]
     assert goodbyes.transactions == 1 + 3
     await database.engine.dispose()
 
@@ -89,9 +149,9 @@ async def test_ends_past_a_transactions_share_go_in_the_next() -> None:
     database = Database.connect("sqlite+aiosqlite://")
     sessions: list[object] = []  # the session each end was written in, in order
 
-    async def settle(db: object, stream: _Stream, now: object) -> bool:
-        sessions.append(db)
-        return False
+    async def settle(db: object, streams: list[_Stream], now: object) -> list[bool]:
+        sessions.extend(db for _ in streams)
+        return [False] * len(streams)
 
     goodbyes = Goodbyes(database, _Clock(), settle)  # type: ignore[arg-type]
     count = MAX_PER_TRANSACTION + 5
@@ -115,10 +175,10 @@ async def test_a_writer_cancelled_mid_batch_fails_every_end_it_held() -> None:
     database = Database.connect("sqlite+aiosqlite://")
     started = asyncio.Event()
 
-    async def settle(db: object, stream: _Stream, now: object) -> bool:
+    async def settle(db: object, streams: list[_Stream], now: object) -> list[bool]:
         started.set()
         await asyncio.Event().wait()  # a write that never ends
-        return False
+        return [False] * len(streams)
 
     goodbyes = Goodbyes(database, _Clock(), settle)  # type: ignore[arg-type]
     ends = [asyncio.ensure_future(goodbyes.settle(_Stream(f"node-{i}"))) for i in range(3)]  # type: ignore[arg-type]

@@ -5,6 +5,7 @@ itself one of the executor's actions (`Settle`), so it applies its own single wr
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Collection
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -62,7 +63,15 @@ async def read_residency_health(session: AsyncSession, deployment_id: str) -> li
 
 async def settle_node_deployments(session: AsyncSession, node_id: str, *, now: dt.datetime) -> None:
     """After a node's connection changed: every deployment with a residency there."""
-    for deployment_id in sorted(
-        {r.deployment_id for r in await deployments.residencies_on_node(session, node_id)}
-    ):
+    await settle_nodes_deployments(session, [node_id], now=now)
+
+
+async def settle_nodes_deployments(
+    session: AsyncSession, node_ids: Collection[str], *, now: dt.datetime
+) -> None:
+    """After the connections of several nodes changed (streams that ended together): every
+    deployment with a residency on any of them, each once, in id order."""
+    if not node_ids:
+        return
+    for deployment_id in await deployments.deployments_on_nodes(session, node_ids):
         await settle_deployment(session, deployment_id, now=now)

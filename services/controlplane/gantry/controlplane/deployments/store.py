@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from typing import Any
 
 from sqlalchemy import select, update
@@ -265,6 +265,17 @@ async def residencies_of(session: AsyncSession, deployment_id: str) -> Sequence[
 async def residencies_on_node(session: AsyncSession, node_id: str) -> Sequence[Residency]:
     query = select(Residency).where(Residency.node_id == node_id).order_by(Residency.residency_id)
     return (await session.scalars(query)).all()
+
+
+async def deployments_on_nodes(session: AsyncSession, node_ids: Collection[str]) -> list[str]:
+    """The deployments with a residency (in any state) on any of the nodes, in id order."""
+    query = (
+        select(Residency.deployment_id)
+        .where(Residency.node_id.in_(sorted(set(node_ids))))
+        .distinct()
+        .order_by(Residency.deployment_id)
+    )
+    return list((await session.scalars(query)).all())
 
 
 async def all_live_residencies(session: AsyncSession) -> Sequence[Residency]:

@@ -61,7 +61,7 @@ from gantry.controlplane.jobs import store as jobs
 from gantry.controlplane.jobs.handlers import jobs_requeued
 from gantry.controlplane.nodes import gpu_rules, inventory_rules
 from gantry.controlplane.nodes import store as nodes
-from gantry.controlplane.nodes.goodbyes import Goodbyes, settle_end
+from gantry.controlplane.nodes.goodbyes import Goodbyes, settle_ends
 from gantry.controlplane.nodes.handshake import check_hello, interval, node_inventory, welcome
 from gantry.controlplane.nodes.heartbeat_pacing import (
     DEFAULT_MAX_HEARTBEATS_PER_S,
@@ -144,7 +144,7 @@ class WorkerGatewayService(worker_gateway_pb2_grpc.WorkerGatewayServicer):
         self._settings = settings
         self._endings: set[asyncio.Task[None]] = set()
         # Streams that end together are written together (a fleet that drops at once).
-        self.goodbyes = Goodbyes(database, clock, functools.partial(settle_end, hub))
+        self.goodbyes = Goodbyes(database, clock, functools.partial(settle_ends, hub))
         # node id -> the GPU reading its row holds, as gpu_rules.worth_writing compares it.
         self._gpus_written: dict[str, gpu_rules.Written] = {}
         # How often each stream here is told to beat; a test may bound it lower.
@@ -166,9 +166,10 @@ class WorkerGatewayService(worker_gateway_pb2_grpc.WorkerGatewayServicer):
         if first is None:
             return
         check_hello(first, node_id)
-        stream, welcome = await self._hello(node_id, first.generation, first.hello)
-        stream.batches_understood = first.hello.control_batches_understood
-        self._hub.attach(stream)
+        async with self._hub.turn(node_id):  # after an old stream's goodbye, never beside it
+            stream, welcome = await self._hello(node_id, first.generation, first.hello)
+            stream.batches_understood = first.hello.control_batches_understood
+            self._hub.attach(stream)
         metrics.worker_stream("connected")
         served = self._serve(stream, welcome, first.generation, request_iterator)
         async for message in served:
@@ -629,18 +630,19 @@ class WorkerGatewayService(worker_gateway_pb2_grpc.WorkerGatewayServicer):
 
     async def _goodbye(self, stream: WorkerStream) -> None:
         stream.close(GantryError("WORKER_UNAVAILABLE", f"node {stream.node_id} disconnected"))
-        if not self._hub.detach(stream):
-            self._liveness.disconnected(stream.node_id, holder=stream)  # a newer one's is kept
-            return  # a newer generation already holds the node
-        held = False
-        try:
-            held = await self.goodbyes.settle(stream)
-        except GantryError as error:
-            log.warning("could not mark node %s disconnected: %s", stream.node_id, error)
-            return
-        finally:
-            # Only now: until the row says DISCONNECTED, staleness is still decided from here.
-            self._liveness.disconnected(stream.node_id, holder=stream)
+        async with self._hub.turn(stream.node_id):  # a Hello of the node waits for this write
+            if not self._hub.detach(stream):
+                self._liveness.disconnected(stream.node_id, holder=stream)  # a newer one's is kept
+                return  # a newer stream already holds the node
+            held = False
+            try:
+                held = await self.goodbyes.settle(stream)
+            except GantryError as error:
+                log.warning("could not mark node %s disconnected: %s", stream.node_id, error)
+                return
+            finally:
+                # Only now: until the row says DISCONNECTED, staleness is still decided here.
+                self._liveness.disconnected(stream.node_id, holder=stream)
         if held:
             worker_log.info(
                 stream.node_id,

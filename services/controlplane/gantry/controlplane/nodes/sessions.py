@@ -15,10 +15,11 @@ with CLIENT_TOO_SLOW and the worker is told to drop it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TypeAlias
 
@@ -317,9 +318,36 @@ class WorkerHub:
         # refreshed as seldom as its streams beat. It never falls while this process runs.
         self.heartbeat_multiple = 1
         self._sessions: dict[str, WorkerStream] = {}
+        # node id -> its turn's lock and how many hold or wait for it (`turn`).
+        self._turns: dict[str, tuple[asyncio.Lock, int]] = {}
         # Set (and replaced) when a stream attaches: what an invocation waiting for a node's
         # stream waits on (`_arriving`).
         self._arrival: asyncio.Event | None = None
+
+    @contextlib.asynccontextmanager
+    async def turn(self, node_id: str) -> AsyncIterator[None]:
+        """One at a time per node on this replica: a Hello, from its claim to its attach, and a
+        stream's end, from its detach to its goodbye's commit. Without it a worker process that
+        redialled at once (the same generation) could be attached and CONNECTED by its Hello
+        while its old stream's goodbye, detached before that attach, was still to be written:
+        the goodbye then marked the node DISCONNECTED under a live stream, and nothing moved it
+        back (a fresh clone's test_self_healing reconnect, 1 run in 12 beside other load)."""
+        lock, users = self._turns.get(node_id, (None, 0))
+        lock = lock or asyncio.Lock()
+        self._turns[node_id] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            _, users = self._turns[node_id]
+            if users == 1:
+                del self._turns[node_id]  # no entry outlives its last user
+            else:
+                self._turns[node_id] = (lock, users - 1)
+
+    def turns_wanted(self, node_id: str) -> int:
+        """How many hold or wait for the node's turn."""
+        return self._turns.get(node_id, (None, 0))[1]
 
     def held_since(self, now: dt.datetime) -> dt.datetime:
         """Another replica's row refreshed since this still holds its stream."""

@@ -9,7 +9,7 @@ import functools
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import Select, Update, bindparam, delete, select, update
+from sqlalchemy import Select, Update, bindparam, delete, select, tuple_, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gantry.common import tokens
@@ -21,7 +21,11 @@ from gantry.controlplane.observability import state_history
 from gantry.controlplane.platform.models import Node, NodeStream, ServingJob
 from gantry.controlplane.platform.rows import get_row
 from gantry.controlplane.platform.state_machines import NodeState
-from gantry.controlplane.platform.transitions import compare_and_set, lost_a_race
+from gantry.controlplane.platform.transitions import (
+    compare_and_set,
+    compare_and_set_many,
+    lost_a_race,
+)
 
 # Nodes per `record_last_seen` statement: far below SQLite's and PostgreSQL's bind limits.
 LAST_SEEN_CHUNK = 5_000
@@ -90,22 +94,31 @@ async def mark_connected(
 
 
 async def mark_disconnected(
-    session: AsyncSession, node_id: str, *, generation: int, now: dt.datetime
-) -> bool:
-    """Only the generation that holds the node may mark it gone (a newer one may be connected)."""
-    node = await get_node(session, node_id)
-    if node.generation != generation or node.state != NodeState.CONNECTED:
-        return False
-    await compare_and_set(
+    session: AsyncSession,
+    locked: Iterable[Node],
+    ends: Collection[tuple[str, int]],
+    *,
+    now: dt.datetime,
+) -> set[str]:
+    """Those of the `locked` nodes (`lock_nodes`) that `ends` (node id, generation) mark
+    DISCONNECTED, in one compare-and-set: only the generation that holds a node may mark it
+    gone (a newer one may be connected)."""
+    ended = set(ends)
+    marked = sorted(
+        node.node_id
+        for node in locked
+        if (node.node_id, node.generation) in ended and node.state == NodeState.CONNECTED
+    )
+    await compare_and_set_many(
         session,
         Node,
-        node_id,
+        marked,
         machine="node",
         expected=NodeState.CONNECTED,
         target=NodeState.DISCONNECTED,
         last_seen_at=now,
     )
-    return True
+    return set(marked)
 
 
 async def disconnect_all(
@@ -185,10 +198,10 @@ async def claim_generation(
     await session.refresh(node)
     if result.rowcount == 1:  # type: ignore[attr-defined]
         if previous_state != NodeState.CONNECTED:
-            await state_history.record_change(
+            await state_history.record_changes(
                 session,
                 Node,
-                node_id,
+                [node_id],
                 machine="node",
                 from_state=previous_state,
                 to_state=NodeState.CONNECTED,
@@ -303,17 +316,18 @@ async def record_stream(
     await session.flush()
 
 
-async def forget_stream(
-    session: AsyncSession, *, node_id: str, replica_id: str, generation: int
+async def forget_streams(
+    session: AsyncSession, *, replica_id: str, ends: Collection[tuple[str, int]]
 ) -> None:
-    """`replica_id`'s stream of `generation` ended (a newer one's row, if any, is kept)."""
-    await session.execute(
-        delete(NodeStream).where(
-            NodeStream.node_id == node_id,
-            NodeStream.replica_id == replica_id,
-            NodeStream.generation == generation,
+    """`replica_id`'s streams that ended, each (node id, generation), in one statement (a newer
+    generation's row of a node, if any, is kept)."""
+    if ends:
+        await session.execute(
+            delete(NodeStream).where(
+                NodeStream.replica_id == replica_id,
+                tuple_(NodeStream.node_id, NodeStream.generation).in_(list(ends)),
+            )
         )
-    )
 
 
 async def held_elsewhere(
@@ -325,17 +339,33 @@ async def held_elsewhere(
     heard_since: dt.datetime,
 ) -> bool:
     """Whether another replica holds the node's stream of `generation`, heard since then."""
-    found = await session.scalar(
-        select(NodeStream.replica_id)
+    held = await held_elsewhere_among(
+        session, ends=[(node_id, generation)], replica_id=replica_id, heard_since=heard_since
+    )
+    return bool(held)
+
+
+async def held_elsewhere_among(
+    session: AsyncSession,
+    *,
+    ends: Collection[tuple[str, int]],
+    replica_id: str,
+    heard_since: dt.datetime,
+) -> set[tuple[str, int]]:
+    """Those of `ends` (node id, generation) whose stream another replica holds, heard since
+    then: one statement however many."""
+    if not ends:
+        return set()
+    rows = await session.execute(
+        select(NodeStream.node_id, NodeStream.generation)
         .where(
-            NodeStream.node_id == node_id,
-            NodeStream.generation == generation,
+            tuple_(NodeStream.node_id, NodeStream.generation).in_(list(ends)),
             NodeStream.replica_id != replica_id,
             NodeStream.heard_at >= heard_since,
         )
-        .limit(1)
+        .distinct()
     )
-    return found is not None
+    return {(node_id, generation) for node_id, generation in rows}
 
 
 async def held_by_others(
@@ -415,15 +445,28 @@ async def rotate_credential(session: AsyncSession, node: Node) -> str:
 async def lock_node(session: AsyncSession, node_id: str) -> Node:
     """The node read under a row lock (PostgreSQL; SQLite's writers already take turns): a Hello
     racing a delete waits for it instead of slipping in between its checks and its write."""
-    node = await session.scalar(
-        select(Node)
-        .where(Node.node_id == node_id)
-        .with_for_update()
-        .execution_options(populate_existing=True)
-    )
-    if node is None:
-        raise not_found("node", node_id)
+    (node,) = await lock_nodes(session, [node_id])
     return node
+
+
+async def lock_nodes(session: AsyncSession, node_ids: Collection[str]) -> list[Node]:
+    """`lock_node` of each, in one statement, locked in node order (two writers locking
+    overlapping sets then wait for each other instead of deadlocking); NOT_FOUND names the
+    first missing."""
+    wanted = sorted(set(node_ids))
+    found = (
+        await session.scalars(
+            select(Node)
+            .where(Node.node_id.in_(wanted))
+            .order_by(Node.node_id)
+            .with_for_update()
+            .execution_options(populate_existing=True)
+        )
+    ).all()
+    if len(found) != len(wanted):
+        missing = sorted(set(wanted) - {node.node_id for node in found})
+        raise not_found("node", missing[0])
+    return list(found)
 
 
 async def mark_deleted(session: AsyncSession, node: Node, *, now: dt.datetime) -> None:

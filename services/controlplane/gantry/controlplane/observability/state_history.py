@@ -59,10 +59,10 @@ async def add_created(
     await session.flush()
 
 
-async def record_change(
+async def record_changes(
     session: AsyncSession,
     model: Any,
-    key: str,
+    keys: Sequence[str],
     *,
     machine: str,
     from_state: str,
@@ -70,27 +70,37 @@ async def record_change(
     values: Mapping[str, Any],
     at: dt.datetime | None,
 ) -> None:
-    """One compare-and-set that won; a no-op for machines that are not recorded.
+    """Compare-and-sets that won, one per key, all the same move; a no-op for machines that are
+    not recorded.
 
     One INSERT: the deployment a residency or job names is read by a subquery, not a round trip.
     """
-    if machine not in RECORDED_KINDS:
+    if machine not in RECORDED_KINDS or not keys:
         return
     reason_column, message_column = _FAILURE_COLUMNS[machine]
-    deployment_id: Any = None
-    if machine in _NAMES_DEPLOYMENT:
-        primary_key = next(iter(model.__table__.primary_key.columns))
-        deployment_id = select(model.deployment_id).where(primary_key == key).scalar_subquery()
+    primary_key = next(iter(model.__table__.primary_key.columns))
+    when = at or _time_of(values)
+    reason = str(values.get(reason_column, "") or "") if reason_column else ""
+    message = str(values.get(message_column, "") or "")
     await session.execute(
         insert(StateTransition).values(
-            at=at or _time_of(values),
-            subject_kind=machine,
-            subject_id=key,
-            deployment_id=deployment_id,
-            from_state=str(from_state),
-            to_state=str(to_state),
-            reason=str(values.get(reason_column, "") or "") if reason_column else "",
-            message=str(values.get(message_column, "") or ""),
+            [
+                {
+                    "at": when,
+                    "subject_kind": machine,
+                    "subject_id": key,
+                    "deployment_id": select(model.deployment_id)
+                    .where(primary_key == key)
+                    .scalar_subquery()
+                    if machine in _NAMES_DEPLOYMENT
+                    else None,
+                    "from_state": str(from_state),
+                    "to_state": str(to_state),
+                    "reason": reason,
+                    "message": message,
+                }
+                for key in keys
+            ]
         )
     )
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from sqlalchemy import update
@@ -12,7 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from gantry.common.errors import GantryError
 from gantry.controlplane.evidence.pipeline_states import check_assessment_transition
 from gantry.controlplane.evidence.probe_transitions import check_probe_transition
-from gantry.controlplane.observability.state_history import record_change
+from gantry.controlplane.observability.state_history import record_changes
 from gantry.controlplane.platform.state_machines import check_transition
 
 T = TypeVar("T")
@@ -42,6 +42,34 @@ async def compare_and_set(
     machine (deployment, residency, node, job) leaves its history row in the same transaction;
     `now` is its time when `values` write none.
     """
+    await compare_and_set_many(
+        session,
+        model,
+        [key],
+        machine=machine,
+        expected=expected,
+        target=target,
+        now=now,
+        **values,
+    )
+
+
+async def compare_and_set_many(
+    session: AsyncSession,
+    model: Any,
+    keys: Sequence[str],
+    *,
+    machine: str,
+    expected: str,
+    target: str,
+    now: dt.datetime | None = None,
+    **values: Any,
+) -> None:
+    """`compare_and_set` of every row of `keys` (distinct), in one UPDATE and one history INSERT:
+    losing any one is the error, so the caller's transaction rolls back whole. Nothing for no
+    keys."""
+    if not keys:
+        return
     if expected != target:
         pipeline_check = _PIPELINE_CHECKS.get(machine)
         if pipeline_check is not None:
@@ -51,24 +79,26 @@ async def compare_and_set(
     primary_key = next(iter(model.__table__.primary_key.columns))
     result = await session.execute(
         update(model)
-        .where(primary_key == key, model.state == expected)
+        .where(primary_key.in_(keys) if len(keys) > 1 else primary_key == keys[0])
+        .where(model.state == expected)
         .values(state=target, **values)
         .execution_options(synchronize_session="fetch")
     )
-    if result.rowcount != 1:  # type: ignore[attr-defined]
+    if result.rowcount != len(keys):  # type: ignore[attr-defined]
+        named = keys[0] if len(keys) == 1 else f"{keys[0]} (or another of {len(keys)})"
         raise GantryError(
             "INVALID_STATE_TRANSITION",
-            f"{machine} {key} was no longer {expected} (concurrent change)",
+            f"{machine} {named} was no longer {expected} (concurrent change)",
             machine=machine,
             expected=expected,
             target=target,
             conflict="true",
         )
     if expected != target:
-        await record_change(
+        await record_changes(
             session,
             model,
-            key,
+            keys,
             machine=machine,
             from_state=expected,
             to_state=target,
