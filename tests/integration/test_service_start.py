@@ -14,7 +14,11 @@ from gantry.common.process import run_until_signalled
 
 async def main():
     waiting = asyncio.create_task(run_until_signalled())
-    await asyncio.sleep(0)  # one turn: the task runs until it waits for the signal
+    # It freezes and installs its handlers in one turn, then waits: once frozen, it waits.
+    for _ in range(3000):
+        if gc.get_freeze_count():
+            break
+        await asyncio.sleep(0.01)
     print(gc.get_freeze_count(), flush=True)
     os.kill(os.getpid(), signal.SIGTERM)
     await waiting

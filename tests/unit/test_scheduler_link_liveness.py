@@ -17,6 +17,7 @@ from gantry.controlplane.platform.scheduler_link import (
     ping_answered,
 )
 from gantry.v1 import scheduler_pb2
+from tests.waiting import poll
 
 TOKEN = tokens.mint_token(tokens.SERVICE_TOKEN, "scheduler")
 
@@ -56,7 +57,7 @@ async def test_silence_fails_the_waiting_request_and_refuses_new_ones_until_hear
     waiting = asyncio.create_task(
         link.dispatch(scheduler_pb2.WorkSubmitted(work_id="w1"), timeout=600)
     )
-    await asyncio.sleep(0)  # the request is queued and waits for its answer
+    await poll(lambda: link.waiting == 1, 5, "the request queued, waiting for its answer")
 
     link._fell_silent(grpc.StatusCode.DEADLINE_EXCEEDED)
     with pytest.raises(GantryError) as failed:

@@ -18,6 +18,7 @@ from gantry.worker.residents import ResidentFacts
 from gantry.worker.stop_plan import StopPlan
 from gantry.worker.supervision import SupervisionSettings, Supervisor
 from tests.fixtures.serving_adapters import RecordingAdapters, no_nvml, serving_load
+from tests.waiting import poll
 
 FACTS = ResidentFacts(
     artifact_digest="sha256:a",
@@ -110,10 +111,7 @@ async def test_shutdown_terminates_every_host_at_once_against_one_plan() -> None
     plan = StopPlan.starting(loop.time(), bound_s=10.0)
     stopping = asyncio.create_task(supervisor.shutdown(plan))
     # Each host's stop waits at the gate: stopped one after another, only the first would enter.
-    for _ in range(100):
-        if len(entered) == 6:
-            break
-        await asyncio.sleep(0)
+    await poll(lambda: len(entered) == 6, 10, "each host's stop at the gate", last=lambda: entered)
     assert sorted(pid for pid, _, _ in entered) == list(range(1001, 1007))
     # Each got what was left of the one plan (5 s to exit, 3 s more to be reaped) when signalled:
     # never more than at its start, less only by the time taken to get there, as measured.

@@ -207,6 +207,11 @@ class SchedulerLink:
         """The scheduler this link talks to (or reconnects to)."""
         return self._address
 
+    @property
+    def waiting(self) -> int:
+        """Requests sent that wait for the scheduler's answer (bounded: QUEUE_FULL beyond)."""
+        return len(self._waiters)
+
     def silent_for(self) -> float:
         """Seconds since the current address last answered (since the move to it, if never)."""
         return time.monotonic() - self._last_heard
