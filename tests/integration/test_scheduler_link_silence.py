@@ -24,7 +24,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from gantry.common import tokens
 from gantry.common.errors import GantryError
 from gantry.common.grpc_server import insecure_channel
-from gantry.controlplane.platform.scheduler_link import Liveness, SchedulerLink
+from gantry.controlplane.platform.scheduler_link import SchedulerLink
+from gantry.controlplane.platform.scheduler_silence import Liveness
 from gantry.v1 import scheduler_pb2
 from tests.integration.polling import wait_until
 from tests.integration.test_scheduler_link import one_residency_cluster

@@ -10,12 +10,8 @@ import pytest
 
 from gantry.common import tokens
 from gantry.common.errors import GantryError
-from gantry.controlplane.platform.scheduler_link import (
-    LinkPhase,
-    Liveness,
-    SchedulerLink,
-    ping_answered,
-)
+from gantry.controlplane.platform.scheduler_link import LinkPhase, SchedulerLink
+from gantry.controlplane.platform.scheduler_silence import Liveness, ping_answered
 from gantry.v1 import scheduler_pb2
 from tests.waiting import poll
 

@@ -61,9 +61,9 @@ from gantry.controlplane.platform.scheduler_assignment import SchedulerAssignmen
 from gantry.controlplane.platform.scheduler_assignment_rules import parse_addresses
 from gantry.controlplane.platform.scheduler_link import (
     DEFAULT_FAILOVER_HOLD_SECONDS,
-    DEFAULT_SILENCE_TIMEOUT_SECONDS,
     SchedulerLink,
 )
+from gantry.controlplane.platform.scheduler_silence import DEFAULT_SILENCE_TIMEOUT_SECONDS
 from gantry.controlplane.serving.inference_service import InferenceService, InferenceSettings
 from gantry.controlplane.serving.kserve.service import KServeInference
 from gantry.controlplane.serving.openai_http import (

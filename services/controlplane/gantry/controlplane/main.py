@@ -44,8 +44,8 @@ from gantry.controlplane.platform.leadership import DEFAULT_LEADER_LEASE_SECONDS
 from gantry.controlplane.platform.scheduler_assignment_rules import parse_addresses
 from gantry.controlplane.platform.scheduler_link import (
     DEFAULT_FAILOVER_HOLD_SECONDS,
-    DEFAULT_SILENCE_TIMEOUT_SECONDS,
 )
+from gantry.controlplane.platform.scheduler_silence import DEFAULT_SILENCE_TIMEOUT_SECONDS
 from gantry.controlplane.serving.inference_service import InferenceSettings
 from gantry.controlplane.serving.openai_http import DoorBounds, HttpListenError
 

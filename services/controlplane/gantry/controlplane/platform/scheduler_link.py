@@ -24,7 +24,7 @@ its backlog). So the link asks on the stream's own channel: a health check every
 SILENT: every waiting request fails SCHEDULER_UNAVAILABLE at once and new ones are refused so
 until a ping, or any output on the stream, is answered again; the stream stays as it is, so
 nothing queued on it is lost. A request's own wait can be long (queued for capacity), so it is
-never what decides silence.
+never what decides silence. The pings and what counts as an answer are scheduler_silence.py's.
 
 Outputs nobody waits for (a breaker that moved, scale advice) go to optional callbacks, called on
 the stream's reader: each must only schedule work (record it, wake a loop), never block.
@@ -55,7 +55,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Protocol, TypeVar
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from gantry.common.auth import auth_metadata
 from gantry.common.errors import GantryError
@@ -63,6 +62,11 @@ from gantry.common.grpc_server import channel
 from gantry.common.ids import new_id
 from gantry.common.telemetry import inject_context
 from gantry.common.tls import ClientTls
+from gantry.controlplane.platform.scheduler_silence import (
+    DEFAULT_SILENCE_TIMEOUT_SECONDS,
+    Liveness,
+    watch_silence,
+)
 from gantry.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -91,22 +95,10 @@ DEFAULT_WAITERS_LIMIT = 4096
 DEFAULT_REPLAY_BUFFER_LIMIT = 4096
 # Snapshot reads retried when updates overflow the replay buffer while one is being read.
 _MAX_SNAPSHOT_READS = 3
-# How long a ping may go unanswered before the scheduler counts as SILENT (docs/limits.md).
-DEFAULT_SILENCE_TIMEOUT_SECONDS = 3.0
 # With several schedulers, how long a request waits for the link to come back (failing over to
 # another) before it is refused (docs/limits.md): the silence timeout plus the leader's and the
 # followers' passes that move every replica, with room to spare.
 DEFAULT_FAILOVER_HOLD_SECONDS = 5.0
-# Pings per silence timeout: silence is noticed within 4/3 of the timeout at the latest.
-_PINGS_PER_SILENCE_TIMEOUT = 3
-# A ping that ends so says nothing came back from the process: any other answer, even an error
-# status (a server without the health service says UNIMPLEMENTED), shows that it is running.
-_UNANSWERED = frozenset({grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE})
-
-
-def ping_answered(code: grpc.StatusCode) -> bool:
-    """Whether a ping that ended with `code` was answered by the scheduler process."""
-    return code not in _UNANSWERED
 
 
 class PlacementRefused(GantryError):
@@ -123,14 +115,6 @@ class LinkPhase(enum.Enum):
     REPLAYING = "REPLAYING"  # reading the snapshot; updates go to the replay buffer
     CONNECTED = "CONNECTED"
     RESYNCING = "RESYNCING"  # an update overflowed: the stream ends after what is queued
-
-
-class Liveness(enum.Enum):
-    """Whether the scheduler answers: kept across reconnects, so a stream reopened to a process
-    that is still stopped takes no request before it has answered a ping."""
-
-    ANSWERING = "ANSWERING"
-    SILENT = "SILENT"  # a ping went unanswered: requests are refused SCHEDULER_UNAVAILABLE
 
 
 class SchedulerLink:
@@ -489,7 +473,13 @@ class SchedulerLink:
             call = stub.Connect(self._outgoing(), metadata=auth_metadata(self._token))
             log.info("connected to the scheduler at %s", self._address)
             watch = asyncio.create_task(
-                self._watch_silence(scheduler_channel), name="scheduler-link-pings"
+                watch_silence(
+                    scheduler_channel,
+                    self._silence_timeout,
+                    heard=self._heard,
+                    fell_silent=self._fell_silent,
+                ),
+                name="scheduler-link-pings",
             )
             try:
                 async for output in call:
@@ -499,22 +489,6 @@ class SchedulerLink:
                 watch.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await watch
-
-    async def _watch_silence(self, scheduler_channel: grpc.aio.Channel) -> None:
-        """Ping the scheduler over the stream's own channel, for as long as the stream lives."""
-        health = health_pb2_grpc.HealthStub(scheduler_channel)
-        interval = self._silence_timeout / _PINGS_PER_SILENCE_TIMEOUT
-        while True:
-            try:
-                await health.Check(health_pb2.HealthCheckRequest(), timeout=self._silence_timeout)
-                code = grpc.StatusCode.OK
-            except grpc.aio.AioRpcError as error:
-                code = error.code()
-            if ping_answered(code):
-                self._heard()
-            else:
-                self._fell_silent(code)
-            await asyncio.sleep(interval)
 
     def _heard(self) -> None:
         self._last_heard = time.monotonic()
