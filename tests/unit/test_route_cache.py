@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from gantry.common.clock import ManualClock
 from gantry.common.errors import GantryError
 from gantry.controlplane.serving.route_cache import RouteCache
@@ -99,3 +101,51 @@ async def test_when_the_reading_caller_goes_away_the_others_read_again_and_are_a
     assert await asyncio.gather(*followers) == ["d1", "d1"]
     assert leader.cancelled()
     assert resolver.reads == 2  # the cancelled read, then one shared by both followers
+
+
+def _route_aged(seconds: float) -> tuple[ManualClock, RouteCache, _GatedResolver]:
+    """A route to d1 with a 1 s life, `seconds` after it was read; its resolver's reads gated."""
+    clock = ManualClock()
+    routes = RouteCache(clock, ttl_seconds=1.0)
+    resolver = _GatedResolver(routes)
+    routes.put("minilm", "d1")
+    clock.advance(seconds)
+    return clock, routes, resolver
+
+
+async def test_a_route_in_use_is_read_again_before_it_expires_while_the_call_is_answered():
+    clock, routes, resolver = _route_aged(0.5)
+    assert await resolver.resolve(_request()) == "d1"
+    assert resolver.reads == 0  # not yet due: half its life left
+    clock.advance(0.3)  # inside REFRESH_AHEAD_S of its expiry
+    resolver.answer = "d2"  # the binding moved on meanwhile
+    # Answered from the entry while the read runs (its gate is shut): nobody waits for it.
+    assert await resolver.resolve(_request()) == "d1"
+    await poll(lambda: resolver.reads == 1, 5, "the refresh's read")
+    assert await resolver.resolve(_request()) == "d1"
+    assert resolver.reads == 1  # one refresh, however many calls find the route due
+    resolver.gate.set()
+    await poll(lambda: routes.get("minilm") == "d2", 5, "the refreshed route")
+    clock.advance(0.5)  # past the first entry's expiry: the refreshed one still answers
+    assert await resolver.resolve(_request()) == "d2"
+    assert resolver.reads == 1
+
+
+async def test_a_refresh_that_finds_the_route_gone_drops_it_and_the_next_call_is_told():
+    _, routes, resolver = _route_aged(0.9)
+    resolver.answer = GantryError("NOT_FOUND", "no deployment is bound")
+    resolver.gate.set()
+    assert await resolver.resolve(_request()) == "d1"  # the entry is still within its life
+    await poll(lambda: routes.get("minilm") is None, 5, "the route dropped by its refresh")
+    with pytest.raises(GantryError) as told:
+        await resolver.resolve(_request())
+    assert told.value.reason == "NOT_FOUND"
+    assert resolver.reads == 2
+
+
+async def test_closing_the_resolver_stops_a_refresh_in_flight():
+    _, routes, resolver = _route_aged(0.9)
+    assert await resolver.resolve(_request()) == "d1"
+    await poll(lambda: resolver.reads == 1, 5, "the refresh's read")
+    await resolver.close()  # the gate is never opened: the read is cancelled, not awaited
+    assert routes.get("minilm") == "d1"  # nothing was put by the cancelled read

@@ -132,6 +132,7 @@ class ControlPlane:
     audit_feed: AuditFeed  # wakes WatchAuditEvents (subscribed to the commits' events)
     http_api: HttpApi | None = None  # the OpenAI-compatible HTTP API, when one listens
     give_back: asyncio.Task[None] | None = None  # returns freed memory (MemoryWatch)
+    resolver: DeploymentResolver | None = None  # its route refreshes end before the database
     # Which of several schedulers the link follows; None with one scheduler address.
     scheduler_assignment: SchedulerAssignment | None = None
 
@@ -160,6 +161,8 @@ class ControlPlane:
         # Deciding has stopped: the lock goes back at once, so a follower leads within lease/3.
         await self.leadership.stop()
         await self.server.stop(grace=1.0)
+        if self.resolver is not None:
+            await self.resolver.close()
         await self.gateway.close()  # the streams' last writes, before the database goes
         if self.scheduler_assignment is not None:
             await self.scheduler_assignment.stop()
@@ -168,8 +171,12 @@ class ControlPlane:
 
 
 # How often the control plane looks at its RSS, and how far past the last settled level it must
-# have grown for freed memory to be given back (MemoryWatch).
-MEMORY_CHECK_S = 5.0
+# have grown for freed memory to be given back (MemoryWatch). A look is one read of
+# /proc/self/statm. Every second, not every 5 s: the level follows the RSS down only when it is
+# looked at, and a trim reads the RSS before every freed buffer is back (a refused call's bytes go
+# as its RPC ends), so a level read then sits above where the RSS settles next; a burst arriving
+# before the next look was measured against that higher level and could stay unreturned for good.
+MEMORY_CHECK_S = 1.0
 MEMORY_GROWTH_BYTES = 64 * 1024 * 1024
 
 
@@ -655,4 +662,5 @@ async def start_control_plane(
         audit_feed=core.audit_feed,
         http_api=http_api,
         scheduler_assignment=core.assignment,
+        resolver=resolver,
     )

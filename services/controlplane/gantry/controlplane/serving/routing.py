@@ -11,6 +11,7 @@ deployments (the legacy path kept for tests).
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import dataclass
 
 from gantry.common.errors import GantryError, excerpt, invalid_argument
@@ -23,6 +24,8 @@ from gantry.controlplane.platform.models import Deployment
 from gantry.controlplane.platform.state_machines import DeploymentState
 from gantry.controlplane.serving.route_cache import RouteCache
 from gantry.v1 import inference_pb2
+
+log = logging.getLogger(__name__)
 
 ROUTABLE_DEPLOYMENT_STATES = frozenset({DeploymentState.READY, DeploymentState.DEGRADED})
 # States no deployment leaves for a serving one (a FAILED deployment is not retried): only the
@@ -62,6 +65,14 @@ class DeploymentResolver:
         # instead of each opening a transaction: when an entry expires under load, every caller
         # of that capability misses at the same moment.
         self._reads: dict[str, tuple[int, asyncio.Future[str]]] = {}
+        # Routes read again before they expire (route_cache.py), held until each ends.
+        self._refreshes: set[asyncio.Task[None]] = set()
+
+    async def close(self) -> None:
+        """Stop the refreshes still reading (the control plane stops, its database closes)."""
+        for task in list(self._refreshes):
+            task.cancel()
+        await asyncio.gather(*self._refreshes, return_exceptions=True)
 
     async def resolve(self, request: TargetedRequest) -> str:
         """capability | deployment_id -> a routable deployment id, or a typed reason why not.
@@ -88,6 +99,8 @@ class DeploymentResolver:
     async def _by_capability(self, capability: str) -> str:
         while True:
             if cached := self._routes.get(capability):
+                if capability not in self._reads and self._routes.refresh_due(capability):
+                    self._refresh(capability)
                 return cached
             shared = self._reads.get(capability)
             # Only a read started in the current epoch may answer: one started before a clear
@@ -101,6 +114,20 @@ class DeploymentResolver:
                 if task is not None and task.cancelling():
                     raise  # this caller was cancelled
                 # The reader was cancelled, not us: read again.
+
+    def _refresh(self, capability: str) -> None:
+        task = asyncio.create_task(self._read_ahead(capability), name="route-refresh")
+        self._refreshes.add(task)
+        task.add_done_callback(self._refreshes.discard)
+
+    async def _read_ahead(self, capability: str) -> None:
+        try:
+            await self._read_shared(capability)
+        except Exception as error:  # the call that needs the route is told, not this one
+            # Unbound, no longer routable, or the database away: the entry is dropped, so the
+            # next call reads the binding itself and gets the typed reason.
+            self._routes.drop(capability)
+            log.debug("route of capability %r not refreshed: %s", excerpt(capability), error)
 
     async def _read_shared(self, capability: str) -> str:
         epoch = self._routes.epoch
