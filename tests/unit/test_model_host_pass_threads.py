@@ -12,6 +12,7 @@ from gantry.worker.model_host.pass_threads import (
     COLD_SAMPLES,
     ColdPasses,
     PassThreads,
+    others_runnable,
     threads_for,
 )
 
@@ -91,6 +92,85 @@ def test_sets_torch_threads_only_when_the_count_changes() -> None:
     assert calls == [1, 2, 1, 2]
     threads.before_pass(requests=2)  # from the measured count to one fewer
     assert calls == [1, 2, 1, 2, 1]
+
+
+@pytest.mark.parametrize(
+    ("idle_s", "threads", "usable_cpus", "requests", "expected"),
+    [
+        (0.0, 2, 2, 1, 1),  # back to back, another task running: one CPU left to it
+        (0.0, 8, 8, 1, 7),
+        (0.0, 4, 8, 1, 4),  # the threads leave CPUs free already
+        (0.0, 1, 1, 1, 1),  # one CPU: nothing to leave
+        (0.0, 2, 2, 3, 1),  # a batch: one fewer whatever runs
+    ],
+)
+def test_threads_for_a_lone_call_while_another_task_runs(
+    idle_s: float, threads: int, usable_cpus: int, requests: int, expected: int
+) -> None:
+    assert (
+        threads_for(
+            idle_s,
+            threads=threads,
+            usable_cpus=usable_cpus,
+            requests=requests,
+            others_running=True,
+        )
+        == expected
+    )
+    # After idle the learnt count decides, as without the task.
+    assert threads_for(1.0, threads=2, usable_cpus=2, cold_threads=2, others_running=True) == 2
+
+
+class _Runnable:
+    """What /proc/loadavg would say: the tasks runnable besides the reader; each read counted."""
+
+    def __init__(self, others: int | None) -> None:
+        self.others = others
+        self.reads = 0
+
+    def __call__(self) -> int | None:
+        self.reads += 1
+        return self.others
+
+
+def test_a_back_to_back_pass_leaves_a_cpu_while_another_task_runs() -> None:
+    clock = _Clock()
+    calls: list[int] = []
+    runnable = _Runnable(0)
+    threads = PassThreads(
+        threads=2, usable_cpus=2, set_threads=calls.append, clock=clock, runnable=runnable
+    )
+    threads.after_pass()  # the host just answered: the next pass is back to back
+    threads.before_pass()
+    threads.after_pass()
+    assert (calls, runnable.reads) == ([], 1)  # none runs beside it: the measured count
+    runnable.others = 1
+    threads.before_pass()
+    threads.after_pass()
+    assert calls == [1]
+    runnable.others = None  # unreadable: the measured count, as before the rule
+    threads.before_pass()
+    threads.after_pass()
+    assert calls == [1, 2]
+    threads.before_pass(requests=3)  # a batch is one fewer anyway: nothing read
+    threads.after_pass()
+    assert runnable.reads == 3
+    clock.now += 1.0  # after idle: the cold passes' rule, nothing read
+    threads.before_pass()
+    threads.after_pass()
+    assert runnable.reads == 3
+
+
+def test_others_runnable_reads_the_machines_count_less_the_reader(tmp_path) -> None:
+    loadavg = tmp_path / "loadavg"
+    loadavg.write_text("0.52 0.41 0.30 3/456 7890\n")
+    assert others_runnable(str(loadavg)) == 2
+    loadavg.write_text("0.52 0.41 0.30 1/456 7890\n")
+    assert others_runnable(str(loadavg)) == 0
+    loadavg.write_text("garbled\n")
+    assert others_runnable(str(loadavg)) is None
+    assert others_runnable(str(tmp_path / "absent")) is None
+    assert others_runnable() is not None  # this machine's own /proc/loadavg
 
 
 def cold_pass(

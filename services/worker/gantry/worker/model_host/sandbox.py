@@ -70,6 +70,7 @@ _SYSTEM_READ = (
     "/proc/self",
     "/proc/cpuinfo",
     "/proc/meminfo",
+    "/proc/loadavg",  # the runnable count a pass's threads follow (pass_threads.py)
     "/sys/devices/system/cpu",
     "/sys/fs/cgroup",  # CPU quota probes (torch, numpy's thread pools)
 )
