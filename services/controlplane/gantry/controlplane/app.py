@@ -173,9 +173,9 @@ class ControlPlane:
 # How often the control plane looks at its RSS, and how far past the last settled level it must
 # have grown for freed memory to be given back (MemoryWatch). A look is one read of
 # /proc/self/statm. Every second, not every 5 s: the level follows the RSS down only when it is
-# looked at, and a trim reads the RSS before every freed buffer is back (a refused call's bytes go
-# as its RPC ends), so a level read then sits above where the RSS settles next; a burst arriving
-# before the next look was measured against that higher level and could stay unreturned for good.
+# looked at, and the RSS read right after a trim can sit above where it settles next (the likely
+# cause, not reproduced, of a hostile test's one failure in issue 29); a burst arriving before the
+# next look is measured against that higher level and can stay under the trigger for good.
 MEMORY_CHECK_S = 1.0
 MEMORY_GROWTH_BYTES = 64 * 1024 * 1024
 

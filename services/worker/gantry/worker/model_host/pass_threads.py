@@ -187,7 +187,7 @@ class PassThreads:
         self._usable_cpus = usable_cpus
         self._set_threads = set_threads
         self._clock = clock
-        # Where the host may use every CPU of the machine: `others_runnable` (None: not asked).
+        # `others_runnable` where its answer decides (`for_adapter`); None: never asked.
         self._runnable = runnable
         self._current = threads
         # From the start: the first call after the load finds the host as idle as any other.
@@ -203,12 +203,14 @@ class PassThreads:
         cpu = CpuThreads.of(adapter)
         if cpu is None:
             return None
-        whole_machine = cpu.usable_cpus == os.cpu_count()
+        # Asked only where the answer can matter: the threads take every CPU, and those are the
+        # whole machine's (the count is the machine's).
+        asks = cpu.take_every_cpu and cpu.usable_cpus == os.cpu_count()
         return cls(
             threads=cpu.threads,
             usable_cpus=cpu.usable_cpus,
             set_threads=cpu.set_threads,
-            runnable=others_runnable if whole_machine else None,
+            runnable=others_runnable if asks else None,
         )
 
     def before_pass(self, requests: int = 1, inputs: int = 1) -> None:
@@ -246,8 +248,6 @@ class PassThreads:
         """Whether another task runs as a lone call's back-to-back pass starts, where that
         decides its threads (read only then: a read of /proc/loadavg per such pass)."""
         if self._runnable is None or requests != 1 or idle_s >= COLD_AFTER_S:
-            return False
-        if not self._threads >= self._usable_cpus >= 2:
             return False
         return (self._runnable() or 0) >= 1
 
