@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 from gantry.cli.connection import bearer
+from gantry.cli.loadgen import percentile
 from gantry.v1 import control_plane_pb2_grpc, inference_pb2, scheduler_pb2
 from tests.bench.served import CAPABILITY, Served, gantry_up
 
@@ -38,11 +39,6 @@ SETTINGS: dict[str, dict[str, str]] = {
 
 def say(line: str) -> None:
     print(line, flush=True)
-
-
-def percentile(values: list[float], share: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
 
 
 async def _credited(served: Served) -> int:

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 import os
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from gantry.cli.loadgen import percentile
 from gantry.controlplane.platform import metrics as controlplane_metrics
 from gantry.v1 import control_plane_pb2 as cp
 from gantry.v1 import inference_pb2 as inf
@@ -41,12 +41,6 @@ STAGES = (
     controlplane_metrics.STAGE_WORKER,
 )
 REST = "client round trip"
-
-
-def percentile(values: list[float], fraction: float) -> float:
-    """Nearest rank: the smallest value at or above `fraction` of them."""
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(fraction * len(ordered)) - 1)]
 
 
 @dataclass(frozen=True)

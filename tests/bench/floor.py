@@ -57,12 +57,11 @@ class Hop:
     p99_ms: float
 
 
-def _percentile(samples: list[float], q: float) -> float:
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
 async def _timed(call: Callable[[], Awaitable[object]], n: int) -> tuple[float, float]:
+    # Imported here, not at the top: this module's children (the chain's servers) stay free of
+    # Gantry's modules.
+    from gantry.cli.loadgen import percentile
+
     for _ in range(max(5, n // 10)):
         await call()
     samples = []
@@ -70,7 +69,7 @@ async def _timed(call: Callable[[], Awaitable[object]], n: int) -> tuple[float, 
         start = time.perf_counter()
         await call()
         samples.append((time.perf_counter() - start) * 1000)
-    return statistics.median(samples), _percentile(samples, 0.99)
+    return statistics.median(samples), percentile(samples, 0.99)
 
 
 # -- the server side, in a process of its own ------------------------------------------------------

@@ -53,6 +53,10 @@ os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 ITERATIONS = int(os.environ.get("GANTRY_BENCH_ITERATIONS", "200"))
+# One sentence at a time, each subject times this many calls: the p99 is judged there, and the
+# p99 of 200 calls is their third-slowest, so two stray calls of either side moved it by 5 to 10 ms
+# from run to run (issue 29); of 600 it is the sixth-slowest. About 40 s more per run.
+CONCURRENCY_ONE_CALLS = 3 * ITERATIONS
 # 32 clients' rounds, each between two readings of the direct rate. 5, not 3: within one run of
 # 3 the rounds read 0.53, 0.63 and 0.78 while the direct rate moved from 645/s to 478/s (issue 29),
 # and a round is about a second, so more of them cost little.
@@ -216,7 +220,7 @@ async def _concurrency_one(
         "blocks in turns, each block's first call untimed):"
     )
     direct_ms, untuned_ms, gantry_ms = await timed_blocks(
-        [direct_one, untuned_one, embed], ITERATIONS
+        [direct_one, untuned_one, embed], CONCURRENCY_ONE_CALLS
     )
     direct = Direct(
         *report("direct in-process encode, PASSIVE", direct_ms),

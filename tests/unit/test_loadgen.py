@@ -64,11 +64,15 @@ def rpc_error(code: grpc.StatusCode, reason: str | None) -> grpc.aio.AioRpcError
 
 def test_percentile_is_the_nearest_rank_of_the_sorted_samples() -> None:
     samples = [float(value) for value in range(100, 0, -1)]  # 100 .. 1, unsorted on purpose
-    assert percentile(samples, 0.5) == 51.0
-    assert percentile(samples, 0.9) == 91.0
-    assert percentile(samples, 0.99) == 100.0
-    assert percentile(samples, 1.0) == 100.0  # clamped to the last sample
-    assert percentile(samples, 0.0) == 1.0
+    # The smallest sample with at least a share q at or below it: rank ceil(q * n).
+    assert percentile(samples, 0.5) == 50.0
+    assert percentile(samples, 0.9) == 90.0
+    assert percentile(samples, 0.99) == 99.0
+    assert percentile(samples, 0.07) == 7.0  # 0.07 * 100 is 7.000000000000001 in floating point
+    assert percentile(samples, 0.995) == 100.0
+    assert percentile(samples, 1.0) == 100.0
+    assert percentile(samples, 0.0) == 1.0  # clamped to the first sample
+    assert percentile([float(v) for v in range(1, 201)], 0.99) == 198.0  # 200 calls: third-slowest
     assert percentile([7.0], 0.99) == 7.0
     assert percentile([1.0, 2.0, 3.0], 0.5) == 2.0
 
@@ -92,7 +96,7 @@ def test_summary_reports_ok_latencies_throughput_and_errors_by_reason() -> None:
     assert list(summary["errors"]) == ["RESOURCE_EXHAUSTED/QUEUE_FULL", "NOT_FOUND/NOT_FOUND"]
     assert summary["requests_per_s"] == 7.5
     assert summary["inputs_per_s"] == 20.0  # OK calls only: 10 calls x 4 inputs / 2 s
-    assert summary["latency_ms"] == {"p50": 6.0, "p90": 10.0, "p99": 10.0, "max": 10.0}
+    assert summary["latency_ms"] == {"p50": 5.0, "p90": 9.0, "p99": 10.0, "max": 10.0}
     json.dumps(summary)  # plain values only
 
 
