@@ -5,13 +5,14 @@ own settings, which nothing measures or overrides."""
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from gantry.v1 import common_pb2
-from gantry.worker.model_host import cpu_calibration
+from gantry.worker.model_host import cpu_calibration, cpu_policy
 from gantry.worker.model_host.cpu_calibration import HostCpu
 from gantry.worker.model_host.cpu_policy import Choice, Trial, cache_name
 from gantry.worker.model_host.process import HostLaunchSpec, ModelHost
@@ -28,6 +29,40 @@ def test_a_trial_measures_the_encoder_in_the_environments_interpreter() -> None:
     assert default_threads == 1
     assert [(t.spin, t.threads) for t in trials] == [(10_000, 1)]
     assert trials[0].p50_ms > 0 and trials[0].cpu_ms > 0
+
+
+def test_the_machines_busy_seconds_come_from_proc_stat(tmp_path: Path) -> None:
+    stat = tmp_path / "stat"
+    hz = os.sysconf("SC_CLK_TCK")
+    # user nice system idle iowait irq softirq steal guest guest_nice: idle and iowait left out
+    stat.write_text(f"cpu  {hz} 0 {hz} {hz * 50} {hz * 7} 0 0 {hz} 0 0\ncpu0 1 2 3\n")
+    assert cpu_calibration.machine_busy_s(str(stat)) == 3.0
+    assert cpu_calibration.machine_busy_s(str(tmp_path / "none")) is None
+    stat.write_text("nonsense\n")
+    assert cpu_calibration.machine_busy_s(str(stat)) is None
+    mine = cpu_calibration.machine_busy_s()
+    assert mine is not None and mine > 0
+
+
+def test_a_choice_measured_beside_other_work_serves_but_is_not_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # One spin, one thread: a real trial, a short one. Beside it, a process on every CPU of the
+    # machine, as a build would be.
+    monkeypatch.setattr(cpu_policy, "CANDIDATE_SPINS", (0,))
+    lines = ["import os", "for _ in range(os.cpu_count() - 1):", "    if os.fork() == 0: break"]
+    spin = "\n".join([*lines, "while 1: pass"])
+    spinner = subprocess.Popen([sys.executable, "-c", spin], start_new_session=True)
+    try:
+        choice = cpu_calibration._cached_or_measured(
+            sys.executable, {**UNTUNED, "OMP_NUM_THREADS": "1"}, tmp_path
+        )
+    finally:
+        os.killpg(spinner.pid, 9)
+        spinner.wait()
+    assert (choice.spin, choice.threads) == (0, 1)  # this worker's hosts still get it
+    assert not list(tmp_path.iterdir())  # the next worker measures again
+    assert "not kept" in caplog.text
 
 
 def _keep(cache_dir: Path, python: str, choice: Choice) -> None:

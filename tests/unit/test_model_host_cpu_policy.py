@@ -5,12 +5,15 @@ from __future__ import annotations
 import pytest
 
 from gantry.worker.model_host.cpu_policy import (
+    QUIET_SHARE,
     Choice,
     Trial,
     cache_name,
     choose,
     operator_chose,
+    others_share,
     thread_candidates,
+    worth_keeping,
 )
 
 
@@ -115,3 +118,18 @@ def test_the_cache_is_per_interpreter_and_machine() -> None:
     assert one == cache_name("/venv/bin/python", ["Xeon", "2", "1"])
     assert one != cache_name("/other/bin/python", ["Xeon", "2", "1"])
     assert one != cache_name("/venv/bin/python", ["Xeon", "16", "1"])
+
+
+def test_a_choice_is_kept_only_where_other_work_left_the_cpus_to_the_trials() -> None:
+    # 10 s on 2 CPUs: the machine busy 12 CPU-seconds, 9 of them the trials' own.
+    share = others_share(machine_busy_s=12.0, own_cpu_s=9.0, elapsed_s=10.0, cpus=2)
+    assert share == pytest.approx(0.15)
+    assert worth_keeping(share)
+    # A compile beside them: both CPUs busy throughout, the trials' own 9 of the 20.
+    share = others_share(machine_busy_s=20.0, own_cpu_s=9.0, elapsed_s=10.0, cpus=2)
+    assert share == pytest.approx(0.55)
+    assert not worth_keeping(share)
+    assert worth_keeping(QUIET_SHARE) and not worth_keeping(QUIET_SHARE + 0.01)
+    # The trials' own CPU counted past the machine's (the two read at different instants).
+    assert others_share(machine_busy_s=8.0, own_cpu_s=9.0, elapsed_s=10.0, cpus=2) == 0.0
+    assert others_share(machine_busy_s=8.0, own_cpu_s=0.0, elapsed_s=0.0, cpus=2) == 0.0

@@ -14,7 +14,6 @@ from gantry.worker.model_host.pass_lanes import (
     PassLanes,
     lane_batch_inputs,
     lane_threads,
-    lanes_fill_cpus,
     least_beside_inputs,
     use_lane,
 )
@@ -28,26 +27,6 @@ def test_a_batch_of_several_callers_or_any_batch_beside_a_running_pass_takes_a_l
     assert use_lane(requests=2, running=0)
     assert use_lane(requests=1, running=1)
     assert use_lane(requests=5, running=LANES)
-
-
-@pytest.mark.parametrize(
-    ("threads", "usable_cpus", "lanes"),
-    [
-        (2, 2, True),  # every CPU: each lane on one
-        (16, 16, True),
-        (1, 2, True),  # one thread measured the faster: one pass at a time would use one CPU
-        (1, 16, True),
-        (1, 1, False),  # one CPU: nothing to run a second pass on
-        (4, 16, False),  # leaves CPUs to the rest already; lanes were not measured there
-        (3, 4, False),
-    ],
-)
-def test_lanes_where_the_measured_threads_take_every_cpu_or_run_one_of_several(
-    threads: int, usable_cpus: int, lanes: bool
-) -> None:
-    assert lanes_fill_cpus(threads=threads, usable_cpus=usable_cpus) is lanes
-    if lanes:  # and never more threads at once than the CPUs the host may use
-        assert LANES * lane_threads(threads) <= usable_cpus
 
 
 @pytest.mark.parametrize(("threads", "each"), [(1, 1), (2, 1), (3, 1), (16, 8)])

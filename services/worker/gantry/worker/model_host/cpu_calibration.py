@@ -7,7 +7,10 @@ environment is measured when a load first meets it. Each
 candidate spin is a short process of its own (`cpu_trial`, about 2 s with torch's import); they
 run one after another, so they do not measure each other. The choice is kept in a JSON file
 named after the interpreter and the machine's CPUs (`cpu_policy.cache_name`), so a later worker
-on the same machine reads it instead of measuring again.
+on the same machine reads it instead of measuring again, unless the machine's other work took
+more than `cpu_policy.QUIET_SHARE` of its CPUs while the trials ran (/proc/stat against the
+trials' own CPU): then the choice serves this worker only, a warning says why, and the next
+worker measures again.
 
 `python -m gantry.worker.model_host.cpu_calibration` measures (or reads) the choice of the
 interpreter that runs it: `make host-cpu` runs it in .venv and .venv-vision before `make run` and
@@ -25,9 +28,11 @@ import contextlib
 import json
 import logging
 import os
+import resource
 import subprocess
 import tempfile
 import threading
+import time
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -38,6 +43,8 @@ log = logging.getLogger("gantry.worker.model_host")
 
 TRIAL_MODULE = "gantry.worker.model_host.cpu_trial"
 TRIAL_TIMEOUT_S = 120.0
+# The machine's CPU time since boot, all CPUs together: its first line.
+PROC_STAT = "/proc/stat"
 
 
 def default_cache_dir() -> Path:
@@ -91,16 +98,48 @@ def _run_trial(
     ], int(lines[0]["default_threads"])
 
 
-def calibrate(python_executable: str, environment: Mapping[str, str]) -> cpu_policy.Choice:
-    """Every candidate measured in `python_executable`, one process per spin, then the choice.
-    Raises OSError, subprocess.SubprocessError, ValueError (a trial that failed or printed
-    nothing)."""
+def machine_busy_s(path: str = PROC_STAT) -> float | None:
+    """CPU seconds the machine's CPUs have spent busy since boot (user, nice, system, irq,
+    softirq and steal: time a hypervisor gave another guest is time the trials did not get);
+    None where unreadable."""
+    try:
+        with open(path, encoding="ascii") as stat:
+            fields = stat.readline().split()
+        user, nice, system, _idle, _iowait, irq, softirq, steal = (int(f) for f in fields[1:9])
+    except (OSError, ValueError):
+        return None
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def _children_cpu_s() -> float:
+    """CPU seconds of this process's finished children (the trials among them)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def calibrate(
+    python_executable: str, environment: Mapping[str, str]
+) -> tuple[cpu_policy.Choice, float | None]:
+    """Every candidate measured in `python_executable`, one process per spin, then the choice,
+    and the share of the machine's CPUs other work took meanwhile (None where /proc/stat is
+    unreadable). Raises OSError, subprocess.SubprocessError, ValueError (a trial that failed or
+    printed nothing)."""
     trials: list[cpu_policy.Trial] = []
     default_threads = 0
+    busy_before, own_before, started = machine_busy_s(), _children_cpu_s(), time.monotonic()
     for spin in cpu_policy.CANDIDATE_SPINS:
         figures, default_threads = _run_trial(python_executable, environment, spin)
         trials += figures
-    return cpu_policy.choose(trials, default_threads=default_threads)
+    busy_after = machine_busy_s()
+    share = None
+    if busy_before is not None and busy_after is not None:
+        share = cpu_policy.others_share(
+            machine_busy_s=busy_after - busy_before,
+            own_cpu_s=_children_cpu_s() - own_before,
+            elapsed_s=time.monotonic() - started,
+            cpus=os.cpu_count() or 1,
+        )
+    return cpu_policy.choose(trials, default_threads=default_threads), share
 
 
 def _cached_or_measured(
@@ -124,8 +163,23 @@ def _cached_or_measured(
         log.info("model host CPU policy for %s (kept in %s): %s", python_executable, path,
                  choice.describe())  # fmt: skip
         return choice
-    choice = calibrate(python_executable, environment)
-    log.info("model host CPU policy for %s, measured: %s", python_executable, choice.describe())
+    choice, share = calibrate(python_executable, environment)
+    if share is not None and not cpu_policy.worth_keeping(share):
+        log.warning(
+            "model host CPU policy for %s, measured while other work took %.0f %% of the "
+            "machine's CPUs: %s; used by this worker, not kept (the next one measures again)",
+            python_executable,
+            share * 100,
+            choice.describe(),
+        )
+        return choice
+    log.info(
+        "model host CPU policy for %s, measured (other work took %s of the machine's CPUs "
+        "meanwhile): %s",
+        python_executable,
+        "an unknown share" if share is None else f"{share:.0%}",
+        choice.describe(),
+    )
     with contextlib.suppress(OSError):  # unkept, it is measured again by the next worker
         cache_dir.mkdir(parents=True, exist_ok=True)
         scratch = path.with_suffix(f".{os.getpid()}.tmp")

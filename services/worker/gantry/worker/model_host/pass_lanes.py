@@ -55,20 +55,6 @@ def least_beside_inputs(max_batch_inputs: int, lanes: int = LANES) -> int:
     return min(lane, max(2, lane // 2))
 
 
-def lanes_fill_cpus(*, threads: int, usable_cpus: int, lanes: int = LANES) -> bool:
-    """Whether lanes suit a CPU host whose measured count is `threads` of the `usable_cpus` it
-    may use: where that count takes every one of them (each lane on half, as above), or where it
-    is one of two or more (each lane on one). Why the second (issue 29): on a 2-CPU machine whose
-    one-sentence pass was measured faster on one thread (13.5 against 18.7 ms), the host ran one
-    pass at a time on one thread under 32 concurrent clients, that thread the bound and CPU
-    idle: 0.59-0.64 of the untuned direct batch-32 against 0.70-0.77 with lanes (three runs each,
-    alternated). Counts in between leave CPUs to the rest already and were not measured with
-    lanes, so they keep one pass at a time."""
-    if usable_cpus < 2:
-        return False
-    return threads >= usable_cpus or (threads == 1 and usable_cpus >= lanes)
-
-
 def use_lane(*, requests: int, running: int) -> bool:
     """Whether a batch of `requests` callers runs on a lane, with `running` passes in flight
     there: a batch of several callers, or any batch while another pass runs. A lone call on an
@@ -96,12 +82,12 @@ class PassLanes:
     @classmethod
     def for_adapter(cls, adapter: object) -> PassLanes | None:
         """Lanes for a CPU host whose adapter allows passes side by side (`concurrent_passes`)
-        where `lanes_fill_cpus` says they suit its threads; None on a GPU, without torch, or
-        where the host already leaves CPUs to the rest."""
+        and whose measured threads take every CPU it may use (2 or more); None on a GPU, without
+        torch, or where the host already leaves CPUs to the rest."""
         if not getattr(adapter, "concurrent_passes", False):
             return None
         cpu = CpuThreads.of(adapter)
-        if cpu is None or not lanes_fill_cpus(threads=cpu.threads, usable_cpus=cpu.usable_cpus):
+        if cpu is None or not cpu.take_every_cpu:
             return None
         return cls(threads=cpu.threads, set_threads=cpu.set_threads)
 
