@@ -21,7 +21,10 @@ async def show_host_cpu(summary: Summary, unset: Iterable[str]) -> None:
     environment = {k: v for k, v in os.environ.items() if k not in set(unset)}
     python = resolve_python("", environment)
     print("The model host's CPU wait policy and threads, as its worker measures them here")
-    print("  (model_host/cpu_calibration.py; once per machine and environment, then cached) ...")
+    print(
+        "  (model_host/cpu_calibration.py; once per machine and environment, then cached where"
+        " the machine was quiet meanwhile) ..."
+    )
     chosen = asyncio.wrap_future(HostCpu(default_cache_dir()).start(python, environment))
     waited = 0.0
     while True:
