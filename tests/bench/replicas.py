@@ -47,6 +47,7 @@ from gantry.common.grpc_server import insecure_channel
 from gantry.controlplane.platform.database import migrate_database
 from gantry.v1 import control_plane_pb2 as cp
 from gantry.v1 import inference_pb2, inference_pb2_grpc
+from gantry.worker.model_host.cpu_calibration import machine_busy_s
 from tests.bench.summary import cpu_seconds
 from tests.chaos.cluster import Cluster, Service, wait_until, write_secret
 from tests.integration.pipeline_support import make_model_dir
@@ -224,18 +225,14 @@ class ScriptedStreams:
             await channel.close()
 
 
-def machine_busy_s() -> float:
-    """CPU seconds the whole machine has spent busy (all but idle and iowait), /proc/stat."""
-    with open("/proc/stat") as stat_file:
-        ticks = [int(value) for value in stat_file.readline().split()[1:9]]
-    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
-
-
 def cpu_of(pids: Mapping[str, list[int]]) -> dict[str, float]:
     """Each role's CPU seconds so far (user + system), summed over its processes, and the
     machine's: the machine is shared, and what others used beside a run is part of its figure."""
     used = {role: sum(cpu_seconds(pid) for pid in group) for role, group in pids.items()}
-    return {**used, MACHINE: machine_busy_s()}
+    busy = machine_busy_s()  # the worker's own reading of /proc/stat (cpu_calibration.py)
+    if busy is None:
+        raise RuntimeError("/proc/stat is unreadable: the machine's busy time is unknown")
+    return {**used, MACHINE: busy}
 
 
 @dataclass(frozen=True)

@@ -112,7 +112,9 @@ def machine_busy_s(path: str = PROC_STAT) -> float | None:
 
 
 def _children_cpu_s() -> float:
-    """CPU seconds of this process's finished children (the trials among them)."""
+    """CPU seconds of this process's finished children: the trials, and any other child reaped
+    while they ran (a model host that exits meanwhile counts as the trials' own, so the share of
+    other work errs low, towards keeping)."""
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
 
