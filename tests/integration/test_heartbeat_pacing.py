@@ -83,7 +83,9 @@ async def test_a_silent_stream_told_a_longer_interval_is_found_after_the_longer_
             for name in ("first", "second"):
                 assert await state_of(harness, name) == common_pb2.NODE_STATE_CONNECTED, name
 
-            clock.advance(settings.stale_after_s)  # past 3 beats of 10 s since either was heard
+            # Past 10 s and the base grace's 10 s of slack (not 3 beats of 10 s) since either
+            # was heard.
+            clock.advance(settings.grace.seconds(2) - settings.stale_after_s)
             await reconciler.reconcile_once()
             for name in ("first", "second"):
                 assert await state_of(harness, name) == common_pb2.NODE_STATE_DISCONNECTED, name

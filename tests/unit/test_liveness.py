@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from gantry.common.clock import ManualClock
+from gantry.controlplane.nodes.heartbeat_pacing import StaleGrace
 from gantry.controlplane.nodes.liveness import Heard, Liveness, SeenBatch
+
+GRACE = StaleGrace(base_interval_s=5, stale_after_heartbeats=3)  # 15 s at the base interval
 
 STREAM = object()  # the stream a record belongs to (opaque to liveness)
 
@@ -61,12 +64,12 @@ def test_a_stream_is_stale_only_past_the_grace_and_a_heartbeat_revives_it():
     clock.advance(10)
     liveness.heard("chatty", 1, clock.now())
     clock.advance(5)
-    assert liveness.stale(clock.now(), stale_after_s=15) == []  # exactly at the grace: not yet
+    assert liveness.stale(clock.now(), grace=GRACE) == []  # exactly at the grace: not yet
     clock.advance(0.001)
-    stale = liveness.stale(clock.now(), stale_after_s=15)
+    stale = liveness.stale(clock.now(), grace=GRACE)
     assert [heard.node_id for heard in stale] == ["quiet"]
     liveness.heard("quiet", 1, clock.now())
-    assert liveness.stale(clock.now(), stale_after_s=15) == []
+    assert liveness.stale(clock.now(), grace=GRACE) == []
 
 
 def test_a_forgotten_stream_is_neither_stale_nor_refreshed():
@@ -75,7 +78,7 @@ def test_a_forgotten_stream_is_neither_stale_nor_refreshed():
     liveness.connected("n1", 3, clock.now(), holder=STREAM)
     assert liveness.disconnected("n1", holder=STREAM)
     clock.advance(60)
-    assert liveness.stale(clock.now(), stale_after_s=15) == []
+    assert liveness.stale(clock.now(), grace=GRACE) == []
     assert not liveness.heard("n1", 3, clock.now())
     assert not liveness.tracks("n1")
 
@@ -143,11 +146,11 @@ def test_a_stale_declaration_forgets_only_the_silence_it_was_made_for():
     liveness = Liveness(flush_interval_s=5)
     liveness.connected("n1", 1, clock.now(), holder=STREAM)
     clock.advance(20)
-    [silence] = liveness.stale(clock.now(), stale_after_s=15)
+    [silence] = liveness.stale(clock.now(), grace=GRACE)
     liveness.heard("n1", 1, clock.now())  # it spoke while the database was being told
     assert not liveness.declared_stale(silence)
     assert liveness.tracks("n1")
     clock.advance(20)
-    [silence] = liveness.stale(clock.now(), stale_after_s=15)
+    [silence] = liveness.stale(clock.now(), grace=GRACE)
     assert liveness.declared_stale(silence)
     assert not liveness.tracks("n1")

@@ -332,7 +332,7 @@ async def _open_and_lead(
 def _worker_hub(settings: ControlPlaneSettings) -> WorkerHub:
     """This replica's worker streams, named by a fresh replica id (its `node_streams` rows):
     another replica's row counts as a live stream for the reconciler's staleness grace."""
-    return WorkerHub(replica_id=replica_name(), held_for_s=settings.reconciler.stale_after_s)
+    return WorkerHub(replica_id=replica_name(), grace=settings.reconciler.grace)
 
 
 async def _stop_unstarted(

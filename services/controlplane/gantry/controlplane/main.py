@@ -138,7 +138,8 @@ def _add_timing_arguments(parser: argparse.ArgumentParser) -> None:
         "--heartbeat-interval-s",
         type=float,
         default=defaults.heartbeat_interval_s,
-        help="how often workers heartbeat; a node is stale after 3 missed intervals",
+        help="how often workers heartbeat; a node is stale after 3 missed intervals (a longer "
+        "interval told to a large fleet: after it and 2 base intervals)",
     )
     parser.add_argument(
         "--max-heartbeats-per-s",

@@ -75,7 +75,7 @@ from gantry.controlplane.jobs.actions import DisconnectNode, QueueLoad
 from gantry.controlplane.jobs.executor import apply_actions
 from gantry.controlplane.jobs.handlers import MAX_LOAD_ATTEMPTS, jobs_requeued
 from gantry.controlplane.nodes import store as nodes
-from gantry.controlplane.nodes.heartbeat_pacing import DEFAULT_MAX_HEARTBEATS_PER_S
+from gantry.controlplane.nodes.heartbeat_pacing import DEFAULT_MAX_HEARTBEATS_PER_S, StaleGrace
 from gantry.controlplane.nodes.liveness import Heard, Liveness
 from gantry.controlplane.observability.state_counts import count_by_state
 from gantry.controlplane.platform import metrics
@@ -100,10 +100,12 @@ class ReconcilerSettings:
     # Every 3 s, so a silent worker is DISCONNECTED within 10 s of its last heartbeat
     # (PERFORMANCE.md): 3 missed intervals is 9 s, plus at most one reconcile interval.
     heartbeat_interval_s: float = 3.0
-    # A node is stale after this many missed heartbeats (the issue's default: 3 intervals).
+    # A node is stale after this many missed heartbeats at the base interval (the issue's
+    # default: 3 intervals); a stream told a longer interval gets that interval and the same
+    # slack (nodes/heartbeat_pacing.py, `StaleGrace`).
     stale_after_heartbeats: float = 3.0
     # Heartbeats a second one replica takes from the streams it holds before it tells them a
-    # longer interval (nodes/heartbeat_pacing.py): 150 keeps 3 s up to 450 streams.
+    # longer interval (nodes/heartbeat_pacing.py): 100 keeps 3 s up to 300 streams.
     max_heartbeats_per_s: float = DEFAULT_MAX_HEARTBEATS_PER_S
     # Past this absence its residencies are COLD and their work is re-placed elsewhere.
     absence_grace_s: float = 60.0
@@ -111,8 +113,16 @@ class ReconcilerSettings:
     retry_max_s: float = 30.0
 
     @property
+    def grace(self) -> StaleGrace:
+        return StaleGrace(
+            base_interval_s=self.heartbeat_interval_s,
+            stale_after_heartbeats=self.stale_after_heartbeats,
+        )
+
+    @property
     def stale_after_s(self) -> float:
-        return self.heartbeat_interval_s * self.stale_after_heartbeats
+        """The staleness grace of a stream told the base interval."""
+        return self.grace.seconds(1)
 
 
 class Reconciler(LifecycleService):
@@ -215,7 +225,7 @@ class Reconciler(LifecycleService):
     async def reconcile_once(self) -> None:
         now = self._clock.now()
         dispatch: set[str] = set()
-        silent = self._liveness.stale(now, stale_after_s=self.settings.stale_after_s)
+        silent = self._liveness.stale(now, grace=self.settings.grace)
         # A rule with nothing to act on opens no transaction of its own (reconcile_survey.py).
         # Where no rule before the later questions has anything to do, nothing can change their
         # answers meanwhile, so their answers (asked in the same statement) hold; and where those
@@ -311,12 +321,12 @@ class Reconciler(LifecycleService):
         self._hub.close_superseded(generations)
 
     def _seen_before(self, now: dt.datetime) -> dt.datetime:
-        # A row is refreshed as seldom as its stream beats: past 450 streams a replica tells its
+        # A row is refreshed as seldom as its stream beats: past 300 streams a replica tells its
         # workers a longer interval (nodes/heartbeat_pacing.py), and the rows of the fleet it and
-        # its peers hold age as long between flushes, so the row's grace grows the same.
-        return now - dt.timedelta(
-            seconds=self.settings.stale_after_s * self._hub.heartbeat_multiple
-        )
+        # its peers hold age as long between flushes, so the row's grace grows the same. The flush
+        # (every base interval) makes a row lag its last beat by at most one base interval more,
+        # within the grace's slack: a row beaten every 12 s is at most 15 s old, its grace 18 s.
+        return now - dt.timedelta(seconds=self.settings.grace.seconds(self._hub.heartbeat_multiple))
 
     def _gone_before(self, now: dt.datetime) -> dt.datetime:
         """The absence grace's cut for node stream rows (a replica that died left them)."""

@@ -12,7 +12,8 @@ from that row. Only the stream's own generation refreshes a record: an older gen
 heartbeat is fenced. Any message of that generation counts as heard, not only a heartbeat.
 
 A stream told to heartbeat every k base intervals (heartbeat_pacing.py: the interval grows with
-the fleet) is stale after k times the base grace: after the same number of missed heartbeats.
+the fleet) is stale after its grace for k (`StaleGrace`): its own interval and the base grace's
+slack for a late heartbeat.
 
 Pure: no IO and no clock of its own; the caller passes `now` from its injected clock.
 """
@@ -21,6 +22,8 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass
+
+from gantry.controlplane.nodes.heartbeat_pacing import StaleGrace
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,7 +50,7 @@ class _Stream:
     generation: int
     heard_at: dt.datetime
     # How many base heartbeat intervals its worker was told to wait between beats: its
-    # staleness grace is that many base graces (it only rises while the stream lasts).
+    # staleness grace follows it (`StaleGrace`; it only rises while the stream lasts).
     multiple: int
     # The stream object itself (opaque here): a worker that reconnects within its generation
     # opens a second stream, and the first one's end must not forget the second.
@@ -134,16 +137,17 @@ class Liveness:
             return None
         return Heard(node_id=node_id, generation=stream.generation, heard_at=stream.heard_at)
 
-    def stale(self, now: dt.datetime, *, stale_after_s: float) -> list[Heard]:
-        """Streams not heard from for longer than their grace, oldest first: `stale_after_s` (the
-        grace at the base interval) times the multiple of it their worker was told."""
-        grace = dt.timedelta(seconds=stale_after_s)
-        heard_before = {1: now - grace}  # by multiple: a fleet holds one or two of them
+    def stale(self, now: dt.datetime, *, grace: StaleGrace) -> list[Heard]:
+        """Streams not heard from for longer than their grace, oldest first: `grace` for the
+        multiple of the base interval their worker was told."""
+        heard_before: dict[int, dt.datetime] = {}  # by multiple: a fleet holds one or two of them
         silent = []
         for node_id, stream in self._streams.items():
             multiple = stream.multiple
             if (cutoff := heard_before.get(multiple)) is None:
-                cutoff = heard_before[multiple] = now - grace * multiple
+                cutoff = heard_before[multiple] = now - dt.timedelta(
+                    seconds=grace.seconds(multiple)
+                )
             if stream.heard_at < cutoff:
                 silent.append(
                     Heard(node_id=node_id, generation=stream.generation, heard_at=stream.heard_at)

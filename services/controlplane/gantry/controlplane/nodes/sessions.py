@@ -30,6 +30,7 @@ from gantry.common import operations
 from gantry.common.errors import GantryError
 from gantry.common.grpc_server import MESSAGE_LIMIT_BYTES
 from gantry.controlplane.nodes.gpu_rules import StreamReading
+from gantry.controlplane.nodes.heartbeat_pacing import StaleGrace
 from gantry.controlplane.nodes.worker_log import WorkerLog
 from gantry.v1 import worker_gateway_pb2 as wg
 
@@ -300,19 +301,19 @@ WorkerSession = WorkerStream
 class WorkerHub:
     """node id -> the current stream on this replica. A newer generation replaces (and fences)
     the older one. Other replicas hold streams of their own: `replica_id` names this one's rows
-    of `node_streams`, and another replica's row counts as a live stream for `held_for_s` after
-    it was last refreshed (the reconciler's staleness grace)."""
+    of `node_streams`, and another replica's row counts as a live stream for the staleness grace
+    (`grace`, at the longest interval this replica told) after it was last refreshed."""
 
     def __init__(
         self,
         settings: WorkerStreamSettings | None = None,
         *,
         replica_id: str = "",
-        held_for_s: float = 9.0,
+        grace: StaleGrace | None = None,
     ) -> None:
         self.settings = settings or WorkerStreamSettings()
         self.replica_id = replica_id
-        self.held_for_s = held_for_s
+        self.grace = grace or StaleGrace(base_interval_s=3.0)
         # The longest heartbeat interval this replica told a stream, in base intervals
         # (heartbeat_pacing.py): another replica's fleet is about as large, and its rows are
         # refreshed as seldom as its streams beat. It never falls while this process runs.
@@ -351,7 +352,7 @@ class WorkerHub:
 
     def held_since(self, now: dt.datetime) -> dt.datetime:
         """Another replica's row refreshed since this still holds its stream."""
-        return now - dt.timedelta(seconds=self.held_for_s * self.heartbeat_multiple)
+        return now - dt.timedelta(seconds=self.grace.seconds(self.heartbeat_multiple))
 
     def open_stream(self, *, node_id: str, generation: int) -> WorkerStream:
         """A stream bounded by this hub's settings (not attached yet)."""
