@@ -372,11 +372,11 @@ class Reconciler(LifecycleService):
             log.warning(
                 "node %s sent no heartbeat since %s: disconnected", node.node_id, node.last_seen_at
             )
-            self._close_silent_stream(node.node_id)
+            self._close_silent_stream(node.node_id, node.last_seen_at)
         for heard in silent_here:
             if self._liveness.declared_stale(heard):
                 log.warning("node %s: this replica's stream went silent; closed", heard.node_id)
-                self._close_silent_stream(heard.node_id)
+                self._close_silent_stream(heard.node_id, heard.heard_at)
 
     async def _held_elsewhere(
         self, session: AsyncSession, node: Node, seen_before: dt.datetime
@@ -390,13 +390,16 @@ class Reconciler(LifecycleService):
             heard_since=seen_before,
         )
 
-    def _close_silent_stream(self, node_id: str) -> None:
+    def _close_silent_stream(self, node_id: str, since: dt.datetime | None) -> None:
+        """Close the node's stream here, if any: the calls waiting on it fail with the silence
+        (since when, not a grace: a stream's grace depends on the interval it was told)."""
         stream = self._hub.get(node_id)
         if stream is not None:
+            heard = f"since {since.isoformat(timespec='seconds')}" if since else "at all"
             stream.close(
                 GantryError(
                     "WORKER_UNAVAILABLE",
-                    f"node {node_id} missed its heartbeats for {self.settings.stale_after_s:g}s",
+                    f"node {node_id} sent no heartbeat {heard}, past its staleness grace",
                 )
             )
 
