@@ -11,10 +11,13 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import itertools
+import logging
 import os
 import signal
 import sys
 from pathlib import Path
+
+import pytest
 
 from gantry.common.clock import ManualClock
 from gantry.common.grpc_server import Keepalive
@@ -90,6 +93,32 @@ async def test_a_silent_stream_told_a_longer_interval_is_found_after_the_longer_
             for name in ("first", "second"):
                 assert await state_of(harness, name) == common_pb2.NODE_STATE_DISCONNECTED, name
             await asyncio.wait_for(first.ended.wait(), 5)  # its stream was closed
+        finally:
+            await first.stop()
+            await second.stop()
+
+
+async def test_an_interval_as_long_as_the_job_lease_is_warned_of_once_it_is_told(
+    database_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+):
+    """Only a heartbeat renews a job's lease: a fleet told to beat no sooner than the lease
+    would let leases lapse between beats, and the operator is told when the interval gets there."""
+    root = tmp_path / "artifacts"
+    root.mkdir()
+    async with running_gantry(
+        database_url, root, lease_seconds=8.0, run_reconciler=False
+    ) as harness:
+        one_beat_per_interval(harness, 5.0)
+        first, second = PacedWorker(), PacedWorker()
+        try:
+            with caplog.at_level(logging.WARNING, logger="gantry.controlplane.nodes.gateway"):
+                await first.start(harness.channel, await harness.register_node("first"))
+                assert not [r for r in caplog.records if "job lease" in r.getMessage()]  # 5 s
+                await second.start(harness.channel, await harness.register_node("second"))
+                assert second.welcome is not None
+                assert second.welcome.heartbeat_interval.ToNanoseconds() == 10 * 10**9
+            [warned] = [r for r in caplog.records if "job lease" in r.getMessage()]
+            assert "every 10 s, no sooner than the 8 s job lease" in warned.getMessage()
         finally:
             await first.stop()
             await second.stop()

@@ -332,9 +332,26 @@ class WorkerGatewayService(worker_gateway_pb2_grpc.WorkerGatewayServicer):
                     # A full outbox is a stream in trouble already: its grace widened anyway.
                     with contextlib.suppress(GantryError):
                         stream.send(told)
+            self._warn_past_the_lease(streams, self.pacing.base_interval_s * multiple)
         self._paced_multiple = multiple
         self._hub.heartbeat_multiple = max(self._hub.heartbeat_multiple, multiple)
         return multiple
+
+    def _warn_past_the_lease(self, streams: int, interval_s: float) -> None:
+        """Only a heartbeat renews a job's lease (`_heartbeat`): an interval as long as the lease
+        lets a lease lapse between two beats, and the job is queued again though its worker
+        runs it. Said once each time the interval rises that far (docs/limits.md, job lease)."""
+        lease_s = self._lifecycle.pump.lease_seconds
+        if interval_s >= lease_s:
+            log.warning(
+                "%d worker streams on this replica are told to heartbeat every %g s, no sooner "
+                "than the %g s job lease: a lease can lapse between the heartbeats that renew "
+                "it; raise --lease-seconds or --max-heartbeats-per-s, or spread the workers over "
+                "more replicas",
+                streams,
+                interval_s,
+                lease_s,
+            )
 
     async def _read(
         self,
