@@ -8,6 +8,7 @@ from gantry.common.clock import ManualClock
 from gantry.common.errors import GantryError
 from gantry.controlplane.platform.backoff import Backoff
 from gantry.controlplane.platform.state_machines import shortest_path
+from tests.waiting import poll
 
 
 def test_backoff_doubles_to_its_cap_and_resets_on_success():
@@ -49,9 +50,9 @@ async def test_manual_clock_sleep_returns_only_when_time_is_advanced():
 
     clock = ManualClock()
     sleeper = asyncio.ensure_future(clock.sleep(5))
-    await asyncio.sleep(0)
+    await poll(lambda: clock.sleepers == 1, 5, "the sleep registered with the clock")
     clock.advance(4)
-    await asyncio.sleep(0)
+    assert clock.sleepers == 1  # not due: advance resolved nothing
     assert not sleeper.done()
     clock.advance(1)
     await asyncio.wait_for(sleeper, 1)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from gantry.scheduler.outbox import StreamOutbox
+from tests.waiting import poll
 
 
 async def test_the_streams_own_put_waits_for_room_below_the_limit() -> None:
@@ -13,7 +14,7 @@ async def test_the_streams_own_put_waits_for_room_below_the_limit() -> None:
     await outbox.put(1)
     await outbox.put(2)
     third = asyncio.create_task(outbox.put(3))
-    await asyncio.sleep(0)  # one turn of the loop: it is parked on the full outbox
+    await poll(lambda: outbox.waiting_for_room, 5, "the third put parked on the full outbox")
     assert not third.done()
     assert await outbox.get() == 1
     await asyncio.wait_for(third, 1.0)
@@ -38,7 +39,7 @@ async def test_an_ended_outbox_sends_what_waits_then_ends_unless_discarded() -> 
     discarded: StreamOutbox[int] = StreamOutbox(limit=1, overflow_limit=4)
     await discarded.put(1)
     blocked = asyncio.create_task(discarded.put(2))
-    await asyncio.sleep(0)
+    await poll(lambda: discarded.waiting_for_room, 5, "the put parked on the full outbox")
     discarded.end(discard=True)
     await asyncio.wait_for(blocked, 1.0)  # a put parked on the full outbox returns, adding nothing
     assert await discarded.get() is None

@@ -41,6 +41,11 @@ class ManualClock:
     def monotonic(self) -> float:
         return self._monotonic
 
+    @property
+    def sleepers(self) -> int:
+        """How many `sleep`s wait for `advance` (what a test waits for before it advances)."""
+        return len(self._sleepers)
+
     async def sleep(self, seconds: float) -> None:
         if seconds <= 0:
             await asyncio.sleep(0)

@@ -31,6 +31,11 @@ class StreamOutbox(Generic[Item]):
     def ended(self) -> bool:
         return self._ended
 
+    @property
+    def waiting_for_room(self) -> bool:
+        """Whether a `put` is parked on the full backlog (what a test waits for)."""
+        return not self._room.is_set()
+
     async def put(self, item: Item) -> None:
         """Add an output, first waiting for the backlog to fall under `limit`."""
         while len(self._items) >= self._limit and not self._ended:
