@@ -20,6 +20,7 @@ from gantry.controlplane.platform import credentials
 from gantry.controlplane.platform.database import Database, head_revision
 from gantry.controlplane.platform.models import ApiKey, Node
 from gantry.controlplane.platform.state_machines import DeploymentState, JobState, JobType
+from tests.waiting import poll
 
 NOW = dt.datetime(2026, 11, 29, 12, 0, tzinfo=dt.UTC)
 SHA = "a" * 64
@@ -246,14 +247,17 @@ async def test_sqlite_transactions_take_turns_so_none_sees_another_half_done(sql
         async with database.transaction() as session:
             node, _ = await nodes.register_node(session, name="contended", labels={}, now=NOW)
 
+        opened = 0
+
         async def read_then_write() -> None:
+            nonlocal opened
+            opened += 1
             async with database.transaction() as session:
                 row = await session.get(Node, node.node_id)
                 assert row is not None
-                # Give the loop turns while holding the row: the other nineteen start their
-                # transactions meanwhile and must wait for this one's turn to end.
-                for _ in range(3):
-                    await asyncio.sleep(0)
+                # Hold the row until all twenty have opened their transactions: the first holder
+                # has the other nineteen waiting for its turn to end.
+                await poll(lambda: opened == 20, 10.0, "all twenty transactions to open")
                 row.generation = row.generation + 1
 
         await asyncio.gather(*(read_then_write() for _ in range(20)))

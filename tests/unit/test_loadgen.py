@@ -196,30 +196,37 @@ async def test_duration_mode_finishes_every_call_in_flight_at_the_deadline() -> 
 # --- concurrency ---------------------------------------------------------------------------------
 
 
-def in_flight_recorder() -> tuple[Callable[[int], Awaitable[None]], list[int]]:
+def in_flight_recorder(expected: int) -> tuple[Callable[[int], Awaitable[None]], list[int]]:
+    """A call that records how many are in flight as it starts, and, until `expected` have been
+    in flight at once, waits for them (at most 5 s: fewer never reach it, and the test fails)."""
     in_flight = [0]
     peaks: list[int] = []
+    reached = asyncio.Event()
 
     async def call(index: int) -> None:
         in_flight[0] += 1
         peaks.append(in_flight[0])
-        for _ in range(3):  # yield so every worker gets its call started
-            await asyncio.sleep(0)
-        in_flight[0] -= 1
+        if in_flight[0] >= expected:
+            reached.set()
+        try:
+            async with asyncio.timeout(5):
+                await reached.wait()
+        finally:
+            in_flight[0] -= 1
 
     return call, peaks
 
 
 @pytest.mark.parametrize("concurrency", [1, 8, 64])
 async def test_concurrency_is_reached_and_never_exceeded(concurrency: int) -> None:
-    call, peaks = in_flight_recorder()
+    call, peaks = in_flight_recorder(concurrency)
     result = await run_load(call, LoadPlan(concurrency=concurrency, requests=5 * concurrency))
     assert max(peaks) == concurrency
     assert result.ok == 5 * concurrency
 
 
 async def test_fewer_requests_than_workers_run_all_at_once() -> None:
-    call, peaks = in_flight_recorder()
+    call, peaks = in_flight_recorder(3)
     result = await run_load(call, LoadPlan(concurrency=16, requests=3))
     assert max(peaks) == 3
     assert result.ok == 3

@@ -66,7 +66,7 @@ async def test_frames_sent_in_one_turn_of_the_loop_go_in_one_write_in_their_orde
         await asyncio.gather(*(sender.send(message) for message in sent))
         with pytest.raises(FrameError):  # one too large fails its own caller, nothing else
             await FrameSender(writer, max_bytes=10).send(_embed_request(4, "far too long"))
-        await asyncio.sleep(0)  # the turn ends: the queued frames are written
+        # Reading waits for the turn to end, when the queued frames are written.
         received = [
             model_host_pb2.HostRequest.FromString(await read_frame_async(far_reader) or b"")
             for _ in sent

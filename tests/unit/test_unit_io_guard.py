@@ -11,6 +11,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -69,5 +70,9 @@ async def test_the_event_loop_still_runs(io_guard: IOGuard) -> None:
     with left, right:
         left.sendall(b"x")
         assert right.recv(1) == b"x"
-    await asyncio.sleep(0)
+    # A callback from another thread wakes the loop through that self-pipe.
+    loop = asyncio.get_running_loop()
+    woken: asyncio.Future[bool] = loop.create_future()
+    threading.Thread(target=loop.call_soon_threadsafe, args=(woken.set_result, True)).start()
+    assert await woken
     assert io_guard.refused == []
