@@ -141,7 +141,13 @@ class ForkServer:
 
     @property
     def alive(self) -> bool:
-        return not self._closing and self.process.poll() is None
+        # A server whose start failed is dead for the pool's purposes before its exit is reaped:
+        # `poll()` says None while the process is still exiting, and while the watcher thread
+        # waits on it (Popen lets one caller wait at a time), so a failed server looked alive to
+        # whoever asked right after its load failed.
+        if self._closing or (self.ready.done() and self.ready.exception() is not None):
+            return False
+        return self.process.poll() is None
 
     def fork(self, request: ForkRequest, fds: list[int]) -> int:
         """Blocking: send one request with `fds` (closed here, sent or not); the host's pid.
