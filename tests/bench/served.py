@@ -22,7 +22,7 @@ from pathlib import Path
 import grpc
 
 from gantry.common.auth import auth_metadata
-from gantry.v1 import inference_pb2, inference_pb2_grpc
+from gantry.v1 import inference_pb2, inference_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
 from tests.bench.device import bench_device
 from tests.bench.summary import cpu_seconds
 from tests.waiting import NotInTime, poll
@@ -55,17 +55,20 @@ class Served:
         return inference_pb2_grpc.InferenceStub(self.channel)
 
 
-async def calls_on_credits(h: Served) -> tuple[int, int]:
-    """(calls dispatched, of them on credits) so far, from the scheduler's queue snapshot: what
-    share of a window's calls went without a scheduler round trip."""
-    from gantry.v1 import scheduler_pb2, scheduler_pb2_grpc
-
+async def queue_snapshot(h: Served) -> scheduler_pb2.QueueSnapshot:
+    """The scheduler's queue snapshot now (`gantry queue`'s)."""
     assert h.state is not None
     token = (h.state / "scheduler.token").read_text().strip()
     async with grpc.aio.insecure_channel(h.scheduler_address) as channel:
-        snapshot = await scheduler_pb2_grpc.SchedulerStub(channel).GetQueueSnapshot(
+        return await scheduler_pb2_grpc.SchedulerStub(channel).GetQueueSnapshot(
             scheduler_pb2.GetQueueSnapshotRequest(), metadata=auth_metadata(token), timeout=10
         )
+
+
+async def calls_on_credits(h: Served) -> tuple[int, int]:
+    """(calls dispatched, of them on credits) so far, from the scheduler's queue snapshot: what
+    share of a window's calls went without a scheduler round trip."""
+    snapshot = await queue_snapshot(h)
     return snapshot.dispatched_total, snapshot.credited_total
 
 

@@ -38,7 +38,8 @@ import grpc
 from gantry.cli.connection import Metadata, bearer
 from gantry.cli.errors import error_reason
 from gantry.v1 import common_pb2, control_plane_pb2, control_plane_pb2_grpc, inference_pb2
-from tests.bench.served import CAPABILITY, Served, gantry_up
+from tests.bench.served import CAPABILITY, Served, gantry_up, queue_snapshot
+from tests.waiting import poll
 
 SENTENCES = [
     f"Sentence {i} of the tenant shares bench: a model host batches the texts it holds, "
@@ -160,7 +161,13 @@ async def abandoned(served: Served) -> int:
         )
         for _ in range(4)
     ]
-    await asyncio.sleep(0.5)  # the bench's own pacing: light comes after the four
+    # Light's call goes once the scheduler holds all four of heavy's (queued or in flight).
+    await poll(
+        lambda: _holds(served, "heavy", 4),
+        deadline_s,
+        "the scheduler to hold heavy's four Embeds",
+        interval_s=0.05,
+    )
     sent = time.monotonic()
     await served.inference.Embed(small, metadata=keys["light"], timeout=CALL_TIMEOUT_S)
     answered = time.monotonic()
@@ -177,6 +184,16 @@ async def abandoned(served: Served) -> int:
     say(f"  light's one-sentence Embed answered {after_send:.2f} s after its send, "
         f"{after_abandonment:+.2f} s from the abandonment (bound: within 5 s of it)")  # fmt: skip
     return 0 if after_abandonment <= 5.0 else 1
+
+
+async def _holds(served: Served, tenant_id: str, calls: int) -> bool:
+    """Whether the scheduler holds at least `calls` of the tenant's calls, queued or in flight."""
+    snapshot = await queue_snapshot(served)
+    return any(
+        load.queued + load.in_flight >= calls
+        for load in snapshot.tenants
+        if load.tenant_id == tenant_id
+    )
 
 
 async def main(argv: list[str]) -> int:
