@@ -133,6 +133,8 @@ class ControlPlane:
     http_api: HttpApi | None = None  # the OpenAI-compatible HTTP API, when one listens
     give_back: asyncio.Task[None] | None = None  # returns freed memory (MemoryWatch)
     resolver: DeploymentResolver | None = None  # its route refreshes end before the database
+    # Its client-key reads end before the database, as the route refreshes do.
+    authenticator: ControlPlaneAuthenticator | None = None
     # Which of several schedulers the link follows; None with one scheduler address.
     scheduler_assignment: SchedulerAssignment | None = None
 
@@ -163,6 +165,8 @@ class ControlPlane:
         await self.server.stop(grace=1.0)
         if self.resolver is not None:
             await self.resolver.close()
+        if self.authenticator is not None:
+            await self.authenticator.close()
         await self.gateway.close()  # the streams' last writes, before the database goes
         if self.scheduler_assignment is not None:
             await self.scheduler_assignment.stop()
@@ -663,4 +667,5 @@ async def start_control_plane(
         http_api=http_api,
         scheduler_assignment=core.assignment,
         resolver=resolver,
+        authenticator=authenticator,
     )
