@@ -98,7 +98,9 @@ async def test_a_write_while_sqlite_is_locked_elsewhere_is_refused_typed(sqlite_
     assert "while-locked" in await _node_names(sqlite_gantry)
 
 
-async def test_the_http_door_answers_a_locked_store_503_store_unavailable(sqlite_gantry: Harness):
+async def test_the_http_door_reads_while_a_writer_elsewhere_holds_the_lock(sqlite_gantry: Harness):
+    """Its reads (the model list, a route, a key) take no write lock (`Database.read`): WAL
+    serves them beside the writer. Before, they waited for the lock and were refused 503."""
     api = sqlite_gantry.control_plane.http_api
     assert api is not None
     url = sqlite_gantry.control_plane.database.engine.url.render_as_string()
@@ -109,11 +111,8 @@ async def test_the_http_door_answers_a_locked_store_503_store_unavailable(sqlite
     ) as http:
         with sqlite_locked(url):
             response = await http.get("/models")
-        assert response.status_code == 503, response.text
-        error = response.json()["error"]
-        assert error["code"] == "STORE_UNAVAILABLE"
-        assert "Traceback" not in error["message"]
-        assert (await http.get("/models")).status_code == 200
+        assert response.status_code == 200, response.text
+        assert response.json() == {"object": "list", "data": []}
 
 
 async def test_a_transaction_on_a_sqlite_file_locked_elsewhere_is_store_unavailable(
@@ -182,7 +181,7 @@ async def test_transactions_queued_behind_a_stalled_one_are_answered_within_the_
 async def postgres_gantry(
     short_store_wait: None, postgres_url: str, tmp_path: Path
 ) -> AsyncIterator[Harness]:
-    async with running_gantry(postgres_url, tmp_path) as harness:
+    async with running_gantry(postgres_url, tmp_path, http_listen="127.0.0.1:0") as harness:
         yield harness
 
 
@@ -237,6 +236,36 @@ async def test_a_write_behind_a_postgres_lock_is_refused_at_the_bound(
         await admin.close()
     assert "behind-a-lock" not in await _node_names(postgres_gantry)
     await _register(postgres_gantry, "behind-a-lock")
+
+
+@pytest.mark.postgres
+async def test_the_http_door_answers_a_read_the_store_cannot_serve_503_store_unavailable(
+    postgres_gantry: Harness, postgres_url: str
+):
+    """A lock that stops reads too (ACCESS EXCLUSIVE, as a migration's ALTER TABLE takes): the
+    model list's read waits for it at most the bound, then the client gets 503
+    STORE_UNAVAILABLE with no traceback, and the next read answers once the lock is gone."""
+    api = postgres_gantry.control_plane.http_api
+    assert api is not None
+    admin = await _admin(postgres_url)
+    async with httpx.AsyncClient(
+        base_url=f"http://127.0.0.1:{api.port}/v1",
+        headers={"Authorization": f"Bearer {postgres_gantry.api_key}"},
+        timeout=CLIENT_DEADLINE_S,
+    ) as http:
+        # The key is checked first (and cached), so the lock meets the model list's own read.
+        assert (await http.get("/models")).status_code == 200
+        try:
+            async with admin.transaction():
+                await admin.execute("LOCK TABLE capability_bindings IN ACCESS EXCLUSIVE MODE")
+                response = await http.get("/models")
+        finally:
+            await admin.close()
+        assert response.status_code == 503, response.text
+        error = response.json()["error"]
+        assert error["code"] == "STORE_UNAVAILABLE"
+        assert "Traceback" not in error["message"]
+        assert (await http.get("/models")).status_code == 200
 
 
 @pytest.mark.postgres

@@ -28,6 +28,7 @@ EXPECTED = [
     ("DEPLOYMENT_NOT_READY", 503, "server_error"),
     ("SCHEDULER_UNAVAILABLE", 503, "server_error"),
     ("CIRCUIT_OPEN", 503, "server_error"),
+    ("STORE_UNAVAILABLE", 503, "server_error"),
     ("DEADLINE_EXCEEDED", 504, "server_error"),
     ("INVOKE_FAILED", 500, "server_error"),
     ("INTERNAL", 500, "server_error"),

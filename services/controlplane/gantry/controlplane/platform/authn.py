@@ -95,7 +95,7 @@ class ControlPlaneAuthenticator:
             )
         if role is Role.CLIENT:
             return await self._client(token, parsed.token_id)
-        async with self._database.transaction() as session:
+        async with self._database.read() as session:
             if role is Role.OPERATOR:
                 row = await credentials.find_operator_token(session, parsed.token_id)
                 if row is None or row.revoked_at is not None:
@@ -155,7 +155,7 @@ class ControlPlaneAuthenticator:
         """The key's entry as the database has it now (None: unknown or revoked), cached unless
         a key was forgotten since the read began."""
         started = self._clock.monotonic()
-        async with self._database.transaction() as session:
+        async with self._database.read() as session:
             row = await credentials.find_api_key(session, api_key_id)
         current = forgets == self._forgets
         if row is None or row.revoked_at is not None:

@@ -19,9 +19,10 @@ import logging
 import os
 import socket
 import sqlite3
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from alembic import command
 from alembic.config import Config
@@ -37,6 +38,7 @@ from sqlalchemy.ext.asyncio import (
     async_sessionmaker,
     create_async_engine,
 )
+from sqlalchemy.orm import Session
 
 from gantry.common.errors import GantryError, excerpt
 from gantry.controlplane.observability import audit
@@ -53,6 +55,9 @@ log = logging.getLogger(__name__)
 # deadline: a locked or stalled database is answered, typed and retryable, not at the deadline.
 # Read when a Database connects (tests lower it to keep a lock wait short).
 STORE_WAIT_S = 5.0
+# The execution option that marks a connection's transaction as one that only reads
+# (`Database.read`): on SQLite its BEGIN is deferred and takes no write turn.
+READ_ONLY = "gantry_read_only"
 # How long PostgreSQL keeps a session idle inside a transaction before it ends it, rolling the
 # transaction back (idle_in_transaction_session_timeout). A replica stopped (SIGSTOP), hung or cut
 # off between two statements of a transaction would otherwise hold its row locks for ever: a
@@ -120,7 +125,7 @@ def _store_unavailable(code: str, cause: str, backend: str) -> GantryError:
 
 
 def _sqlite_pragmas(busy_timeout_ms: int, dbapi_connection: object, _record: object) -> None:
-    # The driver's own implicit BEGIN is off: `_sqlite_begin_immediate` emits each BEGIN.
+    # The driver's own implicit BEGIN is off: `_sqlite_begin` emits each BEGIN.
     dbapi_connection.isolation_level = None  # type: ignore[attr-defined]
     cursor = dbapi_connection.cursor()  # type: ignore[attr-defined]
     # WAL lets readers run beside the one writer; foreign keys are off by default in SQLite.
@@ -132,13 +137,18 @@ def _sqlite_pragmas(busy_timeout_ms: int, dbapi_connection: object, _record: obj
     cursor.close()
 
 
-def _sqlite_begin_immediate(connection: Connection) -> None:
+def _sqlite_begin(connection: Connection) -> None:
+    if connection.get_execution_options().get(READ_ONLY):
+        # A transaction that only reads (`Database.read`) takes no lock at BEGIN: in WAL mode it
+        # reads the last commit beside the one writer, and never upgrades.
+        connection.exec_driver_sql("BEGIN")
+        return
     # A deferred transaction that reads and then writes must upgrade its lock, and in WAL mode an
     # upgrade that meets another writer fails at once with "database is locked" (busy_timeout
     # does not apply to it): a burst of worker Hellos hit this (issue 9, 7 of 1,000). Taking the
-    # write lock at BEGIN makes a second writer wait its turn under busy_timeout instead. Read-only
-    # transactions take it too and so wait for a writer's commit; the control plane's reads on
-    # hot paths are cached (routes, keys), so that costs little.
+    # write lock at BEGIN makes a second writer wait its turn under busy_timeout instead. A
+    # `transaction` that only reads takes it too and so waits for a writer's commit: the reads on
+    # a client's path use `Database.read` instead.
     connection.exec_driver_sql("BEGIN IMMEDIATE")
 
 
@@ -209,6 +219,20 @@ class SqliteTurns:
             self._lock.release()
 
 
+def _refuse_changes(session: Session) -> None:
+    if session.new or session.dirty or session.deleted:
+        raise RuntimeError("a read-only unit of work (Database.read) changed rows")
+
+
+class _ReadOnlySession(Session):
+    """`Database.read`'s session: a change is refused when it would be written (a flush, the
+    autoflush before a query, the commit that ends the read), never silently kept or dropped."""
+
+    def flush(self, objects: Sequence[Any] | None = None) -> None:
+        _refuse_changes(self)
+        super().flush(objects)
+
+
 @dataclass(slots=True)
 class Database:
     engine: AsyncEngine
@@ -216,6 +240,8 @@ class Database:
     # Who hears of what each transaction recorded (platform/events.py), once it has committed.
     events: EventBus = field(default_factory=EventBus)
     sqlite_turns: SqliteTurns | None = None
+    # The sessions of `read`: a flush with anything to write is refused.
+    readers: async_sessionmaker[AsyncSession] | None = None
 
     @classmethod
     def connect(cls, url: str) -> Database:
@@ -231,15 +257,21 @@ class Database:
                 connect_args=_postgres_waits(wait_s, IDLE_IN_TRANSACTION_S),
             )
         else:
-            engine = create_async_engine(url, pool_pre_ping=True)
+            # No pre-ping: a SQLite connection is a file this process holds open, not a socket a
+            # server may have closed, and the ping cost every transaction a round trip through
+            # aiosqlite's thread (of about 30 in a two-row read).
+            engine = create_async_engine(url)
         turns = None
         if engine.dialect.name == "sqlite":
             pragmas = functools.partial(_sqlite_pragmas, int(wait_s * 1000))
             event.listen(engine.sync_engine, "connect", pragmas)
-            event.listen(engine.sync_engine, "begin", _sqlite_begin_immediate)
+            event.listen(engine.sync_engine, "begin", _sqlite_begin)
             turns = SqliteTurns(wait_s)
         sessions = async_sessionmaker(engine, expire_on_commit=False)
-        return cls(engine=engine, sessions=sessions, sqlite_turns=turns)
+        readers = async_sessionmaker(
+            engine, expire_on_commit=False, sync_session_class=_ReadOnlySession
+        )
+        return cls(engine=engine, sessions=sessions, sqlite_turns=turns, readers=readers)
 
     @contextlib.asynccontextmanager
     async def transaction(self) -> AsyncIterator[AsyncSession]:
@@ -256,21 +288,50 @@ class Database:
                 async with self.sqlite_turns.turn(), self._transaction() as session:
                     yield session
         except Exception as error:
-            if _lost_a_race(error):
-                # PostgreSQL chose this transaction to break a deadlock or a serialization
-                # conflict: nothing of it was kept, and a rerun on fresh rows is what
-                # `retry_on_conflict` does for a compare-and-set another writer won.
-                raise GantryError(
-                    "INVALID_STATE_TRANSITION",
-                    "another writer changed these rows at the same time; try again",
-                    conflict="true",
-                ) from None
-            outage = store_outage(error)
-            if outage is None:
+            refusal = self._refusal(error)
+            if refusal is None:
                 raise
-            refusal = _store_unavailable(*outage, self.engine.dialect.name)
-            log.warning("%s: %s", refusal.reason, refusal.message)
             raise refusal from None
+
+    @contextlib.asynccontextmanager
+    async def read(self) -> AsyncIterator[AsyncSession]:
+        """A unit of work that only reads: what the last commit left, never a commit of its own,
+        no events. For the reads on a client's path (a route, a key, a model's metadata): on
+        SQLite it takes no write turn and no write lock (a deferred BEGIN; WAL lets it read beside
+        the one writer), so a burst of writes (1,000 worker Hellos) does not hold it up, and a
+        client that polls does not take turns from the writers. A change made in it is refused
+        (RuntimeError), never silently dropped. Failures are mapped as `transaction` maps them."""
+        try:
+            readers = self.readers or self.sessions
+            async with readers() as session, session.begin():
+                # Before the first statement, so the BEGIN it sends is the deferred one.
+                await session.connection(execution_options={READ_ONLY: True})
+                yield session
+                _refuse_changes(session.sync_session)
+                # The commit that ends it writes nothing, and keeps the rows read loaded.
+        except Exception as error:
+            refusal = self._refusal(error)
+            if refusal is None:
+                raise
+            raise refusal from None
+
+    def _refusal(self, error: Exception) -> GantryError | None:
+        """The typed refusal a failed unit of work is raised as, None to raise it as it is."""
+        if _lost_a_race(error):
+            # PostgreSQL chose this transaction to break a deadlock or a serialization
+            # conflict: nothing of it was kept, and a rerun on fresh rows is what
+            # `retry_on_conflict` does for a compare-and-set another writer won.
+            return GantryError(
+                "INVALID_STATE_TRANSITION",
+                "another writer changed these rows at the same time; try again",
+                conflict="true",
+            )
+        outage = store_outage(error)
+        if outage is None:
+            return None
+        refusal = _store_unavailable(*outage, self.engine.dialect.name)
+        log.warning("%s: %s", refusal.reason, refusal.message)
+        return refusal
 
     @contextlib.asynccontextmanager
     async def _transaction(self) -> AsyncIterator[AsyncSession]:

@@ -109,7 +109,7 @@ class DeploymentAdapters:
     async def __call__(self, deployment_id: str) -> common_pb2.AdapterSettings:
         adapter = self._adapters.get(deployment_id)
         if adapter is None:
-            async with self._database.transaction() as session:
+            async with self._database.read() as session:
                 deployment = await deployments.get_deployment(session, deployment_id)
             adapter = convert.adapter_from_json(deployment.adapter)
             if len(self._adapters) >= _ADAPTER_CACHE_LIMIT:

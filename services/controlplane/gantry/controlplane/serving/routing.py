@@ -90,7 +90,7 @@ class DeploymentResolver:
             return ResolvedTarget(deployment_id, request.capability)
         if target == "deployment_id":
             deployment_id = parse_id(request.deployment_id, field="deployment_id")
-            async with self._database.transaction() as session:
+            async with self._database.read() as session:
                 deployment = await deployments.get_live_deployment(session, deployment_id)
             routable = self._routable(deployment, name=f"deployment {deployment_id}")
             return ResolvedTarget(routable, deployment.capability)
@@ -152,7 +152,7 @@ class DeploymentResolver:
 
     async def _read_binding(self, capability: str, epoch: int) -> str:
         name = f"capability {excerpt(capability)!r}"  # a caller's text: echoed bounded
-        async with self._database.transaction() as session:
+        async with self._database.read() as session:
             binding = await bindings.get_binding(session, capability)
             if binding is None:
                 raise GantryError(

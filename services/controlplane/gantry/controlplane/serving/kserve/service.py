@@ -248,7 +248,7 @@ class KServeInference(grpc_service_pb2_grpc.GRPCInferenceServiceServicer):
     ) -> kserve.ModelStatisticsResponse:
         """This replica's tally (metrics.CALLS) of the named capability, or of every bound one."""
         if request.name:
-            async with self._database.transaction() as session:
+            async with self._database.read() as session:
                 if await bindings.get_binding(session, request.name) is None:
                     raise _not_bound(request.name)
             names = [request.name]
@@ -266,7 +266,7 @@ class KServeInference(grpc_service_pb2_grpc.GRPCInferenceServiceServicer):
 
     async def model_ready(self, request: kserve.ModelReadyRequest) -> kserve.ModelReadyResponse:
         _check_name(request.name)
-        async with self._database.transaction() as session:
+        async with self._database.read() as session:
             binding = await bindings.get_binding(session, request.name)
             if binding is None or binding.deployment_id is None:
                 return kserve.ModelReadyResponse(ready=False)
@@ -279,7 +279,7 @@ class KServeInference(grpc_service_pb2_grpc.GRPCInferenceServiceServicer):
         self, request: kserve.ModelMetadataRequest
     ) -> kserve.ModelMetadataResponse:
         _check_name(request.name)
-        async with self._database.transaction() as session:
+        async with self._database.read() as session:
             binding = await bindings.get_binding(session, request.name)
             if binding is None:
                 raise _not_bound(request.name)
@@ -347,7 +347,7 @@ class KServeInference(grpc_service_pb2_grpc.GRPCInferenceServiceServicer):
     async def _adapter_of(self, deployment_id: str) -> str:
         adapter = self._adapters.get(deployment_id)
         if adapter is None:
-            async with self._database.transaction() as session:
+            async with self._database.read() as session:
                 deployment = await deployments.get_deployment(session, deployment_id)
             adapter = str(deployment.adapter.get("adapter", ""))
             if len(self._adapters) >= _ADAPTER_CACHE_LIMIT:
@@ -370,7 +370,7 @@ class KServeInference(grpc_service_pb2_grpc.GRPCInferenceServiceServicer):
         """Every binding, by capability, with its bound deployment; read a page at a time."""
         after = ""
         while True:
-            async with self._database.transaction() as session:
+            async with self._database.read() as session:
                 page = await bindings.list_bindings(session, after=after, limit=_BINDING_PAGE)
                 rows = [(binding, await _bound(session, binding)) for binding in page]
             for row in rows:

@@ -286,12 +286,12 @@ class OpenAiRoutes:
         )
 
     async def _models(self, request: Request) -> Response:
-        async with self._database.transaction() as session:
+        async with self._database.read() as session:
             entries = await catalog.list_models(session)
         return JSONResponse(models_body(entries))
 
     async def _model(self, request: Request) -> Response:
-        async with self._database.transaction() as session:
+        async with self._database.read() as session:
             entry = await catalog.get_model(session, request.path_params["model"])
         return JSONResponse(model_body(entry))
 
