@@ -66,6 +66,22 @@ def reads(monkeypatch: pytest.MonkeyPatch) -> Reads:
     return counted
 
 
+async def _refresh_held(
+    auth: ControlPlaneAuthenticator, plain: str, reads: Reads, clock: ManualClock, *, calls: int
+) -> None:
+    """Move into the entry's last AHEAD seconds (not yet expired), make `calls` calls, each
+    answered from the entry, while the refresh they start is held in flight (one read, whatever
+    the count); then let it finish."""
+    clock.advance(TTL - AHEAD / 2)
+    reads.gate.clear()
+    for _ in range(calls):
+        assert (await auth.authenticate(Role.CLIENT, plain)).subject == "tenant-a"
+    await poll(lambda: reads.waiting == 1, 5, "the background refresh in flight")
+    assert reads.count == 2  # the first call's read, and this one refresh
+    reads.gate.set()
+    await poll(lambda: reads.waiting == 0, 5, "the refresh to finish")
+
+
 async def test_callers_that_find_the_entry_expired_share_one_read(
     database: Database, keyed: tuple[str, str], reads: Reads
 ) -> None:
@@ -93,16 +109,8 @@ async def test_a_key_in_use_is_read_again_before_it_expires_and_answers_meanwhil
     auth = ControlPlaneAuthenticator(database, clock)
     _, plain = keyed
     await auth.authenticate(Role.CLIENT, plain)
-    clock.advance(TTL - AHEAD / 2)  # inside the last AHEAD seconds, not yet expired
-
-    reads.gate.clear()
     # Answered from the entry while its refresh is held in flight; later callers start none.
-    for _ in range(5):
-        assert (await auth.authenticate(Role.CLIENT, plain)).subject == "tenant-a"
-    await poll(lambda: reads.waiting == 1, 5, "the background refresh in flight")
-    assert reads.count == 2
-    reads.gate.set()
-    await poll(lambda: reads.waiting == 0, 5, "the refresh to finish")
+    await _refresh_held(auth, plain, reads, clock, calls=5)
 
     # The refreshed entry lives TTL from its read: past the old expiry, no caller reads.
     clock.advance(AHEAD)
@@ -120,12 +128,7 @@ async def test_a_refresh_that_finds_the_key_revoked_refuses_it_from_then_on(
     await auth.authenticate(Role.CLIENT, plain)
     async with database.transaction() as session:  # revoked on another replica: no forget here
         await credentials.revoke_api_key(session, api_key_id, now=clock.now())
-    clock.advance(TTL - AHEAD / 2)
-    reads.gate.clear()
-    await auth.authenticate(Role.CLIENT, plain)  # the entry still answers; the refresh starts
-    await poll(lambda: reads.waiting == 1, 5, "the refresh in flight")
-    reads.gate.set()
-    await poll(lambda: reads.waiting == 0, 5, "the refresh to finish")
+    await _refresh_held(auth, plain, reads, clock, calls=1)  # the entry answers meanwhile
     with pytest.raises(GantryError) as refused:
         await auth.authenticate(Role.CLIENT, plain)  # before the old entry's expiry
     assert refused.value.reason == "UNAUTHENTICATED"

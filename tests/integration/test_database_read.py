@@ -56,9 +56,14 @@ async def test_a_change_made_in_a_read_is_refused_and_not_kept(database: Databas
     with pytest.raises(RuntimeError, match="read-only"):
         async with database.read() as session:
             await credentials.revoke_api_key(session, api_key_id, now=ManualClock().now())
+    with pytest.raises(RuntimeError, match="read-only"):  # not flushed: the closing commit
+        async with database.read() as session:
+            row = await credentials.find_api_key(session, api_key_id)
+            assert row is not None
+            row.name = "renamed"
     async with database.read() as session:
         row = await credentials.find_api_key(session, api_key_id)
-    assert row is not None and row.revoked_at is None
+    assert row is not None and row.revoked_at is None and row.name == "read"
 
 
 async def test_the_rows_a_read_returned_stay_loaded_after_it(database: Database) -> None:

@@ -219,17 +219,13 @@ class SqliteTurns:
             self._lock.release()
 
 
-def _refuse_changes(session: Session) -> None:
-    if session.new or session.dirty or session.deleted:
-        raise RuntimeError("a read-only unit of work (Database.read) changed rows")
-
-
 class _ReadOnlySession(Session):
     """`Database.read`'s session: a change is refused when it would be written (a flush, the
     autoflush before a query, the commit that ends the read), never silently kept or dropped."""
 
     def flush(self, objects: Sequence[Any] | None = None) -> None:
-        _refuse_changes(self)
+        if self.new or self.dirty or self.deleted:
+            raise RuntimeError("a read-only unit of work (Database.read) changed rows")
         super().flush(objects)
 
 
@@ -241,7 +237,12 @@ class Database:
     events: EventBus = field(default_factory=EventBus)
     sqlite_turns: SqliteTurns | None = None
     # The sessions of `read`: a flush with anything to write is refused.
-    readers: async_sessionmaker[AsyncSession] | None = None
+    readers: async_sessionmaker[AsyncSession] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.readers = async_sessionmaker(
+            self.engine, expire_on_commit=False, sync_session_class=_ReadOnlySession
+        )
 
     @classmethod
     def connect(cls, url: str) -> Database:
@@ -268,10 +269,7 @@ class Database:
             event.listen(engine.sync_engine, "begin", _sqlite_begin)
             turns = SqliteTurns(wait_s)
         sessions = async_sessionmaker(engine, expire_on_commit=False)
-        readers = async_sessionmaker(
-            engine, expire_on_commit=False, sync_session_class=_ReadOnlySession
-        )
-        return cls(engine=engine, sessions=sessions, sqlite_turns=turns, readers=readers)
+        return cls(engine=engine, sessions=sessions, sqlite_turns=turns)
 
     @contextlib.asynccontextmanager
     async def transaction(self) -> AsyncIterator[AsyncSession]:
@@ -302,13 +300,12 @@ class Database:
         client that polls does not take turns from the writers. A change made in it is refused
         (RuntimeError), never silently dropped. Failures are mapped as `transaction` maps them."""
         try:
-            readers = self.readers or self.sessions
-            async with readers() as session, session.begin():
+            async with self.readers() as session, session.begin():
                 # Before the first statement, so the BEGIN it sends is the deferred one.
                 await session.connection(execution_options={READ_ONLY: True})
                 yield session
-                _refuse_changes(session.sync_session)
-                # The commit that ends it writes nothing, and keeps the rows read loaded.
+                # The commit that ends it flushes (a change is refused there) and writes
+                # nothing; unlike a rollback, it keeps the rows read loaded.
         except Exception as error:
             refusal = self._refusal(error)
             if refusal is None:
